@@ -1,0 +1,92 @@
+// Package testenv finds the services that tests talk to over real connections:
+// PostgreSQL and Redis at their default addresses, or where IDEM_TEST_POSTGRES_URL and
+// IDEM_TEST_REDIS_URL say. When a service is absent a test skips with a clear message,
+// except under CI=true, where it fails: CI must never pass by skipping.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+)
+
+// Default addresses of the services, overridden by the environment variables.
+const (
+	DefaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	DefaultRedisURL    = "redis://127.0.0.1:6379/0"
+)
+
+// CI reports whether tests run under CI=true, where absent services fail tests.
+func CI() bool { return os.Getenv("CI") == "true" }
+
+// Unavailable skips t with msg, or fails it under CI=true.
+func Unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if CI() {
+		t.Fatalf("%s (CI=true: a missing service fails the test)", msg)
+	}
+	t.Skipf("%s; skipping", msg)
+}
+
+// PostgresURL returns the URL of the test PostgreSQL server (IDEM_TEST_POSTGRES_URL or
+// DefaultPostgresURL) after checking that it accepts TCP connections.
+func PostgresURL(t testing.TB) string {
+	t.Helper()
+	return reachable(t, "IDEM_TEST_POSTGRES_URL", DefaultPostgresURL, "5432", "PostgreSQL")
+}
+
+// RedisURL returns the URL of the test Redis server (IDEM_TEST_REDIS_URL or
+// DefaultRedisURL) after checking that it accepts TCP connections.
+func RedisURL(t testing.TB) string {
+	t.Helper()
+	return reachable(t, "IDEM_TEST_REDIS_URL", DefaultRedisURL, "6379", "Redis")
+}
+
+func reachable(t testing.TB, env, def, defPort, name string) string {
+	t.Helper()
+	raw := os.Getenv(env)
+	if raw == "" {
+		raw = def
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", env, raw, err)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), defPort)
+	}
+	conn, err := net.DialTimeout("tcp", host, 2*time.Second)
+	if err != nil {
+		Unavailable(t, "%s is not reachable at %s (set %s): %v", name, host, env, err)
+		return ""
+	}
+	conn.Close()
+	return raw
+}
+
+// Name returns a short random identifier, usable in schema, database and key names.
+func Name(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// Context returns a context cancelled when the test ends, bounded by the test deadline.
+func Context(t testing.TB) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	if d, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
+		if dl, ok := d.Deadline(); ok {
+			ctx, cancel = context.WithDeadline(context.Background(), dl.Add(-5*time.Second))
+		}
+	}
+	t.Cleanup(cancel)
+	return ctx
+}

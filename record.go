@@ -1,0 +1,134 @@
+package idem
+
+import (
+	"bytes"
+	"net/http"
+	"time"
+)
+
+// State is the state of a stored record (SPEC §5).
+type State string
+
+const (
+	// StateInFlight marks a record whose request is executing under a lease.
+	StateInFlight State = "in_flight"
+	// StateCompleted marks a record that holds the final response of its operation.
+	StateCompleted State = "completed"
+)
+
+// FingerprintVersion is the version of the fingerprint algorithm this package computes.
+// Records store the version they were fingerprinted with; see [Fingerprint.Matches].
+const FingerprintVersion = 1
+
+// Fingerprint identifies the parameters of a request (SPEC §4): a SHA-256 sum and the
+// version of the canonicalisation that produced it.
+type Fingerprint struct {
+	// Version is the fingerprint algorithm's version, [FingerprintVersion] for new ones.
+	Version int
+	// Sum is the SHA-256 of the canonical request.
+	Sum [32]byte
+}
+
+// Matches reports whether a request fingerprinted as f may be served by a record
+// fingerprinted as stored. Fingerprints of different versions cannot be compared; they
+// are taken to match, so that a change of canonicalisation never turns a retry of an old
+// record into key_reused (SPEC §4).
+func (f Fingerprint) Matches(stored Fingerprint) bool {
+	if f.Version != stored.Version {
+		return true
+	}
+	return f.Sum == stored.Sum
+}
+
+// Response is a response as the store keeps it.
+type Response struct {
+	// Status is the HTTP status code.
+	Status int
+	// Header holds the stored headers only (the allow-list of Config.StoredHeaders).
+	Header http.Header
+	// Body is the body, byte for byte.
+	Body []byte
+	// NotStored is true when the operation completed but its response was not kept
+	// (the handler flushed, or the body exceeded the storage limit). Duplicates then get
+	// 409 response_not_stored, and the operation is never executed again.
+	NotStored bool
+}
+
+// Equal reports whether two responses are the same, byte for byte.
+func (r *Response) Equal(o *Response) bool {
+	if r == nil || o == nil {
+		return r == o
+	}
+	if r.Status != o.Status || r.NotStored != o.NotStored || !bytes.Equal(r.Body, o.Body) || len(r.Header) != len(o.Header) {
+		return false
+	}
+	for k, v := range r.Header {
+		w, ok := o.Header[k]
+		if !ok || len(v) != len(w) {
+			return false
+		}
+		for i := range v {
+			if v[i] != w[i] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Record is one idempotency record, identified by (Scope, Key) (SPEC §5).
+type Record struct {
+	// Scope is the principal the key belongs to (SPEC §3).
+	Scope string
+	// Key is the idempotency key as parsed (unquoted).
+	Key string
+	// ID is new at every claim of an absent or expired key and kept across takeovers of
+	// a lapsed lease. It is reserved for resumable handlers (SPEC §13).
+	ID string
+	// Fingerprint identifies the request that created the record.
+	Fingerprint Fingerprint
+	// State is in flight or completed.
+	State State
+	// Token is the lock token of the current holder; empty once completed.
+	Token string
+	// LeaseEnd is when the holder's lease lapses (in flight only).
+	LeaseEnd time.Time
+	// Response is the stored response (completed only).
+	Response *Response
+	// RecoveryPoint is reserved for resumable handlers (SPEC §13); empty for now.
+	RecoveryPoint string
+	// CreatedAt is when the key was claimed (kept across takeovers).
+	CreatedAt time.Time
+	// ExpiresAt is when the record stops existing, whether or not it was deleted yet:
+	// created_at + ttl once completed, max(created_at + ttl, lease_end) in flight (§8).
+	ExpiresAt time.Time
+}
+
+// Expired reports whether the record counts as absent at now (SPEC §8).
+func (r *Record) Expired(now time.Time) bool { return !now.Before(r.ExpiresAt) }
+
+// LeaseLive reports whether an in-flight record's holder still holds its lease at now.
+func (r *Record) LeaseLive(now time.Time) bool {
+	return r.State == StateInFlight && now.Before(r.LeaseEnd)
+}
+
+// HeldBy reports whether a fenced operation (complete, release, renew) by the holder of
+// token may change the record: the token must match and the record must still be in
+// flight (SPEC §5, fencing). A lapsed lease that nobody took over still counts as held.
+func (r *Record) HeldBy(token string) bool {
+	return r.State == StateInFlight && token != "" && r.Token == token
+}
+
+// InFlightExpiresAt is the expiry of an in-flight record: max(created + ttl, leaseEnd).
+func InFlightExpiresAt(created time.Time, ttl time.Duration, leaseEnd time.Time) time.Time {
+	e := created.Add(ttl)
+	if leaseEnd.After(e) {
+		return leaseEnd
+	}
+	return e
+}
+
+// CompletedExpiresAt is the expiry of a completed record: created + ttl.
+func CompletedExpiresAt(created time.Time, ttl time.Duration) time.Time {
+	return created.Add(ttl)
+}

@@ -1,0 +1,51 @@
+package idem
+
+import "time"
+
+// Decision is what a claim must do about the record it found (SPEC §5). The state
+// machine is pure: stores feed it the record they read together with their own clock and
+// carry out its decision atomically (an insert, or a conditional update fenced by the
+// old token).
+type Decision int
+
+const (
+	// DecideClaim: no record, or an expired one (SPEC §5.1, §8). Claim the key afresh:
+	// new record id, new created_at, new token and lease.
+	DecideClaim Decision = iota
+	// DecideTakeOver: in flight, the lease lapsed, same fingerprint (SPEC §5.3). Take the
+	// key over with a new token and lease, keeping the record id and created_at.
+	DecideTakeOver
+	// DecideInFlight: in flight under a live lease (SPEC §5.2): 409 request_in_progress.
+	DecideInFlight
+	// DecideReplay: completed with the same fingerprint (SPEC §5.4): replay.
+	DecideReplay
+	// DecideMismatch: a live record with a different fingerprint (SPEC §5.5): key_reused;
+	// the record is untouched.
+	DecideMismatch
+)
+
+var decisionNames = [...]string{"claim", "take_over", "in_flight", "replay", "mismatch"}
+
+func (d Decision) String() string {
+	if int(d) < len(decisionNames) {
+		return decisionNames[d]
+	}
+	return "unknown"
+}
+
+// Decide says what a request fingerprinted fp finds in rec (nil when absent) at the
+// store's time now.
+func Decide(rec *Record, fp Fingerprint, now time.Time) Decision {
+	switch {
+	case rec == nil || rec.Expired(now):
+		return DecideClaim
+	case !fp.Matches(rec.Fingerprint):
+		return DecideMismatch
+	case rec.State == StateCompleted:
+		return DecideReplay
+	case rec.LeaseLive(now):
+		return DecideInFlight
+	default:
+		return DecideTakeOver
+	}
+}

@@ -1,0 +1,193 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Store keeps idempotency records durably and changes them atomically. Every store
+// package (store/sqlite, store/postgres, store/redis, store/memory) implements it and
+// passes the conformance suite in store/storetest.
+//
+// Methods are named noun-then-verb and take a params struct. Every time-dependent
+// decision uses the store's own clock (clock_timestamp() in PostgreSQL, TIME in Redis,
+// the host clock for SQLite) unless the params carry a non-zero Now, which tests use to
+// inject time. Errors are normalised at each store's edge: a missing record is
+// [ErrNotFound], a fenced operation whose token no longer holds the record is
+// [ErrLeaseLost], and lock contention inside the store (such as SQLite's busy state) is
+// retried within the context's deadline rather than returned.
+type Store interface {
+	// RecordClaim atomically claims (Scope, Key) for a request fingerprinted
+	// params.Fingerprint, in one store operation. When no live record exists (absent or
+	// expired), or an in-flight record's lease lapsed and the fingerprint matches, it
+	// installs an in-flight record held by params.Token and answers ClaimAcquired.
+	// Otherwise it answers ClaimCompleted, ClaimInFlight or ClaimMismatch with the
+	// existing record, which it leaves untouched. Of any number of concurrent claims of
+	// one key, across goroutines and processes, exactly one is acquired.
+	RecordClaim(ctx context.Context, params *RecordClaimParams) (*RecordClaimResult, error)
+
+	// RecordComplete stores the final response of the holder of params.Token and marks
+	// the record completed, expiring at created_at + TTL. It is fenced: when the record
+	// is no longer in flight under that token it changes nothing and returns
+	// [ErrLeaseLost].
+	RecordComplete(ctx context.Context, params *RecordCompleteParams) error
+
+	// RecordRelease deletes the in-flight record held by params.Token, so that a retry
+	// executes afresh. Fenced like RecordComplete ([ErrLeaseLost]).
+	RecordRelease(ctx context.Context, params *RecordReleaseParams) error
+
+	// RecordRenew extends the lease of the holder of params.Token to now + Lease and
+	// returns the new lease end. Fenced like RecordComplete ([ErrLeaseLost]).
+	RecordRenew(ctx context.Context, params *RecordRenewParams) (time.Time, error)
+
+	// RecordGet reads one record by (Scope, Key). An absent or expired record is
+	// [ErrNotFound].
+	RecordGet(ctx context.Context, params *RecordGetParams) (*Record, error)
+
+	// RecordDeleteExpired deletes up to params.Limit records whose expires_at is before
+	// now − params.Retention and returns how many it deleted. It never deletes an
+	// in-flight record whose lease is live. Stores that expire records themselves
+	// (Capabilities.BatchedCleanup false) return 0, nil.
+	RecordDeleteExpired(ctx context.Context, params *RecordDeleteExpiredParams) (int, error)
+
+	// Ping reports whether the store answers; /healthz uses it.
+	Ping(ctx context.Context) error
+
+	// Capabilities declares what this store can and cannot do.
+	Capabilities() Capabilities
+}
+
+// Capabilities declares what a store can do, so that callers and the conformance suite
+// adapt without type switches.
+type Capabilities struct {
+	// Transactions is true when the store package offers the SPEC §7 helper that
+	// completes the record inside the application's own database transaction.
+	Transactions bool
+	// BatchedCleanup is true when expired records must be deleted by
+	// RecordDeleteExpired; false when the store expires them itself (Redis TTLs).
+	BatchedCleanup bool
+	// MultiProcess is true when several processes may share the store (false for the
+	// in-memory store).
+	MultiProcess bool
+}
+
+// RecordClaimParams are the parameters of [Store.RecordClaim].
+type RecordClaimParams struct {
+	// Scope is the authenticated principal (never empty).
+	Scope string
+	// Key is the parsed idempotency key.
+	Key string
+	// Fingerprint identifies the request.
+	Fingerprint Fingerprint
+	// Token is the fresh random lock token the claim installs when it acquires the key.
+	Token string
+	// RecordID is the record id installed when the claim creates a new record (ignored
+	// on a takeover, which keeps the old one).
+	RecordID string
+	// Lease is how long the claim holds the key before another request may take it over.
+	Lease time.Duration
+	// TTL is how long after creation the record lives (SPEC §8).
+	TTL time.Duration
+	// Now, when non-zero, replaces the store's clock (tests only).
+	Now time.Time
+}
+
+// ClaimOutcome is the answer of [Store.RecordClaim].
+type ClaimOutcome int
+
+const (
+	// ClaimAcquired: the caller holds the key and must execute the operation.
+	ClaimAcquired ClaimOutcome = iota
+	// ClaimCompleted: the record holds a final response with a matching fingerprint.
+	ClaimCompleted
+	// ClaimInFlight: another holder's lease is live until Record.LeaseEnd.
+	ClaimInFlight
+	// ClaimMismatch: the key is used by a request with another fingerprint.
+	ClaimMismatch
+)
+
+var claimOutcomeNames = [...]string{"acquired", "completed", "in_flight", "mismatch"}
+
+func (o ClaimOutcome) String() string {
+	if int(o) < len(claimOutcomeNames) {
+		return claimOutcomeNames[o]
+	}
+	return "unknown"
+}
+
+// RecordClaimResult is the answer of [Store.RecordClaim].
+type RecordClaimResult struct {
+	// Outcome says what the claim found.
+	Outcome ClaimOutcome
+	// Record is the record after the claim: the caller's own in-flight record when
+	// acquired, otherwise the existing record as found.
+	Record *Record
+	// TookOver is true when the claim acquired the key from a holder whose lease lapsed.
+	TookOver bool
+	// Now is the store's time at the claim.
+	Now time.Time
+}
+
+// RecordCompleteParams are the parameters of [Store.RecordComplete].
+type RecordCompleteParams struct {
+	Scope string
+	Key   string
+	// Token is the holder's lock token.
+	Token string
+	// Response is the response to store.
+	Response *Response
+	// TTL sets expires_at = created_at + TTL.
+	TTL time.Duration
+	// Now, when non-zero, replaces the store's clock (tests only).
+	Now time.Time
+}
+
+// RecordReleaseParams are the parameters of [Store.RecordRelease].
+type RecordReleaseParams struct {
+	Scope string
+	Key   string
+	// Token is the holder's lock token.
+	Token string
+}
+
+// RecordRenewParams are the parameters of [Store.RecordRenew].
+type RecordRenewParams struct {
+	Scope string
+	Key   string
+	// Token is the holder's lock token.
+	Token string
+	// Lease is the new lease, counted from now.
+	Lease time.Duration
+	// TTL is the record's TTL, to keep expires_at = max(created_at + TTL, lease end).
+	TTL time.Duration
+	// Now, when non-zero, replaces the store's clock (tests only).
+	Now time.Time
+}
+
+// RecordGetParams are the parameters of [Store.RecordGet].
+type RecordGetParams struct {
+	Scope string
+	Key   string
+	// Now, when non-zero, replaces the store's clock (tests only).
+	Now time.Time
+}
+
+// RecordDeleteExpiredParams are the parameters of [Store.RecordDeleteExpired].
+type RecordDeleteExpiredParams struct {
+	// Retention keeps records this long after they expire.
+	Retention time.Duration
+	// Limit bounds how many records one call deletes.
+	Limit int
+	// Now, when non-zero, replaces the store's clock (tests only).
+	Now time.Time
+}
+
+// ErrNotFound is returned by [Store.RecordGet] for an absent or expired record.
+var ErrNotFound = errors.New("idem: record not found")
+
+// ErrLeaseLost means the lock token no longer holds the record: another request took
+// the key over after the lease lapsed, or the record was completed or released. Fenced
+// store operations return it, and the handler's context is cancelled with it as cause
+// when a lease renewal fails.
+var ErrLeaseLost = errors.New("idem: lease lost")
