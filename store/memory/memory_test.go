@@ -1,0 +1,17 @@
+package memory_test
+
+import (
+	"testing"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/memory"
+	"github.com/idem-go/idem/store/storetest"
+)
+
+// TestConformance runs the store conformance suite against the in-memory store.
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, storetest.Harness{
+		NewStore: func(*testing.T) idem.Store { return memory.New() },
+	})
+}
