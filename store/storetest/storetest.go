@@ -192,3 +192,6 @@ func sampleResponse() *idem.Response {
 		Body:   []byte(`{"id":"ch_1","object":"charge"}`),
 	}
 }
+
+// ms is n milliseconds.
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }

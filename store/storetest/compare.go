@@ -1,0 +1,104 @@
+package storetest
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// diffRecords describes how got differs from want, field by field; "" when they are the
+// same record in the same state. Times compare as instants, responses byte for byte.
+func diffRecords(got, want *idem.Record) string {
+	if got == nil || want == nil {
+		if got == want {
+			return ""
+		}
+		return fmt.Sprintf("record = %v, want %v", got, want)
+	}
+	var d []string
+	add := func(field string, g, w any) { d = append(d, fmt.Sprintf("%s = %v, want %v", field, g, w)) }
+	if got.Scope != want.Scope {
+		add("Scope", fmt.Sprintf("%q", got.Scope), fmt.Sprintf("%q", want.Scope))
+	}
+	if got.Key != want.Key {
+		add("Key", got.Key, want.Key)
+	}
+	if got.ID != want.ID {
+		add("ID", got.ID, want.ID)
+	}
+	if got.Fingerprint != want.Fingerprint {
+		add("Fingerprint", got.Fingerprint, want.Fingerprint)
+	}
+	if got.State != want.State {
+		add("State", got.State, want.State)
+	}
+	if got.Token != want.Token {
+		add("Token", got.Token, want.Token)
+	}
+	// A completed record has no lease; stores may keep or clear the last one.
+	if got.State == idem.StateInFlight && !got.LeaseEnd.Equal(want.LeaseEnd) {
+		add("LeaseEnd", got.LeaseEnd, want.LeaseEnd)
+	}
+	if !got.Response.Equal(want.Response) {
+		add("Response", describeResponse(got.Response), describeResponse(want.Response))
+	}
+	if got.RecoveryPoint != want.RecoveryPoint {
+		add("RecoveryPoint", got.RecoveryPoint, want.RecoveryPoint)
+	}
+	if !got.CreatedAt.Equal(want.CreatedAt) {
+		add("CreatedAt", got.CreatedAt, want.CreatedAt)
+	}
+	if !got.ExpiresAt.Equal(want.ExpiresAt) {
+		add("ExpiresAt", got.ExpiresAt, want.ExpiresAt)
+	}
+	return strings.Join(d, "; ")
+}
+
+// describeResponse prints a response compactly, without dumping a large body.
+func describeResponse(r *idem.Response) string {
+	if r == nil {
+		return "<nil>"
+	}
+	body := fmt.Sprintf("%q", r.Body)
+	if len(r.Body) > 64 {
+		body = fmt.Sprintf("%d bytes starting %q", len(r.Body), r.Body[:32])
+	}
+	return fmt.Sprintf("{Status: %d, NotStored: %v, Header: %q, Body: %s}", r.Status, r.NotStored, r.Header, body)
+}
+
+// inFlightRecord is the record that a claim p acquiring a key afresh installs.
+func inFlightRecord(p *idem.RecordClaimParams) *idem.Record {
+	leaseEnd := p.Now.Add(p.Lease)
+	return &idem.Record{
+		Scope:       p.Scope,
+		Key:         p.Key,
+		ID:          p.RecordID,
+		Fingerprint: p.Fingerprint,
+		State:       idem.StateInFlight,
+		Token:       p.Token,
+		LeaseEnd:    leaseEnd,
+		CreatedAt:   p.Now,
+		ExpiresAt:   idem.InFlightExpiresAt(p.Now, p.TTL, leaseEnd),
+	}
+}
+
+// completedRecord is rec completed with resp under ttl.
+func completedRecord(rec *idem.Record, resp *idem.Response, ttl time.Duration) *idem.Record {
+	c := *rec
+	c.State = idem.StateCompleted
+	c.Token = ""
+	c.LeaseEnd = time.Time{}
+	c.Response = resp
+	c.ExpiresAt = idem.CompletedExpiresAt(rec.CreatedAt, ttl)
+	return &c
+}
+
+// wantRecord fails the test when got is not want.
+func (b *bundle) wantRecord(what string, got, want *idem.Record) {
+	b.t.Helper()
+	if d := diffRecords(got, want); d != "" {
+		b.t.Fatalf("%s: %s", what, d)
+	}
+}
