@@ -1,0 +1,41 @@
+// Package sqlite is the embedded default [idem.Store]: one SQLite file on local disk,
+// through the pure-Go driver modernc.org/sqlite (no cgo).
+//
+// Any number of goroutines and processes on one host may share the file (SPEC §14); it
+// must live on a local disk, not NFS, whose locks SQLite cannot trust. Records survive
+// restarts. The application's own tables may live in the same file, which is what makes
+// [Store.InTx] possible: the handler's writes and the record's completion commit in one
+// transaction or not at all (SPEC §7).
+//
+// # Connections and locking
+//
+// [Open] opens the file in WAL mode, so readers never wait for the writer, with
+// synchronous=FULL (a commit is durable once it returns), foreign_keys on, and
+// _txlock=immediate: every transaction is BEGIN IMMEDIATE, taking the write lock up
+// front. A deferred transaction that reads and then writes can fail with SQLITE_BUSY
+// at once, without waiting, when another connection committed in between; an immediate
+// one waits for the lock before it reads anything.
+//
+// SQLite allows one writer at a time per file. Within one process the store queues its
+// write transactions on an in-process semaphore, so they wait in order instead of
+// sleeping in SQLite's busy handler, which polls with sleeps of up to 100 ms. Across
+// processes the busy handler ([Config].BusyTimeout per statement) and then a short
+// jittered retry of the whole transaction wait for the lock for as long as the
+// request's context lives: lock contention is never reported as an error while the
+// context lives (SPEC §9). Correctness never depends on the semaphore; it only saves
+// waiting (SPEC §14).
+//
+// # Clock and times
+//
+// Leases and expiry use the host clock (time.Now), which is the store's clock for a
+// database that only processes of one host share; a non-zero Now in the params
+// replaces it (tests only). Times are stored as integer unix nanoseconds, so an
+// injected time reads back exactly.
+//
+// # Schema
+//
+// [Store.Migrate] applies the numbered migrations embedded from migrations/*.sql, each
+// once, inside BEGIN IMMEDIATE, recording them in the table idem_migrations; several
+// processes may migrate one file at the same time. Records live in idem_records. All
+// SQL lives in queries/*.sql.
+package sqlite

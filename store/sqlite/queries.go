@@ -1,0 +1,32 @@
+package sqlite
+
+import (
+	"embed"
+	"strings"
+)
+
+//go:embed queries/*.sql
+var queryFS embed.FS
+
+// The store's SQL, one statement per file in queries/.
+var (
+	queryMigrationsCreate  = mustQuery("migrations_create")
+	queryMigrationsApplied = mustQuery("migrations_applied")
+	queryMigrationsInsert  = mustQuery("migrations_insert")
+	queryPing              = mustQuery("ping")
+	queryRecordGet         = mustQuery("record_get")
+	queryRecordClaimInsert = mustQuery("record_claim_insert")
+	queryRecordTakeOver    = mustQuery("record_take_over")
+	queryRecordComplete    = mustQuery("record_complete")
+	queryRecordRelease     = mustQuery("record_release")
+	queryRecordRenew       = mustQuery("record_renew")
+	queryRecordDeleteExp   = mustQuery("record_delete_expired")
+)
+
+func mustQuery(name string) string {
+	b, err := queryFS.ReadFile("queries/" + name + ".sql")
+	if err != nil {
+		panic("sqlite: missing embedded query " + name)
+	}
+	return strings.TrimSpace(string(b))
+}

@@ -1,0 +1,5 @@
+CREATE TABLE IF NOT EXISTS idem_migrations (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT    NOT NULL,
+    applied_at INTEGER NOT NULL -- unix nanoseconds
+)

@@ -1,0 +1,304 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// now returns the injected time when non-zero, else the host clock: the store's clock
+// for a database shared by the processes of one host.
+func now(injected time.Time) time.Time {
+	if !injected.IsZero() {
+		return injected
+	}
+	return time.Now()
+}
+
+// nanos and fromNanos convert between times and the stored unix nanoseconds.
+func nanos(t time.Time) int64 { return t.UnixNano() }
+
+func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
+
+// queryer is what reading a record needs: the pool or a transaction.
+type queryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// getRecord reads the record of (scope, key), or nil when there is none (expired or
+// not).
+func getRecord(ctx context.Context, q queryer, scope, key string) (*idem.Record, error) {
+	var (
+		rec       idem.Record
+		fpSum     []byte
+		state     string
+		token     sql.NullString
+		leaseEnd  sql.NullInt64
+		status    sql.NullInt64
+		headers   []byte
+		body      []byte
+		notStored bool
+		created   int64
+		expires   int64
+	)
+	err := q.QueryRowContext(ctx, queryRecordGet, sql.Named("scope", scope), sql.Named("key", key)).Scan(
+		&rec.Scope, &rec.Key, &rec.ID, &rec.Fingerprint.Version, &fpSum, &state, &token, &leaseEnd,
+		&status, &headers, &body, &notStored, &rec.RecoveryPoint, &created, &expires)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(fpSum) != len(rec.Fingerprint.Sum) {
+		return nil, fmt.Errorf("record has a fingerprint of %d bytes, want %d", len(fpSum), len(rec.Fingerprint.Sum))
+	}
+	copy(rec.Fingerprint.Sum[:], fpSum)
+	rec.State = idem.State(state)
+	rec.Token = token.String
+	if leaseEnd.Valid {
+		rec.LeaseEnd = fromNanos(leaseEnd.Int64)
+	}
+	rec.CreatedAt = fromNanos(created)
+	rec.ExpiresAt = fromNanos(expires)
+	if rec.State == idem.StateCompleted {
+		resp := &idem.Response{Status: int(status.Int64), Body: body, NotStored: notStored}
+		if len(headers) > 0 {
+			if err := json.Unmarshal(headers, &resp.Header); err != nil {
+				return nil, fmt.Errorf("record has unreadable headers: %w", err)
+			}
+		}
+		rec.Response = resp
+	}
+	return &rec, nil
+}
+
+// RecordGet implements [idem.Store.RecordGet] with a plain read, which in WAL mode
+// takes no lock that a writer waits for.
+func (s *Store) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.Record, error) {
+	t := now(p.Now)
+	var rec *idem.Record
+	err := s.retryBusy(ctx, "get", func() (err error) {
+		rec, err = getRecord(ctx, s.db, p.Scope, p.Key)
+		return err
+	})
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	if rec == nil || rec.Expired(t) {
+		return nil, idem.ErrNotFound
+	}
+	return rec, nil
+}
+
+// RecordClaim implements [idem.Store.RecordClaim].
+//
+// A plain read comes first: when it finds a completed record, a mismatch or a live
+// lease, that committed state is the answer and the claim takes no write lock, so
+// replays never queue behind writers. Otherwise one BEGIN IMMEDIATE transaction reads
+// the record again under the write lock, decides with [idem.Decide], and inserts or
+// takes over.
+func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
+	t := now(p.Now)
+	var existing *idem.Record
+	err := s.retryBusy(ctx, "claim read", func() (err error) {
+		existing, err = getRecord(ctx, s.db, p.Scope, p.Key)
+		return err
+	})
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	if res := answerWithoutWriting(existing, p.Fingerprint, t); res != nil {
+		return res, nil
+	}
+
+	var res *idem.RecordClaimResult
+	err = s.writeTx(ctx, "claim", func(tx *sql.Tx) (err error) {
+		res, err = claimTx(ctx, tx, p, t)
+		return err
+	})
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	return res, nil
+}
+
+// answerWithoutWriting returns the claim's answer when rec, as read, needs no write.
+func answerWithoutWriting(rec *idem.Record, fp idem.Fingerprint, t time.Time) *idem.RecordClaimResult {
+	var outcome idem.ClaimOutcome
+	switch idem.Decide(rec, fp, t) {
+	case idem.DecideReplay:
+		outcome = idem.ClaimCompleted
+	case idem.DecideInFlight:
+		outcome = idem.ClaimInFlight
+	case idem.DecideMismatch:
+		outcome = idem.ClaimMismatch
+	default:
+		return nil
+	}
+	return &idem.RecordClaimResult{Outcome: outcome, Record: rec, Now: t}
+}
+
+// claimTx is the claim's write transaction, holding the write lock.
+func claimTx(ctx context.Context, tx *sql.Tx, p *idem.RecordClaimParams, t time.Time) (*idem.RecordClaimResult, error) {
+	rec, err := getRecord(ctx, tx, p.Scope, p.Key)
+	if err != nil {
+		return nil, err
+	}
+	decision := idem.Decide(rec, p.Fingerprint, t)
+	switch decision {
+	case idem.DecideClaim:
+		leaseEnd := t.Add(p.Lease)
+		rec = &idem.Record{
+			Scope:       p.Scope,
+			Key:         p.Key,
+			ID:          p.RecordID,
+			Fingerprint: p.Fingerprint,
+			State:       idem.StateInFlight,
+			Token:       p.Token,
+			LeaseEnd:    leaseEnd.UTC(),
+			CreatedAt:   t.UTC(),
+			ExpiresAt:   idem.InFlightExpiresAt(t, p.TTL, leaseEnd).UTC(),
+		}
+		_, err = tx.ExecContext(ctx, queryRecordClaimInsert,
+			sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("record_id", p.RecordID),
+			sql.Named("fingerprint_version", p.Fingerprint.Version), sql.Named("fingerprint", p.Fingerprint.Sum[:]),
+			sql.Named("token", p.Token), sql.Named("lease_end", nanos(leaseEnd)),
+			sql.Named("now", nanos(t)), sql.Named("expires_at", nanos(rec.ExpiresAt)))
+		if err != nil {
+			return nil, err
+		}
+		return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, Now: t}, nil
+	case idem.DecideTakeOver:
+		// The record id, created_at and fingerprint stay: it is the same operation,
+		// resumed by a new holder.
+		leaseEnd := t.Add(p.Lease)
+		n, err := execRows(ctx, tx, queryRecordTakeOver,
+			sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("old_token", rec.Token),
+			sql.Named("token", p.Token), sql.Named("lease_end", nanos(leaseEnd)), sql.Named("ttl", int64(p.TTL)))
+		if err != nil {
+			return nil, err
+		}
+		if n != 1 {
+			// Impossible under the write lock; never report a claim we did not make.
+			return nil, fmt.Errorf("take over changed %d records, want 1", n)
+		}
+		rec.Token = p.Token
+		rec.LeaseEnd = leaseEnd.UTC()
+		rec.ExpiresAt = idem.InFlightExpiresAt(rec.CreatedAt, p.TTL, leaseEnd).UTC()
+		return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, TookOver: true, Now: t}, nil
+	default:
+		return answerWithoutWriting(rec, p.Fingerprint, t), nil
+	}
+}
+
+// execer is what a fenced statement needs: the pool or a transaction.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// execRows runs a statement and returns how many rows it changed.
+func execRows(ctx context.Context, e execer, query string, args ...any) (int64, error) {
+	res, err := e.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// RecordComplete implements [idem.Store.RecordComplete] in a transaction of its own.
+// To complete inside the application's transaction (SPEC §7), use [Store.InTx].
+func (s *Store) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams) error {
+	return interpretError(s.writeTx(ctx, "complete", func(tx *sql.Tx) error {
+		return completeTx(ctx, tx, p)
+	}))
+}
+
+// completeTx runs the fenced completion in tx; no row changed is [idem.ErrLeaseLost].
+func completeTx(ctx context.Context, tx *sql.Tx, p *idem.RecordCompleteParams) error {
+	resp := p.Response
+	if resp == nil {
+		return errors.New("RecordCompleteParams.Response is nil")
+	}
+	headers, err := json.Marshal(resp.Header)
+	if err != nil {
+		return err
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{} // an empty body, not NULL
+	}
+	n, err := execRows(ctx, tx, queryRecordComplete,
+		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.Token),
+		sql.Named("status", resp.Status), sql.Named("headers", headers), sql.Named("body", body),
+		sql.Named("not_stored", resp.NotStored), sql.Named("ttl", int64(p.TTL)))
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}
+
+// RecordRelease implements [idem.Store.RecordRelease].
+func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) error {
+	return interpretError(s.writeTx(ctx, "release", func(tx *sql.Tx) error {
+		n, err := execRows(ctx, tx, queryRecordRelease,
+			sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.Token))
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return idem.ErrLeaseLost
+		}
+		return nil
+	}))
+}
+
+// RecordRenew implements [idem.Store.RecordRenew].
+func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (time.Time, error) {
+	leaseEnd := now(p.Now).Add(p.Lease)
+	err := s.writeTx(ctx, "renew", func(tx *sql.Tx) error {
+		n, err := execRows(ctx, tx, queryRecordRenew,
+			sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.Token),
+			sql.Named("lease_end", nanos(leaseEnd)), sql.Named("ttl", int64(p.TTL)))
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return idem.ErrLeaseLost
+		}
+		return nil
+	})
+	if err != nil {
+		return time.Time{}, interpretError(err)
+	}
+	return leaseEnd.UTC(), nil
+}
+
+// RecordDeleteExpired implements [idem.Store.RecordDeleteExpired]: one batch, oldest
+// expiry first, in a short write transaction of its own so that request traffic waits
+// for at most one batch.
+func (s *Store) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExpiredParams) (int, error) {
+	if p.Limit <= 0 {
+		return 0, fmt.Errorf("sqlite: RecordDeleteExpiredParams.Limit must be positive, got %d", p.Limit)
+	}
+	t := now(p.Now)
+	var n int64
+	err := s.writeTx(ctx, "delete expired", func(tx *sql.Tx) (err error) {
+		n, err = execRows(ctx, tx, queryRecordDeleteExp,
+			sql.Named("cutoff", nanos(t.Add(-p.Retention))), sql.Named("now", nanos(t)),
+			sql.Named("limit", p.Limit))
+		return err
+	})
+	if err != nil {
+		return 0, interpretError(err)
+	}
+	return int(n), nil
+}

@@ -1,0 +1,183 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+
+	// The driver registers itself as "sqlite".
+	_ "modernc.org/sqlite"
+)
+
+// Defaults of [Config].
+const (
+	// DefaultBusyTimeout is how long one statement waits for another process's lock
+	// before the store retries its whole transaction.
+	DefaultBusyTimeout = 5 * time.Second
+	// DefaultMaxOpenConns bounds the connection pool.
+	DefaultMaxOpenConns = 8
+)
+
+// Config configures a [Store]. The zero value is ready to use.
+type Config struct {
+	// BusyTimeout is SQLite's per-connection busy_timeout: how long one statement
+	// waits for a lock that another process (or a connection outside the store) holds
+	// before it fails with SQLITE_BUSY. The store then retries the whole transaction
+	// with a short jittered backoff for as long as the context lives, so this bounds
+	// one wait, not the request. It must not be negative. Defaults to
+	// [DefaultBusyTimeout].
+	BusyTimeout time.Duration
+
+	// MaxOpenConns bounds the pool of connections to the file. Readers use several at
+	// once (WAL lets them read while one writer writes); the store's own write
+	// transactions use one at a time per process. [Store.InTx] holds one for the
+	// length of the application's function, and that function may use more through
+	// [Store.DB]. It must not be negative. Defaults to [DefaultMaxOpenConns].
+	MaxOpenConns int
+
+	// Logger receives migrations (info) and lock-contention retries (debug). Keys and
+	// bodies are never logged. Defaults to a logger that discards everything.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.BusyTimeout < 0 {
+		return c, fmt.Errorf("sqlite: Config.BusyTimeout must not be negative, got %s", c.BusyTimeout)
+	}
+	if c.MaxOpenConns < 0 {
+		return c, fmt.Errorf("sqlite: Config.MaxOpenConns must not be negative, got %d", c.MaxOpenConns)
+	}
+	if c.BusyTimeout == 0 {
+		c.BusyTimeout = DefaultBusyTimeout
+	}
+	if c.MaxOpenConns == 0 {
+		c.MaxOpenConns = DefaultMaxOpenConns
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c, nil
+}
+
+// Store is the SQLite [idem.Store]. It is safe for concurrent use. Create it with
+// [Open], call [Store.Migrate] once per process (or run `idem migrate`), and
+// [Store.Close] it when done.
+type Store struct {
+	db     *sql.DB
+	logger *slog.Logger
+	// writeSem queues this process's write transactions (capacity 1). It saves
+	// SQLite's busy polling; SQLite's own lock keeps them correct.
+	writeSem chan struct{}
+}
+
+var _ idem.Store = (*Store)(nil)
+
+// Open opens (creating when missing) the SQLite database at dsnOrPath and checks that
+// it can be used. dsnOrPath is a file path ("idem.db", "/var/lib/app/idem.db"), the
+// same with a "sqlite:" prefix, or a "file:" URI; the store adds its own connection
+// settings (WAL, busy_timeout, foreign_keys, synchronous=FULL, BEGIN IMMEDIATE) to it.
+// The directory must exist. In-memory databases are refused: every pooled connection
+// would see a database of its own.
+//
+// Open does not create the store's tables; call [Store.Migrate].
+func Open(ctx context.Context, dsnOrPath string, cfg Config) (*Store, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	dsn, err := buildDSN(dsnOrPath, cfg.BusyTimeout)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %q: %w", dsnOrPath, err)
+	}
+	db.SetMaxOpenConns(cfg.MaxOpenConns)
+	// Keep every connection: opening one runs its PRAGMAs again.
+	db.SetMaxIdleConns(cfg.MaxOpenConns)
+
+	s := &Store{db: db, logger: cfg.Logger, writeSem: make(chan struct{}, 1)}
+	// The first connection creates the file and switches it to WAL, which needs the
+	// write lock: retry like any other contention.
+	if err := s.retryBusy(ctx, "open", func() error { return s.ping(ctx) }); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("sqlite: open %q: %w", dsnOrPath, interpretError(err))
+	}
+	return s, nil
+}
+
+// buildDSN turns a path or "file:" URI into a DSN carrying the store's per-connection
+// settings.
+func buildDSN(dsnOrPath string, busyTimeout time.Duration) (string, error) {
+	name := strings.TrimPrefix(dsnOrPath, "sqlite:")
+	if name == "" {
+		return "", errors.New("sqlite: empty database path")
+	}
+	if name == ":memory:" || strings.Contains(name, "mode=memory") {
+		return "", fmt.Errorf("sqlite: %q: in-memory databases are not supported (each pooled connection would see its own); use a file, such as one in t.TempDir()", dsnOrPath)
+	}
+	q := url.Values{}
+	// modernc.org/sqlite runs busy_timeout first whatever the order, so that the
+	// others wait for locks too.
+	q.Add("_pragma", "busy_timeout("+strconv.FormatInt(busyTimeout.Milliseconds(), 10)+")")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "foreign_keys(1)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Set("_txlock", "immediate")
+	// Report open errors with their own message, not a stale one (modernc #230).
+	q.Set("_error_rc", "1")
+	params := q.Encode()
+
+	if strings.HasPrefix(name, "file:") {
+		sep := "?"
+		if strings.Contains(name, "?") {
+			sep = "&"
+		}
+		return name + sep + params, nil
+	}
+	if strings.Contains(name, "?") {
+		// The driver would cut a plain path at '?'.
+		return "", fmt.Errorf("sqlite: path %q contains '?': use a file: URI for parameters", dsnOrPath)
+	}
+	dir := filepath.Dir(name)
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("sqlite: open %q: directory %q does not exist", dsnOrPath, dir)
+	}
+	return name + "?" + params, nil
+}
+
+// DB returns the store's connection pool. The application may keep its own tables in
+// the same file and use them through it; to commit its writes together with a
+// record's completion, it uses [Store.InTx].
+func (s *Store) DB() *sql.DB { return s.db }
+
+// Close closes the connection pool.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Ping implements [idem.Store.Ping]: it reads the database file's schema page.
+func (s *Store) Ping(ctx context.Context) error {
+	return interpretError(s.retryBusy(ctx, "ping", func() error { return s.ping(ctx) }))
+}
+
+func (s *Store) ping(ctx context.Context) error {
+	var n int
+	return s.db.QueryRowContext(ctx, queryPing).Scan(&n)
+}
+
+// Capabilities implements [idem.Store.Capabilities]: SQLite offers the §7 helper,
+// needs batched cleanup, and serves any number of processes on one host.
+func (s *Store) Capabilities() idem.Capabilities {
+	return idem.Capabilities{Transactions: true, BatchedCleanup: true, MultiProcess: true}
+}

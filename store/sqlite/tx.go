@@ -1,0 +1,90 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/idem-go/idem"
+)
+
+// InTx runs fn in one BEGIN IMMEDIATE transaction and commits it: the SPEC §7 helper
+// that commits the application's writes and the idempotency record's completion
+// together, or neither.
+//
+// When ctx carries an [idem.Handle] (the request came through the idem middleware with
+// a key), after fn returns nil InTx asks the handle for the completion of the response
+// the handler wrote (inside fn) and runs it, fenced by the lock token, in the same
+// transaction. If another request took the key over, the transaction rolls back and
+// InTx returns [idem.ErrLeaseLost]; if COMMIT fails, it returns that error. In both
+// cases the middleware answers 503 store_unavailable instead of the handler's
+// response, because its effects did not commit. Without a handle InTx is a plain
+// transaction.
+//
+// When fn returns an error (or panics) the transaction rolls back and InTx returns
+// that error (or re-panics). fn runs once: only BEGIN is retried while another process
+// holds the write lock. fn must not call InTx or write outside tx, which would wait
+// for the write lock that tx holds.
+func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	h := idem.FromContext(ctx)
+	if err := s.lockWrites(ctx); err != nil {
+		return err
+	}
+	defer s.unlockWrites()
+
+	var tx *sql.Tx
+	err := s.retryBusy(ctx, "begin", func() (err error) {
+		tx, err = s.db.BeginTx(ctx, nil)
+		return err
+	})
+	if err != nil {
+		return interpretError(err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback() // also when fn panics
+		}
+	}()
+
+	if err := fn(ctx, tx); err != nil {
+		return err
+	}
+	completing := false
+	if h != nil {
+		var p *idem.RecordCompleteParams
+		if p, completing = h.PrepareCompletion(); completing {
+			if err := s.CompleteTx(ctx, tx, p); err != nil {
+				h.CompletionFailed(err)
+				return err
+			}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		err = interpretError(err)
+		if h != nil {
+			// Even a response that releases the key must not reach the client: its
+			// effects did not commit.
+			h.CompletionFailed(err)
+		}
+		return err
+	}
+	committed = true
+	if completing {
+		h.Completed()
+	}
+	return nil
+}
+
+// CompleteTx runs the fenced completion of p inside tx, a transaction the application
+// opened on [Store.DB] (which begins IMMEDIATE). When the holder no longer holds the
+// record (another request took the key over, or it was completed or released) it
+// changes nothing and returns [idem.ErrLeaseLost]; the application must then roll tx
+// back and tell the handle with CompletionFailed. [Store.InTx] does all of this.
+func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p *idem.RecordCompleteParams) error {
+	err := completeTx(ctx, tx, p)
+	if errors.Is(err, idem.ErrLeaseLost) {
+		return err
+	}
+	return interpretError(err)
+}
