@@ -1,0 +1,191 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Parameters of the SIGKILL loop.
+const (
+	killOps       = 48 // logical operations, each its own key and body
+	killClients   = 4  // client goroutines sharing them
+	killTimes     = 6  // SIGKILLs of the server
+	killOpTimeout = 60 * time.Second
+)
+
+// TestSIGKILLLoopChargesEachOperationExactlyOnce kills the server at random moments while
+// clients retry their operations (same key, same body) until they get a 201, and restarts
+// it on the same address and store. Every operation ends with exactly one charge, and
+// every 201 a client saw for one key has the same bytes.
+func TestSIGKILLLoopChargesEachOperationExactlyOnce(t *testing.T) {
+	t.Parallel()
+	for _, kind := range sqlStores {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			s := startServer(t, "--store", newStore(t, kind), "--processor-latency", "50ms", "--lock-timeout", "1s")
+			c := newClient()
+			// One connection per request: a killed server leaves no stale pooled ones.
+			c.http.Transport.(*http.Transport).DisableKeepAlives = true
+
+			type op struct {
+				key  string
+				body []byte
+				seen [][]byte // bodies of every 201
+			}
+			// Each client runs at least its share of killOps operations, and keeps
+			// starting new ones until the killer is done, so every kill hits traffic.
+			perClient := make([][]*op, killClients)
+			killerDone := make(chan struct{})
+
+			ctx, cancel := context.WithTimeout(context.Background(), 2*killOpTimeout)
+			defer cancel()
+			clientsDone := make(chan struct{})
+			var wg sync.WaitGroup
+			errs := make(chan error, killClients)
+			for g := range killClients {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; ; i++ {
+						if i >= killOps/killClients {
+							select {
+							case <-killerDone:
+								return
+							default:
+							}
+						}
+						o := &op{key: newKey(), body: chargeJSON(1000 + g*10000 + i)}
+						perClient[g] = append(perClient[g], o)
+						// The operation, then one retry after success: both must be 201s
+						// with the same bytes, whatever kills happen in between.
+						for range 2 {
+							res, err := retryUntilCreated(ctx, c, s.URL(), o.key, o.body, killOpTimeout)
+							if err != nil {
+								errs <- err
+								return
+							}
+							o.seen = append(o.seen, res.Body)
+						}
+					}
+				}()
+			}
+			go func() { wg.Wait(); close(clientsDone) }()
+
+			kills := 0
+			var killErr error
+			for kills < killTimes && killErr == nil {
+				time.Sleep(time.Duration(100+rand.IntN(300)) * time.Millisecond) // a random moment
+				s.kill()
+				kills++
+				killErr = s.relaunch()
+			}
+			close(killerDone)
+			if killErr != nil {
+				cancel()
+			}
+			<-clientsDone
+			close(errs)
+			if killErr != nil {
+				t.Fatalf("restart after kill %d: %v", kills, killErr)
+			}
+			for err := range errs {
+				t.Error(err)
+			}
+			if t.Failed() {
+				return
+			}
+			var ops []*op
+			for _, p := range perClient {
+				ops = append(ops, p...)
+			}
+			t.Logf("%d operations, %d kills, %d server runs", len(ops), kills, s.runs)
+
+			want := map[string]string{}
+			for i, o := range ops {
+				for j, b := range o.seen {
+					if !bytes.Equal(b, o.seen[0]) {
+						t.Errorf("operation %d: 201 #%d differs from the first:\n got %s\nwant %s", i, j+1, b, o.seen[0])
+					}
+				}
+				want[o.key] = (&response{Body: o.seen[0]}).id(t)
+			}
+			wantChargesExactly(t, c, s, want, "after the kill loop")
+		})
+	}
+}
+
+// TestCompletedKeyReplaysAfterRestart restarts the server gracefully, then after a
+// SIGKILL: a key completed before either replays with the same body.
+func TestCompletedKeyReplaysAfterRestart(t *testing.T) {
+	t.Parallel()
+	for _, kind := range sqlStores {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			s := startServer(t, "--store", newStore(t, kind))
+			c := newClient()
+			key := newKey()
+			first := c.postCharge(t, s.URL(), key, chargeJSON(2000))
+			want201(t, "first POST", first)
+
+			s.stop(syscall.SIGTERM)
+			s.restart()
+			wantReplayOf(t, "replay after a graceful restart", first, c.postCharge(t, s.URL(), key, chargeJSON(2000)), key)
+
+			s.kill()
+			s.restart()
+			wantReplayOf(t, "replay after kill -9 and restart", first, c.postCharge(t, s.URL(), key, chargeJSON(2000)), key)
+			wantChargesExactly(t, c, s, map[string]string{key: first.id(t)}, "after the restarts")
+		})
+	}
+}
+
+// TestGracefulShutdownFinishesInFlightRequest sends SIGTERM while a charge is in flight:
+// the charge completes with 201 and the process exits 0.
+func TestGracefulShutdownFinishesInFlightRequest(t *testing.T) {
+	t.Parallel()
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			t.Parallel()
+			s, c := setup(t, "--processor-latency", "1s")
+			key := newKey()
+			got := make(chan answer, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+				defer cancel()
+				res, err := c.send(ctx, s.URL(), request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: chargeJSON(2000)})
+				got <- answer{res, err}
+			}()
+			// The duplicate's 409 is the signal that the first request holds the key.
+			waitFor(t, 5*time.Second, "the charge to be in flight", func() (bool, string) {
+				res, err := newClientAs(c).send(context.Background(), s.URL(), request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: chargeJSON(2000)})
+				if err != nil {
+					return false, err.Error()
+				}
+				return res.Status == http.StatusConflict && res.errorCode() == "request_in_progress", res.String()
+			})
+			s.signal(sig)
+			a := <-got
+			if a.err != nil {
+				t.Fatalf("in-flight request during %v: %v", sig, a.err)
+			}
+			want201(t, fmt.Sprintf("in-flight request during %v", sig), a.res)
+			if err := s.wait(stopTimeout); err != nil {
+				t.Fatalf("after %v: want exit 0, got %v", sig, err)
+			}
+		})
+	}
+}
+
+// newClientAs returns a client with its own connections for the principal of c.
+func newClientAs(c *client) *client {
+	n := newClient()
+	n.token = c.token
+	return n
+}
