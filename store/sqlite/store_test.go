@@ -1,0 +1,344 @@
+package sqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/sqlite"
+)
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+
+func claimParams(scope, key, token string, now time.Time) *idem.RecordClaimParams {
+	return &idem.RecordClaimParams{
+		Scope: scope, Key: key, Token: token, RecordID: "rec-" + token,
+		Fingerprint: idem.Fingerprint{Version: idem.FingerprintVersion, Sum: [32]byte{1, 2, 3}},
+		Lease:       30 * time.Second, TTL: 24 * time.Hour, Now: now,
+	}
+}
+
+func mustClaim(t testing.TB, s idem.Store, p *idem.RecordClaimParams, want idem.ClaimOutcome) *idem.RecordClaimResult {
+	t.Helper()
+	res, err := s.RecordClaim(context.Background(), p)
+	if err != nil {
+		t.Fatalf("RecordClaim: %v", err)
+	}
+	if res.Outcome != want {
+		t.Fatalf("RecordClaim = %v, want %v", res.Outcome, want)
+	}
+	return res
+}
+
+func TestRecordSurvivesCloseAndReopen(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, path := openStore(t, sqlite.Config{})
+	mustClaim(t, s, claimParams("s", "k", "tok", t0), idem.ClaimAcquired)
+	resp := &idem.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(`{"id":1}`)}
+	if err := s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: "s", Key: "k", Token: "tok", Response: resp, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s2, err := sqlite.Open(ctx, path, sqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if err := s2.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate after restart: %v", err)
+	}
+	res := mustClaim(t, s2, claimParams("s", "k", "tok2", t0.Add(time.Minute)), idem.ClaimCompleted)
+	if !res.Record.Response.Equal(resp) {
+		t.Fatalf("replayed after restart: %+v, want %+v", res.Record.Response, resp)
+	}
+}
+
+func TestOpenRefusesBadPaths(t *testing.T) {
+	t.Parallel()
+	missingDir := filepath.Join(t.TempDir(), "no", "such", "dir")
+	for _, tc := range []struct {
+		name, path, want string
+	}{
+		{"missing directory", filepath.Join(missingDir, "idem.db"), "does not exist"},
+		{"a directory", t.TempDir(), "unable to open"},
+		{"empty", "", "empty database path"},
+		{"memory", ":memory:", "in-memory databases are not supported"},
+		{"question mark", filepath.Join(t.TempDir(), "a?b.db"), "contains '?'"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := sqlite.Open(context.Background(), tc.path, sqlite.Config{})
+			if err == nil {
+				s.Close()
+				t.Fatalf("Open(%q) succeeded", tc.path)
+			}
+			if !strings.HasPrefix(err.Error(), "sqlite: ") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Open(%q) = %q, want an error containing %q", tc.path, err, tc.want)
+			}
+		})
+	}
+	if _, err := os.Stat(missingDir); !os.IsNotExist(err) {
+		t.Errorf("Open created the missing directory: %v", err)
+	}
+}
+
+func TestOpenAcceptsSqliteURLAndFileURI(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, dsn := range []string{"sqlite:" + filepath.Join(dir, "a.db"), "file:" + filepath.Join(dir, "b.db")} {
+		s, err := sqlite.Open(context.Background(), dsn, sqlite.Config{})
+		if err != nil {
+			t.Fatalf("Open(%q): %v", dsn, err)
+		}
+		var mode string
+		if err := s.DB().QueryRow(`PRAGMA journal_mode`).Scan(&mode); err != nil || mode != "wal" {
+			t.Errorf("Open(%q): journal_mode = %q, %v; want wal", dsn, mode, err)
+		}
+		s.Close()
+	}
+}
+
+func TestConfigValidationNamesTheField(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	for field, cfg := range map[string]sqlite.Config{
+		"Config.BusyTimeout":  {BusyTimeout: -time.Second},
+		"Config.MaxOpenConns": {MaxOpenConns: -1},
+	} {
+		if _, err := sqlite.Open(context.Background(), path, cfg); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("Open with a bad %s = %v, want an error naming it", field, err)
+		}
+	}
+}
+
+func TestConnectionsUseTheDocumentedSettings(t *testing.T) {
+	t.Parallel()
+	s, _ := openStore(t, sqlite.Config{BusyTimeout: 1234 * time.Millisecond})
+	for pragma, want := range map[string]string{
+		"journal_mode": "wal", "busy_timeout": "1234", "foreign_keys": "1", "synchronous": "2",
+	} {
+		var got string
+		if err := s.DB().QueryRow("PRAGMA " + pragma).Scan(&got); err != nil || got != want {
+			t.Errorf("PRAGMA %s = %q, %v; want %q", pragma, got, err, want)
+		}
+	}
+}
+
+func TestMigrateTwiceIsANoOp(t *testing.T) {
+	t.Parallel()
+	s, _ := openStore(t, sqlite.Config{})
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := s.DB().QueryRow(`SELECT count(*) FROM idem_migrations`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("idem_migrations has %d rows (%v), want 1", n, err)
+	}
+}
+
+func TestTwoHundredKeysClaimedAtOnceAllAcquire(t *testing.T) {
+	t.Parallel()
+	s, _ := openStore(t, sqlite.Config{})
+	const n = 200
+	errs := make(chan error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			key := fmt.Sprintf("key-%03d", i)
+			res, err := s.RecordClaim(context.Background(), claimParams("s", key, "tok-"+key, time.Time{}))
+			if err == nil && res.Outcome != idem.ClaimAcquired {
+				err = fmt.Errorf("%s: %v", key, res.Outcome)
+			}
+			if err == nil {
+				err = s.RecordComplete(context.Background(), &idem.RecordCompleteParams{
+					Scope: "s", Key: key, Token: "tok-" + key, Response: &idem.Response{Status: 200}, TTL: time.Hour})
+			}
+			errs <- err
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// signalHandler is a slog.Handler that signals each "retrying" record: a test waits
+// on it to know that a store met a lock, instead of sleeping.
+type signalHandler struct{ retried chan struct{} }
+
+func (h signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h signalHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "retrying") {
+		select {
+		case h.retried <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+func (h signalHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h signalHandler) WithGroup(string) slog.Handler      { return h }
+
+// holdWriteLock makes other (a second store on the file, as another process would
+// open) hold the write lock until the returned func is called.
+func holdWriteLock(t *testing.T, other *sqlite.Store) (release func()) {
+	t.Helper()
+	locked, done := make(chan struct{}), make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		errc <- other.InTx(context.Background(), func(ctx context.Context, tx *sql.Tx) error {
+			close(locked)
+			<-done
+			return nil
+		})
+	}()
+	<-locked
+	return func() {
+		close(done)
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestClaimWaitsOutAnotherProcessesWriteLock(t *testing.T) {
+	t.Parallel()
+	retried := make(chan struct{}, 1)
+	s, path := openStore(t, sqlite.Config{BusyTimeout: time.Millisecond, Logger: slog.New(signalHandler{retried})})
+	other, err := sqlite.Open(context.Background(), path, sqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+
+	release := holdWriteLock(t, other)
+	type result struct {
+		res *idem.RecordClaimResult
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		res, err := s.RecordClaim(context.Background(), claimParams("s", "k", "tok", t0))
+		got <- result{res, err}
+	}()
+	<-retried // the claim met SQLITE_BUSY and is retrying
+	release()
+	r := <-got
+	if r.err != nil || r.res.Outcome != idem.ClaimAcquired {
+		t.Fatalf("claim after the lock was released = %v, %v; want acquired", r.res, r.err)
+	}
+}
+
+func TestClaimUnderLockFailsOnlyWhenContextEnds(t *testing.T) {
+	t.Parallel()
+	s, path := openStore(t, sqlite.Config{BusyTimeout: time.Millisecond})
+	other, err := sqlite.Open(context.Background(), path, sqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	release := holdWriteLock(t, other)
+	defer release()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err = s.RecordClaim(ctx, claimParams("s", "k", "tok", t0))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("claim under a lock held past the deadline = %v, want context.DeadlineExceeded", err)
+	}
+}
+
+func TestReadsAndReplaysDoNotWaitForTheWriter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, _ := openStore(t, sqlite.Config{})
+	mustClaim(t, s, claimParams("s", "done", "tok", t0), idem.ClaimAcquired)
+	if err := s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: "s", Key: "done", Token: "tok", Response: &idem.Response{Status: 201}, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	mustClaim(t, s, claimParams("s", "busy", "tok", t0), idem.ClaimAcquired)
+
+	// The same store holds the write lock: anything that needed it would wait forever.
+	release := holdWriteLock(t, s)
+	defer release()
+	if _, err := s.RecordGet(ctx, &idem.RecordGetParams{Scope: "s", Key: "done", Now: t0}); err != nil {
+		t.Errorf("RecordGet: %v", err)
+	}
+	mustClaim(t, s, claimParams("s", "done", "tok2", t0.Add(time.Second)), idem.ClaimCompleted)
+	mustClaim(t, s, claimParams("s", "busy", "tok2", t0.Add(time.Second)), idem.ClaimInFlight)
+	if err := s.Ping(ctx); err != nil {
+		t.Errorf("Ping: %v", err)
+	}
+}
+
+func TestRecordGetOfMissingKeyIsErrNotFound(t *testing.T) {
+	t.Parallel()
+	s, _ := openStore(t, sqlite.Config{})
+	_, err := s.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "s", Key: "nope"})
+	if !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("RecordGet = %v, want idem.ErrNotFound", err)
+	}
+}
+
+func TestInTxRollsBackWhenFnFails(t *testing.T) {
+	t.Parallel()
+	s, _ := openStore(t, sqlite.Config{})
+	createMarkerTable(t, s)
+	boom := errors.New("boom")
+	err := s.InTx(context.Background(), func(ctx context.Context, tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO app_marker VALUES ('x')`); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("InTx = %v, want fn's error", err)
+	}
+	if ok, _ := (txHarness{}).MarkerCommitted(context.Background(), s, "x"); ok {
+		t.Fatal("the write of a failed fn committed")
+	}
+}
+
+func TestInTxRollsBackAndRepanicsWhenFnPanics(t *testing.T) {
+	t.Parallel()
+	s, _ := openStore(t, sqlite.Config{})
+	createMarkerTable(t, s)
+	func() {
+		defer func() {
+			if recover() != "boom" {
+				t.Fatal("InTx did not re-raise fn's panic")
+			}
+		}()
+		_ = s.InTx(context.Background(), func(ctx context.Context, tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO app_marker VALUES ('x')`); err != nil {
+				return err
+			}
+			panic("boom")
+		})
+	}()
+	if ok, _ := (txHarness{}).MarkerCommitted(context.Background(), s, "x"); ok {
+		t.Fatal("the write of a panicking fn committed")
+	}
+	// The write turn and the connection were given back.
+	if err := s.InTx(context.Background(), func(context.Context, *sql.Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
