@@ -1,0 +1,67 @@
+// Package pgtest gives each test its own PostgreSQL schema, so that tests run in
+// parallel against one shared server and never see each other's rows.
+package pgtest
+
+import (
+	"context"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem/internal/testenv"
+)
+
+// Schema creates a fresh, empty schema named t_<random> in the test database (see
+// [testenv.PostgresURL]; the test skips when PostgreSQL is absent, fails under CI=true)
+// and drops it, with everything in it, when the test ends. It returns the database URL
+// and the schema's name.
+func Schema(t testing.TB) (dbURL, schema string) {
+	t.Helper()
+	dbURL = testenv.PostgresURL(t)
+	schema = testenv.Name("t_")
+	Exec(t, dbURL, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := exec(ctx, dbURL, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("pgtest: dropping schema %s: %v", schema, err)
+		}
+	})
+	return dbURL, schema
+}
+
+// SearchPathURL returns dbURL with its search_path set to schema, for code that uses
+// unqualified table names (an application's own tables in a test's schema).
+func SearchPathURL(t testing.TB, dbURL, schema string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatalf("pgtest: parsing %q: %v", dbURL, err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// Exec runs one statement on a connection of its own, failing the test on an error.
+func Exec(t testing.TB, dbURL, sql string, args ...any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := exec(ctx, dbURL, sql, args...); err != nil {
+		t.Fatalf("pgtest: %s: %v", sql, err)
+	}
+}
+
+func exec(ctx context.Context, dbURL, sql string, args ...any) error {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, sql, args...)
+	return err
+}

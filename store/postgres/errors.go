@@ -1,0 +1,106 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idem-go/idem"
+)
+
+// ErrUnavailable wraps errors that mean the database could not be reached or could not
+// serve the statement (connection refused or lost, the server shutting down or out of
+// connections). The middleware answers such failures with 503 store_unavailable; the
+// pool reconnects by itself once the database returns.
+var ErrUnavailable = errors.New("postgres: store unavailable")
+
+// interpretError normalises every error at the store's edge: pgx.ErrNoRows becomes
+// idem.ErrNotFound, connection-level failures wrap ErrUnavailable, and everything else
+// is returned with the package's prefix. idem's own sentinels and context errors pass
+// through unchanged.
+func interpretError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return idem.ErrNotFound
+	case errors.Is(err, idem.ErrNotFound), errors.Is(err, idem.ErrLeaseLost), errors.Is(err, ErrUnavailable):
+		return err
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		if unavailableCode(pgErr.Code) {
+			return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return fmt.Errorf("postgres: %w", err)
+	}
+	// Not an answer from the server: the connection could not be made or was lost.
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// unavailableCode reports SQLSTATEs that mean "the server cannot serve you now" rather
+// than "your statement is wrong": connection exceptions (08), insufficient resources
+// (53), operator intervention (57: shutdown, cannot connect now).
+func unavailableCode(code string) bool {
+	if len(code) != 5 {
+		return false
+	}
+	switch code[:2] {
+	case "08", "53":
+		return true
+	case "57":
+		return code != "57014" // query_canceled is the caller's own timeout
+	}
+	return false
+}
+
+// retryable reports errors after which a single autocommit statement may safely run
+// again: the statement certainly did not take effect. A serialization failure (40001) or
+// deadlock (40P01) rolled it back; SafeToRetry means nothing reached the server. A
+// connection lost mid-statement is not retryable: its outcome is unknown.
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "40001" || pgErr.Code == "40P01"
+	}
+	return pgconn.SafeToRetry(err)
+}
+
+// Statement retries: a few quick attempts with jittered exponential backoff, within the
+// request's context. Enough for a deadlock victim; short enough that a database that is
+// down turns into 503 quickly.
+const (
+	maxStatementAttempts = 3
+	retryBaseDelay       = 5 * time.Millisecond
+)
+
+// withRetry runs one autocommit statement, retrying it while retryable says so.
+func (s *Store) withRetry(ctx context.Context, op string, fn func() error) error {
+	var err error
+	for attempt := range maxStatementAttempts {
+		if err = fn(); err == nil || !retryable(err) {
+			return err
+		}
+		if attempt == maxStatementAttempts-1 {
+			break
+		}
+		s.logger.DebugContext(ctx, "postgres: retrying statement", "op", op, "attempt", attempt+1, "err", err)
+		delay := retryBaseDelay << attempt
+		delay = delay/2 + rand.N(delay/2+1)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+	return err
+}

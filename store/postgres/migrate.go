@@ -1,0 +1,126 @@
+package postgres
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+//go:embed migrations/*.up.sql
+var migrationFiles embed.FS
+
+// migration is one numbered file of migrations/, NNNN_name.up.sql.
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// migrations lists the embedded migrations in version order.
+var migrations = mustLoadMigrations()
+
+func mustLoadMigrations() []migration {
+	names, err := fs.Glob(migrationFiles, "migrations/*.up.sql")
+	if err != nil {
+		panic(err)
+	}
+	var out []migration
+	for _, path := range names {
+		base := strings.TrimSuffix(strings.TrimPrefix(path, "migrations/"), ".up.sql")
+		num, name, ok := strings.Cut(base, "_")
+		version, err := strconv.Atoi(num)
+		if !ok || err != nil || version <= 0 {
+			panic("postgres: migration file " + path + " is not named NNNN_name.up.sql")
+		}
+		b, err := migrationFiles.ReadFile(path)
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, migration{version: version, name: name, sql: string(b)})
+	}
+	slices.SortFunc(out, func(a, b migration) int { return a.version - b.version })
+	for i := 1; i < len(out); i++ {
+		if out[i].version == out[i-1].version {
+			panic(fmt.Sprintf("postgres: two migrations numbered %d", out[i].version))
+		}
+	}
+	return out
+}
+
+// Migrate creates the configured schema when it is missing and applies every embedded
+// migration not yet recorded in its idem_migrations table, all in one transaction under
+// an advisory lock: any number of processes may migrate the same schema at the same
+// moment; one applies the migrations and the others then find nothing to do.
+func (s *Store) Migrate(ctx context.Context) error {
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		return s.migrateTx(ctx, tx)
+	})
+	if err != nil {
+		return fmt.Errorf("postgres: migrate: %w", interpretError(err))
+	}
+	return nil
+}
+
+func (s *Store) migrateTx(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, s.q.migrateLock, migrationLockKey(s.schema)); err != nil {
+		return err
+	}
+	if err := s.createSchema(ctx, tx); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, s.q.migrateCreateTable); err != nil {
+		return err
+	}
+	rows, err := tx.Query(ctx, s.q.migrateApplied)
+	if err != nil {
+		return err
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return err
+	}
+	for _, m := range migrations {
+		if slices.Contains(applied, int32(m.version)) {
+			continue
+		}
+		if _, err := tx.Exec(ctx, strings.ReplaceAll(m.sql, "{{schema}}", s.q.schemaPrefix)); err != nil {
+			return fmt.Errorf("migration %04d_%s: %w", m.version, m.name, err)
+		}
+		if _, err := tx.Exec(ctx, s.q.migrateRecord, m.version, m.name); err != nil {
+			return err
+		}
+		s.logger.InfoContext(ctx, "postgres: applied migration", "version", m.version, "name", m.name, "schema", s.schema)
+	}
+	return nil
+}
+
+// createSchema creates the configured schema unless it exists. Checking first means a
+// role without CREATE on the database can still migrate a schema made for it.
+func (s *Store) createSchema(ctx context.Context, tx pgx.Tx) error {
+	if s.schema == "" {
+		return nil
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, s.q.migrateSchemaExists, s.schema).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		return nil
+	}
+	_, err := tx.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s.schema}.Sanitize())
+	return err
+}
+
+// migrationLockKey is the advisory lock serialising migrations of one schema.
+func migrationLockKey(schema string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("idem/postgres migrate\x00" + schema))
+	return int64(h.Sum64())
+}

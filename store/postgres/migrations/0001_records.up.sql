@@ -1,0 +1,29 @@
+-- The idempotency records (SPEC §5). {{schema}} is replaced by the configured schema,
+-- quoted, followed by a dot (or by nothing, which means the search_path).
+CREATE TABLE {{schema}}idem_records (
+    scope               text        NOT NULL,
+    key                 text        NOT NULL,
+    -- New at every claim of an absent or expired key, kept across takeovers (§13).
+    id                  text        NOT NULL,
+    fingerprint_version integer     NOT NULL,
+    fingerprint         bytea       NOT NULL,
+    state               text        NOT NULL CHECK (state IN ('in_flight', 'completed')),
+    -- The holder's lock token; NULL once completed.
+    lock_token          text,
+    -- When the holder's lease lapses; NULL once completed.
+    lease_end           timestamptz,
+    response_status     integer,
+    -- The stored (allow-listed) headers as a JSON object of string arrays.
+    response_headers    jsonb,
+    response_body       bytea,
+    response_not_stored boolean     NOT NULL DEFAULT false,
+    -- Reserved for resumable handlers (§13).
+    recovery_point      text,
+    created_at          timestamptz NOT NULL,
+    -- created_at + ttl once completed; max(created_at + ttl, lease_end) in flight (§8).
+    expires_at          timestamptz NOT NULL,
+    PRIMARY KEY (scope, key)
+);
+
+-- The cleaner deletes in expires_at order, in bounded batches (§8).
+CREATE INDEX idem_records_expires_at_idx ON {{schema}}idem_records (expires_at);

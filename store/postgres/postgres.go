@@ -1,0 +1,132 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-go/idem"
+)
+
+// DefaultMaxConns is the pool size [Open] uses when neither Config.MaxConns nor the
+// URL's pool_max_conns sets one.
+const DefaultMaxConns = 32
+
+// Config configures a [Store]. The zero value is ready to use.
+type Config struct {
+	// Schema is the schema holding the idem_records and idem_migrations tables. Migrate
+	// creates it when it does not exist. Defaults to "", which means the connection's
+	// search_path (normally public).
+	Schema string
+
+	// MaxConns is the size of the pool that [Open] creates; [NewFromPool] ignores it.
+	// Defaults to DefaultMaxConns, unless the URL sets pool_max_conns.
+	MaxConns int
+
+	// Logger receives the store's rare log lines (takeovers, retried statements,
+	// migrations). Keys are never logged in full. Defaults to a logger that discards
+	// everything.
+	Logger *slog.Logger
+}
+
+func (c Config) validate() error {
+	if c.MaxConns < 0 {
+		return fmt.Errorf("postgres: Config.MaxConns must not be negative, got %d", c.MaxConns)
+	}
+	if strings.ContainsRune(c.Schema, 0) {
+		return errors.New("postgres: Config.Schema must not contain a NUL byte")
+	}
+	return nil
+}
+
+// Store is an [idem.Store] kept in PostgreSQL. It is safe for concurrent use by any
+// number of goroutines and processes.
+type Store struct {
+	pool    *pgxpool.Pool
+	ownPool bool
+	schema  string
+	q       *queries
+	logger  *slog.Logger
+}
+
+var _ idem.Store = (*Store)(nil)
+
+// Open creates a pool for the PostgreSQL database at url (a postgres:// URL or a
+// key=value connection string, as pgx accepts) and returns a store using it. It does
+// not connect: a database that is down makes requests fail with 503 until it returns,
+// rather than failing Open. Call [Store.Migrate] before first use.
+func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// pgx redacts the password from the error it returns.
+		return nil, fmt.Errorf("postgres: invalid database URL: %w", err)
+	}
+	switch {
+	case cfg.MaxConns > 0:
+		pcfg.MaxConns = int32(cfg.MaxConns)
+	case !strings.Contains(url, "pool_max_conns"):
+		pcfg.MaxConns = DefaultMaxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: creating pool: %w", err)
+	}
+	s, err := NewFromPool(pool, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.ownPool = true
+	return s, nil
+}
+
+// NewFromPool returns a store using a pool the application already has, so that the
+// application's transactions and the idempotency records share one pool (SPEC §7).
+// Config.MaxConns is ignored, and [Store.Close] leaves the pool open.
+func NewFromPool(pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("postgres: NewFromPool: pool is nil")
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Store{
+		pool:   pool,
+		schema: cfg.Schema,
+		q:      newQueries(cfg.Schema),
+		logger: logger,
+	}, nil
+}
+
+// Pool returns the store's pool, for the application's own queries.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Close closes the pool when [Open] created it; a pool given to [NewFromPool] belongs
+// to the application, which closes it itself.
+func (s *Store) Close() {
+	if s.ownPool {
+		s.pool.Close()
+	}
+}
+
+// Ping reports whether the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	return interpretError(s.pool.Ping(ctx))
+}
+
+// Capabilities reports that this store offers the §7 transaction helper, needs the
+// cleaner, and may be shared by any number of processes.
+func (s *Store) Capabilities() idem.Capabilities {
+	return idem.Capabilities{Transactions: true, BatchedCleanup: true, MultiProcess: true}
+}

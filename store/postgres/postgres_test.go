@@ -1,0 +1,85 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/store/postgres"
+	"github.com/idem-go/idem/store/storetest"
+)
+
+// schemaStore is a store and the private schema it lives in.
+type schemaStore struct {
+	*postgres.Store
+	schema string
+	dbURL  string
+}
+
+// table returns the quoted name of table in the store's schema.
+func (s schemaStore) table(name string) string { return pgx.Identifier{s.schema, name}.Sanitize() }
+
+// newStore opens a migrated store in a fresh schema private to t.
+func newStore(t testing.TB) schemaStore {
+	t.Helper()
+	dbURL, schema := pgtest.Schema(t)
+	s, err := postgres.Open(context.Background(), dbURL, postgres.Config{Schema: schema, MaxConns: 8})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(s.Close)
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	return schemaStore{Store: s, schema: schema, dbURL: dbURL}
+}
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, storetest.Harness{
+		NewStore: func(t *testing.T) idem.Store { return newStore(t) },
+		Tx:       appTable{},
+	})
+}
+
+// appTable is the conformance suite's §7 harness: an application table next to the
+// records, in the store's private schema, written in the same transaction as the
+// fenced completion.
+type appTable struct{}
+
+func (appTable) ensure(ctx context.Context, s schemaStore) error {
+	_, err := s.Pool().Exec(ctx, `CREATE TABLE IF NOT EXISTS `+s.table("app_marker")+` (name text PRIMARY KEY)`)
+	return err
+}
+
+func (a appTable) WriteAndComplete(ctx context.Context, st idem.Store, p *idem.RecordCompleteParams, marker string) error {
+	s := st.(schemaStore)
+	if err := a.ensure(ctx, s); err != nil {
+		return err
+	}
+	tx, err := s.Pool().BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, `INSERT INTO `+s.table("app_marker")+` (name) VALUES ($1)`, marker); err != nil {
+		return err
+	}
+	if err := s.CompleteTx(ctx, tx, p); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+func (a appTable) MarkerCommitted(ctx context.Context, st idem.Store, marker string) (bool, error) {
+	s := st.(schemaStore)
+	if err := a.ensure(ctx, s); err != nil {
+		return false, err
+	}
+	var n int
+	err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM `+s.table("app_marker")+` WHERE name = $1`, marker).Scan(&n)
+	return n > 0, err
+}

@@ -1,0 +1,130 @@
+package postgres
+
+// Round trips per request (steady state: pgx's statement cache has already prepared the
+// statement on the connection, which costs one extra round trip per statement the first
+// time a pooled connection runs it; and the pool does not ping a connection unless it sat
+// idle for more than a second):
+//
+//   - new key:             1 (RecordClaim: INSERT … ON CONFLICT DO NOTHING, one statement)
+//     + 1 to complete      (RecordComplete, or RecordRelease)
+//   - replay:              1 (RecordClaim returns the completed record; nothing written)
+//   - in-flight duplicate: 1 (RecordClaim returns the in-flight record; nothing written)
+//   - key reused:          1 (as a replay)
+//   - takeover:            2 (RecordClaim, then the fenced RecordTakeOver update)
+//   - expired record:      2 (RecordClaim, then the fenced RecordClaimExpired update)
+//   - §7 InTx:             BEGIN + the handler's statements + fenced completion + COMMIT
+//
+// TestNewKeyClaimIsOneRoundTrip and its neighbours in roundtrip_test.go count them on
+// the wire.
+
+import (
+	"embed"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+//go:embed queries/*.sql
+var queryFiles embed.FS
+
+// queries holds the statements of queries/*.sql with the schema filled in.
+type queries struct {
+	// schemaPrefix is what {{schema}} became: the quoted schema and a dot, or "".
+	schemaPrefix string
+
+	recordClaim         string
+	recordClaimExpired  string
+	recordTakeOver      string
+	recordComplete      string
+	recordRelease       string
+	recordRenew         string
+	recordGet           string
+	recordDeleteExpired string
+
+	migrateLock         string
+	migrateSchemaExists string
+	migrateCreateTable  string
+	migrateApplied      string
+	migrateRecord       string
+}
+
+// parsedQueries are the raw statements by name, read once from the embedded files.
+var parsedQueries = mustParseQueries()
+
+// newQueries fills {{schema}} in every statement for schema ("" = the search_path).
+func newQueries(schema string) *queries {
+	prefix := ""
+	if schema != "" {
+		prefix = pgx.Identifier{schema}.Sanitize() + "."
+	}
+	q := func(name string) string {
+		s, ok := parsedQueries[name]
+		if !ok {
+			panic("postgres: no query named " + name) // a bug in this package
+		}
+		return strings.ReplaceAll(s, "{{schema}}", prefix)
+	}
+	return &queries{
+		schemaPrefix:        prefix,
+		recordClaim:         q("RecordClaim"),
+		recordClaimExpired:  q("RecordClaimExpired"),
+		recordTakeOver:      q("RecordTakeOver"),
+		recordComplete:      q("RecordComplete"),
+		recordRelease:       q("RecordRelease"),
+		recordRenew:         q("RecordRenew"),
+		recordGet:           q("RecordGet"),
+		recordDeleteExpired: q("RecordDeleteExpired"),
+		migrateLock:         q("MigrateLock"),
+		migrateSchemaExists: q("MigrateSchemaExists"),
+		migrateCreateTable:  q("MigrateCreateTable"),
+		migrateApplied:      q("MigrateApplied"),
+		migrateRecord:       q("MigrateRecord"),
+	}
+}
+
+// mustParseQueries splits every queries/*.sql file at its "-- name: X" lines.
+func mustParseQueries() map[string]string {
+	entries, err := queryFiles.ReadDir("queries")
+	if err != nil {
+		panic(err)
+	}
+	out := map[string]string{}
+	for _, e := range entries {
+		b, err := queryFiles.ReadFile("queries/" + e.Name())
+		if err != nil {
+			panic(err)
+		}
+		for name, stmt := range splitNamed(string(b)) {
+			if _, dup := out[name]; dup {
+				panic(fmt.Sprintf("postgres: query %s defined twice", name))
+			}
+			out[name] = stmt
+		}
+	}
+	return out
+}
+
+// splitNamed returns the statements of one file by name. Text before the first
+// "-- name:" line is the file's header comment and belongs to no statement.
+func splitNamed(src string) map[string]string {
+	out := map[string]string{}
+	var name string
+	var body strings.Builder
+	flush := func() {
+		if name != "" {
+			out[name] = strings.TrimSpace(body.String())
+		}
+		body.Reset()
+	}
+	for line := range strings.Lines(src) {
+		if rest, ok := strings.CutPrefix(line, "-- name:"); ok {
+			flush()
+			name = strings.TrimSpace(rest)
+			continue
+		}
+		body.WriteString(line)
+	}
+	flush()
+	return out
+}

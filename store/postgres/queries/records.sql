@@ -1,0 +1,165 @@
+-- Statements of the PostgreSQL store. Each starts with a "-- name:" line; queries.go
+-- loads them and replaces {{schema}} with the configured schema (quoted, with a dot) or
+-- with nothing (the search_path). Every time-dependent statement reads the store's clock
+-- as coalesce(<now>::timestamptz, clock_timestamp()): the injected time of a test, or
+-- PostgreSQL's own wall clock (clock_timestamp, not now(), so that a statement retried
+-- inside a long transaction still sees the current time). Durations travel as
+-- microseconds (bigint). Every row-returning record statement lists the columns in the
+-- order that scanRecord reads them.
+
+-- name: RecordClaim
+-- One round trip for every outcome but the rare takeover: insert the in-flight record,
+-- or (ON CONFLICT DO NOTHING, which writes nothing) return the record already there.
+-- Zero rows means the INSERT waited for a concurrent inserter that committed after this
+-- statement's snapshot was taken, so the SELECT cannot see its row: the caller retries.
+-- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 token,
+-- $7 lease (µs), $8 ttl (µs), $9 injected now (NULL: the store's clock).
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($9::timestamptz, clock_timestamp()) AS now
+), ins AS (
+    INSERT INTO {{schema}}idem_records AS r
+        (scope, key, id, fingerprint_version, fingerprint, state, lock_token, lease_end,
+         created_at, expires_at)
+    SELECT $1, $2, $3, $4, $5, 'in_flight', $6,
+           clock.now + $7::bigint * interval '1 microsecond',
+           clock.now,
+           greatest(clock.now + $8::bigint * interval '1 microsecond',
+                    clock.now + $7::bigint * interval '1 microsecond')
+    FROM clock
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
+              r.response_status, r.response_headers, r.response_body, r.response_not_stored,
+              r.recovery_point, r.created_at, r.expires_at
+)
+SELECT true AS claimed, ins.*, clock.now
+FROM ins, clock
+UNION ALL
+SELECT false AS claimed, r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token,
+       r.lease_end, r.response_status, r.response_headers, r.response_body,
+       r.response_not_stored, r.recovery_point, r.created_at, r.expires_at, clock.now
+FROM {{schema}}idem_records r, clock
+WHERE r.scope = $1 AND r.key = $2 AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- name: RecordClaimExpired
+-- Claims an expired record afresh (SPEC §5.1, §8): new id, created_at, fingerprint,
+-- token and lease; the old response is dropped. The WHERE re-checks expiry with the
+-- store's clock, so of concurrent claimers that all saw the expired record exactly one
+-- updates it (the others re-evaluate the WHERE on the new row version and match nothing).
+-- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 token,
+-- $7 lease (µs), $8 ttl (µs), $9 injected now.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($9::timestamptz, clock_timestamp()) AS now
+)
+UPDATE {{schema}}idem_records AS r
+SET id = $3,
+    fingerprint_version = $4,
+    fingerprint = $5,
+    state = 'in_flight',
+    lock_token = $6,
+    lease_end = clock.now + $7::bigint * interval '1 microsecond',
+    created_at = clock.now,
+    expires_at = greatest(clock.now + $8::bigint * interval '1 microsecond',
+                          clock.now + $7::bigint * interval '1 microsecond'),
+    response_status = NULL,
+    response_headers = NULL,
+    response_body = NULL,
+    response_not_stored = false,
+    recovery_point = NULL
+FROM clock
+WHERE r.scope = $1 AND r.key = $2 AND r.expires_at <= clock.now
+RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
+          r.response_status, r.response_headers, r.response_body, r.response_not_stored,
+          r.recovery_point, r.created_at, r.expires_at, clock.now;
+
+-- name: RecordTakeOver
+-- Takes over an in-flight record whose lease lapsed (SPEC §5.3), keeping its id and
+-- created_at. Fenced by the old token and a re-check of the lease with the store's clock:
+-- a holder that renewed in time, or another taker that won, leaves nothing to update.
+-- $1 scope, $2 key, $3 old token, $4 new token, $5 lease (µs), $6 ttl (µs), $7 injected now.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($7::timestamptz, clock_timestamp()) AS now
+)
+UPDATE {{schema}}idem_records AS r
+SET lock_token = $4,
+    lease_end = clock.now + $5::bigint * interval '1 microsecond',
+    expires_at = greatest(r.created_at + $6::bigint * interval '1 microsecond',
+                          clock.now + $5::bigint * interval '1 microsecond')
+FROM clock
+WHERE r.scope = $1 AND r.key = $2
+  AND r.state = 'in_flight' AND r.lock_token = $3
+  AND r.lease_end <= clock.now AND r.expires_at > clock.now
+RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
+          r.response_status, r.response_headers, r.response_body, r.response_not_stored,
+          r.recovery_point, r.created_at, r.expires_at, clock.now;
+
+-- name: RecordComplete
+-- Stores the final response, fenced by the token and the in-flight state (SPEC §5).
+-- A lapsed lease that nobody took over still counts as held. No rows: lease lost.
+-- $1 scope, $2 key, $3 token, $4 status, $5 headers (jsonb), $6 body, $7 not stored,
+-- $8 ttl (µs).
+UPDATE {{schema}}idem_records
+SET state = 'completed',
+    lock_token = NULL,
+    lease_end = NULL,
+    response_status = $4,
+    response_headers = $5,
+    response_body = $6,
+    response_not_stored = $7,
+    expires_at = created_at + $8::bigint * interval '1 microsecond'
+WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight';
+
+-- name: RecordRelease
+-- Deletes the holder's in-flight record so that a retry executes afresh (SPEC §6).
+-- $1 scope, $2 key, $3 token.
+DELETE FROM {{schema}}idem_records
+WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight';
+
+-- name: RecordRenew
+-- Extends the holder's lease to now + lease, keeping expires_at = max(created_at + ttl,
+-- lease_end) (SPEC §8). $1 scope, $2 key, $3 token, $4 lease (µs), $5 ttl (µs),
+-- $6 injected now.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($6::timestamptz, clock_timestamp()) AS now
+)
+UPDATE {{schema}}idem_records AS r
+SET lease_end = clock.now + $4::bigint * interval '1 microsecond',
+    expires_at = greatest(r.created_at + $5::bigint * interval '1 microsecond',
+                          clock.now + $4::bigint * interval '1 microsecond')
+FROM clock
+WHERE r.scope = $1 AND r.key = $2 AND r.lock_token = $3 AND r.state = 'in_flight'
+RETURNING r.lease_end;
+
+-- name: RecordGet
+-- One record by primary key; an expired one counts as absent (SPEC §8).
+-- $1 scope, $2 key, $3 injected now.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($3::timestamptz, clock_timestamp()) AS now
+)
+SELECT r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
+       r.response_status, r.response_headers, r.response_body, r.response_not_stored,
+       r.recovery_point, r.created_at, r.expires_at, clock.now
+FROM {{schema}}idem_records r, clock
+WHERE r.scope = $1 AND r.key = $2 AND r.expires_at > clock.now;
+
+-- name: RecordDeleteExpired
+-- Deletes one bounded batch of records that expired more than the retention ago, never an
+-- in-flight record whose lease is live (SPEC §8). SKIP LOCKED keeps the cleaner out of
+-- the way of requests (and of other cleaners); the DELETE re-checks the condition so a
+-- record claimed afresh meanwhile survives.
+-- $1 retention (µs), $2 limit, $3 injected now.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($3::timestamptz, clock_timestamp()) AS now
+), doomed AS (
+    SELECT r.scope, r.key
+    FROM {{schema}}idem_records r, clock
+    WHERE r.expires_at < clock.now - $1::bigint * interval '1 microsecond'
+      AND NOT (r.state = 'in_flight' AND r.lease_end > clock.now)
+    ORDER BY r.expires_at
+    LIMIT $2
+    FOR UPDATE OF r SKIP LOCKED
+)
+DELETE FROM {{schema}}idem_records AS r
+USING doomed, clock
+WHERE r.scope = doomed.scope AND r.key = doomed.key
+  AND r.expires_at < clock.now - $1::bigint * interval '1 microsecond'
+  AND NOT (r.state = 'in_flight' AND r.lease_end > clock.now);

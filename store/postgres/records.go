@@ -1,0 +1,306 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idem-go/idem"
+)
+
+// maxClaimAttempts bounds how often RecordClaim re-runs its statement when a concurrent
+// claim got in between (see claimOnce and takeOver). Each lost race means another
+// request made progress, so a handful of attempts is plenty.
+const maxClaimAttempts = 8
+
+// errClaimRace means a claim statement lost a race and must be re-run.
+var errClaimRace = errors.New("postgres: claim raced with a concurrent claim")
+
+// RecordClaim claims (Scope, Key) in one round trip when the key is new, and answers a
+// replay, an in-flight duplicate or a mismatch in one round trip without writing. An
+// expired record or a lapsed lease costs a second, fenced statement. The store's clock
+// decides (params.Now when non-zero).
+func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
+	for range maxClaimAttempts {
+		res, err := s.claimOnce(ctx, p)
+		if errors.Is(err, errClaimRace) {
+			continue
+		}
+		return res, interpretError(err)
+	}
+	return nil, fmt.Errorf("postgres: claim of a key did not settle after %d attempts under contention", maxClaimAttempts)
+}
+
+// claimOnce runs the claim statement and, when the record it found is expired or its
+// lease lapsed, the fenced update that takes it over.
+func (s *Store) claimOnce(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
+	var (
+		claimed bool
+		rec     *idem.Record
+		now     time.Time
+	)
+	err := s.withRetry(ctx, "claim", func() error {
+		row := s.pool.QueryRow(ctx, s.q.recordClaim,
+			p.Scope, p.Key, p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
+			micros(p.Lease), micros(p.TTL), nowParam(p.Now))
+		var err error
+		rec, now, err = scanRecord(row, p.Scope, p.Key, &claimed)
+		return err
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The INSERT waited for a concurrent claim that committed after this
+		// statement's snapshot, so the SELECT could not see its row.
+		return nil, errClaimRace
+	}
+	if err != nil {
+		return nil, err
+	}
+	if claimed {
+		return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, Now: now}, nil
+	}
+	switch idem.Decide(rec, p.Fingerprint, now) {
+	case idem.DecideClaim:
+		return s.claimExpired(ctx, p)
+	case idem.DecideTakeOver:
+		return s.takeOver(ctx, p, rec.Token)
+	case idem.DecideInFlight:
+		return &idem.RecordClaimResult{Outcome: idem.ClaimInFlight, Record: rec, Now: now}, nil
+	case idem.DecideReplay:
+		return &idem.RecordClaimResult{Outcome: idem.ClaimCompleted, Record: rec, Now: now}, nil
+	default:
+		return &idem.RecordClaimResult{Outcome: idem.ClaimMismatch, Record: rec, Now: now}, nil
+	}
+}
+
+// claimExpired claims an expired record afresh: a new record in all but its row.
+func (s *Store) claimExpired(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
+	var (
+		rec *idem.Record
+		now time.Time
+	)
+	err := s.withRetry(ctx, "claim_expired", func() error {
+		row := s.pool.QueryRow(ctx, s.q.recordClaimExpired,
+			p.Scope, p.Key, p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
+			micros(p.Lease), micros(p.TTL), nowParam(p.Now))
+		var err error
+		rec, now, err = scanRecord(row, p.Scope, p.Key, nil)
+		return err
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, errClaimRace // claimed (or deleted) by someone else meanwhile
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, Now: now}, nil
+}
+
+// takeOver replaces the token of an in-flight record whose lease lapsed, fenced by the
+// old token and a re-check of the lease.
+func (s *Store) takeOver(ctx context.Context, p *idem.RecordClaimParams, oldToken string) (*idem.RecordClaimResult, error) {
+	var (
+		rec *idem.Record
+		now time.Time
+	)
+	err := s.withRetry(ctx, "take_over", func() error {
+		row := s.pool.QueryRow(ctx, s.q.recordTakeOver,
+			p.Scope, p.Key, oldToken, p.Token, micros(p.Lease), micros(p.TTL), nowParam(p.Now))
+		var err error
+		rec, now, err = scanRecord(row, p.Scope, p.Key, nil)
+		return err
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, errClaimRace // renewed, completed, released or taken over meanwhile
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.logger.InfoContext(ctx, "postgres: took over a key whose lease lapsed", "key_prefix", keyPrefix(p.Key))
+	return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, TookOver: true, Now: now}, nil
+}
+
+// RecordComplete stores the holder's final response, fenced by its token
+// ([idem.ErrLeaseLost] when the record is no longer in flight under it).
+func (s *Store) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams) error {
+	return interpretError(s.withRetry(ctx, "complete", func() error {
+		return complete(ctx, s.pool, s.q, p)
+	}))
+}
+
+// execer is what the fenced completion needs: the pool, or the application's pgx.Tx.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// complete runs the fenced completion on db (the pool or a transaction).
+func complete(ctx context.Context, db execer, q *queries, p *idem.RecordCompleteParams) error {
+	resp := p.Response
+	if resp == nil {
+		return errors.New("postgres: RecordCompleteParams.Response is nil")
+	}
+	var headers []byte
+	if len(resp.Header) > 0 {
+		var err error
+		if headers, err = json.Marshal(resp.Header); err != nil {
+			return fmt.Errorf("postgres: encoding stored headers: %w", err)
+		}
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	tag, err := db.Exec(ctx, q.recordComplete,
+		p.Scope, p.Key, p.Token, resp.Status, headers, body, resp.NotStored, micros(p.TTL))
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}
+
+// RecordRelease deletes the holder's in-flight record, fenced by its token.
+func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) error {
+	return interpretError(s.withRetry(ctx, "release", func() error {
+		tag, err := s.pool.Exec(ctx, s.q.recordRelease, p.Scope, p.Key, p.Token)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return idem.ErrLeaseLost
+		}
+		return nil
+	}))
+}
+
+// RecordRenew extends the holder's lease to now + Lease, fenced by its token, and
+// returns the new lease end.
+func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (time.Time, error) {
+	var leaseEnd time.Time
+	err := s.withRetry(ctx, "renew", func() error {
+		return s.pool.QueryRow(ctx, s.q.recordRenew,
+			p.Scope, p.Key, p.Token, micros(p.Lease), micros(p.TTL), nowParam(p.Now)).Scan(&leaseEnd)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, idem.ErrLeaseLost
+	}
+	if err != nil {
+		return time.Time{}, interpretError(err)
+	}
+	return leaseEnd.UTC(), nil
+}
+
+// RecordGet reads one live record; absent or expired is [idem.ErrNotFound].
+func (s *Store) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.Record, error) {
+	var rec *idem.Record
+	err := s.withRetry(ctx, "get", func() error {
+		row := s.pool.QueryRow(ctx, s.q.recordGet, p.Scope, p.Key, nowParam(p.Now))
+		var err error
+		rec, _, err = scanRecord(row, p.Scope, p.Key, nil)
+		return err
+	})
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	return rec, nil
+}
+
+// RecordDeleteExpired deletes one batch of at most params.Limit records that expired
+// more than params.Retention ago, skipping rows that requests hold locked. A Limit of
+// zero or less deletes nothing.
+func (s *Store) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExpiredParams) (int, error) {
+	if p.Limit <= 0 {
+		return 0, nil
+	}
+	var n int64
+	err := s.withRetry(ctx, "delete_expired", func() error {
+		tag, err := s.pool.Exec(ctx, s.q.recordDeleteExpired, micros(p.Retention), p.Limit, nowParam(p.Now))
+		n = tag.RowsAffected()
+		return err
+	})
+	return int(n), interpretError(err)
+}
+
+// scanRecord reads the record columns (and the store's time) of one row, in the order
+// queries/records.sql lists them. claimed, when non-nil, receives the leading column of
+// the claim statement.
+func scanRecord(row pgx.Row, scope, key string, claimed *bool) (*idem.Record, time.Time, error) {
+	var (
+		rec       = &idem.Record{Scope: scope, Key: key}
+		fp        []byte
+		state     string
+		token     *string
+		leaseEnd  *time.Time
+		status    *int32
+		headers   []byte
+		body      []byte
+		notStored bool
+		recovery  *string
+		now       time.Time
+	)
+	dest := []any{&rec.ID, &rec.Fingerprint.Version, &fp, &state, &token, &leaseEnd,
+		&status, &headers, &body, &notStored, &recovery, &rec.CreatedAt, &rec.ExpiresAt, &now}
+	if claimed != nil {
+		dest = append([]any{claimed}, dest...)
+	}
+	if err := row.Scan(dest...); err != nil {
+		return nil, time.Time{}, err
+	}
+	if len(fp) != len(rec.Fingerprint.Sum) {
+		return nil, time.Time{}, fmt.Errorf("postgres: stored fingerprint has %d bytes, want %d", len(fp), len(rec.Fingerprint.Sum))
+	}
+	copy(rec.Fingerprint.Sum[:], fp)
+	rec.State = idem.State(state)
+	rec.CreatedAt, rec.ExpiresAt = rec.CreatedAt.UTC(), rec.ExpiresAt.UTC()
+	if token != nil {
+		rec.Token = *token
+	}
+	if leaseEnd != nil {
+		rec.LeaseEnd = leaseEnd.UTC()
+	}
+	if recovery != nil {
+		rec.RecoveryPoint = *recovery
+	}
+	if rec.State == idem.StateCompleted {
+		resp := &idem.Response{Body: body, NotStored: notStored}
+		if status != nil {
+			resp.Status = int(*status)
+		}
+		if len(headers) > 0 {
+			if err := json.Unmarshal(headers, &resp.Header); err != nil {
+				return nil, time.Time{}, fmt.Errorf("postgres: decoding stored headers: %w", err)
+			}
+		}
+		if resp.Header == nil {
+			resp.Header = http.Header{}
+		}
+		rec.Response = resp
+	}
+	return rec, now.UTC(), nil
+}
+
+// micros converts a duration to the microseconds the SQL multiplies by an interval.
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// nowParam is the injected time of a test, or NULL for the store's clock.
+func nowParam(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}
+
+// keyPrefix is what the logs show of a key: never the whole of it.
+func keyPrefix(key string) string {
+	if len(key) <= 4 {
+		return "…"
+	}
+	return key[:4] + "…"
+}
