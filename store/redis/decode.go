@@ -1,0 +1,132 @@
+package redis
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// Fields of a record's Redis hash. The hash holds neither the scope nor the key:
+// the caller knows both, and the key's name is their digest.
+const (
+	fieldID        = "id"     // record id
+	fieldFPVersion = "fpv"    // fingerprint version, decimal
+	fieldFP        = "fp"     // fingerprint sum, hex
+	fieldState     = "st"     // in_flight | completed
+	fieldToken     = "tok"    // lock token (in flight only)
+	fieldLease     = "lease"  // lease end, µs since the epoch (in flight only)
+	fieldCreated   = "ctime"  // created_at, µs since the epoch
+	fieldExpires   = "exp"    // expires_at, µs since the epoch
+	fieldStatus    = "status" // response status (completed only)
+	fieldHeader    = "hdr"    // stored response headers, JSON (completed only)
+	fieldBody      = "body"   // response body, raw bytes (completed only)
+	fieldNotStored = "ns"     // "1" when the response was not stored (completed only)
+	fieldRecovery  = "rp"     // recovery point (SPEC §13, later)
+)
+
+// decodeReply splits a script's {outcome, now, fields} answer.
+func decodeReply(res []any) (outcome string, now time.Time, fields []any, err error) {
+	if len(res) != 3 {
+		return "", time.Time{}, nil, fmt.Errorf("redis store: script answered %d values", len(res))
+	}
+	outcome, _ = res[0].(string)
+	nowStr, _ := res[1].(string)
+	if now, err = parseMicros(nowStr); err != nil {
+		return "", time.Time{}, nil, err
+	}
+	fields, ok := res[2].([]any)
+	if !ok {
+		return "", time.Time{}, nil, fmt.Errorf("redis store: script answered fields of type %T", res[2])
+	}
+	return outcome, now, fields, nil
+}
+
+// decodeRecord builds a record from a hash's HGETALL answer (field, value, …).
+func decodeRecord(scope, key string, fields []any) (*idem.Record, error) {
+	m := make(map[string]string, len(fields)/2)
+	for i := 0; i+1 < len(fields); i += 2 {
+		k, _ := fields[i].(string)
+		v, _ := fields[i+1].(string)
+		m[k] = v
+	}
+	rec := &idem.Record{
+		Scope:         scope,
+		Key:           key,
+		ID:            m[fieldID],
+		State:         idem.State(m[fieldState]),
+		Token:         m[fieldToken],
+		RecoveryPoint: m[fieldRecovery],
+	}
+	if rec.State != idem.StateInFlight && rec.State != idem.StateCompleted {
+		return nil, fmt.Errorf("redis store: record has state %q", rec.State)
+	}
+	var err error
+	if rec.Fingerprint, err = decodeFingerprint(m[fieldFPVersion], m[fieldFP]); err != nil {
+		return nil, err
+	}
+	if rec.CreatedAt, err = parseMicros(m[fieldCreated]); err != nil {
+		return nil, err
+	}
+	if rec.ExpiresAt, err = parseMicros(m[fieldExpires]); err != nil {
+		return nil, err
+	}
+	if rec.State == idem.StateInFlight {
+		rec.LeaseEnd, err = parseMicros(m[fieldLease])
+		return rec, err
+	}
+	rec.Response, err = decodeResponse(m)
+	return rec, err
+}
+
+func decodeFingerprint(version, sum string) (idem.Fingerprint, error) {
+	var fp idem.Fingerprint
+	v, err := strconv.Atoi(version)
+	if err != nil {
+		return fp, fmt.Errorf("redis store: record has fingerprint version %q", version)
+	}
+	fp.Version = v
+	b, err := hex.DecodeString(sum)
+	if err != nil || len(b) != len(fp.Sum) {
+		return fp, fmt.Errorf("redis store: record has a malformed fingerprint")
+	}
+	copy(fp.Sum[:], b)
+	return fp, nil
+}
+
+func decodeResponse(m map[string]string) (*idem.Response, error) {
+	status, err := strconv.Atoi(m[fieldStatus])
+	if err != nil {
+		return nil, fmt.Errorf("redis store: record has response status %q", m[fieldStatus])
+	}
+	resp := &idem.Response{Status: status, Body: []byte(m[fieldBody]), NotStored: m[fieldNotStored] == "1"}
+	if h := m[fieldHeader]; h != "" {
+		if err := json.Unmarshal([]byte(h), &resp.Header); err != nil {
+			return nil, fmt.Errorf("redis store: record has malformed headers: %w", err)
+		}
+	}
+	return resp, nil
+}
+
+func encodeHeader(h http.Header) (string, error) {
+	if len(h) == 0 {
+		return "", nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return "", fmt.Errorf("redis store: encoding response headers: %w", err)
+	}
+	return string(b), nil
+}
+
+func parseMicros(s string) (time.Time, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("redis store: malformed time %q", s)
+	}
+	return time.UnixMicro(n).UTC(), nil
+}

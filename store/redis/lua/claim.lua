@@ -1,0 +1,40 @@
+-- claim: KEYS[1] record; ARGV: now_us|'', fp_version, fp_sum, token, record_id,
+-- lease_us, ttl_us, margin_ms.
+-- Returns {outcome, now_us, fields}: outcome is acquired, took_over, completed,
+-- in_flight or mismatch; fields is the record's HGETALL (empty when acquired afresh).
+-- The decision is idem.Decide's, made here so that no other client can act between
+-- the read and the write.
+local key = KEYS[1]
+local now = now_us(ARGV[1])
+local fpv, fp, token, rid = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local lease, ttl, margin = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+
+local r = redis.call('HMGET', key, 'st', 'fpv', 'fp', 'lease', 'exp', 'ctime')
+local st = r[1]
+if st and now < tonumber(r[5]) then
+  -- Fingerprints of different versions cannot be compared and count as matching.
+  if r[2] == fpv and r[3] ~= fp then
+    return {'mismatch', int(now), redis.call('HGETALL', key)}
+  end
+  if st == 'completed' then
+    return {'completed', int(now), redis.call('HGETALL', key)}
+  end
+  if now < tonumber(r[4]) then
+    return {'in_flight', int(now), redis.call('HGETALL', key)}
+  end
+  -- The holder's lease lapsed: take over, keeping the record id and created_at.
+  local lease_end = now + lease
+  local exp = math.max(tonumber(r[6]) + ttl, lease_end)
+  redis.call('HSET', key, 'tok', token, 'lease', int(lease_end), 'exp', int(exp))
+  expire_after(key, exp, now, margin)
+  return {'took_over', int(now), redis.call('HGETALL', key)}
+end
+
+-- Absent or expired: claim afresh. DEL drops an expired record's leftover fields.
+redis.call('DEL', key)
+local lease_end = now + lease
+local exp = math.max(now + ttl, lease_end)
+redis.call('HSET', key, 'id', rid, 'fpv', fpv, 'fp', fp, 'st', 'in_flight', 'tok', token,
+  'lease', int(lease_end), 'ctime', int(now), 'exp', int(exp))
+expire_after(key, exp, now, margin)
+return {'acquired', int(now), {}}

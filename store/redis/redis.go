@@ -1,0 +1,311 @@
+package redis
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idem-go/idem"
+)
+
+// Defaults of [Config].
+const (
+	// DefaultKeyPrefix is the default Config.KeyPrefix.
+	DefaultKeyPrefix = "idem:"
+	// DefaultTTLMargin is the default Config.TTLMargin.
+	DefaultTTLMargin = time.Minute
+)
+
+// Config configures a [Store]. The zero value is ready to use.
+type Config struct {
+	// KeyPrefix starts the name of every Redis key the store writes, so that several
+	// applications (or tests) can share one Redis. It must not contain '{' or '}',
+	// which would change the cluster hash tag. Defaults to [DefaultKeyPrefix].
+	KeyPrefix string
+
+	// Logger receives the durability warnings of [Open]. Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// TTLMargin is how long a record's Redis key outlives its expires_at. The stored
+	// expires_at decides whether a record counts as absent, using Redis's clock; the key
+	// TTL only reclaims memory, and the margin keeps a slightly early eviction from
+	// deciding anything. Defaults to [DefaultTTLMargin].
+	TTLMargin time.Duration
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.KeyPrefix == "" {
+		c.KeyPrefix = DefaultKeyPrefix
+	}
+	if strings.ContainsAny(c.KeyPrefix, "{}") {
+		return c, fmt.Errorf("redis store: Config.KeyPrefix %q must not contain '{' or '}'", c.KeyPrefix)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.TTLMargin < 0 {
+		return c, fmt.Errorf("redis store: Config.TTLMargin must not be negative, got %v", c.TTLMargin)
+	}
+	if c.TTLMargin == 0 {
+		c.TTLMargin = DefaultTTLMargin
+	}
+	return c, nil
+}
+
+// Store is an [idem.Store] in Redis: a single server or a Redis Cluster. It is safe for
+// concurrent use, and any number of processes on any hosts may share one Redis.
+type Store struct {
+	client goredis.UniversalClient
+	cfg    Config
+	owned  bool // Close closes the client (Open made it)
+}
+
+var _ idem.Store = (*Store)(nil)
+
+// Open connects to the Redis named by rawURL (see [NewClient] for the URL forms),
+// checks that it answers, and logs the warnings of [Store.CheckDurability] once, at
+// Warn level, through cfg.Logger. Close the store when done.
+func Open(ctx context.Context, rawURL string, cfg Config) (*Store, error) {
+	client, err := NewClient(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	s, err := NewFromClient(client, cfg)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	s.owned = true
+	if err := s.Ping(ctx); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("redis store: %s does not answer: %w", redactURL(rawURL), err)
+	}
+	for _, w := range s.CheckDurability(ctx) {
+		s.cfg.Logger.WarnContext(ctx, "redis store: "+w)
+	}
+	return s, nil
+}
+
+// NewFromClient returns a store that uses client, a *goredis.Client or
+// *goredis.ClusterClient (or a ring of one shard). It neither pings Redis nor checks
+// durability ([Store.CheckDurability]), and Close leaves the client open: the caller
+// owns it.
+func NewFromClient(client goredis.UniversalClient, cfg Config) (*Store, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Store{client: client, cfg: cfg}, nil
+}
+
+// Client returns the go-redis client the store uses.
+func (s *Store) Client() goredis.UniversalClient { return s.client }
+
+// Close closes the client when [Open] made it.
+func (s *Store) Close() error {
+	if !s.owned {
+		return nil
+	}
+	return s.client.Close()
+}
+
+// Capabilities reports that Redis has no SPEC §7 transaction helper, expires records
+// by key TTL rather than in batches, and may be shared by many processes.
+func (s *Store) Capabilities() idem.Capabilities {
+	return idem.Capabilities{Transactions: false, BatchedCleanup: false, MultiProcess: true}
+}
+
+// Ping reports whether Redis answers (in a cluster, the node the client picks).
+func (s *Store) Ping(ctx context.Context) error {
+	return interpretError(s.client.Ping(ctx).Err())
+}
+
+// RecordKey returns the Redis key of the record (scope, key):
+//
+//	<KeyPrefix>{<hex SHA-256 of len(scope) ‖ scope ‖ key>}
+//
+// where len(scope) is the byte length of scope as 8 bytes, big-endian. The length
+// prefix makes the encoding one-to-one (no two (scope, key) pairs share an input), the
+// hash keeps the raw key and principal out of Redis and spreads records evenly over
+// cluster slots, and the braces make the whole digest the hash tag, so that no prefix
+// or suffix ever moves a record to another slot.
+func (s *Store) RecordKey(scope, key string) string {
+	h := sha256.New()
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(len(scope)))
+	h.Write(n[:])
+	h.Write([]byte(scope))
+	h.Write([]byte(key))
+	return s.cfg.KeyPrefix + "{" + hex.EncodeToString(h.Sum(nil)) + "}"
+}
+
+// RecordClaim claims (Scope, Key) in one Lua script that makes [idem.Decide]'s decision
+// with Redis's clock (or params.Now).
+func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
+	res, err := claimScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)},
+		nowArg(p.Now),
+		strconv.Itoa(p.Fingerprint.Version),
+		hex.EncodeToString(p.Fingerprint.Sum[:]),
+		p.Token,
+		p.RecordID,
+		p.Lease.Microseconds(),
+		p.TTL.Microseconds(),
+		s.cfg.TTLMargin.Milliseconds(),
+	).Slice()
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	outcome, now, fields, err := decodeReply(res)
+	if err != nil {
+		return nil, err
+	}
+	out := &idem.RecordClaimResult{Now: now}
+	switch outcome {
+	case "acquired":
+		out.Outcome = idem.ClaimAcquired
+		leaseEnd := now.Add(p.Lease)
+		out.Record = &idem.Record{
+			Scope: p.Scope, Key: p.Key, ID: p.RecordID, Fingerprint: p.Fingerprint,
+			State: idem.StateInFlight, Token: p.Token, LeaseEnd: leaseEnd,
+			CreatedAt: now, ExpiresAt: idem.InFlightExpiresAt(now, p.TTL, leaseEnd),
+		}
+		return out, nil
+	case "took_over":
+		out.Outcome, out.TookOver = idem.ClaimAcquired, true
+	case "completed":
+		out.Outcome = idem.ClaimCompleted
+	case "in_flight":
+		out.Outcome = idem.ClaimInFlight
+	case "mismatch":
+		out.Outcome = idem.ClaimMismatch
+	default:
+		return nil, fmt.Errorf("redis store: claim script answered %q", outcome)
+	}
+	if out.Record, err = decodeRecord(p.Scope, p.Key, fields); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// RecordComplete stores the response and completes the record, fenced by token and
+// state in one script.
+func (s *Store) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams) error {
+	resp := p.Response
+	if resp == nil {
+		return errors.New("redis store: RecordCompleteParams.Response is nil")
+	}
+	hdr, err := encodeHeader(resp.Header)
+	if err != nil {
+		return err
+	}
+	n, err := completeScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)},
+		nowArg(p.Now),
+		p.Token,
+		p.TTL.Microseconds(),
+		s.cfg.TTLMargin.Milliseconds(),
+		resp.Status,
+		hdr,
+		resp.Body,
+		boolArg(resp.NotStored),
+	).Int()
+	if err != nil {
+		return interpretError(err)
+	}
+	if n != 1 {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}
+
+// RecordRelease deletes the in-flight record, fenced by token and state in one script.
+func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) error {
+	n, err := releaseScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)}, p.Token).Int()
+	if err != nil {
+		return interpretError(err)
+	}
+	if n != 1 {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}
+
+// RecordRenew extends the lease, fenced by token and state in one script.
+func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (time.Time, error) {
+	v, err := renewScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)},
+		nowArg(p.Now),
+		p.Token,
+		p.Lease.Microseconds(),
+		p.TTL.Microseconds(),
+		s.cfg.TTLMargin.Milliseconds(),
+	).Result()
+	if err != nil {
+		return time.Time{}, interpretError(err)
+	}
+	str, ok := v.(string)
+	if !ok {
+		return time.Time{}, idem.ErrLeaseLost
+	}
+	return parseMicros(str)
+}
+
+// RecordGet reads the record; an absent one, or one past expires_at by Redis's clock
+// (or params.Now), is [idem.ErrNotFound]. Scope and Key are filled in from params:
+// Redis holds neither.
+func (s *Store) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.Record, error) {
+	res, err := getScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)}, nowArg(p.Now)).Slice()
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	if len(res) != 2 {
+		return nil, fmt.Errorf("redis store: get script answered %d values", len(res))
+	}
+	fields, ok := res[1].([]any)
+	if !ok {
+		return nil, fmt.Errorf("redis store: get script answered %T", res[1])
+	}
+	if len(fields) == 0 {
+		return nil, idem.ErrNotFound
+	}
+	return decodeRecord(p.Scope, p.Key, fields)
+}
+
+// RecordDeleteExpired returns 0, nil: Redis deletes records itself when their key TTL
+// (expires_at plus Config.TTLMargin) runs out.
+func (s *Store) RecordDeleteExpired(context.Context, *idem.RecordDeleteExpiredParams) (int, error) {
+	return 0, nil
+}
+
+// interpretError normalises go-redis errors at the store's edge.
+func interpretError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, goredis.Nil):
+		return idem.ErrNotFound
+	default:
+		return fmt.Errorf("redis store: %w", err)
+	}
+}
+
+func nowArg(now time.Time) string {
+	if now.IsZero() {
+		return ""
+	}
+	return strconv.FormatInt(now.UnixMicro(), 10)
+}
+
+func boolArg(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
