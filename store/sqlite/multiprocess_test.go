@@ -1,0 +1,258 @@
+package sqlite_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/sqlite"
+)
+
+// The tests in this file re-execute the test binary: each child runs the same test
+// function, which sees childRoleEnv and plays its part, talking to the parent over
+// stdin (the start signal) and stdout (lines prefixed childPrefix).
+const (
+	childRoleEnv = "IDEM_SQLITE_TEST_CHILD"
+	childPathEnv = "IDEM_SQLITE_TEST_PATH"
+	childPrefix  = "CHILD "
+)
+
+// child is one re-executed test process.
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Scanner
+}
+
+// startChildren starts n children running the test named name in role, with the
+// database path, and waits until every one of them reports ready.
+func startChildren(t *testing.T, name, role, path string, n int) []*child {
+	t.Helper()
+	cs := make([]*child, n)
+	for i := range cs {
+		cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.count=1", "-test.v=false")
+		cmd.Env = append(os.Environ(), childRoleEnv+"="+role, childPathEnv+"="+path)
+		cmd.Stderr = os.Stderr
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		c := &child{cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)}
+		c.out.Buffer(nil, 1<<20)
+		if line, ok := c.next(); !ok || line != "ready" {
+			t.Fatalf("child %d: first line %q, want ready", i, line)
+		}
+		cs[i] = c
+	}
+	return cs
+}
+
+// next returns the child's next protocol line.
+func (c *child) next() (string, bool) {
+	for c.out.Scan() {
+		if line, ok := strings.CutPrefix(c.out.Text(), childPrefix); ok {
+			return line, true
+		}
+	}
+	return "", false
+}
+
+// release starts every child at once and returns each one's protocol lines after
+// ready, once it exited successfully.
+func release(t *testing.T, cs []*child) [][]string {
+	t.Helper()
+	for _, c := range cs {
+		if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lines := make([][]string, len(cs))
+	for i, c := range cs {
+		for line, ok := c.next(); ok; line, ok = c.next() {
+			lines[i] = append(lines[i], line)
+		}
+		if err := c.cmd.Wait(); err != nil {
+			t.Fatalf("child %d: %v (lines %q)", i, err, lines[i])
+		}
+	}
+	return lines
+}
+
+// childMain is the start of a child's part: it reports ready and waits for the start
+// signal.
+func childMain() {
+	fmt.Println(childPrefix + "ready")
+	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+}
+
+func childSay(format string, args ...any) { fmt.Printf(childPrefix+format+"\n", args...) }
+
+// Hammering: children × goroutines each claim every key of hammerKeys in a random
+// order, completing the ones they acquire with their token as the body.
+const (
+	hammerChildren   = 8
+	hammerGoroutines = 8
+	hammerKeys       = 40
+)
+
+func TestProcessesHammeringOneFileGetExactlyOneWinnerPerKeyAndNoBusyErrors(t *testing.T) {
+	if os.Getenv(childRoleEnv) == "hammer" {
+		hammerChild(t, os.Getenv(childPathEnv))
+		return
+	}
+	t.Parallel()
+	s, path := openStore(t, sqlite.Config{})
+	cs := startChildren(t, t.Name(), "hammer", path, hammerChildren)
+	winners := map[string]string{} // key → winning token
+	var retries int
+	for i, lines := range release(t, cs) {
+		for _, line := range lines {
+			f := strings.Fields(line)
+			switch {
+			case len(f) == 3 && f[0] == "acquired":
+				if w, dup := winners[f[1]]; dup {
+					t.Errorf("key %s acquired by %s and %s", f[1], w, f[2])
+				}
+				winners[f[1]] = f[2]
+			case len(f) == 2 && f[0] == "retries":
+				var n int
+				fmt.Sscan(f[1], &n)
+				retries += n
+			default:
+				t.Errorf("child %d: %s", i, line)
+			}
+		}
+	}
+	if len(winners) != hammerKeys {
+		t.Fatalf("%d keys acquired, want every one of %d", len(winners), hammerKeys)
+	}
+	for key, token := range winners {
+		rec, err := s.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "hammer", Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.State != idem.StateCompleted || string(rec.Response.Body) != token {
+			t.Errorf("key %s: %s record with body %q, want completed by %s", key, rec.State, rec.Response.Body, token)
+		}
+	}
+	t.Logf("%d processes × %d goroutines × %d keys: %d busy retries, no errors",
+		hammerChildren, hammerGoroutines, hammerKeys, retries)
+}
+
+// hammerChild is one hammering process. A 1 ms busy timeout makes SQLite give up
+// waiting almost at once, so the store's own retry loop does the waiting.
+func hammerChild(t *testing.T, path string) {
+	var retries atomic.Int64
+	logger := slog.New(countingHandler{&retries})
+	s, err := sqlite.Open(context.Background(), path, sqlite.Config{BusyTimeout: time.Millisecond, Logger: logger})
+	if err != nil {
+		childSay("error open: %v", err)
+		return
+	}
+	defer s.Close()
+	childMain()
+	pid := os.Getpid()
+	var wg sync.WaitGroup
+	for g := range hammerGoroutines {
+		wg.Go(func() {
+			for _, k := range rand.Perm(hammerKeys) {
+				key, token := fmt.Sprintf("key-%02d", k), fmt.Sprintf("tok-%d-%d-%d", pid, g, k)
+				if err := hammerOne(s, key, token); err != nil {
+					childSay("error %s: %v", key, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	childSay("retries %d", retries.Load())
+}
+
+func hammerOne(s *sqlite.Store, key, token string) error {
+	ctx := context.Background()
+	p := claimParams("hammer", key, token, time.Time{})
+	res, err := s.RecordClaim(ctx, p)
+	if err != nil || res.Outcome != idem.ClaimAcquired {
+		return err
+	}
+	childSay("acquired %s %s", key, token)
+	return s.RecordComplete(ctx, &idem.RecordCompleteParams{
+		Scope: "hammer", Key: key, Token: token, TTL: time.Hour,
+		Response: &idem.Response{Status: 201, Body: []byte(token)},
+	})
+}
+
+// countingHandler counts the store's "retrying" log records.
+type countingHandler struct{ n *atomic.Int64 }
+
+func (h countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "retrying") {
+		h.n.Add(1)
+	}
+	return nil
+}
+func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h countingHandler) WithGroup(string) slog.Handler      { return h }
+
+func TestProcessesMigratingOneFreshFileAtOnceAllSucceed(t *testing.T) {
+	if os.Getenv(childRoleEnv) == "migrate" {
+		migrateChild(os.Getenv(childPathEnv))
+		return
+	}
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "fresh.db")
+	cs := startChildren(t, t.Name(), "migrate", path, 6)
+	for i, lines := range release(t, cs) {
+		if len(lines) != 1 || lines[0] != "migrated" {
+			t.Errorf("child %d: %q, want migrated", i, lines)
+		}
+	}
+	s, err := sqlite.Open(context.Background(), path, sqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var n int
+	if err := s.DB().QueryRow(`SELECT count(*) FROM idem_migrations`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("idem_migrations holds %d rows (%v), want each migration once", n, err)
+	}
+	mustClaim(t, s, claimParams("s", "k", "tok", t0), idem.ClaimAcquired)
+}
+
+// migrateChild opens the fresh file and migrates it as soon as it is told to, with
+// every other child doing the same at that instant.
+func migrateChild(path string) {
+	childMain()
+	ctx := context.Background()
+	s, err := sqlite.Open(ctx, path, sqlite.Config{})
+	if err != nil {
+		childSay("error open: %v", err)
+		return
+	}
+	defer s.Close()
+	if err := s.Migrate(ctx); err != nil {
+		childSay("error migrate: %v", err)
+		return
+	}
+	childSay("migrated")
+}
