@@ -1,0 +1,279 @@
+package idem
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"hash"
+	"mime"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// FingerprintRequest returns the fingerprint of r with the given body (SPEC §4), version
+// [FingerprintVersion]: a SHA-256 over, in this order,
+//
+//   - the fingerprint version;
+//   - the method, as sent (methods are case-sensitive);
+//   - the path as escaped on the wire (r.URL.EscapedPath), so that "/a%2Fb" and "/a/b",
+//     which a router may take for different resources, never share a fingerprint;
+//   - the query: its parameters decoded as url.ParseQuery does and sorted by name, with
+//     repeated names kept in the order sent ("a=1&a=2" and "a=2&a=1" differ); a query that
+//     url.ParseQuery would refuse is taken as sent;
+//   - the body, canonicalised by the media type of Content-Type: application/json and any
+//     type with a +json suffix as [CanonicalJSON] describes; application/x-www-form-urlencoded
+//     like the query; anything else, a malformed Content-Type, and a body that fails to
+//     canonicalise as the raw bytes.
+//
+// Each field is tagged and length-prefixed, and a canonical body is tagged differently
+// from a raw one, so no two different requests frame to the same bytes. Header fields
+// other than Content-Type, the host and the scheme are not part of the fingerprint.
+//
+// body is the request body as read by the middleware; r.Body is not touched.
+func FingerprintRequest(r *http.Request, body []byte) Fingerprint {
+	st := fpPool.Get().(*fpState)
+	defer st.release()
+
+	b := appendField(st.frame[:0], tagVersion, strconv.AppendInt(st.num[:0], FingerprintVersion, 10))
+	b = appendStringField(b, tagMethod, r.Method)
+	var path, query string
+	if r.URL != nil {
+		path, query = r.URL.EscapedPath(), r.URL.RawQuery
+	}
+	b = appendStringField(b, tagPath, path)
+	if canon, ok := canonicalPairs(st, st.body[:0], query); ok {
+		b, st.body = appendField(b, tagQuery, canon), canon
+	} else {
+		b = appendStringField(b, tagRawQuery, query)
+	}
+
+	tag, data := byte(tagRawBody), body
+	switch bodyKind(r.Header.Get("Content-Type")) {
+	case kindJSON:
+		if canon, ok := st.canon.canonical(st.body[:0], body); ok {
+			tag, data, st.body = tagJSONBody, canon, canon
+		}
+	case kindForm:
+		if canon, ok := canonicalPairs(st, st.body[:0], body); ok {
+			tag, data, st.body = tagFormBody, canon, canon
+		}
+	}
+	// The body may be large: hash it where it lies instead of copying it into the frame.
+	b = binary.AppendUvarint(append(b, tag), uint64(len(data)))
+	st.frame = b
+	st.h.Reset()
+	st.h.Write(b)
+	st.h.Write(data)
+	fp := Fingerprint{Version: FingerprintVersion}
+	st.h.Sum(fp.Sum[:0])
+	return fp
+}
+
+// Field tags of the fingerprint's framing. Changing any of them, or the framing, is a
+// change of [FingerprintVersion].
+const (
+	tagVersion  = 'V'
+	tagMethod   = 'M'
+	tagPath     = 'P'
+	tagQuery    = 'Q' // canonical parameters
+	tagRawQuery = 'q' // the query as sent, when it does not parse
+	tagJSONBody = 'J' // CanonicalJSON of the body
+	tagFormBody = 'F' // canonical parameters of a form body
+	tagRawBody  = 'R' // the body as sent
+)
+
+func appendField(b []byte, tag byte, data []byte) []byte {
+	b = binary.AppendUvarint(append(b, tag), uint64(len(data)))
+	return append(b, data...)
+}
+
+func appendStringField(b []byte, tag byte, data string) []byte {
+	b = binary.AppendUvarint(append(b, tag), uint64(len(data)))
+	return append(b, data...)
+}
+
+// fpState is what one fingerprint needs, pooled so that fingerprinting a small request
+// does not allocate.
+type fpState struct {
+	h     hash.Hash
+	frame []byte // the framed fields before the body
+	body  []byte // the canonical query, then the canonical body
+	num   [20]byte
+	canon canonicalizer
+	pairs []pair
+	dec   []byte // decoded parameter names and values
+}
+
+var fpPool = sync.Pool{New: func() any { return &fpState{h: sha256.New()} }}
+
+func (st *fpState) release() {
+	if cap(st.body) > maxPooledBuffer {
+		st.body = nil
+	}
+	if cap(st.dec) > maxPooledBuffer {
+		st.dec = nil
+	}
+	if cap(st.pairs) > maxPooledBuffer/32 {
+		st.pairs = nil
+	}
+	st.canon.src, st.canon.out = nil, nil
+	if cap(st.canon.scratch) > maxPooledBuffer || cap(st.canon.names) > maxPooledBuffer || cap(st.canon.members) > maxPooledBuffer/32 {
+		st.canon = canonicalizer{}
+	}
+	fpPool.Put(st)
+}
+
+// Body kinds, by media type.
+const (
+	kindRaw = iota
+	kindJSON
+	kindForm
+)
+
+// bodyKind classifies a Content-Type value. The common case, a bare ASCII media type,
+// is handled without mime.ParseMediaType, which allocates a parameter map; anything else
+// goes through it. A media type with malformed parameters still counts, as its
+// parameters do not change how the body is canonicalised.
+func bodyKind(contentType string) int {
+	mt, ok := simpleMediaType(contentType)
+	if !ok {
+		var err error
+		mt, _, err = mime.ParseMediaType(contentType)
+		if err != nil && !errors.Is(err, mime.ErrInvalidMediaParameter) {
+			return kindRaw
+		}
+	}
+	switch {
+	case strings.EqualFold(mt, "application/json"):
+		return kindJSON
+	case strings.EqualFold(mt, "application/x-www-form-urlencoded"):
+		return kindForm
+	case len(mt) > len("+json") && strings.EqualFold(mt[len(mt)-len("+json"):], "+json") && strings.IndexByte(mt, '/') > 0:
+		return kindJSON
+	}
+	return kindRaw
+}
+
+// simpleMediaType returns the media type of a Content-Type value that is ASCII, has no
+// parameters and is a valid type/subtype: exactly the values for which
+// mime.ParseMediaType would return the same media type (up to case) and no error.
+func simpleMediaType(v string) (string, bool) {
+	for i := 0; i < len(v); i++ {
+		if v[i] >= 0x80 || v[i] == ';' {
+			return "", false
+		}
+	}
+	v = strings.TrimSpace(v)
+	slash := strings.IndexByte(v, '/')
+	if slash <= 0 || slash == len(v)-1 {
+		return "", false
+	}
+	for i := 0; i < len(v); i++ {
+		if i != slash && !isTokenByte(v[i]) {
+			return "", false
+		}
+	}
+	return v, true
+}
+
+// isTokenByte reports whether c may appear in an RFC 2045 token (as mime does).
+func isTokenByte(c byte) bool {
+	return c > 0x20 && c < 0x7f && !strings.ContainsRune(`()<>@,;:\"/[]?=`, rune(c))
+}
+
+// pair is a decoded parameter: name and value are spans of fpState.dec.
+type pair struct{ name, nameTo, valueTo int }
+
+// canonicalPairs appends to dst the canonical form of an application/x-www-form-urlencoded
+// text (a query or a form body): the parameters decoded as url.ParseQuery decodes them,
+// stably sorted by name, each written as length-prefixed name and value. It reports false
+// for text that url.ParseQuery refuses (a bad %-escape or a ';').
+func canonicalPairs[S string | []byte](st *fpState, dst []byte, s S) ([]byte, bool) {
+	st.pairs, st.dec = st.pairs[:0], st.dec[:0]
+	for len(s) > 0 {
+		seg := s
+		if i := index(s, '&'); i >= 0 {
+			seg, s = s[:i], s[i+1:]
+		} else {
+			s = s[:0]
+		}
+		if len(seg) == 0 {
+			continue
+		}
+		if index(seg, ';') >= 0 {
+			return dst, false
+		}
+		name, value := seg, seg[:0]
+		if i := index(seg, '='); i >= 0 {
+			name, value = seg[:i], seg[i+1:]
+		}
+		p := pair{name: len(st.dec)}
+		var ok bool
+		if st.dec, ok = appendUnescaped(st.dec, name); !ok {
+			return dst, false
+		}
+		p.nameTo = len(st.dec)
+		if st.dec, ok = appendUnescaped(st.dec, value); !ok {
+			return dst, false
+		}
+		p.valueTo = len(st.dec)
+		st.pairs = append(st.pairs, p)
+	}
+	slices.SortStableFunc(st.pairs, func(a, b pair) int {
+		return bytes.Compare(st.dec[a.name:a.nameTo], st.dec[b.name:b.nameTo])
+	})
+	for _, p := range st.pairs {
+		dst = appendField(dst, 'n', st.dec[p.name:p.nameTo])
+		dst = appendField(dst, 'v', st.dec[p.nameTo:p.valueTo])
+	}
+	return dst, true
+}
+
+func index[S string | []byte](s S, c byte) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == c {
+			return i
+		}
+	}
+	return -1
+}
+
+// appendUnescaped appends s decoded as a query component ('+' is a space, %XX a byte),
+// like url.QueryUnescape, and reports false for a malformed %-escape.
+func appendUnescaped[S string | []byte](dst []byte, s S) ([]byte, bool) {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '+':
+			dst = append(dst, ' ')
+		case '%':
+			if i+2 >= len(s) {
+				return dst, false
+			}
+			hi, lo := unhex(s[i+1]), unhex(s[i+2])
+			if hi < 0 || lo < 0 {
+				return dst, false
+			}
+			dst = append(dst, byte(hi<<4|lo))
+			i += 2
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return dst, true
+}
+
+func unhex(c byte) int {
+	switch {
+	case c >= '0' && c <= '9':
+		return int(c - '0')
+	case c >= 'a' && c <= 'f':
+		return int(c-'a') + 10
+	case c >= 'A' && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
+}
