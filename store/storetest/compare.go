@@ -1,7 +1,10 @@
 package storetest
 
 import (
+	"bytes"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,7 +45,7 @@ func diffRecords(got, want *idem.Record) string {
 		add("LeaseEnd", got.LeaseEnd, want.LeaseEnd)
 	}
 	if !got.Response.Equal(want.Response) {
-		add("Response", describeResponse(got.Response), describeResponse(want.Response))
+		d = append(d, "Response: "+diffResponses(got.Response, want.Response))
 	}
 	if got.RecoveryPoint != want.RecoveryPoint {
 		add("RecoveryPoint", got.RecoveryPoint, want.RecoveryPoint)
@@ -56,16 +59,71 @@ func diffRecords(got, want *idem.Record) string {
 	return strings.Join(d, "; ")
 }
 
-// describeResponse prints a response compactly, without dumping a large body.
+// describeResponse prints a response compactly, without dumping a large body or header.
 func describeResponse(r *idem.Response) string {
 	if r == nil {
 		return "<nil>"
 	}
-	body := fmt.Sprintf("%q", r.Body)
-	if len(r.Body) > 64 {
-		body = fmt.Sprintf("%d bytes starting %q", len(r.Body), r.Body[:32])
+	return fmt.Sprintf("{Status: %d, NotStored: %v, %d header(s), Body: %s}", r.Status, r.NotStored, len(r.Header), short(r.Body))
+}
+
+// diffResponses says how got differs from want: which of status, NotStored, body and
+// headers differ, naming each differing header.
+func diffResponses(got, want *idem.Response) string {
+	if got == nil || want == nil {
+		return fmt.Sprintf("%s, want %s", describeResponse(got), describeResponse(want))
 	}
-	return fmt.Sprintf("{Status: %d, NotStored: %v, Header: %q, Body: %s}", r.Status, r.NotStored, r.Header, body)
+	var d []string
+	if got.Status != want.Status {
+		d = append(d, fmt.Sprintf("Status = %d, want %d", got.Status, want.Status))
+	}
+	if got.NotStored != want.NotStored {
+		d = append(d, fmt.Sprintf("NotStored = %v, want %v", got.NotStored, want.NotStored))
+	}
+	if !bytes.Equal(got.Body, want.Body) {
+		i := 0
+		for i < len(got.Body) && i < len(want.Body) && got.Body[i] == want.Body[i] {
+			i++
+		}
+		d = append(d, fmt.Sprintf("Body (%d bytes) = %s, want (%d bytes) %s; first difference at byte %d",
+			len(got.Body), short(got.Body), len(want.Body), short(want.Body), i))
+	}
+	names := map[string]bool{}
+	for k := range got.Header {
+		names[k] = true
+	}
+	for k := range want.Header {
+		names[k] = true
+	}
+	for _, k := range slices.Sorted(maps.Keys(names)) {
+		g, gok := got.Header[k]
+		w, wok := want.Header[k]
+		switch {
+		case !gok:
+			d = append(d, fmt.Sprintf("header %q missing, want %s", k, shortValues(w)))
+		case !wok:
+			d = append(d, fmt.Sprintf("header %q = %s, want none", k, shortValues(g)))
+		case !slices.Equal(g, w):
+			d = append(d, fmt.Sprintf("header %q = %s, want %s", k, shortValues(g), shortValues(w)))
+		}
+	}
+	return strings.Join(d, "; ")
+}
+
+// short quotes b, cut to its first 48 bytes.
+func short(b []byte) string {
+	if len(b) > 48 {
+		return fmt.Sprintf("%q…", b[:48])
+	}
+	return fmt.Sprintf("%q", b)
+}
+
+func shortValues(vs []string) string {
+	q := make([]string, len(vs))
+	for i, v := range vs {
+		q[i] = short([]byte(v))
+	}
+	return "[" + strings.Join(q, " ") + "]"
 }
 
 // inFlightRecord is the record that a claim p acquiring a key afresh installs.
