@@ -1,0 +1,275 @@
+package postgres_test
+
+import (
+	"context"
+	"crypto/rand"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/store/postgres"
+)
+
+// The round trips of queries.go, counted on the wire: the store talks to PostgreSQL
+// through a net.Conn that counts how often the client starts writing after it has read
+// an answer. A pipelined batch is one round trip, a prepare-then-execute two.
+
+// roundTrips counts client→server→client exchanges on the connections it dials.
+type roundTrips struct {
+	mu       sync.Mutex
+	reading  bool // the last I/O was a read: the next write starts a new round trip
+	n        int
+	inactive bool
+}
+
+func (c *roundTrips) wrote() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.reading || c.n == 0 {
+		c.n++
+	}
+	c.reading = false
+}
+
+func (c *roundTrips) read() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reading = true
+}
+
+// reset starts counting afresh.
+func (c *roundTrips) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n, c.reading = 0, true
+}
+
+func (c *roundTrips) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+type countingConn struct {
+	net.Conn
+	c *roundTrips
+}
+
+func (cc countingConn) Write(b []byte) (int, error) {
+	cc.c.wrote()
+	return cc.Conn.Write(b)
+}
+
+func (cc countingConn) Read(b []byte) (int, error) {
+	n, err := cc.Conn.Read(b)
+	if n > 0 {
+		cc.c.read()
+	}
+	return n, err
+}
+
+// countingBundle is a store on a one-connection pool whose round trips are counted,
+// with every statement already prepared on that connection (pgx's statement cache), so
+// that the counts are those of a warm production connection.
+type countingBundle struct {
+	t     *testing.T
+	ctx   context.Context
+	s     *postgres.Store
+	trips *roundTrips
+	t0    time.Time
+	fp    idem.Fingerprint
+}
+
+func newCountingBundle(t *testing.T) *countingBundle {
+	t.Helper()
+	dbURL, schema := pgtest.Schema(t)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trips := &roundTrips{}
+	var d net.Dialer
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return countingConn{Conn: conn, c: trips}, nil
+	}
+	cfg.MaxConns = 1
+	// The pool pings a connection that sat idle for over a second; a slow test machine
+	// must not count that.
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	ctx := t.Context()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := postgres.NewFromPool(pool, postgres.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := &countingBundle{t: t, ctx: ctx, s: s, trips: trips, t0: time.Now().UTC().Truncate(time.Millisecond)}
+	_, _ = rand.Read(b.fp.Sum[:])
+	b.fp.Version = idem.FingerprintVersion
+	b.warmUp()
+	return b
+}
+
+const (
+	rtLease = 10 * time.Second
+	rtTTL   = time.Hour
+)
+
+func (b *countingBundle) claimParams(key string, now time.Time) *idem.RecordClaimParams {
+	return &idem.RecordClaimParams{
+		Scope: "scope", Key: key, Fingerprint: b.fp, Token: "tok-" + rand.Text(),
+		RecordID: "rec-" + rand.Text(), Lease: rtLease, TTL: rtTTL, Now: now,
+	}
+}
+
+func (b *countingBundle) claim(p *idem.RecordClaimParams, want idem.ClaimOutcome) *idem.RecordClaimResult {
+	b.t.Helper()
+	res, err := b.s.RecordClaim(b.ctx, p)
+	if err != nil {
+		b.t.Fatalf("RecordClaim: %v", err)
+	}
+	if res.Outcome != want {
+		b.t.Fatalf("RecordClaim = %v, want %v", res.Outcome, want)
+	}
+	return res
+}
+
+func (b *countingBundle) complete(p *idem.RecordClaimParams) {
+	b.t.Helper()
+	err := b.s.RecordComplete(b.ctx, &idem.RecordCompleteParams{
+		Scope: p.Scope, Key: p.Key, Token: p.Token, TTL: rtTTL,
+		Response: &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)},
+	})
+	if err != nil {
+		b.t.Fatalf("RecordComplete: %v", err)
+	}
+}
+
+// warmUp runs every statement of a request once, so that the connection has prepared
+// them all.
+func (b *countingBundle) warmUp() {
+	b.t.Helper()
+	p := b.claimParams("warm-1", b.t0)
+	b.claim(p, idem.ClaimAcquired)
+	b.claim(b.claimParams("warm-1", b.t0), idem.ClaimInFlight)
+	b.claim(b.claimParams("warm-1", b.t0.Add(rtLease)), idem.ClaimAcquired) // takeover
+	b.claim(b.claimParams("warm-1", b.t0.Add(rtTTL+rtLease)), idem.ClaimAcquired)
+	p = b.claimParams("warm-2", b.t0)
+	b.claim(p, idem.ClaimAcquired)
+	b.complete(p)
+	b.claim(b.claimParams("warm-2", b.t0), idem.ClaimCompleted)
+	p = b.claimParams("warm-3", b.t0)
+	b.claim(p, idem.ClaimAcquired)
+	if err := b.s.RecordRelease(b.ctx, &idem.RecordReleaseParams{Scope: p.Scope, Key: p.Key, Token: p.Token}); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// wantTrips runs op and fails the test unless it took want round trips.
+func (b *countingBundle) wantTrips(what string, want int, op func()) {
+	b.t.Helper()
+	b.trips.reset()
+	op()
+	if got := b.trips.count(); got != want {
+		b.t.Errorf("%s took %d round trips, want %d", what, got, want)
+	}
+}
+
+func TestNewKeyClaimIsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := newCountingBundle(t)
+	p := b.claimParams("new", b.t0)
+	b.wantTrips("claim of a new key", 1, func() { b.claim(p, idem.ClaimAcquired) })
+	b.wantTrips("completion", 1, func() { b.complete(p) })
+}
+
+func TestReplayIsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := newCountingBundle(t)
+	p := b.claimParams("replayed", b.t0)
+	b.claim(p, idem.ClaimAcquired)
+	b.complete(p)
+	b.wantTrips("replay", 1, func() { b.claim(b.claimParams("replayed", b.t0.Add(time.Second)), idem.ClaimCompleted) })
+}
+
+func TestInFlightDuplicateIsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := newCountingBundle(t)
+	b.claim(b.claimParams("busy", b.t0), idem.ClaimAcquired)
+	b.wantTrips("in-flight duplicate", 1, func() { b.claim(b.claimParams("busy", b.t0.Add(time.Second)), idem.ClaimInFlight) })
+}
+
+func TestMismatchIsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := newCountingBundle(t)
+	b.claim(b.claimParams("reused", b.t0), idem.ClaimAcquired)
+	other := b.claimParams("reused", b.t0.Add(time.Second))
+	other.Fingerprint.Sum[0] ^= 0xff
+	b.wantTrips("mismatch", 1, func() { b.claim(other, idem.ClaimMismatch) })
+}
+
+func TestTakeOverIsTwoRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := newCountingBundle(t)
+	b.claim(b.claimParams("lapsed", b.t0), idem.ClaimAcquired)
+	b.wantTrips("takeover of a lapsed lease", 2, func() {
+		res := b.claim(b.claimParams("lapsed", b.t0.Add(rtLease)), idem.ClaimAcquired)
+		if !res.TookOver {
+			t.Error("TookOver = false")
+		}
+	})
+}
+
+func TestClaimOfExpiredRecordIsTwoRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := newCountingBundle(t)
+	p := b.claimParams("expired", b.t0)
+	b.claim(p, idem.ClaimAcquired)
+	b.complete(p)
+	b.wantTrips("claim of an expired record", 2, func() {
+		b.claim(b.claimParams("expired", b.t0.Add(rtTTL)), idem.ClaimAcquired)
+	})
+}
+
+func TestReleaseIsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := newCountingBundle(t)
+	p := b.claimParams("released", b.t0)
+	b.claim(p, idem.ClaimAcquired)
+	b.wantTrips("release", 1, func() {
+		if err := b.s.RecordRelease(b.ctx, &idem.RecordReleaseParams{Scope: p.Scope, Key: p.Key, Token: p.Token}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestCountingConnCountsPrepares checks the counter itself: the first use of a
+// statement on a connection is a prepare and an execution, two round trips.
+func TestCountingConnCountsPrepares(t *testing.T) {
+	t.Parallel()
+	b := newCountingBundle(t)
+	b.wantTrips("first Get on the connection", 2, func() {
+		_, err := b.s.RecordGet(b.ctx, &idem.RecordGetParams{Scope: "scope", Key: "warm-2", Now: b.t0})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	b.wantTrips("second Get on the connection", 1, func() {
+		_, _ = b.s.RecordGet(b.ctx, &idem.RecordGetParams{Scope: "scope", Key: "warm-2", Now: b.t0})
+	})
+}
