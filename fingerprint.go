@@ -68,9 +68,9 @@ func FingerprintRequest(r *http.Request, body []byte) Fingerprint {
 	st.h.Reset()
 	st.h.Write(b)
 	st.h.Write(data)
-	fp := Fingerprint{Version: FingerprintVersion}
-	st.h.Sum(fp.Sum[:0])
-	return fp
+	// Sum into the pooled state: a slice of a local would make the local escape.
+	st.h.Sum(st.sum[:0])
+	return Fingerprint{Version: FingerprintVersion, Sum: st.sum}
 }
 
 // Field tags of the fingerprint's framing. Changing any of them, or the framing, is a
@@ -103,6 +103,7 @@ type fpState struct {
 	frame []byte // the framed fields before the body
 	body  []byte // the canonical query, then the canonical body
 	num   [20]byte
+	sum   [sha256.Size]byte
 	canon canonicalizer
 	pairs []pair
 	dec   []byte // decoded parameter names and values

@@ -242,3 +242,16 @@ func checkParseKeyInvariants(t interface{ Fatalf(string, ...any) }, v string, mi
 		t.Fatalf("ParseKey(%q) = %q, %v; want %q like %q", other, k2, err, key, v)
 	}
 }
+
+func FuzzParseKey(f *testing.F) {
+	for _, s := range []string{
+		uuidKey, `"` + uuidKey + `"`, " \t" + uuidKey + " ", "a1b2c3d4", "abc", `""`, `"abcdefgh";p=1`,
+		`"abcdefgh", "ijklmnop"`, "abcd,efgh", `"abcd\"efgh"`, `"abcdefgh`, "abcd\x7fefgh", "abcdéfgh",
+		strings.Repeat("k", 256),
+	} {
+		f.Add(s, DefaultMinKeyLength)
+	}
+	f.Fuzz(func(t *testing.T, v string, minLen int) {
+		checkParseKeyInvariants(t, v, minLen)
+	})
+}
