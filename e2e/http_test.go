@@ -29,6 +29,7 @@ type response struct {
 	Status int
 	Header http.Header
 	Body   []byte
+	Close  bool // the server closes the connection after it
 }
 
 func (r *response) String() string {
@@ -138,7 +139,7 @@ func (c *client) send(ctx context.Context, base string, req request) (*response,
 	if err != nil {
 		return nil, err
 	}
-	return &response{Status: res.StatusCode, Header: res.Header, Body: b}, nil
+	return &response{Status: res.StatusCode, Header: res.Header, Body: b, Close: res.Close}, nil
 }
 
 // do sends req and fails the test on a transport error.

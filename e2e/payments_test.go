@@ -179,6 +179,9 @@ func TestOversizedBodyIs413AndStoresNothing(t *testing.T) {
 			key := newKey()
 			res := c.do(t, s.URL(), request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: bigCharge(), chunked: chunked})
 			wantError(t, "2 MiB body", res, http.StatusRequestEntityTooLarge, "body_too_large")
+			if chunked && !res.Close {
+				t.Fatalf("413 to a chunked body without Connection: close: %s", res)
+			}
 			if got := res.Header.Get("Idempotency-Key"); got != key {
 				t.Fatalf("413: Idempotency-Key header = %q, want %q", got, key)
 			}
