@@ -1,10 +1,13 @@
 package redis
 
 import (
+	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -23,7 +26,7 @@ const (
 	fieldCreated   = "ctime"  // created_at, µs since the epoch
 	fieldExpires   = "exp"    // expires_at, µs since the epoch
 	fieldStatus    = "status" // response status (completed only)
-	fieldHeader    = "hdr"    // stored response headers, JSON (completed only)
+	fieldHeader    = "hdr"    // stored response headers, see encodeHeader (completed only)
 	fieldBody      = "body"   // response body, raw bytes (completed only)
 	fieldNotStored = "ns"     // "1" when the response was not stored (completed only)
 	fieldRecovery  = "rp"     // recovery point (SPEC §13, later)
@@ -105,22 +108,76 @@ func decodeResponse(m map[string]string) (*idem.Response, error) {
 	}
 	resp := &idem.Response{Status: status, Body: []byte(m[fieldBody]), NotStored: m[fieldNotStored] == "1"}
 	if h := m[fieldHeader]; h != "" {
-		if err := json.Unmarshal([]byte(h), &resp.Header); err != nil {
-			return nil, fmt.Errorf("redis store: record has malformed headers: %w", err)
+		if resp.Header, err = decodeHeader(h); err != nil {
+			return nil, err
 		}
 	}
 	return resp, nil
 }
 
-func encodeHeader(h http.Header) (string, error) {
+// encodeHeader writes h as a sequence of length-prefixed strings: for each name (in
+// sorted order) uvarint(len) name uvarint(count), then each value as uvarint(len)
+// value. Unlike JSON it keeps any byte of a value (obs-text is not UTF-8).
+func encodeHeader(h http.Header) string {
 	if len(h) == 0 {
-		return "", nil
+		return ""
 	}
-	b, err := json.Marshal(h)
-	if err != nil {
-		return "", fmt.Errorf("redis store: encoding response headers: %w", err)
+	var b []byte
+	str := func(s string) {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
 	}
-	return string(b), nil
+	for _, name := range slices.Sorted(maps.Keys(h)) {
+		str(name)
+		b = binary.AppendUvarint(b, uint64(len(h[name])))
+		for _, v := range h[name] {
+			str(v)
+		}
+	}
+	return string(b)
+}
+
+func decodeHeader(s string) (http.Header, error) {
+	bad := errors.New("redis store: record has malformed headers")
+	b := []byte(s)
+	num := func() (uint64, bool) {
+		n, k := binary.Uvarint(b)
+		if k <= 0 {
+			return 0, false
+		}
+		b = b[k:]
+		return n, true
+	}
+	str := func() (string, bool) {
+		n, ok := num()
+		if !ok || n > uint64(len(b)) {
+			return "", false
+		}
+		v := string(b[:n])
+		b = b[n:]
+		return v, true
+	}
+	h := http.Header{}
+	for len(b) > 0 {
+		name, ok := str()
+		if !ok {
+			return nil, bad
+		}
+		count, ok := num()
+		if !ok || count > uint64(len(b)) {
+			return nil, bad
+		}
+		values := make([]string, 0, count)
+		for range count {
+			v, ok := str()
+			if !ok {
+				return nil, bad
+			}
+			values = append(values, v)
+		}
+		h[name] = values
+	}
+	return h, nil
 }
 
 func parseMicros(s string) (time.Time, error) {

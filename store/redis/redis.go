@@ -179,6 +179,8 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 			CreatedAt: now, ExpiresAt: idem.InFlightExpiresAt(now, p.TTL, leaseEnd),
 		}
 		return out, nil
+	case "acquired_again":
+		out.Outcome = idem.ClaimAcquired
 	case "took_over":
 		out.Outcome, out.TookOver = idem.ClaimAcquired, true
 	case "completed":
@@ -203,17 +205,13 @@ func (s *Store) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams
 	if resp == nil {
 		return errors.New("redis store: RecordCompleteParams.Response is nil")
 	}
-	hdr, err := encodeHeader(resp.Header)
-	if err != nil {
-		return err
-	}
 	n, err := completeScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)},
 		nowArg(p.Now),
 		p.Token,
 		p.TTL.Microseconds(),
 		s.cfg.TTLMargin.Milliseconds(),
 		resp.Status,
-		hdr,
+		encodeHeader(resp.Header),
 		resp.Body,
 		boolArg(resp.NotStored),
 	).Int()

@@ -441,3 +441,25 @@ func TestOpenFailsWhenRedisIsUnreachable(t *testing.T) {
 		t.Fatal("Open of a closed port succeeded")
 	}
 }
+
+// TestResentClaimRecognisesItsOwnToken: go-redis re-sends a command after a network
+// error, so a claim script may run twice; the second run must not report the
+// caller's own record as another request's.
+func TestResentClaimRecognisesItsOwnToken(t *testing.T) {
+	t.Parallel()
+	s := openStore(t, testenv.RedisURL(t))
+	ctx := t.Context()
+	p := claimParams("scope", "key-"+rand.Text(), time.Time{})
+	first, err := s.RecordClaim(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := s.RecordClaim(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Outcome != idem.ClaimAcquired || again.Record.Token != p.Token || !again.Record.LeaseEnd.Equal(first.Record.LeaseEnd) {
+		t.Fatalf("re-sent claim = %v token %q lease %v, want acquired with the same token and lease %v",
+			again.Outcome, again.Record.Token, again.Record.LeaseEnd, first.Record.LeaseEnd)
+	}
+}

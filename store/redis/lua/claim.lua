@@ -1,7 +1,7 @@
 -- claim: KEYS[1] record; ARGV: now_us|'', fp_version, fp_sum, token, record_id,
 -- lease_us, ttl_us, margin_ms.
--- Returns {outcome, now_us, fields}: outcome is acquired, took_over, completed,
--- in_flight or mismatch; fields is the record's HGETALL (empty when acquired afresh).
+-- Returns {outcome, now_us, fields}: outcome is acquired, acquired_again, took_over,
+-- completed, in_flight or mismatch; fields is the record's HGETALL (empty when acquired afresh).
 -- The decision is idem.Decide's, made here so that no other client can act between
 -- the read and the write.
 local key = KEYS[1]
@@ -9,9 +9,14 @@ local now = now_us(ARGV[1])
 local fpv, fp, token, rid = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local lease, ttl, margin = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 
-local r = redis.call('HMGET', key, 'st', 'fpv', 'fp', 'lease', 'exp', 'ctime')
+local r = redis.call('HMGET', key, 'st', 'fpv', 'fp', 'lease', 'exp', 'ctime', 'tok')
 local st = r[1]
 if st and now < tonumber(r[5]) then
+  -- Our own token: go-redis re-sent this claim after a network error hid the answer
+  -- of a first run that did acquire the key. Tokens are fresh random values.
+  if st == 'in_flight' and r[7] == token then
+    return {'acquired_again', int(now), redis.call('HGETALL', key)}
+  end
   -- Fingerprints of different versions cannot be compared and count as matching.
   if r[2] == fpv and r[3] ~= fp then
     return {'mismatch', int(now), redis.call('HGETALL', key)}
