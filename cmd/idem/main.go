@@ -1,0 +1,68 @@
+// Command idem runs the reference payments API of the idem module and maintains
+// idempotency stores:
+//
+//	idem payments [--addr 127.0.0.1:8080] [--store URL] [--db URL] [--ttl 24h]
+//	              [--lock-timeout 30s] [--processor-latency 0s] [--profile seed|ietf]
+//	              [--disable-idempotency]
+//	idem migrate  --store URL
+//	idem purge    --store URL [--older-than DURATION]
+//
+// Store URLs are sqlite:PATH (or sqlite://PATH), postgres://… and postgresql://….
+// Every subcommand explains its flags with --help. A bad flag or URL is a one-line
+// error on stderr and exit status 2; a failure at run time is exit status 1.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Exit statuses.
+const (
+	exitOK      = 0
+	exitFailure = 1 // something failed at run time
+	exitUsage   = 2 // a bad subcommand, flag or URL
+)
+
+const usage = `usage: idem <command> [flags]
+
+commands:
+  payments   serve the reference payments API (SPEC §11)
+  migrate    create or upgrade an idempotency store's schema
+  purge      delete expired idempotency records
+
+Run 'idem <command> --help' for the flags of a command.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run runs the subcommand named by args[0] until it finishes or ctx ends, and returns
+// the process's exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	switch args[0] {
+	case "payments":
+		return runPayments(ctx, args[1:], stdout, stderr)
+	case "migrate":
+		return runMigrate(ctx, args[1:], stdout, stderr)
+	case "purge":
+		return runPurge(ctx, args[1:], stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "idem: unknown command %q\n%s", args[0], usage)
+	return exitUsage
+}

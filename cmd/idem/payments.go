@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/payments"
+)
+
+const paymentsSynopsis = `[--addr 127.0.0.1:8080] [--store URL] [--db URL] [--ttl 24h]
+                     [--lock-timeout 30s] [--processor-latency 0s] [--profile seed|ietf]
+                     [--disable-idempotency]
+
+Serves the reference payments API (POST/GET /v1/charges, /v1/orders, GET /healthz,
+GET /metrics). It migrates the store's and the payments schema on start (safe when
+several processes start at once), cleans expired records in the background, and shuts
+down gracefully on SIGINT/SIGTERM.
+
+Store URLs: sqlite:PATH or sqlite://PATH (sqlite:///abs/path), postgres://… or
+postgresql://… (pgx's URL; pool_max_conns=N overrides the pool size). Pools: SQLite 8
+connections (WAL: readers run beside the one writer), PostgreSQL 32; the simulated card
+processor holds no connection, so far more requests can be in flight.
+
+Set IDEM_LOG_LEVEL=debug for request logs.`
+
+// Shutdown bounds.
+const (
+	// shutdownGrace bounds how long in-flight requests may take to finish after
+	// SIGINT/SIGTERM, on top of --processor-latency.
+	shutdownGrace = 15 * time.Second
+	// minLease is the shortest --lock-timeout: the lease is renewed every third of it.
+	minLease = 100 * time.Millisecond
+)
+
+// paymentsFlags are the flags of `idem payments`.
+type paymentsFlags struct {
+	addr, store, db, profile string
+	ttl, lease, latency      time.Duration
+	disableIdempotency       bool
+}
+
+func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	const name = "idem payments"
+	var f paymentsFlags
+	fs := newFlagSet("payments", paymentsSynopsis)
+	fs.StringVar(&f.addr, "addr", "127.0.0.1:8080", "`host:port` to listen on (port 0 picks a free one; the start line logs it)")
+	fs.StringVar(&f.store, "store", defaultStore, "idempotency store `URL`")
+	fs.StringVar(&f.db, "db", "", "`URL` of the SQL database keeping charges and orders (default: the --store URL when it is SQL; required with Redis)")
+	fs.DurationVar(&f.ttl, "ttl", idem.DefaultTTL, "how long an idempotency record lives after its creation")
+	fs.DurationVar(&f.lease, "lock-timeout", idem.DefaultLease, "lease of a claimed key: after it lapses without renewal another request may take the key over (at least 100ms)")
+	fs.DurationVar(&f.latency, "processor-latency", 0, "simulated card-processor call: POST /v1/charges sleeps this long after the claim, holding no transaction or connection")
+	fs.StringVar(&f.profile, "profile", "seed", "shape of the middleware's errors: seed (Stripe's) or ietf (RFC 9457 problem details)")
+	fs.BoolVar(&f.disableIdempotency, "disable-idempotency", false, "serve the same API without the idempotency middleware (to measure its cost)")
+	if code, done := parse(fs, args, stdout, stderr); done {
+		return code
+	}
+	storeURL, dbURL, profile, err := f.validate()
+	if err != nil {
+		return usageError(stderr, name, err.Error())
+	}
+
+	level := logLevel()
+	logger := newLogger(stderr, level)
+	// Libraries log at warn and above unless debugging, so that the start line is the
+	// only line a healthy start prints.
+	libLevel := slog.LevelWarn
+	if level <= slog.LevelDebug {
+		libLevel = level
+	}
+	libLogger := newLogger(stderr, libLevel)
+
+	st, err := openStore(ctx, storeURL, libLogger)
+	if err != nil {
+		return failure(stderr, name, err)
+	}
+	defer st.close()
+	db, closeDB, err := openDB(ctx, dbURL, st)
+	if err != nil {
+		return failure(stderr, name, err)
+	}
+	defer closeDB()
+	if err := st.migrate(ctx); err != nil {
+		return failure(stderr, name, fmt.Errorf("migrating the store %s: %w", storeURL, err))
+	}
+	if _, err := db.Migrate(ctx); err != nil {
+		return failure(stderr, name, fmt.Errorf("migrating the payments schema in %s: %w", dbURL, err))
+	}
+
+	api := payments.New(payments.Config{
+		Store: st.store, DB: db, Profile: profile, TTL: f.ttl, Lease: f.lease,
+		ProcessorLatency: f.latency, DisableIdempotency: f.disableIdempotency, Logger: libLogger,
+	})
+	ln, err := net.Listen("tcp", f.addr)
+	if err != nil {
+		return failure(stderr, name, err)
+	}
+	srv := &http.Server{
+		Handler:           newMux(api),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(libLogger.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+
+	cleanCtx, stopCleaner := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopCleaner()
+	if st.store.Capabilities().BatchedCleanup && !f.disableIdempotency {
+		go idem.NewCleaner(st.store, idem.CleanerConfig{Logger: libLogger}).Run(cleanCtx)
+	}
+
+	idempotency := "on"
+	if f.disableIdempotency {
+		idempotency = "off"
+	}
+	logger.Info("idem payments listening", "addr", ln.Addr().String(), "store", storeURL.String(),
+		"db", dbURL.String(), "profile", profile.String(), "idempotency", idempotency)
+	return serve(ctx, srv, ln, shutdownGrace+f.latency, logger, stderr)
+}
+
+// serve serves on ln until ctx ends (SIGINT/SIGTERM), then stops accepting and lets
+// in-flight requests finish within grace.
+func serve(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration, logger *slog.Logger, stderr io.Writer) int {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return failure(stderr, "idem payments", err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		logger.Warn("idem payments: in-flight requests did not finish in time", "err", err)
+		_ = srv.Close()
+		return exitFailure
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return failure(stderr, "idem payments", err)
+	}
+	logger.Info("idem payments stopped")
+	return exitOK
+}
+
+// validate checks the flags and parses the URLs; errors name the flag.
+func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, err error) {
+	if store, err = parseStoreURL(f.store); err != nil {
+		return store, db, profile, fmt.Errorf("--store: %w", err)
+	}
+	switch {
+	case f.db != "":
+		if db, err = parseStoreURL(f.db); err != nil {
+			return store, db, profile, fmt.Errorf("--db: %w", err)
+		}
+		if !db.sql() {
+			return store, db, profile, fmt.Errorf("--db %q: the payments data needs an SQL database (sqlite: or postgres://)", db)
+		}
+	case store.sql():
+		db = store
+	default:
+		return store, db, profile, errors.New("--db is required with a Redis store (sqlite:PATH or postgres://…)")
+	}
+	if profile, err = idem.ParseProfile(f.profile); err != nil {
+		return store, db, profile, fmt.Errorf("--profile %q: want seed or ietf", f.profile)
+	}
+	switch {
+	case f.ttl <= 0:
+		err = fmt.Errorf("--ttl must be positive, got %v", f.ttl)
+	case f.lease < minLease:
+		err = fmt.Errorf("--lock-timeout must be at least %v, got %v", minLease, f.lease)
+	case f.latency < 0:
+		err = fmt.Errorf("--processor-latency must not be negative, got %v", f.latency)
+	case f.addr == "":
+		err = errors.New("--addr must not be empty")
+	}
+	return store, db, profile, err
+}
+
+// logLevel reads IDEM_LOG_LEVEL (debug, info, warn, error); info by default.
+func logLevel() slog.Level {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(strings.TrimSpace(os.Getenv("IDEM_LOG_LEVEL")))); err != nil {
+		return slog.LevelInfo
+	}
+	return l
+}
+
+// newLogger logs slog text lines without a time, such as
+// level=INFO msg="idem payments listening" addr=127.0.0.1:8080 ….
+func newLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{
+		Level: level,
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if len(groups) == 0 && a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
+}

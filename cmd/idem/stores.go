@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/payments"
+	"github.com/idem-go/idem/store/postgres"
+	"github.com/idem-go/idem/store/redis"
+	"github.com/idem-go/idem/store/sqlite"
+)
+
+// Pool sizes. Requests hold a connection only for a statement or one short
+// transaction; the simulated card processor (--processor-latency) holds none, so many
+// more requests than connections can be in flight.
+const (
+	// sqliteConns: SQLite in WAL mode lets readers run while one writer writes, and
+	// write transactions queue in-process, so a handful of connections serve reads
+	// and the single writer.
+	sqliteConns = 8
+	// postgresConns: enough for claims, completions and the API's transactions of
+	// dozens of concurrent requests.
+	postgresConns = 32
+)
+
+// defaultStore is the --store of `idem payments`: an SQLite file in the working
+// directory, so that the command runs with no setup.
+const defaultStore = "sqlite:idem.db"
+
+type storeKind int
+
+const (
+	kindSQLite storeKind = iota + 1
+	kindPostgres
+	kindRedis
+)
+
+// storeURL is a parsed --store or --db URL.
+type storeURL struct {
+	kind storeKind
+	raw  string // as given
+	// path is the SQLite database: a file path or a file: URI.
+	path string
+}
+
+// parseStoreURL parses a store URL:
+//
+//	sqlite:PATH, sqlite://PATH      an SQLite file (sqlite:///abs/path is /abs/path);
+//	                                PATH may be a file: URI carrying parameters
+//	postgres://…, postgresql://…    PostgreSQL, as pgx reads it (pool_max_conns=N etc.)
+//	redis://…, rediss://…, redis+cluster://…, rediss+cluster://…
+//	                                Redis (not wired into the command yet)
+//
+// Errors name the URL with its password redacted.
+func parseStoreURL(raw string) (storeURL, error) {
+	scheme, rest, ok := strings.Cut(raw, ":")
+	if !ok || scheme == "" {
+		return storeURL{}, fmt.Errorf("store URL %q has no scheme (want sqlite:PATH, postgres://… or redis://…)", raw)
+	}
+	switch strings.ToLower(scheme) {
+	case "sqlite":
+		path := strings.TrimPrefix(rest, "//")
+		if path == "" {
+			return storeURL{}, fmt.Errorf("store URL %q has no path (want sqlite:PATH)", raw)
+		}
+		return storeURL{kind: kindSQLite, raw: raw, path: path}, nil
+	case "postgres", "postgresql":
+		if !strings.HasPrefix(rest, "//") {
+			return storeURL{}, fmt.Errorf("store URL %q: want postgres://[user[:password]@]host[:port]/database", redact(raw))
+		}
+		if _, err := pgxpool.ParseConfig(raw); err != nil {
+			return storeURL{}, fmt.Errorf("store URL %q: %v", redact(raw), err)
+		}
+		return storeURL{kind: kindPostgres, raw: raw}, nil
+	}
+	if redis.IsURL(raw) {
+		return storeURL{kind: kindRedis, raw: raw}, nil
+	}
+	return storeURL{}, fmt.Errorf("store URL %q has unsupported scheme %q (want sqlite:PATH, postgres://…, postgresql://…, redis:// or rediss://)", redact(raw), scheme)
+}
+
+// sql reports whether the URL names a database that can also keep the payments data.
+func (u storeURL) sql() bool { return u.kind == kindSQLite || u.kind == kindPostgres }
+
+// String is the URL with any password replaced by "xxxxx", for logs and errors.
+func (u storeURL) String() string { return redact(u.raw) }
+
+// redact replaces the password of a URL with "xxxxx".
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	if _, ok := u.User.Password(); !ok {
+		return raw
+	}
+	return u.Redacted()
+}
+
+// errRedisNotWired is the answer for a Redis store until the command opens one.
+var errRedisNotWired = errors.New("redis store not available yet in the idem command; use sqlite:PATH or postgres://")
+
+// openedStore is an open idempotency store, with the SPEC §7 helper when it has one.
+type openedStore struct {
+	url   storeURL
+	store idem.Store
+	// migrate creates or upgrades the store's schema.
+	migrate func(ctx context.Context) error
+	// sqlite or pg is set for an SQL store, so that a DB on the same database can
+	// share its connections and its InTx helper.
+	sqlite *sqlite.Store
+	pg     *postgres.Store
+	close  func()
+}
+
+// openStore opens the idempotency store at u. It does not migrate it.
+func openStore(ctx context.Context, u storeURL, logger *slog.Logger) (*openedStore, error) {
+	switch u.kind {
+	case kindSQLite:
+		st, err := sqlite.Open(ctx, u.path, sqlite.Config{MaxOpenConns: sqliteConns, Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		return &openedStore{url: u, store: st, migrate: st.Migrate, sqlite: st, close: func() { _ = st.Close() }}, nil
+	case kindPostgres:
+		cfg := postgres.Config{Logger: logger}
+		if !strings.Contains(u.raw, "pool_max_conns") {
+			cfg.MaxConns = postgresConns
+		}
+		st, err := postgres.Open(ctx, u.raw, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return &openedStore{url: u, store: st, migrate: st.Migrate, pg: st, close: st.Close}, nil
+	case kindRedis:
+		// The Redis engineer adds the case here: redis.Open(ctx, u.raw, redis.Config{…}),
+		// with migrate a no-op.
+		return nil, errRedisNotWired
+	}
+	return nil, fmt.Errorf("store URL %q: unknown kind", u)
+}
+
+// openDB opens where the payments API keeps its data. When db names the store's own
+// SQL database, the DB shares the store's connections and its InTx helper, so every
+// mutation commits its rows and the idempotency record together (SPEC §7); otherwise it
+// gets connections of its own and plain transactions.
+func openDB(ctx context.Context, db storeURL, st *openedStore) (*payments.DB, func(), error) {
+	if db.raw == st.url.raw {
+		switch {
+		case st.sqlite != nil:
+			return payments.NewSQLiteDB(st.sqlite.DB(), st.sqlite.InTx), func() {}, nil
+		case st.pg != nil:
+			return payments.NewPostgresDB(st.pg.Pool(), st.pg.InTx), func() {}, nil
+		}
+	}
+	switch db.kind {
+	case kindSQLite:
+		sdb, err := payments.OpenSQLite(db.path, sqliteConns)
+		if err != nil {
+			return nil, nil, err
+		}
+		return payments.NewSQLiteDB(sdb, nil), func() { _ = sdb.Close() }, nil
+	case kindPostgres:
+		pcfg, err := pgxpool.ParseConfig(db.raw)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--db %q: %v", db, err)
+		}
+		if !strings.Contains(db.raw, "pool_max_conns") {
+			pcfg.MaxConns = postgresConns
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		return payments.NewPostgresDB(pool, nil), pool.Close, nil
+	}
+	return nil, nil, fmt.Errorf("--db %q: the payments data needs an SQL database (sqlite: or postgres://)", db)
+}

@@ -1,0 +1,208 @@
+package payments
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// charge is a row of the charges table.
+type charge struct {
+	ID             string
+	Amount         int64
+	Currency       string
+	CustomerID     *string
+	Status         string
+	Created        int64
+	IdempotencyKey *string
+	Fingerprint    *string
+}
+
+// chargeJSON is a charge as the API renders it; the order of its fields is fixed, so
+// the same row always renders to the same bytes.
+type chargeJSON struct {
+	ID             string  `json:"id"`
+	Object         string  `json:"object"`
+	Amount         int64   `json:"amount"`
+	Currency       string  `json:"currency"`
+	CustomerID     *string `json:"customer_id"`
+	Status         string  `json:"status"`
+	Created        int64   `json:"created"`
+	IdempotencyKey *string `json:"idempotency_key"`
+}
+
+func (c *charge) view() chargeJSON {
+	return chargeJSON{ID: c.ID, Object: "charge", Amount: c.Amount, Currency: c.Currency, CustomerID: c.CustomerID,
+		Status: c.Status, Created: c.Created, IdempotencyKey: c.IdempotencyKey}
+}
+
+func (c *charge) render() []byte {
+	b, _ := json.Marshal(c.view())
+	return b
+}
+
+func scanCharge(s scanner) (*charge, error) {
+	var c charge
+	err := s.Scan(&c.ID, &c.Amount, &c.Currency, &c.CustomerID, &c.Status, &c.Created, &c.IdempotencyKey, &c.Fingerprint)
+	if err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// createCharge is POST /v1/charges: {"amount", "currency", "customer_id"?} → 201.
+func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
+	p, body, aerr := readParams(w, r)
+	if aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	in, aerr := chargeParams(p)
+	if aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	key, fp := keyOf(r, body)
+	if !s.callProcessor(w, r) {
+		return
+	}
+	c := &charge{ID: newID("ch_"), Amount: in.Amount, Currency: in.Currency, CustomerID: in.CustomerID,
+		Status: "succeeded", Created: s.now().Unix(), IdempotencyKey: key, Fingerprint: fp}
+	sc := scope(r)
+	s.mutate(w, r, func(ctx context.Context, q querier) (reply, error) {
+		got, err := scanCharge(q.queryRow(ctx, "charge_insert",
+			c.ID, sc, c.Amount, c.Currency, c.CustomerID, c.Status, c.Created, c.IdempotencyKey, c.Fingerprint))
+		if errors.Is(err, errNoRows) {
+			return s.chargeBackstop(ctx, r, q, sc, *key, *fp)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return jsonReply(http.StatusCreated, got.render()), nil
+	})
+}
+
+// chargeBackstop answers a charge whose key already created a charge although the
+// idempotency record did not know it (it expired, or a store without §7 lost it): the
+// same request gets that charge again, another request key_reused.
+func (s *Server) chargeBackstop(ctx context.Context, r *http.Request, q querier, sc, key, fp string) (reply, error) {
+	prev, err := scanCharge(q.queryRow(ctx, "charge_get_by_key", sc, key))
+	if err != nil {
+		return nil, err
+	}
+	if !sameRequest(prev.Fingerprint, fp) {
+		return s.keyReused(r), nil
+	}
+	return jsonReply(http.StatusCreated, prev.render()), nil
+}
+
+type chargeInput struct {
+	Amount     int64
+	Currency   string
+	CustomerID *string
+}
+
+func chargeParams(p *params) (chargeInput, *apiError) {
+	var in chargeInput
+	if err := p.only("amount", "currency", "customer_id"); err != nil {
+		return in, err
+	}
+	var err *apiError
+	if in.Amount, err = p.amount("amount"); err != nil {
+		return in, err
+	}
+	if in.Currency, err = p.currency("currency"); err != nil {
+		return in, err
+	}
+	if in.CustomerID, err = p.optionalString("customer_id", 255); err != nil {
+		return in, err
+	}
+	return in, nil
+}
+
+// callProcessor stands for the card processor: it sleeps ProcessorLatency holding no
+// transaction or connection. It answers 503 and returns false when the request ends
+// first (the client went away, or the lease was lost).
+func (s *Server) callProcessor(w http.ResponseWriter, r *http.Request) bool {
+	d := s.cfg.ProcessorLatency
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		writeAPIError(w, &apiError{status: http.StatusServiceUnavailable, code: "processor_interrupted", message: "The request ended before the card processor answered; retry it."})
+		return false
+	}
+}
+
+// getCharge is GET /v1/charges/{id}: 200, or 404 also for another principal's charge.
+func (s *Server) getCharge(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	c, err := scanCharge(s.db.reader().queryRow(r.Context(), "charge_get", scope(r), id))
+	switch {
+	case errors.Is(err, errNoRows):
+		writeAPIError(w, errNotFound("charge", id))
+	case err != nil:
+		s.logger.WarnContext(r.Context(), "payments: reading a charge", "err", err)
+		writeAPIError(w, errUnavailable())
+	default:
+		writeJSON(w, http.StatusOK, c.render())
+	}
+}
+
+type listJSON struct {
+	Object  string       `json:"object"`
+	Data    []chargeJSON `json:"data"`
+	HasMore bool         `json:"has_more"`
+	URL     string       `json:"url"`
+}
+
+// listCharges is GET /v1/charges?limit=N&starting_after=ID: the principal's charges,
+// newest first by (created, id).
+func (s *Server) listCharges(w http.ResponseWriter, r *http.Request) {
+	query := r.URL.Query()
+	limit, aerr := parseLimit(query.Get("limit"))
+	if aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	sc, ctx, q := scope(r), r.Context(), s.db.reader()
+	name, args := "charge_list", []any{sc, limit + 1}
+	if after := query.Get("starting_after"); after != "" {
+		cursor, err := scanCharge(q.queryRow(ctx, "charge_get", sc, after))
+		if errors.Is(err, errNoRows) {
+			writeAPIError(w, &apiError{status: http.StatusBadRequest, code: "resource_missing", param: "starting_after", message: "No such charge: '" + after + "'"})
+			return
+		}
+		if err != nil {
+			writeAPIError(w, errUnavailable())
+			return
+		}
+		name, args = "charge_list_after", []any{sc, cursor.Created, cursor.ID, limit + 1}
+	}
+	out := listJSON{Object: "list", Data: []chargeJSON{}, URL: "/v1/charges"}
+	err := q.query(ctx, name, args, func(row scanner) error {
+		c, err := scanCharge(row)
+		if err != nil {
+			return err
+		}
+		out.Data = append(out.Data, c.view())
+		return nil
+	})
+	if err != nil {
+		s.logger.WarnContext(ctx, "payments: listing charges", "err", err)
+		writeAPIError(w, errUnavailable())
+		return
+	}
+	if len(out.Data) > limit {
+		out.Data, out.HasMore = out.Data[:limit], true
+	}
+	b, _ := json.Marshal(out)
+	writeJSON(w, http.StatusOK, b)
+}

@@ -1,0 +1,229 @@
+package payments
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"regexp"
+)
+
+// orderID is the shape of an order id (SPEC §11).
+var orderID = regexp.MustCompile(`^ord_[A-Za-z0-9_]{1,64}$`)
+
+// orderStatuses are the statuses an order may have; "open" is the default.
+var orderStatuses = []string{"open", "paid", "fulfilled", "canceled"}
+
+// order is a row of the orders table. Orders belong to a principal: the primary key
+// is (scope, id), so two principals may each have an order with the same id.
+type order struct {
+	ID             string
+	Amount         int64
+	Currency       string
+	Description    *string
+	Status         string
+	Created        int64
+	Updated        int64
+	IdempotencyKey *string
+	Fingerprint    *string
+}
+
+type orderJSON struct {
+	ID             string  `json:"id"`
+	Object         string  `json:"object"`
+	Amount         int64   `json:"amount"`
+	Currency       string  `json:"currency"`
+	Description    *string `json:"description"`
+	Status         string  `json:"status"`
+	Created        int64   `json:"created"`
+	Updated        int64   `json:"updated"`
+	IdempotencyKey *string `json:"idempotency_key"`
+}
+
+func (o *order) render() []byte {
+	b, _ := json.Marshal(orderJSON{ID: o.ID, Object: "order", Amount: o.Amount, Currency: o.Currency,
+		Description: o.Description, Status: o.Status, Created: o.Created, Updated: o.Updated, IdempotencyKey: o.IdempotencyKey})
+	return b
+}
+
+func scanOrder(s scanner) (*order, error) {
+	var o order
+	err := s.Scan(&o.ID, &o.Amount, &o.Currency, &o.Description, &o.Status, &o.Created, &o.Updated, &o.IdempotencyKey, &o.Fingerprint)
+	if err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+func orderLocation(id string) string { return "/v1/orders/" + id }
+
+// orderInput is the full content of an order, as POST and PUT take it.
+type orderInput struct {
+	Amount      int64
+	Currency    string
+	Description *string
+	Status      string
+}
+
+func orderParams(p *params) (orderInput, *apiError) {
+	var in orderInput
+	if err := p.only("amount", "currency", "description", "status"); err != nil {
+		return in, err
+	}
+	var err *apiError
+	if in.Amount, err = p.amount("amount"); err != nil {
+		return in, err
+	}
+	if in.Currency, err = p.currency("currency"); err != nil {
+		return in, err
+	}
+	if in.Description, err = p.optionalString("description", 1000); err != nil {
+		return in, err
+	}
+	status, err := p.optionalString("status", 32)
+	switch {
+	case err != nil:
+		return in, err
+	case status == nil:
+		in.Status = "open"
+	case !contains(orderStatuses, *status):
+		return in, invalid("status", "must be one of open, paid, fulfilled, canceled")
+	default:
+		in.Status = *status
+	}
+	return in, nil
+}
+
+// readOrder reads and validates an order body, answering 4xx itself when it is bad.
+func readOrder(w http.ResponseWriter, r *http.Request) (orderInput, []byte, bool) {
+	p, body, aerr := readParams(w, r)
+	if aerr == nil {
+		var in orderInput
+		if in, aerr = orderParams(p); aerr == nil {
+			return in, body, true
+		}
+	}
+	writeAPIError(w, aerr)
+	return orderInput{}, nil, false
+}
+
+// createOrder is POST /v1/orders (key required): 201 with a new "ord_…" id.
+func (s *Server) createOrder(w http.ResponseWriter, r *http.Request) {
+	in, body, ok := readOrder(w, r)
+	if !ok {
+		return
+	}
+	key, fp := keyOf(r, body)
+	id, sc, now := newID("ord_"), scope(r), s.now().Unix()
+	s.mutate(w, r, func(ctx context.Context, q querier) (reply, error) {
+		if out, err := s.orderBackstop(ctx, r, q, sc, key, fp); out != nil || err != nil {
+			return out, err
+		}
+		o, err := scanOrder(q.queryRow(ctx, "order_insert", sc, id, in.Amount, in.Currency, in.Description, in.Status, now, key, fp))
+		if err != nil {
+			return nil, err
+		}
+		return jsonReply(http.StatusCreated, o.render(), "Location", orderLocation(o.ID)), nil
+	})
+}
+
+// putOrder is PUT /v1/orders/{id}: a full replace, 201 + Location when it created the
+// order, 200 when it replaced it. A key is optional (SPEC §2) and honoured when sent.
+func (s *Server) putOrder(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if !orderID.MatchString(id) {
+		writeAPIError(w, invalid("id", "an order id is ord_ followed by 1 to 64 letters, digits or underscores"))
+		return
+	}
+	in, body, ok := readOrder(w, r)
+	if !ok {
+		return
+	}
+	key, fp := keyOf(r, body)
+	sc, now := scope(r), s.now().Unix()
+	s.mutate(w, r, func(ctx context.Context, q querier) (reply, error) {
+		if out, err := s.orderBackstop(ctx, r, q, sc, key, fp); out != nil || err != nil {
+			return out, err
+		}
+		// Replace first; when there is nothing to replace insert, and when a
+		// concurrent PUT inserted it meanwhile (the insert does nothing), replace that.
+		for range 2 {
+			o, err := scanOrder(q.queryRow(ctx, "order_replace", sc, id, in.Amount, in.Currency, in.Description, in.Status, now, key, fp))
+			if err == nil {
+				return jsonReply(http.StatusOK, o.render()), nil
+			}
+			if !errors.Is(err, errNoRows) {
+				return nil, err
+			}
+			o, err = scanOrder(q.queryRow(ctx, "order_insert", sc, id, in.Amount, in.Currency, in.Description, in.Status, now, key, fp))
+			if err == nil {
+				return jsonReply(http.StatusCreated, o.render(), "Location", orderLocation(id)), nil
+			}
+			if !errors.Is(err, errNoRows) {
+				return nil, err
+			}
+		}
+		return nil, errKeyConflict // the order kept appearing and disappearing: retry
+	})
+}
+
+// orderBackstop answers a keyed request whose key already wrote an order although the
+// idempotency record did not know it (it expired, or a store without §7 lost it): the
+// same request gets that order as it is now, another request key_reused. It returns a
+// nil reply when the key wrote nothing yet.
+func (s *Server) orderBackstop(ctx context.Context, r *http.Request, q querier, sc string, key, fp *string) (reply, error) {
+	if key == nil {
+		return nil, nil
+	}
+	prev, err := scanOrder(q.queryRow(ctx, "order_get_by_key", sc, *key))
+	switch {
+	case errors.Is(err, errNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case !sameRequest(prev.Fingerprint, *fp):
+		return s.keyReused(r), nil
+	case r.Method == http.MethodPut && prev.Created != prev.Updated:
+		return jsonReply(http.StatusOK, prev.render()), nil
+	}
+	return jsonReply(http.StatusCreated, prev.render(), "Location", orderLocation(prev.ID)), nil
+}
+
+// getOrder is GET /v1/orders/{id}: 200, or 404 (also for a malformed id, which cannot
+// exist, and for another principal's order).
+func (s *Server) getOrder(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if !orderID.MatchString(id) {
+		writeAPIError(w, errNotFound("order", id))
+		return
+	}
+	o, err := scanOrder(s.db.reader().queryRow(r.Context(), "order_get", scope(r), id))
+	switch {
+	case errors.Is(err, errNoRows):
+		writeAPIError(w, errNotFound("order", id))
+	case err != nil:
+		s.logger.WarnContext(r.Context(), "payments: reading an order", "err", err)
+		writeAPIError(w, errUnavailable())
+	default:
+		writeJSON(w, http.StatusOK, o.render())
+	}
+}
+
+// deleteOrder is DELETE /v1/orders/{id}: 204 whether or not the principal had such an
+// order (SPEC §2: deleting what is gone is not an error). A malformed id names no order
+// either, so it is 204 too, without touching the database.
+func (s *Server) deleteOrder(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	noContent := func(w http.ResponseWriter) { w.WriteHeader(http.StatusNoContent) }
+	if !orderID.MatchString(id) {
+		noContent(w)
+		return
+	}
+	sc := scope(r)
+	s.mutate(w, r, func(ctx context.Context, q querier) (reply, error) {
+		if _, err := q.exec(ctx, "order_delete", sc, id); err != nil {
+			return nil, err
+		}
+		return noContent, nil
+	})
+}

@@ -1,0 +1,225 @@
+package payments
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// Defaults of [Config].
+const (
+	// DefaultMaxBodyBytes bounds a request body the API reads.
+	DefaultMaxBodyBytes = 1 << 20
+	// DefaultHealthTimeout bounds the pings of GET /healthz.
+	DefaultHealthTimeout = 2 * time.Second
+)
+
+// Config configures a [Server]. DB is required; so is Store unless
+// DisableIdempotency is set.
+type Config struct {
+	// Store keeps the idempotency records. Required unless DisableIdempotency.
+	Store idem.Store
+
+	// DB keeps charges and orders. When it shares the store's database (built with
+	// the store's InTx helper), every mutation commits its rows and the idempotency
+	// record in one transaction (SPEC §7). Required.
+	DB *DB
+
+	// Profile is the shape of the middleware's error bodies (SPEC §9); the API's own
+	// errors always have Stripe's shape. Defaults to [idem.ProfileSeed].
+	Profile idem.Profile
+
+	// TTL is how long an idempotency record lives. Defaults to [idem.DefaultTTL].
+	TTL time.Duration
+
+	// Lease is how long a claim holds its key before another request may take it
+	// over. Defaults to [idem.DefaultLease].
+	Lease time.Duration
+
+	// ProcessorLatency is slept by POST /v1/charges after the key is claimed and before
+	// the charge's transaction, holding no transaction or connection, as a call to a
+	// card processor would. Defaults to 0.
+	ProcessorLatency time.Duration
+
+	// DisableIdempotency serves the same handlers without the idempotency middleware
+	// (to measure what it costs): Idempotency-Key headers are ignored and every
+	// mutation runs in a plain transaction. Defaults to false.
+	DisableIdempotency bool
+
+	// Logger receives the middleware's logs and the API's request logs (debug level).
+	// Defaults to [slog.Default].
+	Logger *slog.Logger
+
+	// Now is the clock of the objects' created and updated times. Defaults to
+	// [time.Now].
+	Now func() time.Time
+
+	// Middleware, when set, is used instead of building one from the fields above:
+	// tests pass an idem.Config of their own (an injected clock, say) through it.
+	// Defaults to idem.New with Store, Profile, TTL, Lease and Logger.
+	Middleware *idem.Middleware
+}
+
+// Server is the reference payments API of SPEC §11. Build it with [New] and serve
+// [Server.Handler].
+type Server struct {
+	cfg     Config
+	db      *DB
+	logger  *slog.Logger
+	now     func() time.Time
+	handler http.Handler
+	api     *http.ServeMux
+	root    *http.ServeMux
+}
+
+// New returns the payments API on cfg's store and database. It panics with a
+// "payments: " message when cfg is unusable (a programmer's mistake). The database must
+// be migrated ([DB.Migrate]) and so must the store.
+//
+//	st, _ := sqlite.Open(ctx, "idem.db", sqlite.Config{})
+//	_ = st.Migrate(ctx)
+//	db := payments.NewSQLiteDB(st.DB(), st.InTx)
+//	_, _ = db.Migrate(ctx)
+//	srv := payments.New(payments.Config{Store: st, DB: db})
+//	http.ListenAndServe(":8080", srv.Handler())
+func New(cfg Config) *Server {
+	if cfg.DB == nil {
+		panic("payments: Config.DB is required")
+	}
+	if cfg.Store == nil && !cfg.DisableIdempotency {
+		panic("payments: Config.Store is required unless DisableIdempotency is set")
+	}
+	if cfg.ProcessorLatency < 0 {
+		panic("payments: Config.ProcessorLatency must not be negative")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{cfg: cfg, db: cfg.DB, logger: cfg.Logger, now: cfg.Now}
+	s.routes()
+	return s
+}
+
+// Handler returns the API: GET /healthz without authentication, and /v1/… behind
+// bearer authentication and (unless disabled) the idempotency middleware.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Pattern returns the route pattern that serves r (such as "POST /v1/charges"), or ""
+// when none does; metrics label requests with it.
+func (s *Server) Pattern(r *http.Request) string {
+	if strings.HasPrefix(r.URL.Path, "/v1/") {
+		_, p := s.api.Handler(r)
+		return p
+	}
+	_, p := s.root.Handler(r)
+	return p
+}
+
+func (s *Server) routes() {
+	api := http.NewServeMux()
+	api.HandleFunc("POST /v1/charges", s.createCharge)
+	api.HandleFunc("GET /v1/charges", s.listCharges)
+	api.HandleFunc("GET /v1/charges/{id}", s.getCharge)
+	api.HandleFunc("POST /v1/orders", s.createOrder)
+	api.HandleFunc("GET /v1/orders/{id}", s.getOrder)
+	api.HandleFunc("PUT /v1/orders/{id}", s.putOrder)
+	api.HandleFunc("DELETE /v1/orders/{id}", s.deleteOrder)
+	api.HandleFunc("/v1/", s.notFound)
+	s.api = api
+
+	var v1 http.Handler = api
+	if !s.cfg.DisableIdempotency {
+		mw := s.cfg.Middleware
+		if mw == nil {
+			mw = idem.New(idem.Config{
+				Store:   s.cfg.Store,
+				Scope:   scopeOf,
+				Profile: s.cfg.Profile,
+				TTL:     s.cfg.TTL,
+				Lease:   s.cfg.Lease,
+				Logger:  s.logger,
+			})
+		}
+		v1 = mw.Handler(api)
+	}
+
+	root := http.NewServeMux()
+	root.HandleFunc("GET /healthz", s.healthz)
+	root.Handle("/v1/", s.authenticate(v1))
+	root.HandleFunc("/", s.notFound)
+	s.root = root
+	s.handler = s.logRequests(root)
+}
+
+// healthz answers 200 when the store and the database answer, 503 otherwise.
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), DefaultHealthTimeout)
+	defer cancel()
+	status, body := http.StatusOK, `{"status":"ok"}`
+	if s.cfg.Store != nil {
+		if err := s.cfg.Store.Ping(ctx); err != nil {
+			s.logger.WarnContext(ctx, "healthz: store ping failed", "err", err)
+			status, body = http.StatusServiceUnavailable, `{"status":"unavailable","failing":"store"}`
+		}
+	}
+	if status == http.StatusOK {
+		if err := s.db.Ping(ctx); err != nil {
+			s.logger.WarnContext(ctx, "healthz: db ping failed", "err", err)
+			status, body = http.StatusServiceUnavailable, `{"status":"unavailable","failing":"db"}`
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(body + "\n"))
+}
+
+func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
+	writeAPIError(w, &apiError{status: http.StatusNotFound, code: "resource_missing", message: "Unrecognized request URL (" + r.Method + " " + r.URL.Path + ")."})
+}
+
+// logRequests logs every request at debug level: method, route, status, duration.
+// Never the key, a header value or a body.
+func (s *Server) logRequests(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.logger.Enabled(r.Context(), slog.LevelDebug) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		next.ServeHTTP(sw, r)
+		s.logger.DebugContext(r.Context(), "request",
+			"method", r.Method, "route", s.Pattern(r), "status", sw.status,
+			"replayed", sw.Header().Get("Idempotent-Replayed") == "true",
+			"duration", time.Since(start))
+	})
+}
+
+// statusWriter remembers the status written through it.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote && code >= 200 {
+		w.status, w.wrote = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

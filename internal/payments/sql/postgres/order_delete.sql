@@ -1,0 +1,2 @@
+DELETE FROM orders
+WHERE scope = $1 AND id = $2;

@@ -1,0 +1,3 @@
+SELECT id, amount, currency, customer_id, status, created, idempotency_key, request_fingerprint
+FROM charges
+WHERE scope = ?1 AND id = ?2;

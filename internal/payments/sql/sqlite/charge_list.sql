@@ -1,0 +1,5 @@
+SELECT id, amount, currency, customer_id, status, created, idempotency_key, request_fingerprint
+FROM charges
+WHERE scope = ?1
+ORDER BY created DESC, id DESC
+LIMIT ?2;
