@@ -93,3 +93,10 @@ func (h *Handle) outcome() (completed bool, err error) {
 	defer h.mu.Unlock()
 	return h.done, h.failed
 }
+
+// storeOverride returns the handler's SetStore override, nil when there is none.
+func (h *Handle) storeOverride() *bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.override
+}
