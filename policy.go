@@ -1,0 +1,66 @@
+package idem
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+)
+
+// DefaultStorePolicy is SPEC §6's default: it stores 2xx, 3xx and the 4xx that are a
+// final outcome of the operation (such as 402 card declined), and releases the key for
+// the statuses that mean "nothing happened, you may try again": 400, 401, 403, 404,
+// 408, 409, 413, 415, 422, 425, 429 and every 5xx.
+func DefaultStorePolicy(status int) bool {
+	switch status {
+	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden,
+		http.StatusNotFound, http.StatusRequestTimeout, http.StatusConflict,
+		http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType,
+		http.StatusUnprocessableEntity, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return status < 500
+}
+
+// DefaultStoredHeaders are the response headers stored with a response and replayed
+// (SPEC §6); [Config.StoredHeaders] adds to them.
+var DefaultStoredHeaders = []string{
+	"Content-Type", "Content-Encoding", "Content-Language", "Content-Disposition",
+	"Location", "ETag", "Last-Modified", "Link", "Cache-Control", "Vary",
+}
+
+// neverStored are headers that must not be replayed: cookies belong to one response,
+// Date is the time of the original response, hop-by-hop headers describe one
+// connection, and the idempotency headers are set by the middleware itself.
+var neverStored = []string{
+	"Set-Cookie", "Date", "Connection", "Keep-Alive", "Proxy-Connection",
+	"Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding",
+	"Upgrade", "Content-Length", "Idempotency-Key", "Idempotent-Replayed",
+}
+
+// storedHeaderSet builds the allow-list from the defaults and extra, panicking on a
+// header that must never be stored.
+func storedHeaderSet(extra []string) map[string]bool {
+	set := make(map[string]bool, len(DefaultStoredHeaders)+len(extra))
+	for _, h := range DefaultStoredHeaders {
+		set[http.CanonicalHeaderKey(h)] = true
+	}
+	for _, h := range extra {
+		c := http.CanonicalHeaderKey(h)
+		if slices.Contains(neverStored, c) {
+			panic(fmt.Sprintf("idem: Config.StoredHeaders must not contain %s", c))
+		}
+		set[c] = true
+	}
+	return set
+}
+
+// filterHeaders returns a copy of the headers of h on the allow-list.
+func filterHeaders(h http.Header, allow map[string]bool) http.Header {
+	out := make(http.Header)
+	for k, v := range h {
+		if allow[http.CanonicalHeaderKey(k)] && len(v) > 0 {
+			out[http.CanonicalHeaderKey(k)] = slices.Clone(v)
+		}
+	}
+	return out
+}
