@@ -34,7 +34,11 @@ func newStore(t testing.TB) schemaStore {
 	if err := s.Migrate(context.Background()); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
-	return schemaStore{Store: s, schema: schema, dbURL: dbURL}
+	st := schemaStore{Store: s, schema: schema, dbURL: dbURL}
+	if _, err := s.Pool().Exec(context.Background(), `CREATE TABLE `+st.table("app_marker")+` (name text PRIMARY KEY)`); err != nil {
+		t.Fatalf("creating the application table: %v", err)
+	}
+	return st
 }
 
 func TestConformance(t *testing.T) {
@@ -46,20 +50,12 @@ func TestConformance(t *testing.T) {
 }
 
 // appTable is the conformance suite's §7 harness: an application table next to the
-// records, in the store's private schema, written in the same transaction as the
+// records, in the store's private schema (created by newStore), written in the same transaction as the
 // fenced completion.
 type appTable struct{}
 
-func (appTable) ensure(ctx context.Context, s schemaStore) error {
-	_, err := s.Pool().Exec(ctx, `CREATE TABLE IF NOT EXISTS `+s.table("app_marker")+` (name text PRIMARY KEY)`)
-	return err
-}
-
 func (a appTable) WriteAndComplete(ctx context.Context, st idem.Store, p *idem.RecordCompleteParams, marker string) error {
 	s := st.(schemaStore)
-	if err := a.ensure(ctx, s); err != nil {
-		return err
-	}
 	tx, err := s.Pool().BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return err
@@ -76,9 +72,6 @@ func (a appTable) WriteAndComplete(ctx context.Context, st idem.Store, p *idem.R
 
 func (a appTable) MarkerCommitted(ctx context.Context, st idem.Store, marker string) (bool, error) {
 	s := st.(schemaStore)
-	if err := a.ensure(ctx, s); err != nil {
-		return false, err
-	}
 	var n int
 	err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM `+s.table("app_marker")+` WHERE name = $1`, marker).Scan(&n)
 	return n > 0, err

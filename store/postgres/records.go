@@ -2,10 +2,8 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,7 +45,7 @@ func (s *Store) claimOnce(ctx context.Context, p *idem.RecordClaimParams) (*idem
 	)
 	err := s.withRetry(ctx, "claim", func() error {
 		row := s.pool.QueryRow(ctx, s.q.recordClaim,
-			p.Scope, p.Key, p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
+			[]byte(p.Scope), []byte(p.Key), p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
 			micros(p.Lease), micros(p.TTL), nowParam(p.Now))
 		var err error
 		rec, now, err = scanRecord(row, p.Scope, p.Key, &claimed)
@@ -86,7 +84,7 @@ func (s *Store) claimExpired(ctx context.Context, p *idem.RecordClaimParams) (*i
 	)
 	err := s.withRetry(ctx, "claim_expired", func() error {
 		row := s.pool.QueryRow(ctx, s.q.recordClaimExpired,
-			p.Scope, p.Key, p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
+			[]byte(p.Scope), []byte(p.Key), p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
 			micros(p.Lease), micros(p.TTL), nowParam(p.Now))
 		var err error
 		rec, now, err = scanRecord(row, p.Scope, p.Key, nil)
@@ -110,7 +108,7 @@ func (s *Store) takeOver(ctx context.Context, p *idem.RecordClaimParams, oldToke
 	)
 	err := s.withRetry(ctx, "take_over", func() error {
 		row := s.pool.QueryRow(ctx, s.q.recordTakeOver,
-			p.Scope, p.Key, oldToken, p.Token, micros(p.Lease), micros(p.TTL), nowParam(p.Now))
+			[]byte(p.Scope), []byte(p.Key), oldToken, p.Token, micros(p.Lease), micros(p.TTL), nowParam(p.Now))
 		var err error
 		rec, now, err = scanRecord(row, p.Scope, p.Key, nil)
 		return err
@@ -144,19 +142,13 @@ func complete(ctx context.Context, db execer, q *queries, p *idem.RecordComplete
 	if resp == nil {
 		return errors.New("postgres: RecordCompleteParams.Response is nil")
 	}
-	var headers []byte
-	if len(resp.Header) > 0 {
-		var err error
-		if headers, err = json.Marshal(resp.Header); err != nil {
-			return fmt.Errorf("postgres: encoding stored headers: %w", err)
-		}
-	}
+	headers := encodeHeaders(resp.Header)
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
 	}
 	tag, err := db.Exec(ctx, q.recordComplete,
-		p.Scope, p.Key, p.Token, resp.Status, headers, body, resp.NotStored, micros(p.TTL))
+		[]byte(p.Scope), []byte(p.Key), p.Token, resp.Status, headers, body, resp.NotStored, micros(p.TTL))
 	if err != nil {
 		return err
 	}
@@ -169,7 +161,7 @@ func complete(ctx context.Context, db execer, q *queries, p *idem.RecordComplete
 // RecordRelease deletes the holder's in-flight record, fenced by its token.
 func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) error {
 	return interpretError(s.withRetry(ctx, "release", func() error {
-		tag, err := s.pool.Exec(ctx, s.q.recordRelease, p.Scope, p.Key, p.Token)
+		tag, err := s.pool.Exec(ctx, s.q.recordRelease, []byte(p.Scope), []byte(p.Key), p.Token)
 		if err != nil {
 			return err
 		}
@@ -186,7 +178,7 @@ func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (tim
 	var leaseEnd time.Time
 	err := s.withRetry(ctx, "renew", func() error {
 		return s.pool.QueryRow(ctx, s.q.recordRenew,
-			p.Scope, p.Key, p.Token, micros(p.Lease), micros(p.TTL), nowParam(p.Now)).Scan(&leaseEnd)
+			[]byte(p.Scope), []byte(p.Key), p.Token, micros(p.Lease), micros(p.TTL), nowParam(p.Now)).Scan(&leaseEnd)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, idem.ErrLeaseLost
@@ -201,7 +193,7 @@ func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (tim
 func (s *Store) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.Record, error) {
 	var rec *idem.Record
 	err := s.withRetry(ctx, "get", func() error {
-		row := s.pool.QueryRow(ctx, s.q.recordGet, p.Scope, p.Key, nowParam(p.Now))
+		row := s.pool.QueryRow(ctx, s.q.recordGet, []byte(p.Scope), []byte(p.Key), nowParam(p.Now))
 		var err error
 		rec, _, err = scanRecord(row, p.Scope, p.Key, nil)
 		return err
@@ -273,13 +265,9 @@ func scanRecord(row pgx.Row, scope, key string, claimed *bool) (*idem.Record, ti
 		if status != nil {
 			resp.Status = int(*status)
 		}
-		if len(headers) > 0 {
-			if err := json.Unmarshal(headers, &resp.Header); err != nil {
-				return nil, time.Time{}, fmt.Errorf("postgres: decoding stored headers: %w", err)
-			}
-		}
-		if resp.Header == nil {
-			resp.Header = http.Header{}
+		var err error
+		if resp.Header, err = decodeHeaders(headers); err != nil {
+			return nil, time.Time{}, err
 		}
 		rec.Response = resp
 	}

@@ -43,7 +43,7 @@ func rowVersion(t *testing.T, s schemaStore, key string) string {
 	t.Helper()
 	var xmin string
 	err := s.Pool().QueryRow(t.Context(),
-		`SELECT xmin::text FROM `+s.table("idem_records")+` WHERE scope = 'scope' AND key = $1`, key).Scan(&xmin)
+		`SELECT xmin::text FROM `+s.table("idem_records")+` WHERE scope = 'scope'::bytea AND key = $1::bytea`, []byte(key)).Scan(&xmin)
 	if err != nil {
 		t.Fatalf("reading xmin: %v", err)
 	}
@@ -161,7 +161,7 @@ func TestClaimSeesRowCommittedWhileItWaited(t *testing.T) {
 	_, err = tx.Exec(ctx, `INSERT INTO `+s.table("idem_records")+`
 		(scope, key, id, fingerprint_version, fingerprint, state, lock_token, lease_end, created_at, expires_at)
 		VALUES ($1, $2, $3, $4, $5, 'in_flight', $6, $7, $8, $9)`,
-		first.Scope, first.Key, first.RecordID, first.Fingerprint.Version, first.Fingerprint.Sum[:],
+		[]byte(first.Scope), []byte(first.Key), first.RecordID, first.Fingerprint.Version, first.Fingerprint.Sum[:],
 		first.Token, t0.Add(first.Lease), t0, t0.Add(first.TTL))
 	if err != nil {
 		t.Fatal(err)

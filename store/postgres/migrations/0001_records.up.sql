@@ -1,8 +1,10 @@
 -- The idempotency records (SPEC §5). {{schema}} is replaced by the configured schema,
 -- quoted, followed by a dot (or by nothing, which means the search_path).
 CREATE TABLE {{schema}}idem_records (
-    scope               text        NOT NULL,
-    key                 text        NOT NULL,
+    -- Scope and key are bytes: a scope may hold any bytes, NUL and invalid UTF-8
+    -- included, which text cannot.
+    scope               bytea       NOT NULL,
+    key                 bytea       NOT NULL,
     -- New at every claim of an absent or expired key, kept across takeovers (§13).
     id                  text        NOT NULL,
     fingerprint_version integer     NOT NULL,
@@ -13,8 +15,9 @@ CREATE TABLE {{schema}}idem_records (
     -- When the holder's lease lapses; NULL once completed.
     lease_end           timestamptz,
     response_status     integer,
-    -- The stored (allow-listed) headers as a JSON object of string arrays.
-    response_headers    jsonb,
+    -- The stored (allow-listed) headers, byte for byte (header values may hold
+    -- obs-text, which is not UTF-8), in the length-prefixed form of headers.go.
+    response_headers    bytea,
     response_body       bytea,
     response_not_stored boolean     NOT NULL DEFAULT false,
     -- Reserved for resumable handlers (§13).

@@ -95,7 +95,7 @@ RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.l
 -- name: RecordComplete
 -- Stores the final response, fenced by the token and the in-flight state (SPEC §5).
 -- A lapsed lease that nobody took over still counts as held. No rows: lease lost.
--- $1 scope, $2 key, $3 token, $4 status, $5 headers (jsonb), $6 body, $7 not stored,
+-- $1 scope, $2 key, $3 token, $4 status, $5 headers (headers.go encoding), $6 body, $7 not stored,
 -- $8 ttl (µs).
 UPDATE {{schema}}idem_records
 SET state = 'completed',
