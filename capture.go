@@ -1,0 +1,198 @@
+package idem
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+)
+
+// errCaptureFrozen is returned by writes that come after the response was frozen for a
+// SPEC §7 completion: the stored response is already fixed, and the client must get
+// exactly that.
+var errCaptureFrozen = errors.New("idem: response already stored; write after the completing transaction ignored")
+
+// capture is the http.ResponseWriter the handler writes to (SPEC §6). It buffers the
+// status, headers and body until the handler returns, as http.TimeoutHandler does, so
+// that the response can be stored before the client sees it. A Flush, or a body over
+// the limit, switches it to pass-through: what was buffered and everything after goes
+// to the client as written, and the response is not stored.
+//
+// It deliberately implements Flush and Hijack (refused) itself and has no ReadFrom, so
+// that nothing reaches the underlying writer around it; Unwrap lets
+// http.NewResponseController reach the underlying writer's deadlines.
+//
+// A capture is used by the handler's goroutine only, like any ResponseWriter.
+type capture struct {
+	w     http.ResponseWriter
+	key   []string // the Idempotency-Key values as received, set on the response
+	limit int64
+
+	header      http.Header
+	status      int
+	wroteHeader bool
+	body        bytes.Buffer
+	passThrough bool // the response went (or is going) to the client as written
+	frozen      bool // a §7 completion fixed the stored response
+}
+
+func newCapture(w http.ResponseWriter, key []string, limit int64) *capture {
+	return &capture{w: w, key: key, limit: limit, header: make(http.Header)}
+}
+
+// Header returns the handler's header map.
+func (c *capture) Header() http.Header { return c.header }
+
+// WriteHeader records the status. 1xx informational responses go straight to the
+// client and are not recorded, except 101 Switching Protocols, which is refused like
+// Hijack: an upgraded connection has no response to store.
+func (c *capture) WriteHeader(code int) {
+	if code < 100 || code > 999 {
+		panic(fmt.Sprintf("invalid WriteHeader code %v", code)) // as net/http does
+	}
+	if c.wroteHeader || c.frozen {
+		return
+	}
+	if code < 200 {
+		if code != http.StatusSwitchingProtocols {
+			c.writeInformational(code)
+		}
+		return
+	}
+	c.status = code
+	c.wroteHeader = true
+	if c.passThrough {
+		c.sendHeader()
+	}
+}
+
+func (c *capture) writeInformational(code int) {
+	dst := c.w.Header()
+	for k, v := range c.header {
+		dst[k] = v
+	}
+	c.w.WriteHeader(code)
+}
+
+// Write buffers p, or passes it through once the capture switched to pass-through.
+func (c *capture) Write(p []byte) (int, error) {
+	if c.frozen && !c.passThrough {
+		return 0, errCaptureFrozen
+	}
+	if !c.wroteHeader {
+		c.WriteHeader(http.StatusOK)
+	}
+	if !bodyAllowed(c.status) {
+		return 0, http.ErrBodyNotAllowed
+	}
+	if !c.passThrough && int64(c.body.Len()+len(p)) > c.limit {
+		c.startPassThrough()
+	}
+	if c.passThrough {
+		return c.w.Write(p)
+	}
+	return c.body.Write(p)
+}
+
+// Flush sends what was written so far and switches to pass-through: a handler that
+// flushes streams its response, which is then not stored.
+func (c *capture) Flush() {
+	if c.frozen && !c.passThrough {
+		return
+	}
+	if !c.wroteHeader {
+		c.WriteHeader(http.StatusOK)
+	}
+	c.startPassThrough()
+	_ = http.NewResponseController(c.w).Flush()
+}
+
+// Hijack is refused: a hijacked connection has no response to store or replay.
+func (c *capture) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return nil, nil, http.ErrNotSupported
+}
+
+// Unwrap returns the underlying writer, for http.NewResponseController.
+func (c *capture) Unwrap() http.ResponseWriter { return c.w }
+
+// startPassThrough sends the status, headers and buffered body, after which writes go
+// to the client directly.
+func (c *capture) startPassThrough() {
+	if c.passThrough {
+		return
+	}
+	c.passThrough = true
+	if c.wroteHeader {
+		c.sendHeader()
+	}
+	if c.body.Len() > 0 {
+		_, _ = c.w.Write(c.body.Bytes())
+	}
+	c.body = bytes.Buffer{}
+}
+
+func (c *capture) sendHeader() {
+	dst := c.w.Header()
+	for k, v := range c.header {
+		dst[k] = v
+	}
+	if c.key != nil {
+		dst["Idempotency-Key"] = c.key
+	}
+	c.w.WriteHeader(c.status)
+}
+
+// finish completes the captured response after the handler returned: the status
+// defaults to 200 and the Content-Type is sniffed as net/http would, so that the
+// stored response and the one the client gets are the same.
+func (c *capture) finish() {
+	if !c.wroteHeader {
+		c.WriteHeader(http.StatusOK)
+	}
+	if c.passThrough {
+		return
+	}
+	_, haveType := c.header["Content-Type"]
+	if !haveType && c.body.Len() > 0 && bodyAllowed(c.status) && c.header.Get("Transfer-Encoding") == "" {
+		c.header.Set("Content-Type", http.DetectContentType(c.body.Bytes()))
+	}
+}
+
+// freeze finishes the response and returns it as the store keeps it (headers
+// filtered by allow); later writes are refused. A pass-through response is
+// NotStored.
+func (c *capture) freeze(allow map[string]bool) *Response {
+	c.finish()
+	c.frozen = true
+	if c.passThrough {
+		return &Response{Status: c.status, Header: make(http.Header), NotStored: true}
+	}
+	return &Response{
+		Status: c.status,
+		Header: filterHeaders(c.header, allow),
+		Body:   slices.Clone(c.body.Bytes()),
+	}
+}
+
+// send writes the buffered response to the client. Nothing is left to send after
+// pass-through.
+func (c *capture) send() {
+	c.finish()
+	if c.passThrough {
+		return
+	}
+	c.passThrough = true
+	c.sendHeader()
+	if c.body.Len() > 0 {
+		_, _ = c.w.Write(c.body.Bytes())
+	}
+}
+
+// bodyAllowed reports whether a response with status may have a body, as net/http's
+// rule.
+func bodyAllowed(status int) bool {
+	return (status < 100 || status > 199) && status != http.StatusNoContent && status != http.StatusNotModified
+}

@@ -1,0 +1,139 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+)
+
+// Defaults of [CleanerConfig].
+const (
+	// DefaultCleanerInterval is the pause between two cleaning passes.
+	DefaultCleanerInterval = time.Minute
+	// DefaultCleanerBatchSize bounds how many records one delete removes.
+	DefaultCleanerBatchSize = 1000
+	// DefaultCleanerBatchTimeout bounds one batch delete.
+	DefaultCleanerBatchTimeout = 30 * time.Second
+)
+
+// CleanerConfig configures a [Cleaner]. [Middleware.CleanerConfig] returns one that
+// matches a middleware's Retention, Logger and Clock.
+type CleanerConfig struct {
+	// Interval is the pause between passes, jittered by ±10% so that the cleaners of
+	// several processes drift apart. Defaults to [DefaultCleanerInterval].
+	Interval time.Duration
+	// BatchSize bounds how many records one delete removes, so that no statement
+	// holds locks for long and request traffic is never blocked. Defaults to
+	// [DefaultCleanerBatchSize].
+	BatchSize int
+	// Retention keeps records this long after they expire (SPEC §8). Defaults to 0.
+	Retention time.Duration
+	// BatchTimeout bounds each batch delete. Defaults to [DefaultCleanerBatchTimeout].
+	BatchTimeout time.Duration
+	// Logger receives the cleaner's logs. Defaults to [slog.Default].
+	Logger *slog.Logger
+	// Clock, when set, replaces the store's clock (tests only). Defaults to nil: the
+	// store's clock decides what expired.
+	Clock func() time.Time
+}
+
+// Cleaner deletes expired records in bounded batches in the background (SPEC §8). An
+// expired record already counts as absent to every request; cleaning only reclaims
+// space, so a failed pass is logged and retried at the next one.
+type Cleaner struct {
+	store  Store
+	cfg    CleanerConfig
+	passes chan int
+}
+
+// NewCleaner returns a Cleaner of store. It panics when cfg has a negative field.
+func NewCleaner(store Store, cfg CleanerConfig) *Cleaner {
+	if store == nil {
+		panic("idem: NewCleaner needs a store")
+	}
+	for name, d := range map[string]time.Duration{"Interval": cfg.Interval, "Retention": cfg.Retention, "BatchTimeout": cfg.BatchTimeout} {
+		if d < 0 {
+			panic(fmt.Sprintf("idem: CleanerConfig.%s must not be negative, got %v", name, d))
+		}
+	}
+	if cfg.BatchSize < 0 {
+		panic(fmt.Sprintf("idem: CleanerConfig.BatchSize must not be negative, got %d", cfg.BatchSize))
+	}
+	setDefault(&cfg.Interval, DefaultCleanerInterval)
+	setDefault(&cfg.BatchSize, DefaultCleanerBatchSize)
+	setDefault(&cfg.BatchTimeout, DefaultCleanerBatchTimeout)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Cleaner{store: store, cfg: cfg, passes: make(chan int, 16)}
+}
+
+// Passes receives, after every pass of [Cleaner.Run], how many records it deleted, so
+// that tests wait on a pass instead of sleeping. A pass that finds the channel full is
+// not reported; nothing needs to read it in production.
+func (c *Cleaner) Passes() <-chan int { return c.passes }
+
+// Run cleans until ctx ends: a first pass at once, then one after every jittered
+// Interval. It returns at once when the store expires records itself
+// (Capabilities.BatchedCleanup is false).
+func (c *Cleaner) Run(ctx context.Context) {
+	if !c.store.Capabilities().BatchedCleanup {
+		c.cfg.Logger.DebugContext(ctx, "idem: the store expires records itself; cleaner not running")
+		return
+	}
+	for {
+		n, err := c.Pass(ctx)
+		if err != nil && ctx.Err() == nil {
+			c.cfg.Logger.WarnContext(ctx, "idem: cleaning expired records failed; retrying at the next pass",
+				slog.Int("deleted", n), slog.Any("error", err))
+		} else if n > 0 {
+			c.cfg.Logger.DebugContext(ctx, "idem: deleted expired records", slog.Int("deleted", n))
+		}
+		select {
+		case c.passes <- n:
+		default:
+		}
+		t := time.NewTimer(c.jittered())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Pass deletes expired records, one batch after another, until a batch comes back
+// short (or ctx ends or a batch fails), and returns how many it deleted. `idem purge`
+// runs one pass with the retention it is given.
+func (c *Cleaner) Pass(ctx context.Context) (deleted int, err error) {
+	for ctx.Err() == nil {
+		n, err := c.batch(ctx)
+		deleted += n
+		if err != nil {
+			return deleted, err
+		}
+		if n < c.cfg.BatchSize {
+			return deleted, nil
+		}
+	}
+	return deleted, ctx.Err()
+}
+
+func (c *Cleaner) batch(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.BatchTimeout)
+	defer cancel()
+	p := &RecordDeleteExpiredParams{Retention: c.cfg.Retention, Limit: c.cfg.BatchSize}
+	if c.cfg.Clock != nil {
+		p.Now = c.cfg.Clock()
+	}
+	return c.store.RecordDeleteExpired(ctx, p)
+}
+
+// jittered is Interval ±10%.
+func (c *Cleaner) jittered() time.Duration {
+	d := c.cfg.Interval
+	return d - d/10 + rand.N(d/5+1)
+}

@@ -1,0 +1,276 @@
+package idem
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Defaults of [Config] and [CleanerConfig].
+const (
+	// DefaultTTL is how long a completed record lives after its creation (SPEC §8).
+	DefaultTTL = 24 * time.Hour
+	// DefaultLease is how long a claim holds its key before another request may take
+	// it over (SPEC §5).
+	DefaultLease = 30 * time.Second
+	// DefaultRetryAfter is the Retry-After of request_in_progress and
+	// store_unavailable answers.
+	DefaultRetryAfter = time.Second
+	// DefaultMaxBodyBytes bounds the request body the middleware reads (SPEC §4).
+	DefaultMaxBodyBytes = 1 << 20
+	// DefaultMaxResponseBytes bounds the response body the middleware stores (SPEC §6).
+	DefaultMaxResponseBytes = 1 << 20
+	// DefaultInFlightWait is how long a duplicate waits for the first request: not at
+	// all, it gets 409 request_in_progress at once.
+	DefaultInFlightWait = 0
+	// DefaultRetention is how long the cleaner keeps records after they expire.
+	DefaultRetention = 0
+)
+
+// Requirement says whether a request must, may or must not carry an Idempotency-Key.
+type Requirement int
+
+const (
+	// KeyByMethod, the zero value, takes the requirement from [Config.Methods] by the
+	// request's method.
+	KeyByMethod Requirement = iota
+	// KeyRequired refuses a request without a key with 400 key_required.
+	KeyRequired
+	// KeyOptional honours a key when one is sent and passes a request without one
+	// through untouched.
+	KeyOptional
+	// KeyOff passes every request through untouched; a key header is ignored.
+	KeyOff
+)
+
+// String returns "by_method", "required", "optional" or "off".
+func (q Requirement) String() string {
+	switch q {
+	case KeyByMethod:
+		return "by_method"
+	case KeyRequired:
+		return "required"
+	case KeyOptional:
+		return "optional"
+	case KeyOff:
+		return "off"
+	}
+	return fmt.Sprintf("Requirement(%d)", int(q))
+}
+
+func (q Requirement) valid() bool { return q >= KeyByMethod && q <= KeyOff }
+
+// DefaultMethods returns the method table of SPEC §2: a key is required for POST and
+// PATCH, honoured when sent for PUT and DELETE, and ignored for GET, HEAD and OPTIONS.
+// A method missing from the table (a custom one) is treated as optional, since it is
+// not known to be safe. It returns a new map each time.
+func DefaultMethods() map[string]Requirement {
+	return map[string]Requirement{
+		http.MethodPost:    KeyRequired,
+		http.MethodPatch:   KeyRequired,
+		http.MethodPut:     KeyOptional,
+		http.MethodDelete:  KeyOptional,
+		http.MethodGet:     KeyOff,
+		http.MethodHead:    KeyOff,
+		http.MethodOptions: KeyOff,
+		http.MethodTrace:   KeyOff,
+	}
+}
+
+// Config configures a [Middleware]. Store and Scope are required; every other field
+// has a default.
+type Config struct {
+	// Store keeps the records. Required.
+	Store Store
+
+	// Scope returns the authenticated principal of a request; records are identified
+	// by (scope, key), so nothing of one principal is ever replayed to another (SPEC
+	// §3). An empty scope or an error refuses a keyed request with 401 scope_required
+	// without touching the store. It should return something stable and not secret,
+	// such as a user id or the hex SHA-256 of a bearer token. Required.
+	Scope func(r *http.Request) (string, error)
+
+	// Methods sets the key requirement per request method. Entries replace those of
+	// the default table; a method found in neither is optional. Routes may override
+	// it with [RouteOptions.Requirement]. Defaults to [DefaultMethods].
+	Methods map[string]Requirement
+
+	// MinKeyLength is the shortest key accepted (SPEC §3). Defaults to
+	// [DefaultMinKeyLength].
+	MinKeyLength int
+
+	// TTL is how long a record lives after its creation; routes may override it.
+	// Defaults to [DefaultTTL].
+	TTL time.Duration
+
+	// Retention is how long the cleaner keeps records after they expire; see
+	// [Middleware.CleanerConfig]. Defaults to [DefaultRetention] (0).
+	Retention time.Duration
+
+	// Lease is how long a claim holds its key without renewal before another request
+	// may take it over. Defaults to [DefaultLease].
+	Lease time.Duration
+
+	// Heartbeat is how often the lease is renewed while the handler runs; it must be
+	// shorter than Lease. Defaults to Lease/3.
+	Heartbeat time.Duration
+
+	// RetryAfter is the Retry-After sent with request_in_progress and
+	// store_unavailable, rounded up to whole seconds (at least 1). Defaults to
+	// [DefaultRetryAfter].
+	RetryAfter time.Duration
+
+	// InFlightWait is how long a duplicate of a request that is still executing waits
+	// for it to finish, polling the store with a short backoff, before it answers 409
+	// request_in_progress. When the first request completes in time the duplicate gets
+	// its replay; when it released the key, the duplicate claims it and executes.
+	// Defaults to [DefaultInFlightWait] (0: answer 409 at once).
+	InFlightWait time.Duration
+
+	// MaxBodyBytes bounds the request body that is read and fingerprinted; a larger
+	// body is refused with 413 body_too_large (SPEC §4). Defaults to
+	// [DefaultMaxBodyBytes].
+	MaxBodyBytes int64
+
+	// MaxResponseBytes bounds the response body that is stored. A larger response is
+	// streamed to the client and the record completed as not stored (SPEC §6).
+	// Defaults to [DefaultMaxResponseBytes].
+	MaxResponseBytes int64
+
+	// StoredHeaders are response headers stored and replayed in addition to
+	// [DefaultStoredHeaders]. Set-Cookie, Date and hop-by-hop headers are refused.
+	// Defaults to none.
+	StoredHeaders []string
+
+	// StorePolicy says whether a response with status is stored (true) or releases the
+	// key so that a retry executes afresh (false); routes may override it and a
+	// handler may override it for one response with [Handle.SetStore]. Defaults to
+	// [DefaultStorePolicy].
+	StorePolicy func(status int) bool
+
+	// Profile is the shape of error bodies (SPEC §9). Defaults to [ProfileSeed].
+	Profile Profile
+
+	// ProblemTypeBase is the base URI of problem types in [ProfileIETF]. Defaults to
+	// [DefaultProblemTypeBase].
+	ProblemTypeBase string
+
+	// Logger receives the middleware's logs. Keys are logged as a short hash, never
+	// in full; bodies are never logged. Defaults to [slog.Default].
+	Logger *slog.Logger
+
+	// Clock, when set, replaces the store's clock for every lease and expiry decision
+	// (it is passed as the Now of store parameters) and the middleware's own reading
+	// of time. Tests use it; production leaves it nil so that the store's clock
+	// decides (SPEC §5). Defaults to nil.
+	Clock func() time.Time
+}
+
+// RouteOptions change the middleware's behaviour for the routes one
+// [Middleware.Route] wraps.
+type RouteOptions struct {
+	// Requirement overrides the method table for these routes. Defaults to
+	// [KeyByMethod].
+	Requirement Requirement
+	// TTL overrides Config.TTL. Defaults to Config.TTL.
+	TTL time.Duration
+	// StorePolicy overrides Config.StorePolicy. Defaults to Config.StorePolicy.
+	StorePolicy func(status int) bool
+
+	// Later options (SPEC §5.3's policy "unknown" for keys whose holder died, which
+	// answers 500 outcome_unknown instead of executing again) will be added here as
+	// fields whose zero value keeps today's behaviour.
+}
+
+// config is a validated Config with defaults applied.
+type config struct {
+	Config
+	methods       map[string]Requirement
+	storedHeaders map[string]bool
+}
+
+func newConfig(c Config) *config {
+	if c.Store == nil {
+		panic("idem: Config.Store is required")
+	}
+	if c.Scope == nil {
+		panic("idem: Config.Scope is required")
+	}
+	nonNegative("TTL", c.TTL)
+	nonNegative("Retention", c.Retention)
+	nonNegative("Lease", c.Lease)
+	nonNegative("Heartbeat", c.Heartbeat)
+	nonNegative("RetryAfter", c.RetryAfter)
+	nonNegative("InFlightWait", c.InFlightWait)
+	if c.MinKeyLength < 0 || c.MinKeyLength > MaxKeyLength {
+		panic(fmt.Sprintf("idem: Config.MinKeyLength must be between 1 and %d, got %d", MaxKeyLength, c.MinKeyLength))
+	}
+	if c.MaxBodyBytes < 0 {
+		panic(fmt.Sprintf("idem: Config.MaxBodyBytes must not be negative, got %d", c.MaxBodyBytes))
+	}
+	if c.MaxResponseBytes < 0 {
+		panic(fmt.Sprintf("idem: Config.MaxResponseBytes must not be negative, got %d", c.MaxResponseBytes))
+	}
+	if !c.Profile.valid() {
+		panic(fmt.Sprintf("idem: Config.Profile is not a known profile: %v", c.Profile))
+	}
+
+	setDefault(&c.MinKeyLength, DefaultMinKeyLength)
+	setDefault(&c.TTL, DefaultTTL)
+	setDefault(&c.Lease, DefaultLease)
+	setDefault(&c.Heartbeat, c.Lease/3)
+	setDefault(&c.RetryAfter, DefaultRetryAfter)
+	setDefault(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	setDefault(&c.MaxResponseBytes, DefaultMaxResponseBytes)
+	setDefault(&c.ProblemTypeBase, DefaultProblemTypeBase)
+	if c.Heartbeat >= c.Lease {
+		panic(fmt.Sprintf("idem: Config.Heartbeat (%v) must be shorter than Config.Lease (%v)", c.Heartbeat, c.Lease))
+	}
+	if c.StorePolicy == nil {
+		c.StorePolicy = DefaultStorePolicy
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+
+	methods := DefaultMethods()
+	for m, q := range c.Methods {
+		if !q.valid() || q == KeyByMethod {
+			panic(fmt.Sprintf("idem: Config.Methods[%q] must be KeyRequired, KeyOptional or KeyOff, got %v", m, q))
+		}
+		methods[strings.ToUpper(m)] = q
+	}
+	return &config{Config: c, methods: methods, storedHeaders: storedHeaderSet(c.StoredHeaders)}
+}
+
+func nonNegative(field string, d time.Duration) {
+	if d < 0 {
+		panic(fmt.Sprintf("idem: Config.%s must not be negative, got %v", field, d))
+	}
+}
+
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// requirement returns the requirement of method under the route's override.
+func (c *config) requirement(route Requirement, method string) Requirement {
+	if route != KeyByMethod {
+		return route
+	}
+	if q, ok := c.methods[method]; ok {
+		return q
+	}
+	return KeyOptional
+}
+
+// retryAfter is RetryAfter in whole seconds, rounded up, at least 1.
+func (c *config) retryAfter() string {
+	s := int64((c.RetryAfter + time.Second - 1) / time.Second)
+	return fmt.Sprint(max(s, 1))
+}

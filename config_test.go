@@ -1,0 +1,102 @@
+package idem_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/memory"
+)
+
+func TestNewPanicsNamingTheField(t *testing.T) {
+	t.Parallel()
+	valid := func() idem.Config { return idem.Config{Store: memory.New(), Scope: bearerScope} }
+	tests := []struct {
+		want string
+		mod  func(*idem.Config)
+	}{
+		{"Config.Store is required", func(c *idem.Config) { c.Store = nil }},
+		{"Config.Scope is required", func(c *idem.Config) { c.Scope = nil }},
+		{"Config.TTL", func(c *idem.Config) { c.TTL = -1 }},
+		{"Config.Lease", func(c *idem.Config) { c.Lease = -1 }},
+		{"Config.Heartbeat", func(c *idem.Config) { c.Heartbeat = time.Minute }},
+		{"Config.InFlightWait", func(c *idem.Config) { c.InFlightWait = -1 }},
+		{"Config.MinKeyLength", func(c *idem.Config) { c.MinKeyLength = 256 }},
+		{"Config.MaxBodyBytes", func(c *idem.Config) { c.MaxBodyBytes = -1 }},
+		{"Config.MaxResponseBytes", func(c *idem.Config) { c.MaxResponseBytes = -1 }},
+		{"Config.Profile", func(c *idem.Config) { c.Profile = 7 }},
+		{"Config.StoredHeaders must not contain Set-Cookie", func(c *idem.Config) { c.StoredHeaders = []string{"set-cookie"} }},
+		{"Config.StoredHeaders must not contain Date", func(c *idem.Config) { c.StoredHeaders = []string{"Date"} }},
+		{"Config.StoredHeaders must not contain Transfer-Encoding", func(c *idem.Config) { c.StoredHeaders = []string{"Transfer-Encoding"} }},
+		{`Config.Methods["POST"]`, func(c *idem.Config) { c.Methods = map[string]idem.Requirement{"POST": idem.KeyByMethod} }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			defer func() {
+				got := fmt.Sprint(recover())
+				if !strings.HasPrefix(got, "idem: ") || !strings.Contains(got, tt.want) {
+					t.Errorf("panic %q, want one naming %q", got, tt.want)
+				}
+			}()
+			c := valid()
+			tt.mod(&c)
+			idem.New(c)
+		})
+	}
+}
+
+func TestRoutePanicsOnInvalidOptions(t *testing.T) {
+	t.Parallel()
+	m := idem.New(idem.Config{Store: memory.New(), Scope: bearerScope})
+	defer func() {
+		if got := fmt.Sprint(recover()); !strings.Contains(got, "RouteOptions.TTL") {
+			t.Errorf("panic %q", got)
+		}
+	}()
+	m.Route(idem.RouteOptions{TTL: -1})
+}
+
+func TestStoredHeadersAddToTheAllowList(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *idem.Config) { c.StoredHeaders = []string{"x-charge-id"} })
+	mw := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Charge-Id", "ch_1")
+		w.Header().Set("ETag", `"v1"`)
+		w.Header().Set("X-Other", "o")
+		w.WriteHeader(201)
+	}))
+	serve(mw, req("POST", "/x", key, "{}"))
+	w := serve(mw, req("POST", "/x", key, "{}"))
+	if w.Header().Get("X-Charge-Id") != "ch_1" || w.Header().Get("ETag") != `"v1"` || w.Header().Get("X-Other") != "" {
+		t.Errorf("replayed headers %v", w.Header())
+	}
+}
+
+func TestMethodsTableIsConfigurable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *idem.Config) {
+		c.Methods = map[string]idem.Requirement{"PATCH": idem.KeyOptional, "PUT": idem.KeyRequired}
+	})
+	mw := b.mw.Handler(&counter{})
+	if w := serve(mw, req("PATCH", "/x", "", "{}")); w.Code != 201 {
+		t.Errorf("optional PATCH without key: %d", w.Code)
+	}
+	wantCode(t, serve(mw, req("PUT", "/x", "", "{}")), 400, idem.CodeKeyRequired)
+	wantCode(t, serve(mw, req("POST", "/x", "", "{}")), 400, idem.CodeKeyRequired)
+	if w := serve(mw, req("PURGE", "/x", "", "{}")); w.Code != 201 {
+		t.Errorf("a method missing from the table is optional: %d", w.Code)
+	}
+}
+
+func TestMinKeyLengthIsConfigurable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *idem.Config) { c.MinKeyLength = 36 })
+	mw := b.mw.Handler(&counter{})
+	wantCode(t, serve(mw, req("POST", "/x", key[:35], "{}")), 400, idem.CodeKeyInvalid)
+	if w := serve(mw, req("POST", "/x", key, "{}")); w.Code != 201 {
+		t.Errorf("36-byte key: %d", w.Code)
+	}
+}

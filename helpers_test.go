@@ -1,0 +1,227 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/memory"
+)
+
+// countingStore delegates to the in-memory store, counting calls; down makes every
+// call fail as an unreachable store would.
+type countingStore struct {
+	*memory.Store
+	claims, completes, releases, renews, gets, deletes atomic.Int64
+	down                                               atomic.Bool
+	renewDown                                          atomic.Bool
+	noBatchedCleanup                                   bool
+}
+
+var errStoreDown = errors.New("store down")
+
+func (s *countingStore) err() error {
+	if s.down.Load() {
+		return errStoreDown
+	}
+	return nil
+}
+
+func (s *countingStore) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
+	s.claims.Add(1)
+	if err := s.err(); err != nil {
+		return nil, err
+	}
+	return s.Store.RecordClaim(ctx, p)
+}
+
+func (s *countingStore) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams) error {
+	s.completes.Add(1)
+	if err := s.err(); err != nil {
+		return err
+	}
+	return s.Store.RecordComplete(ctx, p)
+}
+
+func (s *countingStore) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) error {
+	s.releases.Add(1)
+	if err := s.err(); err != nil {
+		return err
+	}
+	return s.Store.RecordRelease(ctx, p)
+}
+
+func (s *countingStore) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (time.Time, error) {
+	s.renews.Add(1)
+	if err := s.err(); err != nil || s.renewDown.Load() {
+		return time.Time{}, errStoreDown
+	}
+	return s.Store.RecordRenew(ctx, p)
+}
+
+func (s *countingStore) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.Record, error) {
+	s.gets.Add(1)
+	if err := s.err(); err != nil {
+		return nil, err
+	}
+	return s.Store.RecordGet(ctx, p)
+}
+
+func (s *countingStore) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExpiredParams) (int, error) {
+	s.deletes.Add(1)
+	if err := s.err(); err != nil {
+		return 0, err
+	}
+	return s.Store.RecordDeleteExpired(ctx, p)
+}
+
+func (s *countingStore) Capabilities() idem.Capabilities {
+	c := s.Store.Capabilities()
+	if s.noBatchedCleanup {
+		c.BatchedCleanup = false
+	}
+	return c
+}
+
+func (s *countingStore) calls() int64 {
+	return s.claims.Load() + s.completes.Load() + s.releases.Load() + s.renews.Load() + s.gets.Load() + s.deletes.Load()
+}
+
+// clock is a settable time for Config.Clock.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock() *clock { return &clock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// logBuffer collects log output from concurrent handlers.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+type bundle struct {
+	logs   *logBuffer
+	store  *countingStore
+	clock  *clock
+	mw     *idem.Middleware
+	ticker *idem.ManualTicker
+}
+
+// setup builds a middleware over a fresh in-memory store with an injected clock and a
+// hand-driven heartbeat; mod adjusts the Config first.
+func setup(t *testing.T, mod func(*idem.Config)) *bundle {
+	t.Helper()
+	b := &bundle{logs: &logBuffer{}, store: &countingStore{Store: memory.New()}, clock: newClock()}
+	cfg := idem.Config{
+		Store:  b.store,
+		Scope:  bearerScope,
+		Clock:  b.clock.Now,
+		Logger: slog.New(slog.NewTextHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	b.mw = idem.New(cfg)
+	b.ticker = idem.UseManualTicker(b.mw)
+	return b
+}
+
+// bearerScope scopes keys by the bearer token, as the payments API does (in the clear
+// here for readability).
+func bearerScope(r *http.Request) (string, error) {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return "", errors.New("no bearer token")
+	}
+	return tok, nil
+}
+
+// req builds a request from alice with key (none when empty) and a JSON body.
+func req(method, path, key, body string) *http.Request {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	r := httptest.NewRequest(method, path, rd)
+	r.Header.Set("Authorization", "Bearer alice")
+	r.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
+	return r
+}
+
+func serve(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// counter is a handler that counts its executions and answers status with a body
+// naming the execution.
+type counter struct {
+	n      atomic.Int64
+	status int
+}
+
+func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := c.n.Add(1)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/v1/charges/ch_1")
+	w.Header().Set("Set-Cookie", "session=1")
+	w.Header().Set("X-Request-Note", "not stored")
+	status := c.status
+	if status == 0 {
+		status = http.StatusCreated
+	}
+	w.WriteHeader(status)
+	io.WriteString(w, `{"execution":`+itoa(n)+`}`)
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func wantCode(t *testing.T, w *httptest.ResponseRecorder, status int, code string) {
+	t.Helper()
+	if w.Code != status {
+		t.Fatalf("status = %d, want %d; body %s", w.Code, status, w.Body)
+	}
+	if code != "" && !strings.Contains(w.Body.String(), `"code":"`+code+`"`) {
+		t.Fatalf("body %s lacks code %s", w.Body, code)
+	}
+}

@@ -1,0 +1,521 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Middleware is the net/http middleware that makes keyed requests idempotent (SPEC
+// §2–§9). Build one with [New] and wrap handlers with [Middleware.Handler], or with
+// [Middleware.Route] for per-route options. It belongs inside the authentication
+// middleware (the Scope function reads the principal) and inside any compression
+// middleware. It is safe for concurrent use.
+//
+// For a keyed request it parses the key, refuses an unauthenticated request, reads and
+// fingerprints the body, and claims (scope, key) in one store operation. The request
+// that acquires the key runs the handler, with the body re-readable and a [Handle] in
+// its context, while a heartbeat renews the lease; the response is captured, then
+// stored or the key released (SPEC §6), and only then sent. Duplicates get the stored
+// response with "Idempotent-Replayed: true", or a §9 error.
+//
+// When the store fails to complete the record after the handler ran (other than by
+// losing the lease), the client still gets the handler's response: its effects
+// happened, and a 503 would make the client retry and execute the operation again once
+// the lease lapses. The failure is logged at error level.
+type Middleware struct {
+	cfg *config
+
+	// newTicker makes the heartbeat's ticker; tests drive it by hand.
+	newTicker func(time.Duration) ticker
+	// hooks signal tests; all nil in production.
+	hooks testHooks
+	// cache is reserved for the bounded cache of completed responses that SPEC §5
+	// allows ("or none [round trips] with an optional bounded cache"); nil until it is
+	// built, and consulted before the claim when set.
+	cache replayCache
+}
+
+// replayCache is the shape reserved for a bounded cache of completed responses.
+type replayCache interface {
+	get(scope, key string, fp Fingerprint) (*Response, bool)
+}
+
+// testHooks let tests wait on events instead of sleeping.
+type testHooks struct {
+	renewed func(err error) // after each lease renewal
+	waiting func()          // when a duplicate starts waiting for an in-flight request
+}
+
+// route is a RouteOptions resolved against the Config.
+type route struct {
+	requirement Requirement
+	ttl         time.Duration
+	policy      func(status int) bool
+	// A later policy for keys whose holder died (SPEC §5.3 "unknown") goes here; today
+	// a lapsed lease is always taken over and the operation executes again.
+}
+
+// New returns a Middleware for cfg. It panics with a message naming the field when cfg
+// is invalid (a programmer's mistake): "idem: Config.Scope is required".
+func New(cfg Config) *Middleware {
+	return &Middleware{cfg: newConfig(cfg), newTicker: newRealTicker}
+}
+
+// Handler wraps next with the middleware's default options: the key requirement comes
+// from the method table.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return m.Route(RouteOptions{})(next)
+}
+
+// Route returns a middleware that wraps a route's handler with opts, which override
+// the Config for that route. It panics when opts is invalid.
+func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
+	if !opts.Requirement.valid() {
+		panic(fmt.Sprintf("idem: RouteOptions.Requirement is not a known requirement: %v", opts.Requirement))
+	}
+	if opts.TTL < 0 {
+		panic(fmt.Sprintf("idem: RouteOptions.TTL must not be negative, got %v", opts.TTL))
+	}
+	rt := &route{requirement: opts.Requirement, ttl: opts.TTL, policy: opts.StorePolicy}
+	setDefault(&rt.ttl, m.cfg.TTL)
+	if rt.policy == nil {
+		rt.policy = m.cfg.StorePolicy
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			m.serve(rt, next, w, r)
+		})
+	}
+}
+
+// WriteError writes the idem error code with the middleware's profile and problem type
+// base, as [WriteError] does.
+func (m *Middleware) WriteError(w http.ResponseWriter, r *http.Request, code string, detail string) {
+	if retryable(code) && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", m.cfg.retryAfter())
+	}
+	WriteProblem(w, r, m.cfg.Profile, &Problem{Code: code, Detail: detail, TypeBase: m.cfg.ProblemTypeBase})
+}
+
+// CleanerConfig returns a [CleanerConfig] with the middleware's Retention, Logger and
+// Clock, for a [Cleaner] of the same store.
+func (m *Middleware) CleanerConfig() CleanerConfig {
+	return CleanerConfig{Retention: m.cfg.Retention, Logger: m.cfg.Logger, Clock: m.cfg.Clock}
+}
+
+// storeNow is the Now of store parameters: zero, so that the store's clock decides,
+// unless a Clock is injected.
+func (m *Middleware) storeNow() time.Time {
+	if m.cfg.Clock != nil {
+		return m.cfg.Clock()
+	}
+	return time.Time{}
+}
+
+// localNow is the middleware's own reading of time.
+func (m *Middleware) localNow() time.Time {
+	if m.cfg.Clock != nil {
+		return m.cfg.Clock()
+	}
+	return time.Now()
+}
+
+// request is one keyed request on its way through the middleware.
+type request struct {
+	m         *Middleware
+	rt        *route
+	w         http.ResponseWriter
+	r         *http.Request // with the body re-readable
+	keyValues []string      // the Idempotency-Key header as received
+	scope     string
+	key       string
+	fp        Fingerprint
+	log       []any // attributes for every log line: never the key itself
+}
+
+func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, r *http.Request) {
+	values := r.Header.Values("Idempotency-Key")
+	q := m.cfg.requirement(rt.requirement, r.Method)
+	if q == KeyOff || (q == KeyOptional && len(values) == 0) {
+		next.ServeHTTP(w, r)
+		return
+	}
+	if len(values) > 0 {
+		values = slices.Clone(values)
+		w.Header()["Idempotency-Key"] = values
+	}
+	key, err := ParseKey(values, m.cfg.MinKeyLength)
+	if err != nil {
+		m.refuseKey(w, r, err)
+		return
+	}
+	scope, err := m.cfg.Scope(r)
+	if err != nil || scope == "" {
+		m.WriteError(w, r, CodeScopeRequired, "")
+		return
+	}
+	x := &request{m: m, rt: rt, w: w, keyValues: values, scope: scope, key: key}
+	x.log = []any{slog.String("key_hash", keyHash(scope, key)), slog.String("method", r.Method), slog.String("path", r.URL.Path)}
+	body, ok := x.readBody(r)
+	if !ok {
+		return
+	}
+	x.r = withBody(r, body)
+	x.fp = FingerprintRequest(x.r, body)
+	x.run(next)
+}
+
+func (m *Middleware) refuseKey(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, ErrKeyRequired) {
+		m.WriteError(w, r, CodeKeyRequired, "")
+		return
+	}
+	// ParseKey's errors say what is wrong and never contain the key.
+	m.WriteError(w, r, CodeKeyInvalid, "The Idempotency-Key header is invalid: "+
+		strings.TrimPrefix(err.Error(), ErrKeyInvalid.Error()+": ")+".")
+}
+
+// keyHash identifies a key in logs without revealing it.
+func keyHash(scope, key string) string {
+	sum := sha256.Sum256([]byte(scope + "\x00" + key))
+	return hex.EncodeToString(sum[:6])
+}
+
+// readBody reads the request body within Config.MaxBodyBytes (SPEC §4). It answers the
+// request itself and returns false when the body is refused.
+func (x *request) readBody(r *http.Request) ([]byte, bool) {
+	limit := x.m.cfg.MaxBodyBytes
+	if r.ContentLength > limit {
+		x.m.WriteError(x.w, r, CodeBodyTooLarge, "")
+		return nil, false
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, true
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(x.w, r.Body, limit))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		// The rest of the body is unread: the connection cannot be reused.
+		x.w.Header().Set("Connection", "close")
+		x.m.WriteError(x.w, r, CodeBodyTooLarge, "")
+		return nil, false
+	case err != nil:
+		x.m.cfg.Logger.InfoContext(r.Context(), "idem: reading the request body failed", append(x.log, slog.Any("error", err))...)
+		x.m.WriteError(x.w, r, CodeBodyUnreadable, "")
+		return nil, false
+	}
+	return body, true
+}
+
+// withBody returns a shallow copy of r whose body reads body again.
+func withBody(r *http.Request, body []byte) *http.Request {
+	r2 := *r
+	r2.ContentLength = int64(len(body))
+	r2.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	r2.Body, _ = r2.GetBody()
+	if len(body) == 0 {
+		r2.Body = http.NoBody
+	}
+	return &r2
+}
+
+// randomHex returns 16 random bytes in hex: lock tokens and record ids.
+func randomHex() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
+	return hex.EncodeToString(b[:])
+}
+
+// run claims the key and acts on the outcome: execute, replay, or a §9 error.
+func (x *request) run(next http.Handler) {
+	m, ctx := x.m, x.r.Context()
+	if m.cache != nil {
+		if resp, ok := m.cache.get(x.scope, x.key, x.fp); ok {
+			x.replay(resp)
+			return
+		}
+	}
+	waitUntil := time.Now().Add(m.cfg.InFlightWait)
+	for {
+		token := randomHex()
+		started := m.localNow()
+		res, err := m.cfg.Store.RecordClaim(ctx, &RecordClaimParams{
+			Scope: x.scope, Key: x.key, Fingerprint: x.fp, Token: token, RecordID: randomHex(),
+			Lease: m.cfg.Lease, TTL: x.rt.ttl, Now: m.storeNow(),
+		})
+		if err != nil {
+			x.storeUnavailable(ctx, "claim", err)
+			return
+		}
+		switch res.Outcome {
+		case ClaimAcquired:
+			if res.TookOver {
+				m.cfg.Logger.InfoContext(ctx, "idem: took over a key whose holder's lease lapsed; executing again", x.log...)
+			}
+			x.execute(next, token, started)
+			return
+		case ClaimCompleted:
+			x.replay(res.Record.Response)
+			return
+		case ClaimMismatch:
+			m.WriteError(x.w, x.r, CodeKeyReused, "")
+			return
+		}
+		rec, again, err := x.await(ctx, waitUntil)
+		switch {
+		case err != nil:
+			x.storeUnavailable(ctx, "wait", err)
+			return
+		case rec != nil && !x.fp.Matches(rec.Fingerprint):
+			m.WriteError(x.w, x.r, CodeKeyReused, "")
+			return
+		case rec != nil:
+			x.replay(rec.Response)
+			return
+		case !again:
+			m.WriteError(x.w, x.r, CodeRequestInProgress, "")
+			return
+		}
+	}
+}
+
+// Backoff of a duplicate polling for the first request's outcome.
+const (
+	waitPollMin = 5 * time.Millisecond
+	waitPollMax = 200 * time.Millisecond
+)
+
+// await polls the record of an in-flight request until it completes (rec), goes away
+// or its lease lapses (again: claim once more), or until the wait ends (neither).
+func (x *request) await(ctx context.Context, until time.Time) (rec *Record, again bool, err error) {
+	if time.Until(until) <= 0 {
+		return nil, false, nil
+	}
+	if x.m.hooks.waiting != nil {
+		x.m.hooks.waiting()
+	}
+	for backoff := waitPollMin; ; backoff = min(2*backoff, waitPollMax) {
+		left := time.Until(until)
+		if left <= 0 {
+			return nil, false, nil
+		}
+		t := time.NewTimer(min(backoff, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, false, ctx.Err()
+		case <-t.C:
+		}
+		rec, err := x.m.cfg.Store.RecordGet(ctx, &RecordGetParams{Scope: x.scope, Key: x.key, Now: x.m.storeNow()})
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return nil, true, nil
+		case err != nil:
+			return nil, false, err
+		case rec.State == StateCompleted:
+			return rec, false, nil
+		case !x.m.localNow().Before(rec.LeaseEnd):
+			// Perhaps lapsed; the claim asks the store's clock.
+			return nil, true, nil
+		}
+	}
+}
+
+// replay answers with a stored response (SPEC §5.4).
+func (x *request) replay(resp *Response) {
+	if resp == nil || resp.NotStored {
+		x.m.WriteError(x.w, x.r, CodeResponseNotStored, "")
+		return
+	}
+	h := x.w.Header()
+	for k, v := range resp.Header {
+		h[k] = slices.Clone(v)
+	}
+	h.Set("Idempotent-Replayed", "true")
+	x.w.WriteHeader(resp.Status)
+	if x.r.Method != http.MethodHead && bodyAllowed(resp.Status) {
+		_, _ = x.w.Write(resp.Body)
+	}
+}
+
+// storeUnavailable answers 503 store_unavailable after a store error (SPEC §9): the
+// request fails closed and the process keeps serving.
+func (x *request) storeUnavailable(ctx context.Context, op string, err error) {
+	level := slog.LevelError
+	if ctx.Err() != nil {
+		level = slog.LevelInfo // the client went away; the store may be fine
+	}
+	x.m.cfg.Logger.Log(ctx, level, "idem: store "+op+" failed", append(x.log, slog.Any("error", err))...)
+	x.m.WriteError(x.w, x.r, CodeStoreUnavailable, "")
+}
+
+// storeCtx is the context of the completion or release after the handler ran: they
+// must happen even when the client went away, within a bound.
+func (x *request) storeCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(x.r.Context()), x.m.cfg.Lease)
+}
+
+// execution is the run of the handler by the request that acquired the key.
+type execution struct {
+	*request
+	token   string
+	handle  *Handle
+	capture *capture
+	hb      *heartbeat
+
+	mu      sync.Mutex
+	decided bool                  // the response is frozen and the policy applied
+	store   bool                  // the decision: store (true) or release
+	params  *RecordCompleteParams // the completion, when store
+}
+
+// execute runs the handler under the claim held by token (SPEC §5–§7).
+func (x *request) execute(next http.Handler, token string, claimStarted time.Time) {
+	m := x.m
+	ctx, cancel := context.WithCancelCause(x.r.Context())
+	defer cancel(nil)
+	ex := &execution{
+		request: x,
+		token:   token,
+		handle:  &Handle{scope: x.scope, key: x.key},
+		capture: newCapture(x.w, x.keyValues, m.cfg.MaxResponseBytes),
+	}
+	ex.handle.prepare = ex.prepareInTx
+	ex.hb = m.startHeartbeat(ctx, &heartbeatRun{
+		m:        m,
+		params:   RecordRenewParams{Scope: x.scope, Key: x.key, Token: token, Lease: m.cfg.Lease, TTL: x.rt.ttl},
+		deadline: claimStarted.Add(m.cfg.Lease),
+		cancel:   cancel,
+		logAttrs: x.log,
+	})
+	defer func() {
+		if p := recover(); p != nil {
+			ex.abort()
+			panic(p) // http.ErrAbortHandler included: net/http handles it
+		}
+	}()
+	next.ServeHTTP(ex.capture, x.r.WithContext(NewContext(ctx, ex.handle)))
+	ex.finish()
+}
+
+// prepareInTx implements Handle.PrepareCompletion. It is one-shot: a second
+// transaction of the same handler commits as a plain one.
+func (ex *execution) prepareInTx(override *bool) (*RecordCompleteParams, bool) {
+	return ex.decide(override, true)
+}
+
+// decide stops the heartbeat, freezes the response and applies the store policy, once;
+// later calls return the same decision (or nothing, for a §7 helper).
+func (ex *execution) decide(override *bool, forTx bool) (*RecordCompleteParams, bool) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	if ex.decided {
+		if forTx {
+			return nil, false
+		}
+		return ex.params, ex.store
+	}
+	ex.decided = true
+	ex.hb.stopAndWait()
+	resp := ex.capture.freeze(ex.m.cfg.storedHeaders)
+	ex.store = ex.rt.policy(resp.Status)
+	if override != nil {
+		ex.store = *override
+	}
+	if ex.store {
+		ex.params = &RecordCompleteParams{
+			Scope: ex.scope, Key: ex.key, Token: ex.token,
+			Response: resp, TTL: ex.rt.ttl, Now: ex.m.storeNow(),
+		}
+	}
+	return ex.params, ex.store
+}
+
+// finish stores the response or releases the key, then sends the response (SPEC §6,
+// §7). The client never gets a response whose completion is known to have failed.
+func (ex *execution) finish() {
+	ex.hb.stopAndWait()
+	completed, failed := ex.handle.outcome()
+	switch {
+	case completed: // a §7 transaction committed the record with the application's writes
+		ex.capture.send()
+		return
+	case failed != nil: // ... or did not commit: neither effects nor record exist
+		ex.m.cfg.Logger.WarnContext(ex.r.Context(), "idem: the completing transaction failed; answering 503",
+			append(ex.log, slog.Any("error", failed))...)
+		ex.release() // harmless if the commit happened after all: the record is completed
+		ex.unavailable()
+		return
+	}
+	params, store := ex.decide(ex.handle.storeOverride(), false)
+	if !store {
+		ex.release()
+		ex.capture.send()
+		return
+	}
+	ctx, cancel := ex.storeCtx()
+	err := ex.m.cfg.Store.RecordComplete(ctx, params)
+	cancel()
+	switch {
+	case err == nil:
+		ex.capture.send()
+	case errors.Is(err, ErrLeaseLost):
+		// Another request took the key over and executes (or executed) the operation;
+		// the client's retry gets its outcome.
+		ex.m.cfg.Logger.WarnContext(ex.r.Context(), "idem: lease lost before the response was stored; answering 503", ex.log...)
+		ex.unavailable()
+	default:
+		// The operation's effects happened: the client gets its response, and the key
+		// frees when the lease lapses. A 503 would make the client retry and execute
+		// the operation a second time.
+		ex.m.cfg.Logger.ErrorContext(ex.r.Context(), "idem: storing the response failed; sending it unstored",
+			append(ex.log, slog.Any("error", err))...)
+		ex.capture.send()
+	}
+}
+
+// abort releases the key after a handler panic, unless a §7 transaction completed it.
+func (ex *execution) abort() {
+	ex.hb.stopAndWait()
+	if completed, _ := ex.handle.outcome(); !completed {
+		ex.release()
+	}
+}
+
+// release deletes the in-flight record so that a retry executes afresh. A failure is
+// only logged: the key frees when the lease lapses.
+func (ex *execution) release() {
+	ctx, cancel := ex.storeCtx()
+	defer cancel()
+	err := ex.m.cfg.Store.RecordRelease(ctx, &RecordReleaseParams{Scope: ex.scope, Key: ex.key, Token: ex.token})
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		ex.m.cfg.Logger.DebugContext(ctx, "idem: release found the key no longer held", ex.log...)
+	case err != nil:
+		ex.m.cfg.Logger.WarnContext(ctx, "idem: releasing the key failed; it frees when the lease lapses",
+			append(ex.log, slog.Any("error", err))...)
+	}
+}
+
+// unavailable answers 503 store_unavailable instead of the handler's response, unless
+// the handler already streamed it.
+func (ex *execution) unavailable() {
+	if ex.capture.passThrough {
+		ex.m.cfg.Logger.ErrorContext(ex.r.Context(), "idem: the response was already streamed; cannot answer 503", ex.log...)
+		return
+	}
+	ex.m.WriteError(ex.w, ex.r, CodeStoreUnavailable, "")
+}
