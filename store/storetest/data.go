@@ -21,6 +21,7 @@ func init() {
 		testCase{"OneMiBResponseRoundTripsByteForByte", testOneMiBResponse},
 		testCase{"NotStoredResponseRoundTripsAsNotStored", testNotStoredResponse},
 		testCase{"HeadersWithMultipleValuesAndOddBytesRoundTrip", testOddHeaders},
+		testCase{"StoredResponseSharesNoMemoryWithCallers", testStoredResponseIsCopied},
 	)
 }
 
@@ -222,4 +223,28 @@ func testOddHeaders(t *testing.T, h Harness) {
 		},
 		Body: []byte("see other"),
 	})
+}
+
+// testStoredResponseIsCopied checks that a store keeps its own copy of what it is given
+// and hands out copies: writes by the caller into the response it completed with, or
+// into a record it read, never reach the stored record. (Stores that serialise cannot
+// fail it; an in-process store can.)
+func testStoredResponseIsCopied(t *testing.T, h Harness) {
+	b := setup(t, h)
+	p := b.acquire(b.t0)
+	resp := sampleResponse()
+	b.complete(p.Token, resp, b.at(ms(1)))
+	resp.Body[0] = 'X'
+	resp.Header["Content-Type"][0] = "x/y"
+	resp.Header.Set("X-Added", "after")
+
+	want := completedRecord(inFlightRecord(p), sampleResponse(), ttl)
+	b.wantRecord("record after the caller changed its response", b.mustGet(b.at(ms(2))), want)
+
+	for _, rec := range []*idem.Record{b.mustGet(b.at(ms(2))), b.claimWant(b.claimParams(b.at(ms(2))), idem.ClaimCompleted).Record} {
+		rec.Response.Body[0] = 'Y'
+		rec.Response.Header["Location"][0] = "/elsewhere"
+		rec.Response.Header.Set("X-Added", "after")
+	}
+	b.wantRecord("record after the caller changed records it read", b.mustGet(b.at(ms(3))), want)
 }
