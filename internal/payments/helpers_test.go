@@ -34,7 +34,7 @@ type bundle struct {
 type option func(*Config)
 
 func withProfile(p idem.Profile) option { return func(c *Config) { c.Profile = p } }
-func withoutIdempotency() option      { return func(c *Config) { c.DisableIdempotency = true } }
+func withoutIdempotency() option        { return func(c *Config) { c.DisableIdempotency = true } }
 
 // tickingClock returns a clock that advances one second at every reading, so that
 // objects created one after the other have distinct created times.
