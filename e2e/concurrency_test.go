@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -190,6 +191,20 @@ func TestSlowHolderStillChargesOnce(t *testing.T) {
 // retryUntilCreated posts the charge with key and body until it gets a 201, retrying
 // transport errors, 409 request_in_progress and 503, within d.
 func retryUntilCreated(ctx context.Context, c *client, base, key string, body []byte, d time.Duration) (*response, error) {
+	return retryCounting(ctx, c, base, key, body, d, &retryStats{})
+}
+
+// retryStats counts the retried answers of retryCounting.
+type retryStats struct {
+	transportErrors, inProgress, unavailable atomic.Int64
+}
+
+func (s *retryStats) String() string {
+	return fmt.Sprintf("%d transport errors, %d request_in_progress, %d 503", s.transportErrors.Load(), s.inProgress.Load(), s.unavailable.Load())
+}
+
+// retryCounting is retryUntilCreated counting what it retried in stats.
+func retryCounting(ctx context.Context, c *client, base, key string, body []byte, d time.Duration, stats *retryStats) (*response, error) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var last string
@@ -197,11 +212,15 @@ func retryUntilCreated(ctx context.Context, c *client, base, key string, body []
 		res, err := c.send(ctx, base, request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: body})
 		switch {
 		case err != nil:
+			stats.transportErrors.Add(1)
 			last = err.Error()
 		case res.Status == http.StatusCreated:
 			return res, nil
-		case res.Status == http.StatusConflict && res.errorCode() == "request_in_progress",
-			res.Status == http.StatusServiceUnavailable:
+		case res.Status == http.StatusConflict && res.errorCode() == "request_in_progress":
+			stats.inProgress.Add(1)
+			last = res.String()
+		case res.Status == http.StatusServiceUnavailable:
+			stats.unavailable.Add(1)
 			last = res.String()
 		default:
 			return nil, fmt.Errorf("key %s attempt %d: final answer %s", key, attempt, res)

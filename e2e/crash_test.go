@@ -3,13 +3,17 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	_ "modernc.org/sqlite"
 )
 
 // Parameters of the SIGKILL loop.
@@ -43,6 +47,7 @@ func TestSIGKILLLoopChargesEachOperationExactlyOnce(t *testing.T) {
 			// starting new ones until the killer is done, so every kill hits traffic.
 			perClient := make([][]*op, killClients)
 			killerDone := make(chan struct{})
+			var stats retryStats
 
 			ctx, cancel := context.WithTimeout(context.Background(), 2*killOpTimeout)
 			defer cancel()
@@ -66,7 +71,7 @@ func TestSIGKILLLoopChargesEachOperationExactlyOnce(t *testing.T) {
 						// The operation, then one retry after success: both must be 201s
 						// with the same bytes, whatever kills happen in between.
 						for range 2 {
-							res, err := retryUntilCreated(ctx, c, s.URL(), o.key, o.body, killOpTimeout)
+							res, err := retryCounting(ctx, c, s.URL(), o.key, o.body, killOpTimeout, &stats)
 							if err != nil {
 								errs <- err
 								return
@@ -105,7 +110,10 @@ func TestSIGKILLLoopChargesEachOperationExactlyOnce(t *testing.T) {
 			for _, p := range perClient {
 				ops = append(ops, p...)
 			}
-			t.Logf("%d operations, %d kills, %d server runs", len(ops), kills, s.runs)
+			t.Logf("%d operations, %d kills, %d server runs; retried: %v", len(ops), kills, s.runs, &stats)
+			if stats.transportErrors.Load() == 0 {
+				t.Fatalf("no request met a killed server: the kills did not hit traffic")
+			}
 
 			want := map[string]string{}
 			for i, o := range ops {
@@ -153,7 +161,9 @@ func TestGracefulShutdownFinishesInFlightRequest(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run(sig.String(), func(t *testing.T) {
 			t.Parallel()
-			s, c := setup(t, "--processor-latency", "1s")
+			dbPath := filepath.Join(t.TempDir(), "idem.db")
+			s := startServer(t, "--store", "sqlite:"+dbPath, "--processor-latency", "1s")
+			c := newClient()
 			key := newKey()
 			got := make(chan answer, 1)
 			go func() {
@@ -162,14 +172,7 @@ func TestGracefulShutdownFinishesInFlightRequest(t *testing.T) {
 				res, err := c.send(ctx, s.URL(), request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: chargeJSON(2000)})
 				got <- answer{res, err}
 			}()
-			// The duplicate's 409 is the signal that the first request holds the key.
-			waitFor(t, 5*time.Second, "the charge to be in flight", func() (bool, string) {
-				res, err := newClientAs(c).send(context.Background(), s.URL(), request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: chargeJSON(2000)})
-				if err != nil {
-					return false, err.Error()
-				}
-				return res.Status == http.StatusConflict && res.errorCode() == "request_in_progress", res.String()
-			})
+			waitInFlight(t, dbPath, key)
 			s.signal(sig)
 			a := <-got
 			if a.err != nil {
@@ -179,8 +182,30 @@ func TestGracefulShutdownFinishesInFlightRequest(t *testing.T) {
 			if err := s.wait(stopTimeout); err != nil {
 				t.Fatalf("after %v: want exit 0, got %v", sig, err)
 			}
+			s.restart()
+			wantReplayOf(t, "the charge completed during shutdown, after a restart", a.res, c.postCharge(t, s.URL(), key, chargeJSON(2000)), key)
 		})
 	}
+}
+
+// waitInFlight waits until the SQLite store at dbPath holds key in flight. Reading the
+// store's table is the one signal that a request holds its key which no second request
+// can disturb (a duplicate POST could claim the key first).
+func waitInFlight(t testing.TB, dbPath, key string) {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+dbPath+"?mode=ro&_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	waitFor(t, 10*time.Second, "the request to hold its key in flight", func() (bool, string) {
+		var state string
+		err := db.QueryRow("SELECT state FROM idem_records WHERE key = ?", key).Scan(&state)
+		if err != nil {
+			return false, err.Error()
+		}
+		return state == "in_flight", "state " + state
+	})
 }
 
 // newClientAs returns a client with its own connections for the principal of c.
