@@ -4,7 +4,6 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
 	"slices"
 	"strconv"
@@ -69,7 +68,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 }
 
 func (s *Store) migrateTx(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, s.q.migrateLock, migrationLockKey(s.schema)); err != nil {
+	if _, err := tx.Exec(ctx, s.q.migrateLock, s.schema); err != nil {
 		return err
 	}
 	if err := s.createSchema(ctx, tx); err != nil {
@@ -116,11 +115,4 @@ func (s *Store) createSchema(ctx context.Context, tx pgx.Tx) error {
 	}
 	_, err := tx.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s.schema}.Sanitize())
 	return err
-}
-
-// migrationLockKey is the advisory lock serialising migrations of one schema.
-func migrationLockKey(schema string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte("idem/postgres migrate\x00" + schema))
-	return int64(h.Sum64())
 }

@@ -2,8 +2,11 @@
 
 -- name: MigrateLock
 -- Serialises migrations of one schema across processes; released at COMMIT/ROLLBACK.
--- $1 lock key (derived from the schema name).
-SELECT pg_advisory_xact_lock($1::bigint);
+-- The key hashes the configured schema or, when none is configured, the first schema of
+-- the search_path, so that migrations of different schemas never wait for each other.
+-- $1 configured schema ('' for the search_path).
+SELECT pg_advisory_xact_lock(hashtextextended(
+    'idem/postgres migrate ' || coalesce(nullif($1::text, ''), current_schema(), ''), 0));
 
 -- name: MigrateSchemaExists
 -- $1 schema name.
