@@ -27,3 +27,13 @@ func OnWait(m *Middleware, f func()) { m.hooks.waiting = f }
 
 // ErrCaptureFrozen is errCaptureFrozen, for tests.
 var ErrCaptureFrozen = errCaptureFrozen
+
+// TryTick ticks only if a heartbeat is waiting for a tick right now.
+func (t *ManualTicker) TryTick() bool {
+	select {
+	case t.ch <- time.Time{}:
+		return true
+	default:
+		return false
+	}
+}
