@@ -75,7 +75,13 @@ func (s *Store) retryBusy(ctx context.Context, what string, op func() error) err
 }
 
 // lockWrites takes this process's write turn, or fails when ctx ends first.
-func (s *Store) lockWrites(ctx context.Context) error {
+func (s *Store) lockWrites(ctx context.Context, what string) error {
+	select {
+	case s.writeSem <- struct{}{}:
+		return nil
+	default:
+	}
+	s.logger.DebugContext(ctx, "sqlite: waiting for this process's write turn", "op", what)
 	select {
 	case s.writeSem <- struct{}{}:
 		return nil
@@ -90,7 +96,7 @@ func (s *Store) unlockWrites() { <-s.writeSem }
 // whole transaction while the database is locked. fn must be safe to run again.
 func (s *Store) writeTx(ctx context.Context, what string, fn func(tx *sql.Tx) error) error {
 	return s.retryBusy(ctx, what, func() error {
-		if err := s.lockWrites(ctx); err != nil {
+		if err := s.lockWrites(ctx, what); err != nil {
 			return err
 		}
 		defer s.unlockWrites()

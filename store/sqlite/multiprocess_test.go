@@ -18,6 +18,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/store/sqlite"
+	"github.com/idem-go/idem/store/storetest"
 )
 
 // The tests in this file re-execute the test binary: each child runs the same test
@@ -214,45 +215,48 @@ func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
 func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h countingHandler) WithGroup(string) slog.Handler      { return h }
 
-func TestProcessesMigratingOneFreshFileAtOnceAllSucceed(t *testing.T) {
-	if os.Getenv(childRoleEnv) == "migrate" {
-		migrateChild(os.Getenv(childPathEnv))
-		return
+// multiProcess describes the store to the suite's multi-process runs: a fresh file in
+// the parent's temporary directory, which every child opens.
+func multiProcess() storetest.MultiProcess {
+	return storetest.MultiProcess{
+		NewDSN: func(t testing.TB) string { return filepath.Join(t.TempDir(), "idem.db") },
+		Open: func(t testing.TB, dsn string) idem.Store {
+			s, err := sqlite.Open(context.Background(), dsn, sqlite.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			return s
+		},
+		Migrate: func(dsn string) error {
+			s, err := sqlite.Open(context.Background(), dsn, sqlite.Config{})
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			return s.Migrate(context.Background())
+		},
+		CheckSchema: func(t testing.TB, dsn string) {
+			s, err := sqlite.Open(context.Background(), dsn, sqlite.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			var n int
+			if err := s.DB().QueryRow(`SELECT count(*) FROM idem_migrations`).Scan(&n); err != nil || n != 1 {
+				t.Fatalf("idem_migrations holds %d rows (%v), want each migration once", n, err)
+			}
+		},
+		Processes: 6,
 	}
-	t.Parallel()
-	path := filepath.Join(t.TempDir(), "fresh.db")
-	cs := startChildren(t, t.Name(), "migrate", path, 6)
-	for i, lines := range release(t, cs) {
-		if len(lines) != 1 || lines[0] != "migrated" {
-			t.Errorf("child %d: %q, want migrated", i, lines)
-		}
-	}
-	s, err := sqlite.Open(context.Background(), path, sqlite.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	var n int
-	if err := s.DB().QueryRow(`SELECT count(*) FROM idem_migrations`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("idem_migrations holds %d rows (%v), want each migration once", n, err)
-	}
-	mustClaim(t, s, claimParams("s", "k", "tok", t0), idem.ClaimAcquired)
 }
 
-// migrateChild opens the fresh file and migrates it as soon as it is told to, with
-// every other child doing the same at that instant.
-func migrateChild(path string) {
-	childMain()
-	ctx := context.Background()
-	s, err := sqlite.Open(ctx, path, sqlite.Config{})
-	if err != nil {
-		childSay("error open: %v", err)
-		return
-	}
-	defer s.Close()
-	if err := s.Migrate(ctx); err != nil {
-		childSay("error migrate: %v", err)
-		return
-	}
-	childSay("migrated")
+func TestClaimIsExclusiveAcrossProcesses(t *testing.T) {
+	p := multiProcess()
+	p.Processes = storetest.DefaultProcesses
+	storetest.RunMultiProcess(t, p)
+}
+
+func TestProcessesMigratingOneFreshFileAtOnceAllSucceed(t *testing.T) {
+	storetest.RunMigrateConcurrently(t, multiProcess())
 }

@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -67,13 +66,11 @@ func getRecord(ctx context.Context, q queryer, scope, key string) (*idem.Record,
 	rec.CreatedAt = fromNanos(created)
 	rec.ExpiresAt = fromNanos(expires)
 	if rec.State == idem.StateCompleted {
-		resp := &idem.Response{Status: int(status.Int64), Body: body, NotStored: notStored}
-		if len(headers) > 0 {
-			if err := json.Unmarshal(headers, &resp.Header); err != nil {
-				return nil, fmt.Errorf("record has unreadable headers: %w", err)
-			}
+		h, err := decodeHeaders(headers)
+		if err != nil {
+			return nil, err
 		}
-		rec.Response = resp
+		rec.Response = &idem.Response{Status: int(status.Int64), Header: h, Body: body, NotStored: notStored}
 	}
 	return &rec, nil
 }
@@ -225,10 +222,7 @@ func completeTx(ctx context.Context, tx *sql.Tx, p *idem.RecordCompleteParams) e
 	if resp == nil {
 		return errors.New("RecordCompleteParams.Response is nil")
 	}
-	headers, err := json.Marshal(resp.Header)
-	if err != nil {
-		return err
-	}
+	headers := encodeHeaders(resp.Header)
 	body := resp.Body
 	if body == nil {
 		body = []byte{} // an empty body, not NULL
@@ -261,9 +255,17 @@ func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) 
 	}))
 }
 
-// RecordRenew implements [idem.Store.RecordRenew].
+// RecordRenew implements [idem.Store.RecordRenew]. A renewal of a record whose
+// [Store.InTx] in this process is completing it gives up at once (see renewals).
 func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (time.Time, error) {
 	leaseEnd := now(p.Now).Add(p.Lease)
+	k, rn := recordKey{p.Scope, p.Key}, &renewal{}
+	ctx, rn.cancel = context.WithCancelCause(ctx)
+	defer rn.cancel(nil)
+	if !s.renewals.start(k, rn) {
+		return time.Time{}, errRenewalSuperseded
+	}
+	defer s.renewals.end(k, rn)
 	err := s.writeTx(ctx, "renew", func(tx *sql.Tx) error {
 		n, err := execRows(ctx, tx, queryRecordRenew,
 			sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.Token),
@@ -277,6 +279,9 @@ func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (tim
 		return nil
 	})
 	if err != nil {
+		if errors.Is(context.Cause(ctx), errRenewalSuperseded) {
+			return time.Time{}, errRenewalSuperseded
+		}
 		return time.Time{}, interpretError(err)
 	}
 	return leaseEnd.UTC(), nil

@@ -27,7 +27,7 @@ import (
 // for the write lock that tx holds.
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	h := idem.FromContext(ctx)
-	if err := s.lockWrites(ctx); err != nil {
+	if err := s.lockWrites(ctx, "InTx"); err != nil {
 		return err
 	}
 	defer s.unlockWrites()
@@ -52,6 +52,9 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 	}
 	completing := false
 	if h != nil {
+		// The heartbeat stops now; a renewal waiting for our write turn must not hold
+		// us up.
+		defer s.renewals.supersede(recordKey{h.Scope(), h.Key()})()
 		var p *idem.RecordCompleteParams
 		if p, completing = h.PrepareCompletion(); completing {
 			if err := s.CompleteTx(ctx, tx, p); err != nil {

@@ -15,7 +15,7 @@ CREATE TABLE idem_records (
     lease_end           INTEGER,
     -- The response columns are NULL while in flight.
     response_status     INTEGER,
-    response_headers    BLOB,   -- JSON object of the stored headers
+    response_headers    BLOB,   -- length-prefixed, byte for byte (headers.go)
     response_body       BLOB,
     response_not_stored INTEGER NOT NULL DEFAULT 0,
     recovery_point      TEXT    NOT NULL DEFAULT '', -- reserved (SPEC §13)

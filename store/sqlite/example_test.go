@@ -1,0 +1,86 @@
+package sqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/sqlite"
+)
+
+// A handler that creates a charge inserts it and writes its response inside
+// Store.InTx: the charge and the idempotency record commit together (SPEC §7), so a
+// retry is replayed and never charges twice.
+func ExampleStore_InTx() {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "idem-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+
+	store, err := sqlite.Open(ctx, filepath.Join(dir, "app.db"), sqlite.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// The application's tables live in the same file.
+	if _, err := store.DB().ExecContext(ctx, `CREATE TABLE charges (id INTEGER PRIMARY KEY, amount INTEGER NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+
+	createCharge := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := store.InTx(r.Context(), func(ctx context.Context, tx *sql.Tx) error {
+			res, err := tx.ExecContext(ctx, `INSERT INTO charges (amount) VALUES (2000)`)
+			if err != nil {
+				return err
+			}
+			id, err := res.LastInsertId()
+			if err != nil {
+				return err
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"id":"ch_%d","object":"charge","amount":2000}`, id)
+			return nil
+		})
+		if err != nil {
+			// Had the completion failed, the middleware would answer 503 instead.
+			http.Error(w, "internal error", http.StatusInternalServerError)
+		}
+	})
+	mw := idem.New(idem.Config{
+		Store: store,
+		Scope: func(r *http.Request) (string, error) { return "user-1", nil }, // the authenticated principal
+	})
+	handler := mw.Handler(createCharge)
+
+	for range 2 { // the client sends the request, then retries it with the same key
+		req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{"amount":2000}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "5f0c6d0e-8b1c-4c3e-9a53-2a1f4b7d9e01")
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, req)
+		fmt.Println(rec.Code, rec.Header().Get("Idempotent-Replayed"), rec.Body.String())
+	}
+
+	var n int
+	if err := store.DB().QueryRowContext(ctx, `SELECT count(*) FROM charges`).Scan(&n); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("charges:", n)
+	// Output:
+	// 201  {"id":"ch_1","object":"charge","amount":2000}
+	// 201 true {"id":"ch_1","object":"charge","amount":2000}
+	// charges: 1
+}

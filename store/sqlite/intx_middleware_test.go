@@ -1,0 +1,280 @@
+package sqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/sqlite"
+)
+
+// chargeApp is a tiny application whose handler inserts a charge and writes its
+// response inside Store.InTx, behind the real idem middleware with an injected clock.
+type chargeApp struct {
+	store   *sqlite.Store
+	handler http.Handler
+
+	mu    sync.Mutex
+	clock time.Time
+	// gates, by request name (X-Test-Name), block a handler before its transaction:
+	// the handler closes entered, then waits for proceed.
+	gates map[string]gate
+}
+
+type gate struct{ entered, proceed chan struct{} }
+
+func newChargeApp(t *testing.T) *chargeApp {
+	t.Helper()
+	s, _ := openStore(t, sqlite.Config{})
+	if _, err := s.DB().Exec(`CREATE TABLE charges (name TEXT PRIMARY KEY, amount INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	app := &chargeApp{store: s, clock: t0, gates: map[string]gate{}}
+	m := idem.New(idem.Config{
+		Store: s,
+		Scope: func(*http.Request) (string, error) { return "user-1", nil },
+		Lease: 10 * time.Second,
+		Clock: app.now,
+	})
+	app.handler = m.Handler(http.HandlerFunc(app.createCharge))
+	return app
+}
+
+func (app *chargeApp) now() time.Time {
+	app.mu.Lock()
+	defer app.mu.Unlock()
+	return app.clock
+}
+
+func (app *chargeApp) advance(d time.Duration) {
+	app.mu.Lock()
+	defer app.mu.Unlock()
+	app.clock = app.clock.Add(d)
+}
+
+func (app *chargeApp) gate(name string) gate {
+	app.mu.Lock()
+	defer app.mu.Unlock()
+	g := gate{make(chan struct{}), make(chan struct{})}
+	app.gates[name] = g
+	return g
+}
+
+func (app *chargeApp) createCharge(w http.ResponseWriter, r *http.Request) {
+	name := r.Header.Get("X-Test-Name")
+	app.mu.Lock()
+	g, gated := app.gates[name]
+	app.mu.Unlock()
+	if gated {
+		close(g.entered)
+		<-g.proceed
+	}
+	err := app.store.InTx(r.Context(), func(ctx context.Context, tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO charges (name, amount) VALUES (?, 2000)`, name); err != nil {
+			return err
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"object":"charge","name":%q,"amount":2000}`, name)
+		return nil
+	})
+	if err != nil {
+		// Never reaches the client when the completion failed: the middleware answers
+		// 503 instead.
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	}
+}
+
+// post sends one charge request with key, named name (the row the handler inserts).
+func (app *chargeApp) post(key, name string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{"amount":2000}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("X-Test-Name", name)
+	rec := httptest.NewRecorder()
+	app.handler.ServeHTTP(rec, req)
+	return rec
+}
+
+func (app *chargeApp) charges(t *testing.T) []string {
+	t.Helper()
+	rows, err := app.store.DB().Query(`SELECT name FROM charges ORDER BY name`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var names []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, n)
+	}
+	return names
+}
+
+func TestInTxCommitsTheChargeAndTheRecordTogether(t *testing.T) {
+	t.Parallel()
+	app := newChargeApp(t)
+	const key = "key-commits-together"
+	first := app.post(key, "a")
+	if first.Code != http.StatusCreated {
+		t.Fatalf("first POST = %d %s, want 201", first.Code, first.Body)
+	}
+	if got := app.charges(t); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("charges = %q, want [a]", got)
+	}
+	rec, err := app.store.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "user-1", Key: key, Now: app.now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != idem.StateCompleted || rec.Response.Status != http.StatusCreated || string(rec.Response.Body) != first.Body.String() {
+		t.Fatalf("record = %s %+v, want completed with the response sent", rec.State, rec.Response)
+	}
+
+	retry := app.post(key, "b") // same key and body: a retry
+	if retry.Code != http.StatusCreated || retry.Body.String() != first.Body.String() || retry.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry = %d %q (replayed %q), want the first response replayed", retry.Code, retry.Body, retry.Header().Get("Idempotent-Replayed"))
+	}
+	if got := app.charges(t); len(got) != 1 {
+		t.Fatalf("charges after the retry = %q, want one", got)
+	}
+}
+
+func TestInTxWhoseKeyWasTakenOverRollsBackAndAnswers503(t *testing.T) {
+	t.Parallel()
+	app := newChargeApp(t)
+	const key = "key-taken-over"
+	slow := app.gate("slow")
+	slowDone := make(chan *httptest.ResponseRecorder, 1)
+	go func() { slowDone <- app.post(key, "slow") }()
+	<-slow.entered // "slow" holds the key and has not begun its transaction
+
+	// Its lease lapses; the client's retry takes the key over and commits.
+	app.advance(11 * time.Second)
+	retry := app.post(key, "retry")
+	if retry.Code != http.StatusCreated {
+		t.Fatalf("retry after the lease lapsed = %d %s, want 201 (takeover)", retry.Code, retry.Body)
+	}
+
+	close(slow.proceed)
+	got := <-slowDone
+	if got.Code != http.StatusServiceUnavailable || !strings.Contains(got.Body.String(), "store_unavailable") {
+		t.Fatalf("the overtaken request = %d %s, want 503 store_unavailable", got.Code, got.Body)
+	}
+	if names := app.charges(t); len(names) != 1 || names[0] != "retry" {
+		t.Fatalf("charges = %q, want only the winner's [retry]: the overtaken write must roll back", names)
+	}
+	rec, err := app.store.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "user-1", Key: key, Now: app.now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body struct{ Name string }
+	if err := json.Unmarshal(rec.Response.Body, &body); err != nil || body.Name != "retry" {
+		t.Fatalf("stored response = %s (%v), want the winner's", rec.Response.Body, err)
+	}
+}
+
+// opSignal is a slog.Handler that signals the first record whose message contains msg
+// and whose "op" attribute is op: a test waits on it instead of sleeping.
+type opSignal struct {
+	msg, op string
+	ch      chan struct{}
+	once    *sync.Once
+}
+
+func newOpSignal(msg, op string) opSignal {
+	return opSignal{msg: msg, op: op, ch: make(chan struct{}), once: new(sync.Once)}
+}
+
+func (h opSignal) Enabled(context.Context, slog.Level) bool { return true }
+func (h opSignal) Handle(_ context.Context, r slog.Record) error {
+	if !strings.Contains(r.Message, h.msg) {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "op" && a.Value.String() == h.op {
+			h.once.Do(func() { close(h.ch) })
+		}
+		return true
+	})
+	return nil
+}
+func (h opSignal) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h opSignal) WithGroup(string) slog.Handler      { return h }
+
+// lockedBuffer collects the middleware's log lines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A heartbeat renewal that ticks while the handler's InTx holds the write turn waits
+// for that turn; when InTx asks for the completion, the middleware waits for the
+// heartbeat to stop. The renewal must give up at once rather than hold the completion
+// (and SQLite's one write lock) until its own timeout, a heartbeat period.
+func TestRenewalWaitingForInTxDoesNotHoldUpTheCompletion(t *testing.T) {
+	t.Parallel()
+	const heartbeat = time.Second
+	renewWaits := newOpSignal("waiting for this process's write turn", "renew")
+	s, _ := openStore(t, sqlite.Config{Logger: slog.New(renewWaits)})
+	var mwLog lockedBuffer
+	m := idem.New(idem.Config{
+		Store: s, Scope: func(*http.Request) (string, error) { return "u", nil },
+		Lease: 10 * heartbeat, Heartbeat: heartbeat,
+		Logger: slog.New(slog.NewTextHandler(&mwLog, nil)),
+	})
+	var fnEnd, inTxEnd time.Time
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := s.InTx(r.Context(), func(ctx context.Context, tx *sql.Tx) error {
+			select {
+			case <-renewWaits.ch: // the heartbeat ticked and its renewal waits for us
+			case <-time.After(10 * heartbeat):
+				t.Error("no renewal waited for the write turn")
+			}
+			w.WriteHeader(http.StatusCreated)
+			fnEnd = time.Now()
+			return nil
+		})
+		inTxEnd = time.Now()
+		if err != nil {
+			t.Errorf("InTx: %v", err)
+		}
+	}))
+	req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", "key-renewal-superseded")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("POST = %d %s, want 201", rec.Code, rec.Body)
+	}
+	if held := inTxEnd.Sub(fnEnd); held > heartbeat/2 {
+		t.Errorf("InTx took %v after fn returned, want far less than a heartbeat (%v)", held, heartbeat)
+	}
+	if !strings.Contains(mwLog.String(), "superseded") {
+		t.Errorf("the renewal did not give up as superseded; middleware log:\n%s", mwLog.String())
+	}
+}
