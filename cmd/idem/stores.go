@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -92,16 +91,26 @@ func (u storeURL) sql() bool { return u.kind == kindSQLite || u.kind == kindPost
 // String is the URL with any password replaced by "xxxxx", for logs and errors.
 func (u storeURL) String() string { return redact(u.raw) }
 
-// redact replaces the password of a URL with "xxxxx".
+// redact replaces the password of a URL with "xxxxx". It works on the text, so that
+// a URL too broken for url.Parse (a bad port, say) is redacted too.
 func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
 		return raw
 	}
-	if _, ok := u.User.Password(); !ok {
+	authority := rest
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		authority = rest[:i]
+	}
+	at := strings.LastIndex(authority, "@")
+	if at < 0 {
 		return raw
 	}
-	return u.Redacted()
+	user, _, hasPassword := strings.Cut(authority[:at], ":")
+	if !hasPassword {
+		return raw
+	}
+	return scheme + "://" + user + ":xxxxx" + rest[at:]
 }
 
 // errRedisNotWired is the answer for a Redis store until the command opens one.

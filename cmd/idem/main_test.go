@@ -1,0 +1,254 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/store/sqlite"
+)
+
+// runCmd runs the command with args and returns its exit status and output.
+func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(testenv.Context(t), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestBadFlagsAndURLsAreOneLineErrorsWithExitStatus2(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	store := "sqlite:" + filepath.Join(dir, "idem.db")
+	cases := []struct {
+		args []string
+		want string // in the error line
+	}{
+		{[]string{"payments", "--bogus"}, "bogus"},
+		{[]string{"payments", "--store", "nosuch://x"}, "nosuch"},
+		{[]string{"payments", "--store", "sqlite:"}, "no path"},
+		{[]string{"payments", "--store", "idem.db"}, "no scheme"},
+		{[]string{"payments", "--store", "postgres://u:secret@h:notaport/db"}, "--store"},
+		{[]string{"payments", "--store", store, "--db", "redis://127.0.0.1:6379"}, "SQL database"},
+		{[]string{"payments", "--store", "redis://127.0.0.1:6379"}, "--db is required"},
+		{[]string{"payments", "--store", store, "--ttl", "0s"}, "--ttl"},
+		{[]string{"payments", "--store", store, "--ttl", "soon"}, "ttl"},
+		{[]string{"payments", "--store", store, "--lock-timeout", "1ms"}, "--lock-timeout"},
+		{[]string{"payments", "--store", store, "--processor-latency", "-1s"}, "--processor-latency"},
+		{[]string{"payments", "--store", store, "--profile", "rfc"}, "--profile"},
+		{[]string{"payments", "--store", store, "stray"}, "stray"},
+		{[]string{"migrate"}, "--store is required"},
+		{[]string{"migrate", "--store", "mysql://x"}, "mysql"},
+		{[]string{"purge", "--store", store, "--older-than", "-1h"}, "--older-than"},
+		{[]string{"purge", "--store", store, "--older-than", "yesterday"}, "older-than"},
+	}
+	for _, tc := range cases {
+		code, _, stderr := runCmd(t, tc.args...)
+		lines := strings.Split(strings.TrimRight(stderr, "\n"), "\n")
+		if code != exitUsage || len(lines) != 1 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("idem %s: exit %d, stderr %q; want exit 2 and one line naming %q", strings.Join(tc.args, " "), code, stderr, tc.want)
+		}
+		if strings.Contains(stderr, "secret") {
+			t.Errorf("idem %s: the error shows the password: %q", strings.Join(tc.args, " "), stderr)
+		}
+	}
+}
+
+func TestUnknownCommandPrintsUsageWithExitStatus2(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"load-test"}, {}} {
+		code, _, stderr := runCmd(t, args...)
+		if code != exitUsage || !strings.Contains(stderr, "usage: idem") {
+			t.Errorf("idem %v: exit %d, stderr %q", args, code, stderr)
+		}
+	}
+}
+
+func TestHelpExplainsEveryFlag(t *testing.T) {
+	t.Parallel()
+	for cmd, flags := range map[string][]string{
+		"payments": {"-addr", "-store", "-db", "-ttl", "-lock-timeout", "-processor-latency", "-profile", "-disable-idempotency"},
+		"migrate":  {"-store"},
+		"purge":    {"-store", "-older-than"},
+	} {
+		code, stdout, _ := runCmd(t, cmd, "--help")
+		if code != exitOK {
+			t.Errorf("idem %s --help: exit %d", cmd, code)
+		}
+		for _, f := range flags {
+			if !strings.Contains(stdout, "  "+f) {
+				t.Errorf("idem %s --help does not explain %s:\n%s", cmd, f, stdout)
+			}
+		}
+	}
+}
+
+func TestRedisStoreIsRefusedUntilWired(t *testing.T) {
+	t.Parallel()
+	code, _, stderr := runCmd(t, "migrate", "--store", "redis://127.0.0.1:6379/0")
+	if code == exitOK || !strings.Contains(stderr, "redis store not available yet") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+}
+
+func TestMigrateAndPurgeReportWhatTheyDid(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	store := "sqlite:" + path
+	code, stdout, stderr := runCmd(t, "migrate", "--store", store)
+	if code != exitOK || !strings.Contains(stdout, "migrated") {
+		t.Fatalf("migrate: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+
+	// Two records that expired 47 hours ago, and a live one.
+	ctx := testenv.Context(t)
+	st, err := sqlite.Open(ctx, path, sqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	past := time.Now().Add(-48 * time.Hour)
+	for i, now := range []time.Time{past, past, {}} {
+		_, err := st.RecordClaim(ctx, &idem.RecordClaimParams{Scope: "s", Key: fmt.Sprintf("key-%08d", i), Token: "tok",
+			RecordID: fmt.Sprint(i), Lease: time.Second, TTL: time.Hour, Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = st.Close()
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--older-than", "100h"}, "purged 0 records\n"},
+		{nil, "purged 2 records\n"},
+		{nil, "purged 0 records\n"},
+	} {
+		code, stdout, stderr := runCmd(t, append([]string{"purge", "--store", store}, tc.args...)...)
+		if code != exitOK || stdout != tc.want {
+			t.Fatalf("purge %v: exit %d, stdout %q (want %q), stderr %q", tc.args, code, stdout, tc.want, stderr)
+		}
+	}
+}
+
+var listeningLine = regexp.MustCompile(`^level=INFO msg="idem payments listening" addr=(127\.0\.0\.1:\d+) store=(\S+) db=(\S+) profile=seed idempotency=on$`)
+
+func TestPaymentsLogsOneLineServesAndStopsGracefully(t *testing.T) {
+	t.Parallel()
+	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	ctx, cancel := context.WithCancel(testenv.Context(t))
+	defer cancel()
+	pr, pw := io.Pipe()
+	exit := make(chan int, 1)
+	go func() {
+		exit <- run(ctx, []string{"payments", "--addr", "127.0.0.1:0", "--store", store}, io.Discard, pw)
+		pw.Close()
+	}()
+	lines := bufio.NewScanner(pr)
+	if !lines.Scan() {
+		t.Fatalf("no start line; exit %d", <-exit)
+	}
+	m := listeningLine.FindStringSubmatch(lines.Text())
+	if m == nil || m[2] != store || m[3] != store {
+		t.Fatalf("start line %q", lines.Text())
+	}
+	rest := make(chan []string, 1)
+	go func() {
+		var more []string
+		for lines.Scan() {
+			more = append(more, lines.Text())
+		}
+		rest <- more
+	}()
+
+	base := "http://" + m[1]
+	req, _ := http.NewRequest("POST", base+"/v1/charges", strings.NewReader(`{"amount": 2000, "currency": "usd"}`))
+	req.Header.Set("Authorization", "Bearer tok_test")
+	req.Header.Set("Idempotency-Key", "key-start-test-1")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("POST /v1/charges: %d", resp.StatusCode)
+	}
+	metrics, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(metrics.Body)
+	metrics.Body.Close()
+	if !strings.Contains(string(body), `idem_http_requests_total{code="201",idempotency="keyed",route="POST /v1/charges"} 1`) {
+		t.Fatalf("metrics lack the charge:\n%s", body)
+	}
+
+	cancel() // SIGINT/SIGTERM
+	if code := <-exit; code != exitOK {
+		t.Fatalf("exit %d after shutdown", code)
+	}
+	if more := <-rest; len(more) != 1 || !strings.Contains(more[0], "stopped") {
+		t.Fatalf("after the start line the command logged %q, want only the stop line", more)
+	}
+}
+
+func TestParseStoreURL(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		raw      string
+		kind     storeKind
+		path     string
+		redacted string
+		err      string
+	}{
+		{raw: "sqlite:idem.db", kind: kindSQLite, path: "idem.db"},
+		{raw: "sqlite:/var/lib/idem.db", kind: kindSQLite, path: "/var/lib/idem.db"},
+		{raw: "sqlite://idem.db", kind: kindSQLite, path: "idem.db"},
+		{raw: "sqlite:///var/lib/idem.db", kind: kindSQLite, path: "/var/lib/idem.db"},
+		{raw: "SQLite:x.db", kind: kindSQLite, path: "x.db"},
+		{raw: "sqlite:file:x.db?cache=private", kind: kindSQLite, path: "file:x.db?cache=private"},
+		{raw: "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", kind: kindPostgres},
+		{raw: "postgresql://u:pw@db.example/app", kind: kindPostgres, redacted: "postgresql://u:xxxxx@db.example/app"},
+		{raw: "redis://127.0.0.1:6379/0", kind: kindRedis},
+		{raw: "rediss://u:pw@cache:6380", kind: kindRedis, redacted: "rediss://u:xxxxx@cache:6380"},
+		{raw: "redis+cluster://n1:7000?addr=n2:7000", kind: kindRedis},
+		{raw: "sqlite:", err: "no path"},
+		{raw: "sqlite://", err: "no path"},
+		{raw: "idem.db", err: "no scheme"},
+		{raw: "", err: "no scheme"},
+		{raw: "postgres:db", err: "want postgres://"},
+		{raw: "postgres://u:pw@host:port/db", err: "xxxxx"},
+		{raw: "mysql://u:pw@h/db", err: `unsupported scheme "mysql"`},
+	}
+	for _, tc := range cases {
+		u, err := parseStoreURL(tc.raw)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) || strings.Contains(err.Error(), ":pw@") {
+				t.Errorf("parseStoreURL(%q) = %v, want an error containing %q (and no password)", tc.raw, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("parseStoreURL(%q): %v", tc.raw, err)
+			continue
+		}
+		redacted := tc.redacted
+		if redacted == "" {
+			redacted = tc.raw
+		}
+		if u.kind != tc.kind || u.path != tc.path || u.String() != redacted {
+			t.Errorf("parseStoreURL(%q) = kind %d path %q shown %q; want kind %d path %q shown %q", tc.raw, u.kind, u.path, u, tc.kind, tc.path, redacted)
+		}
+	}
+}
