@@ -115,6 +115,9 @@ func (st *fpState) release() {
 	if cap(st.body) > maxPooledBuffer {
 		st.body = nil
 	}
+	if cap(st.frame) > maxPooledBuffer {
+		st.frame = nil
+	}
 	if cap(st.dec) > maxPooledBuffer {
 		st.dec = nil
 	}

@@ -218,6 +218,25 @@ func TestParseKeyPropertyAcceptedKeysMatchTheSpecPattern(t *testing.T) {
 	})
 }
 
+// checkErrorHidesKey checks that the error for v does not reveal it. Letters are mapped
+// to 'Z' first (which keeps the verdict and the positions) so that a value that happens
+// to spell part of an error template ("invalid Idempotency-Key") is no false alarm.
+func checkErrorHidesKey(t interface{ Fatalf(string, ...any) }, v string, minLen int) {
+	vz := []byte(v)
+	for i, c := range vz {
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' {
+			vz[i] = 'Z'
+		}
+	}
+	inner := strings.Trim(string(vz), " \t\"")
+	if len(inner) < 8 || !strings.Contains(inner, "Z") {
+		return
+	}
+	if _, err := ParseKey([]string{string(vz)}, minLen); err != nil && strings.Contains(err.Error(), inner) {
+		t.Fatalf("ParseKey(%q) error %q reveals the key", vz, err)
+	}
+}
+
 // checkParseKeyInvariants is shared by the property test and FuzzParseKey.
 func checkParseKeyInvariants(t interface{ Fatalf(string, ...any) }, v string, minLen int) {
 	key, err := ParseKey([]string{v}, minLen)
@@ -225,9 +244,7 @@ func checkParseKeyInvariants(t interface{ Fatalf(string, ...any) }, v string, mi
 		if !errors.Is(err, ErrKeyInvalid) {
 			t.Fatalf("ParseKey(%q) error %v does not wrap ErrKeyInvalid", v, err)
 		}
-		if len(v) >= 12 && strings.Contains(err.Error(), strings.Trim(v, " \t\"")) {
-			t.Fatalf("ParseKey(%q) error %q contains the value", v, err)
-		}
+		checkErrorHidesKey(t, v, minLen)
 		return
 	}
 	if !keyPattern.MatchString(key) || len(key) < minLen {
