@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -95,7 +96,7 @@ func TestCleanerSurvivesStoreErrors(t *testing.T) {
 	seedRecords(t, st, clk.Now(), "e", 2, time.Hour, time.Second, true)
 	clk.Advance(2 * time.Hour)
 	st.down.Store(true)
-	c := idem.NewCleaner(st, idem.CleanerConfig{Interval: time.Millisecond, Clock: clk.Now})
+	c := idem.NewCleaner(st, idem.CleanerConfig{Interval: time.Millisecond, Clock: clk.Now, Logger: slog.New(slog.DiscardHandler)})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go c.Run(ctx)
