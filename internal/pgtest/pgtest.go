@@ -36,12 +36,20 @@ func Schema(t testing.TB) (dbURL, schema string) {
 // unqualified table names (an application's own tables in a test's schema).
 func SearchPathURL(t testing.TB, dbURL, schema string) string {
 	t.Helper()
+	return WithParam(t, dbURL, "search_path", schema)
+}
+
+// WithParam returns dbURL with the connection parameter name set to value (pgx sends
+// parameters it does not know itself, such as default_transaction_isolation, to the
+// server as run-time settings).
+func WithParam(t testing.TB, dbURL, name, value string) string {
+	t.Helper()
 	u, err := url.Parse(dbURL)
 	if err != nil {
 		t.Fatalf("pgtest: parsing %q: %v", dbURL, err)
 	}
 	q := u.Query()
-	q.Set("search_path", schema)
+	q.Set(name, value)
 	u.RawQuery = q.Encode()
 	return u.String()
 }

@@ -1,0 +1,100 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/postgres"
+)
+
+// A handler that creates a charge inserts it and writes its response inside
+// Store.InTx: the charge and the idempotency record commit together (SPEC §7), so a
+// retry is replayed and never charges twice, and a request whose key was taken over
+// or whose COMMIT failed answers 503 instead of a response whose charge never
+// committed. (Needs a database, so the example is compiled, not run.)
+func ExampleStore_InTx() {
+	ctx := context.Background()
+	store, err := postgres.Open(ctx, os.Getenv("DATABASE_URL"), postgres.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	createCharge := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := store.InTx(r.Context(), func(ctx context.Context, tx pgx.Tx) error {
+			var id int64
+			err := tx.QueryRow(ctx, `INSERT INTO charges (amount) VALUES (2000) RETURNING id`).Scan(&id)
+			if err != nil {
+				return err
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"id":"ch_%d","object":"charge","amount":2000}`, id)
+			return nil
+		})
+		if err != nil {
+			// Had the completion failed, the middleware answers 503 instead of this.
+			http.Error(w, "internal error", http.StatusInternalServerError)
+		}
+	})
+	mw := idem.New(idem.Config{
+		Store: store,
+		Scope: func(r *http.Request) (string, error) { return "user-1", nil }, // the authenticated principal
+	})
+	srv := &http.Server{Addr: "127.0.0.1:8080", Handler: mw.Handler(createCharge)}
+	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+		log.Fatal(err)
+	}
+}
+
+// Applications that manage their own transactions complete the record with
+// CompleteTx, in the transaction that holds their writes, and report the outcome to
+// the request's handle.
+func ExampleStore_CompleteTx() {
+	var store *postgres.Store // opened and migrated as in the InTx example
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		tx, err := store.Pool().Begin(ctx)
+		if err != nil {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx))
+		if _, err := tx.Exec(ctx, `INSERT INTO orders (id) VALUES ('ord_1')`); err != nil {
+			http.Error(w, "internal error", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+
+		h := idem.FromContext(ctx)
+		if h == nil { // no idempotency key on this request
+			_ = tx.Commit(ctx)
+			return
+		}
+		p, ok := h.PrepareCompletion()
+		if ok {
+			if err := store.CompleteTx(ctx, tx, p); err != nil {
+				h.CompletionFailed(err) // ErrLeaseLost: the key was taken over; roll back
+				return
+			}
+		}
+		if err := tx.Commit(ctx); err != nil {
+			h.CompletionFailed(err)
+			return
+		}
+		if ok {
+			h.Completed()
+		}
+	}
+	_ = handler
+}

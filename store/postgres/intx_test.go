@@ -1,0 +1,291 @@
+package postgres_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/store/postgres"
+)
+
+// chargeApp is a tiny application whose handler inserts a charge and writes its
+// response inside Store.InTx, behind the real idem middleware with an injected clock.
+type chargeApp struct {
+	s       schemaStore
+	handler http.Handler
+
+	mu    sync.Mutex
+	clock time.Time
+	// gates, by request name (X-Test-Name), block a handler before its transaction:
+	// the handler closes entered, then waits for proceed.
+	gates map[string]gate
+}
+
+type gate struct{ entered, proceed chan struct{} }
+
+func newChargeApp(t *testing.T) *chargeApp {
+	t.Helper()
+	s := newStore(t)
+	// The batch column is unique but checked at COMMIT: two charges of one batch make
+	// the COMMIT itself fail, which is how a test provokes a failed commit.
+	_, err := s.Pool().Exec(t.Context(), `CREATE TABLE `+s.table("charges")+` (
+		name  text PRIMARY KEY,
+		batch text UNIQUE DEFERRABLE INITIALLY DEFERRED
+	)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := &chargeApp{s: s, clock: time.Now().UTC().Truncate(time.Millisecond), gates: map[string]gate{}}
+	m := idem.New(idem.Config{
+		Store: s.Store,
+		Scope: func(*http.Request) (string, error) { return "user-1", nil },
+		Lease: 10 * time.Second,
+		Clock: app.now,
+	})
+	app.handler = m.Handler(http.HandlerFunc(app.createCharge))
+	return app
+}
+
+func (app *chargeApp) now() time.Time {
+	app.mu.Lock()
+	defer app.mu.Unlock()
+	return app.clock
+}
+
+func (app *chargeApp) advance(d time.Duration) {
+	app.mu.Lock()
+	defer app.mu.Unlock()
+	app.clock = app.clock.Add(d)
+}
+
+func (app *chargeApp) gate(name string) gate {
+	app.mu.Lock()
+	defer app.mu.Unlock()
+	g := gate{make(chan struct{}), make(chan struct{})}
+	app.gates[name] = g
+	return g
+}
+
+// createCharge inserts the charge named by X-Test-Name (in batch X-Test-Batch, when
+// set: a second charge of a batch fails at COMMIT) and answers 201, inside InTx.
+func (app *chargeApp) createCharge(w http.ResponseWriter, r *http.Request) {
+	name := r.Header.Get("X-Test-Name")
+	var batch *string
+	if b := r.Header.Get("X-Test-Batch"); b != "" {
+		batch = &b
+	}
+	app.mu.Lock()
+	g, gated := app.gates[name]
+	app.mu.Unlock()
+	if gated {
+		close(g.entered)
+		<-g.proceed
+	}
+	err := app.s.InTx(r.Context(), func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+app.s.table("charges")+` (name, batch) VALUES ($1, $2)`, name, batch)
+		if err != nil {
+			return err
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"object":"charge","name":%q}`, name)
+		return nil
+	})
+	if err != nil {
+		// Never reaches the client when the completion failed: the middleware answers
+		// 503 instead.
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	}
+}
+
+func (app *chargeApp) post(key, name, batch string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{"amount":2000}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("X-Test-Name", name)
+	if batch != "" {
+		req.Header.Set("X-Test-Batch", batch)
+	}
+	rec := httptest.NewRecorder()
+	app.handler.ServeHTTP(rec, req)
+	return rec
+}
+
+func (app *chargeApp) charges(t *testing.T) []string {
+	t.Helper()
+	rows, err := app.s.Pool().Query(t.Context(), `SELECT name FROM `+app.s.table("charges")+` ORDER BY name`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+func (app *chargeApp) record(t *testing.T, key string) (*idem.Record, error) {
+	t.Helper()
+	return app.s.RecordGet(t.Context(), &idem.RecordGetParams{Scope: "user-1", Key: key, Now: app.now()})
+}
+
+func TestInTxCommitsTheChargeAndTheRecordTogether(t *testing.T) {
+	t.Parallel()
+	app := newChargeApp(t)
+	const key = "key-commits-together"
+	first := app.post(key, "a", "")
+	if first.Code != http.StatusCreated {
+		t.Fatalf("first POST = %d %s, want 201", first.Code, first.Body)
+	}
+	if got := app.charges(t); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("charges = %q, want [a]", got)
+	}
+	rec, err := app.record(t, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != idem.StateCompleted || rec.Response.Status != http.StatusCreated || string(rec.Response.Body) != first.Body.String() {
+		t.Fatalf("record = %s %+v, want completed with the response sent", rec.State, rec.Response)
+	}
+	retry := app.post(key, "b", "")
+	if retry.Code != http.StatusCreated || retry.Body.String() != first.Body.String() || retry.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry = %d %q (replayed %q), want the first response replayed", retry.Code, retry.Body, retry.Header().Get("Idempotent-Replayed"))
+	}
+	if got := app.charges(t); len(got) != 1 {
+		t.Fatalf("charges after the retry = %q, want one", got)
+	}
+}
+
+func TestInTxWhoseKeyWasTakenOverRollsBackAndAnswers503(t *testing.T) {
+	t.Parallel()
+	app := newChargeApp(t)
+	const key = "key-taken-over"
+	slow := app.gate("slow")
+	slowDone := make(chan *httptest.ResponseRecorder, 1)
+	go func() { slowDone <- app.post(key, "slow", "") }()
+	<-slow.entered // "slow" holds the key and has not begun its transaction
+
+	// Its lease lapses; the client's retry takes the key over and commits.
+	app.advance(11 * time.Second)
+	retry := app.post(key, "retry", "")
+	if retry.Code != http.StatusCreated {
+		t.Fatalf("retry after the lease lapsed = %d %s, want 201 (takeover)", retry.Code, retry.Body)
+	}
+
+	close(slow.proceed)
+	got := <-slowDone
+	if got.Code != http.StatusServiceUnavailable || !strings.Contains(got.Body.String(), "store_unavailable") {
+		t.Fatalf("the overtaken request = %d %s, want 503 store_unavailable", got.Code, got.Body)
+	}
+	if names := app.charges(t); len(names) != 1 || names[0] != "retry" {
+		t.Fatalf("charges = %q, want only the winner's [retry]: the overtaken write must roll back", names)
+	}
+	rec, err := app.record(t, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body struct{ Name string }
+	if err := json.Unmarshal(rec.Response.Body, &body); err != nil || body.Name != "retry" {
+		t.Fatalf("stored response = %s (%v), want the winner's", rec.Response.Body, err)
+	}
+}
+
+func TestInTxWhoseCommitFailsAnswers503AndStoresNothing(t *testing.T) {
+	t.Parallel()
+	app := newChargeApp(t)
+	if got := app.post("key-batch-first", "first", "b1"); got.Code != http.StatusCreated {
+		t.Fatalf("first charge of the batch = %d %s, want 201", got.Code, got.Body)
+	}
+	// The second charge of batch b1 violates the deferred unique constraint at COMMIT,
+	// after the fenced completion succeeded inside the transaction.
+	const key = "key-batch-second"
+	got := app.post(key, "second", "b1")
+	if got.Code != http.StatusServiceUnavailable || !strings.Contains(got.Body.String(), "store_unavailable") {
+		t.Fatalf("request whose COMMIT failed = %d %s, want 503 store_unavailable", got.Code, got.Body)
+	}
+	if names := app.charges(t); len(names) != 1 || names[0] != "first" {
+		t.Fatalf("charges = %q, want [first]: the failed transaction wrote nothing", names)
+	}
+	// Neither was the record completed: the key was released, and a retry executes.
+	if _, err := app.record(t, key); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("record after the failed COMMIT: %v, want ErrNotFound (released)", err)
+	}
+	if got := app.post(key, "second", "b2"); got.Code != http.StatusCreated {
+		t.Fatalf("retry in another batch = %d %s, want 201", got.Code, got.Body)
+	}
+}
+
+func TestInTxWithoutHandleIsAPlainTransaction(t *testing.T) {
+	t.Parallel()
+	app := newChargeApp(t)
+	ctx := t.Context()
+	insert := func(name string) func(context.Context, pgx.Tx) error {
+		return func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+app.s.table("charges")+` (name) VALUES ($1)`, name)
+			return err
+		}
+	}
+	if err := app.s.InTx(ctx, insert("committed")); err != nil {
+		t.Fatalf("InTx: %v", err)
+	}
+	boom := errors.New("boom")
+	err := app.s.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		if err := insert("rolled-back")(ctx, tx); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("InTx with a failing fn = %v, want fn's error", err)
+	}
+	func() {
+		defer func() {
+			if p := recover(); p != "panicked" {
+				t.Errorf("recovered %v, want fn's panic re-raised", p)
+			}
+		}()
+		_ = app.s.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			_ = insert("panicked")(ctx, tx)
+			panic("panicked")
+		})
+	}()
+	if names := app.charges(t); len(names) != 1 || names[0] != "committed" {
+		t.Fatalf("charges = %q, want only [committed]", names)
+	}
+}
+
+// TestInTxRunsAtReadCommitted uses a connection whose default isolation is
+// SERIALIZABLE: InTx must ask for READ COMMITTED itself.
+func TestInTxRunsAtReadCommitted(t *testing.T) {
+	t.Parallel()
+	dbURL, schema := pgtest.Schema(t)
+	s, err := postgres.Open(t.Context(), pgtest.WithParam(t, dbURL, "default_transaction_isolation", "serializable"), postgres.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var def, level string
+	if err := s.Pool().QueryRow(t.Context(), `SHOW default_transaction_isolation`).Scan(&def); err != nil || def != "serializable" {
+		t.Fatalf("test bug: default isolation = %q, %v", def, err)
+	}
+	err = s.InTx(t.Context(), func(ctx context.Context, tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SHOW transaction_isolation`).Scan(&level)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if level != "read committed" {
+		t.Errorf("InTx isolation = %q, want read committed", level)
+	}
+}
