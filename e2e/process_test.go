@@ -24,6 +24,8 @@ const (
 	stopTimeout = 20 * time.Second
 	// commandTimeout bounds a short-lived subcommand (migrate, purge, a refused start).
 	commandTimeout = 30 * time.Second
+	// slowCommand is how long a stop or a subcommand may take before the test logs it.
+	slowCommand = 2 * time.Second
 )
 
 // listeningRe finds the address in the server's start line, in slog text form:
@@ -217,9 +219,13 @@ func (s *server) exited() bool {
 // stop sends sig and fails the test unless the process exits 0 within stopTimeout.
 func (s *server) stop(sig syscall.Signal) {
 	s.t.Helper()
+	start := time.Now()
 	s.signal(sig)
 	if err := s.wait(stopTimeout); err != nil {
 		s.t.Fatalf("%s after %v: want exit 0, got %v", s.name, sig, err)
+	}
+	if d := time.Since(start); d > slowCommand {
+		s.t.Logf("slow: %s took %v to exit after %v", s.name, d, sig)
 	}
 }
 
@@ -263,7 +269,11 @@ func runIdem(t testing.TB, args ...string) runResult {
 	cmd := exec.CommandContext(ctx, idemBinary(t), args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
 	err := cmd.Run()
+	if d := time.Since(start); d > slowCommand {
+		t.Logf("slow: idem %s took %v", strings.Join(args, " "), d)
+	}
 	res := runResult{stdout: stdout.String(), stderr: stderr.String()}
 	var ee *exec.ExitError
 	switch {
