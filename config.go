@@ -24,9 +24,9 @@ const (
 	DefaultMaxResponseBytes = 1 << 20
 	// DefaultInFlightWait is how long a duplicate waits for the first request: not at
 	// all, it gets 409 request_in_progress at once.
-	DefaultInFlightWait = 0
+	DefaultInFlightWait time.Duration = 0
 	// DefaultRetention is how long the cleaner keeps records after they expire.
-	DefaultRetention = 0
+	DefaultRetention time.Duration = 0
 )
 
 // Requirement says whether a request must, may or must not carry an Idempotency-Key.

@@ -145,7 +145,7 @@ type bundle struct {
 
 // setup builds a middleware over a fresh in-memory store with an injected clock and a
 // hand-driven heartbeat; mod adjusts the Config first.
-func setup(t *testing.T, mod func(*idem.Config)) *bundle {
+func setup(t testing.TB, mod func(*idem.Config)) *bundle {
 	t.Helper()
 	b := &bundle{logs: &logBuffer{}, store: &countingStore{Store: memory.New()}, clock: newClock()}
 	cfg := idem.Config{
