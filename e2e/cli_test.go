@@ -53,3 +53,13 @@ func TestHealthzAnswers200WhenStoresAnswer(t *testing.T) {
 		t.Fatalf("/healthz: want 200, got %s", res)
 	}
 }
+
+func TestEverySubcommandHasHelp(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range []string{"payments", "migrate", "purge"} {
+		res := runIdem(t, cmd, "--help")
+		if res.exitCode != 0 || !strings.Contains(res.stdout+res.stderr, "--") {
+			t.Errorf("idem %s --help: want exit 0 and the flags, got exit %d:\n%s%s", cmd, res.exitCode, res.stdout, res.stderr)
+		}
+	}
+}

@@ -85,6 +85,7 @@ func testConcurrentDuplicates(t *testing.T, servers []*server, keys, dups int) {
 	counts := map[string]int{}
 	for k, key := range keyNames {
 		var winner *response
+		executed := 0
 		for d, a := range answers[k] {
 			if a.err != nil {
 				t.Errorf("key %d duplicate %d: %v", k, d, a.err)
@@ -94,8 +95,11 @@ func testConcurrentDuplicates(t *testing.T, servers []*server, keys, dups int) {
 			switch {
 			case res.Status == http.StatusCreated && !res.replayed():
 				counts["executed"]++
+				executed++
 				if winner != nil {
-					t.Errorf("key %d: %d executed (non-replayed) 201s, want 1:\n%s\n%s", k, counts["executed"], winner.Body, res.Body)
+					if executed == 2 {
+						t.Errorf("key %d: more than one executed (non-replayed) 201:\n%s\n%s", k, winner.Body, res.Body)
+					}
 					continue
 				}
 				winner = res

@@ -301,3 +301,54 @@ func TestPutCreatesWith201AndLocationThenReplacesWith200(t *testing.T) {
 func orderJSON(description string, quantity int) []byte {
 	return []byte(`{"description": "` + description + `", "amount": ` + itoa(1000*quantity) + `, "currency": "usd"}`)
 }
+
+func TestPostWithoutKeyIs400KeyRequiredAndWithoutTokenIs401(t *testing.T) {
+	t.Parallel()
+	s, c := setup(t)
+	res := c.postCharge(t, s.URL(), "", chargeJSON(2000))
+	wantError(t, "POST without Idempotency-Key", res, http.StatusBadRequest, "key_required")
+
+	anon := newClient()
+	anon.token = ""
+	res = anon.postCharge(t, s.URL(), newKey(), chargeJSON(2000))
+	if res.Status != http.StatusUnauthorized {
+		t.Fatalf("POST without a bearer token: want 401, got %s", res)
+	}
+	if n := len(c.listCharges(t, s.URL())); n != 0 {
+		t.Fatalf("refused requests left %d charges", n)
+	}
+}
+
+// A PUT that carries a key is honoured like a POST (SPEC §2): its retry replays the
+// first answer, 201 with Location, even though the order now exists.
+func TestPutWithKeyReplaysItsFirstAnswer(t *testing.T) {
+	t.Parallel()
+	s, c := setup(t)
+	path := "/v1/orders/ord_" + randHex(6)
+	key := newKey()
+	put := request{method: "PUT", path: path, key: key, contentType: contentJSON, body: orderJSON("widget", 2)}
+	first := c.do(t, s.URL(), put)
+	want201(t, "first keyed PUT", first)
+	replay := c.do(t, s.URL(), put)
+	wantReplayOf(t, "keyed PUT retry", first, replay, key)
+	if got, want := replay.Header.Get("Location"), first.Header.Get("Location"); got != want || got == "" {
+		t.Fatalf("keyed PUT retry: Location %q, want %q", got, want)
+	}
+}
+
+func TestPostedOrderReplays(t *testing.T) {
+	t.Parallel()
+	s, c := setup(t)
+	key := newKey()
+	post := request{method: "POST", path: "/v1/orders", key: key, contentType: contentJSON, body: orderJSON("widget", 1)}
+	first := c.do(t, s.URL(), post)
+	want201(t, "POST /v1/orders", first)
+	if obj := first.object(t); obj["object"] != "order" || !strings.HasPrefix(first.id(t), "ord_") {
+		t.Fatalf("POST /v1/orders: want an order object with an ord_ id, got %s", first.Body)
+	}
+	wantReplayOf(t, "POST /v1/orders retry", first, c.do(t, s.URL(), post), key)
+	got := c.do(t, s.URL(), request{method: "GET", path: "/v1/orders/" + first.id(t)})
+	if got.Status != http.StatusOK {
+		t.Fatalf("GET of the posted order: %s", got)
+	}
+}
