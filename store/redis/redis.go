@@ -126,7 +126,7 @@ func (s *Store) Capabilities() idem.Capabilities {
 
 // Ping reports whether Redis answers (in a cluster, the node the client picks).
 func (s *Store) Ping(ctx context.Context) error {
-	return interpretError(s.client.Ping(ctx).Err())
+	return s.interpretError(s.client.Ping(ctx).Err())
 }
 
 // RecordKey returns the Redis key of the record (scope, key):
@@ -162,7 +162,7 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 		s.cfg.TTLMargin.Milliseconds(),
 	).Slice()
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, s.interpretError(err)
 	}
 	outcome, now, fields, err := decodeReply(res)
 	if err != nil {
@@ -216,7 +216,7 @@ func (s *Store) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams
 		boolArg(resp.NotStored),
 	).Int()
 	if err != nil {
-		return interpretError(err)
+		return s.interpretError(err)
 	}
 	if n != 1 {
 		return idem.ErrLeaseLost
@@ -228,7 +228,7 @@ func (s *Store) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams
 func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) error {
 	n, err := releaseScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)}, p.Token).Int()
 	if err != nil {
-		return interpretError(err)
+		return s.interpretError(err)
 	}
 	if n != 1 {
 		return idem.ErrLeaseLost
@@ -246,7 +246,7 @@ func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (tim
 		s.cfg.TTLMargin.Milliseconds(),
 	).Result()
 	if err != nil {
-		return time.Time{}, interpretError(err)
+		return time.Time{}, s.interpretError(err)
 	}
 	str, ok := v.(string)
 	if !ok {
@@ -261,7 +261,7 @@ func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (tim
 func (s *Store) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.Record, error) {
 	res, err := getScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)}, nowArg(p.Now)).Slice()
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, s.interpretError(err)
 	}
 	if len(res) != 2 {
 		return nil, fmt.Errorf("redis store: get script answered %d values", len(res))
@@ -283,15 +283,24 @@ func (s *Store) RecordDeleteExpired(context.Context, *idem.RecordDeleteExpiredPa
 }
 
 // interpretError normalises go-redis errors at the store's edge.
-func interpretError(err error) error {
+//
+// A Redis Cluster client refreshes its slot map only on MOVED replies and once a
+// minute, so after a master dies it would keep sending that master's slots to a dead
+// address until the next refresh. Any error that is not a Redis reply (a refused
+// connection, a timeout) therefore asks it to refresh now; refreshes coalesce, and
+// once a replica is promoted the next one routes its slots there.
+func (s *Store) interpretError(err error) error {
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, goredis.Nil):
 		return idem.ErrNotFound
-	default:
-		return fmt.Errorf("redis store: %w", err)
 	}
+	var reply goredis.Error
+	if cc, ok := s.client.(*goredis.ClusterClient); ok && !errors.As(err, &reply) {
+		cc.ReloadState(context.Background())
+	}
+	return fmt.Errorf("redis store: %w", err)
 }
 
 func nowArg(now time.Time) string {

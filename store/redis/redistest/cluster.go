@@ -3,7 +3,9 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"net"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -34,6 +36,9 @@ func StartCluster(t testing.TB) *Cluster {
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf",
 			"--cluster-node-timeout", strconv.Itoa(ClusterNodeTimeout),
+			// Replicas sync at once instead of after the default 5 s delay; a replica
+			// that never synced refuses to take over its master.
+			"--repl-diskless-sync-delay", "0",
 		))
 	}
 	args := []string{"--cluster", "create"}
@@ -83,14 +88,20 @@ func (c *Cluster) Running() []*Server {
 }
 
 // WaitOK waits until every running node reports cluster_state:ok with all 16384 slots
-// served and every node agrees on three masters that are running. It polls CLUSTER
+// served, every node agrees on three masters that are running, and every running
+// replica's link to its master is up (so that it can take over). It polls CLUSTER
 // INFO, since a cluster signals convergence no other way.
 func (c *Cluster) WaitOK(ctx context.Context) error {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	var last error
 	for {
-		if last = c.healthy(ctx); last == nil {
+		// Each poll has its own deadline, so that the error reported is the cluster's
+		// last real state rather than ctx's expiry.
+		pctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		last = c.healthy(pctx)
+		cancel()
+		if last == nil {
 			return nil
 		}
 		select {
@@ -123,6 +134,35 @@ func (c *Cluster) healthy(ctx context.Context) error {
 				return fmt.Errorf("%s still sees killed master %s serving slots", n.Addr(), m)
 			}
 		}
+		if !slices.Contains(masters, n.Addr()) {
+			if err := replicaLinkUp(ctx, n.Addr(), live); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// replicaLinkUp checks that the replica at addr has synced with its master, unless
+// that master was killed (its link then stays down until the failover).
+func replicaLinkUp(ctx context.Context, addr string, live map[string]bool) error {
+	rdb := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer rdb.Close()
+	info, err := rdb.Info(ctx, "replication").Result()
+	if err != nil {
+		return fmt.Errorf("%s: INFO replication: %w", addr, err)
+	}
+	field := func(name string) string {
+		for _, line := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	master := net.JoinHostPort(field("master_host"), field("master_port"))
+	if live[master] && field("master_link_status") != "up" {
+		return fmt.Errorf("replica %s has not synced with master %s", addr, master)
 	}
 	return nil
 }
