@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -236,6 +237,34 @@ func TestFingerprintOfTheChargeBodyAllocatesAtMostThreeTimes(t *testing.T) {
 	if n := testing.AllocsPerRun(200, func() { FingerprintRequest(r, body) }); n > 3 {
 		t.Fatalf("FingerprintRequest allocates %v times, want at most 3", n)
 	}
+}
+
+func TestFingerprintIsSafeForConcurrentUse(t *testing.T) {
+	t.Parallel()
+	reqs := []req{
+		jsonPost(chargeBody),
+		jsonPost(`{"z":{"b":[1,{"d":1,"c":2}],"a":"x"},"y":[{"q":1,"p":2}]}`),
+		formPost("b=2&a=1&a=0&c=%41"),
+		{"PUT", "/v1/orders/ord_1?z=1&y=2", "text/plain", "raw"},
+		jsonPost(`{"a":1,"a":2}`),
+	}
+	want := make([]Fingerprint, len(reqs))
+	for i, q := range reqs {
+		want[i] = q.fp(t)
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for n := range 200 {
+				i := (g + n) % len(reqs)
+				if got := reqs[i].fp(t); got != want[i] {
+					t.Errorf("concurrent fingerprint of %+v differs", reqs[i])
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 func TestBodyKindAgreesWithMimeParseMediaType(t *testing.T) {
