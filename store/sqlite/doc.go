@@ -25,6 +25,11 @@
 // context lives (SPEC §9). Correctness never depends on the semaphore; it only saves
 // waiting (SPEC §14).
 //
+// A claim first reads the record without any lock: a replay, a mismatch or a live
+// lease is answered from that committed state, so retries never queue behind writers.
+// Only a claim that inserts or takes over opens a write transaction, which reads the
+// record again under the lock and decides with [idem.Decide].
+//
 // # Clock and times
 //
 // Leases and expiry use the host clock (time.Now), which is the store's clock for a

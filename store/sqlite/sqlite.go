@@ -41,9 +41,10 @@ type Config struct {
 
 	// MaxOpenConns bounds the pool of connections to the file. Readers use several at
 	// once (WAL lets them read while one writer writes); the store's own write
-	// transactions use one at a time per process. [Store.InTx] holds one for the
-	// length of the application's function, and that function may use more through
-	// [Store.DB]. It must not be negative. Defaults to [DefaultMaxOpenConns].
+	// transactions use one at a time per process, queued in process, so more
+	// connections add read concurrency only. [Store.InTx] holds one for the length of
+	// the application's function, and that function may use more through [Store.DB].
+	// It must not be negative. Defaults to [DefaultMaxOpenConns].
 	MaxOpenConns int
 
 	// Logger receives migrations (info) and lock-contention retries (debug). Keys and
@@ -161,7 +162,10 @@ func buildDSN(dsnOrPath string, busyTimeout time.Duration) (string, error) {
 
 // DB returns the store's connection pool. The application may keep its own tables in
 // the same file and use them through it; to commit its writes together with a
-// record's completion, it uses [Store.InTx].
+// record's completion, it uses [Store.InTx]. Transactions begun directly on it are
+// BEGIN IMMEDIATE too and wait up to [Config].BusyTimeout for the write lock, but are
+// neither queued with the store's writes nor retried; InTx (with or without the
+// middleware) does both.
 func (s *Store) DB() *sql.DB { return s.db }
 
 // Close closes the connection pool.

@@ -25,6 +25,12 @@ import (
 // that error (or re-panics). fn runs once: only BEGIN is retried while another process
 // holds the write lock. fn must not call InTx or write outside tx, which would wait
 // for the write lock that tx holds.
+//
+// The transaction holds SQLite's one write lock (and this process's write turn) while
+// fn runs, so keep slow work, such as a call to a card processor, outside fn. While it
+// holds the lock no process can take the key over, so a lease renewal of the same
+// record that waits for the turn gives up once the completion begins rather than
+// delay it; this needs the middleware's Config.Store to be this same *Store.
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	h := idem.FromContext(ctx)
 	if err := s.lockWrites(ctx, "InTx"); err != nil {
