@@ -29,6 +29,10 @@ type heartbeat struct {
 	stopOnce sync.Once
 	stop     chan struct{}
 	done     chan struct{}
+	// abort cancels a renewal in progress when the heartbeat stops: the completion
+	// that follows must not wait for it (a SQLite renewal may be queued behind the
+	// very transaction that is about to complete the record).
+	abort context.CancelFunc
 }
 
 // heartbeatRun is what one heartbeat needs.
@@ -44,11 +48,11 @@ type heartbeatRun struct {
 }
 
 func (m *Middleware) startHeartbeat(ctx context.Context, run *heartbeatRun) *heartbeat {
-	hb := &heartbeat{stop: make(chan struct{}), done: make(chan struct{})}
-	t := m.newTicker(m.cfg.Heartbeat)
 	// The renewals must go on when the client goes away and the handler keeps working,
 	// so they do not inherit the request's cancellation.
-	ctx = context.WithoutCancel(ctx)
+	ctx, abort := context.WithCancel(context.WithoutCancel(ctx))
+	hb := &heartbeat{stop: make(chan struct{}), done: make(chan struct{}), abort: abort}
+	t := m.newTicker(m.cfg.Heartbeat)
 	go func() {
 		defer close(hb.done)
 		defer t.Stop()
@@ -58,7 +62,7 @@ func (m *Middleware) startHeartbeat(ctx context.Context, run *heartbeatRun) *hea
 				return
 			case <-t.C():
 			}
-			if !run.renew(ctx) {
+			if !run.renew(ctx, hb.stop) {
 				return
 			}
 		}
@@ -66,8 +70,10 @@ func (m *Middleware) startHeartbeat(ctx context.Context, run *heartbeatRun) *hea
 	return hb
 }
 
-// renew renews the lease once and reports whether the heartbeat goes on.
-func (run *heartbeatRun) renew(ctx context.Context) bool {
+// renew renews the lease once and reports whether the heartbeat goes on. A renewal
+// that ends after the heartbeat was stopped changes nothing: the record is being
+// completed or released, and the handler must not be cancelled for it.
+func (run *heartbeatRun) renew(ctx context.Context, stop <-chan struct{}) bool {
 	m := run.m
 	started := m.localNow()
 	p := run.params
@@ -77,6 +83,11 @@ func (run *heartbeatRun) renew(ctx context.Context) bool {
 	cancel()
 	if m.hooks.renewed != nil {
 		defer m.hooks.renewed(err)
+	}
+	select {
+	case <-stop:
+		return false
+	default:
 	}
 	switch {
 	case err == nil:
@@ -101,6 +112,9 @@ func (run *heartbeatRun) renew(ctx context.Context) bool {
 // stopAndWait stops the heartbeat and waits until it has exited, so that no renewal
 // races the completion or release that follows. Safe to call more than once.
 func (hb *heartbeat) stopAndWait() {
-	hb.stopOnce.Do(func() { close(hb.stop) })
+	hb.stopOnce.Do(func() {
+		close(hb.stop)
+		hb.abort()
+	})
 	<-hb.done
 }

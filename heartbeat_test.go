@@ -128,3 +128,38 @@ type httpResult struct{ code int }
 func result(w interface{ Result() *http.Response }) *httpResult {
 	return &httpResult{code: w.Result().StatusCode}
 }
+
+func TestCompletionDoesNotWaitForABlockedRenewal(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.store.renewBlocks = make(chan struct{})
+	renewed := make(chan error, 1)
+	idem.OnRenew(b.mw, func(err error) { renewed <- err })
+	entered, gate := make(chan struct{}), make(chan struct{})
+	var cause error
+	mw := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-gate
+		w.WriteHeader(201)
+		err := inTx(r.Context(), b.store, nil, func() error { return nil })
+		if err != nil {
+			t.Errorf("inTx: %v", err)
+		}
+		cause = context.Cause(r.Context())
+	}))
+	done := make(chan int)
+	go func() { done <- serve(mw, req("POST", "/x", key, "{}")).Code }()
+	<-entered
+	go b.ticker.Tick()
+	<-b.store.renewBlocks // the renewal is stuck in the store
+	close(gate)           // PrepareCompletion must abort it rather than wait
+	if code := <-done; code != 201 {
+		t.Errorf("status %d", code)
+	}
+	if cause != nil {
+		t.Errorf("the aborted renewal cancelled the handler: %v", cause)
+	}
+	if err := <-renewed; !errors.Is(err, context.Canceled) {
+		t.Errorf("renewal ended with %v, want it aborted", err)
+	}
+}

@@ -25,6 +25,8 @@ type countingStore struct {
 	claims, completes, releases, renews, gets, deletes atomic.Int64
 	down                                               atomic.Bool
 	renewDown                                          atomic.Bool
+	// renewBlocks, when set, makes renewals signal on it and wait for their context.
+	renewBlocks chan struct{}
 	noBatchedCleanup                                   bool
 }
 
@@ -63,6 +65,11 @@ func (s *countingStore) RecordRelease(ctx context.Context, p *idem.RecordRelease
 
 func (s *countingStore) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (time.Time, error) {
 	s.renews.Add(1)
+	if s.renewBlocks != nil {
+		s.renewBlocks <- struct{}{}
+		<-ctx.Done()
+		return time.Time{}, ctx.Err()
+	}
 	if err := s.err(); err != nil || s.renewDown.Load() {
 		return time.Time{}, errStoreDown
 	}
