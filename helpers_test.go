@@ -26,8 +26,8 @@ type countingStore struct {
 	down                                               atomic.Bool
 	renewDown                                          atomic.Bool
 	// renewBlocks, when set, makes renewals signal on it and wait for their context.
-	renewBlocks chan struct{}
-	noBatchedCleanup                                   bool
+	renewBlocks      chan struct{}
+	noBatchedCleanup bool
 }
 
 var errStoreDown = errors.New("store down")
