@@ -115,7 +115,7 @@ func Open(ctx context.Context, dsnOrPath string, cfg Config) (*Store, error) {
 	// write lock: retry like any other contention.
 	if err := s.retryBusy(ctx, "open", func() error { return s.ping(ctx) }); err != nil {
 		_ = db.Close()
-		return nil, fmt.Errorf("sqlite: open %q: %w", dsnOrPath, interpretError(err))
+		return nil, fmt.Errorf("sqlite: open %q: %w", dsnOrPath, err)
 	}
 	return s, nil
 }

@@ -69,12 +69,17 @@ func TestRecordSurvivesCloseAndReopen(t *testing.T) {
 func TestOpenRefusesBadPaths(t *testing.T) {
 	t.Parallel()
 	missingDir := filepath.Join(t.TempDir(), "no", "such", "dir")
+	notADatabase := filepath.Join(t.TempDir(), "notes.txt")
+	if err := os.WriteFile(notADatabase, []byte(strings.Repeat("not a database\n", 100)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, path, want string
 	}{
 		{"missing directory", filepath.Join(missingDir, "idem.db"), "does not exist"},
 		{"a directory", t.TempDir(), "unable to open"},
 		{"empty", "", "empty database path"},
+		{"not a database", notADatabase, "not a database"},
 		{"memory", ":memory:", "in-memory databases are not supported"},
 		{"question mark", filepath.Join(t.TempDir(), "a?b.db"), "contains '?'"},
 	} {
