@@ -36,6 +36,9 @@ func interpretError(err error) error {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
+		if pgErr.Code == sqlstateLeaseLost {
+			return idem.ErrLeaseLost
+		}
 		if unavailableCode(pgErr.Code) {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
@@ -44,6 +47,10 @@ func interpretError(err error) error {
 	// Not an answer from the server: the connection could not be made or was lost.
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
+
+// sqlstateLeaseLost is raised by idem_fence (migration 0002) when the fenced completion
+// inside an application's transaction found the record no longer held.
+const sqlstateLeaseLost = "IDL01"
 
 // unavailableCode reports SQLSTATEs that mean "the server cannot serve you now" rather
 // than "your statement is wrong": connection exceptions (08), insufficient resources

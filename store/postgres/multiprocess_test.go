@@ -23,7 +23,8 @@ func multiProcess() storetest.MultiProcess {
 			return pgtest.SearchPathURL(t, dbURL, schema)
 		},
 		Open: func(t testing.TB, dsn string) idem.Store {
-			s, err := postgres.Open(context.Background(), dsn, postgres.Config{})
+			// Few connections per process: the server is shared with other tests.
+			s, err := postgres.Open(context.Background(), dsn, postgres.Config{MaxConns: 4})
 			if err != nil {
 				t.Fatalf("Open: %v", err)
 			}
@@ -31,7 +32,7 @@ func multiProcess() storetest.MultiProcess {
 			return s
 		},
 		Migrate: func(dsn string) error {
-			s, err := postgres.Open(context.Background(), dsn, postgres.Config{})
+			s, err := postgres.Open(context.Background(), dsn, postgres.Config{MaxConns: 2})
 			if err != nil {
 				return err
 			}
@@ -81,7 +82,7 @@ func TestMigrateCreatesSchemaConcurrently(t *testing.T) {
 	open := func(dsn string) (*postgres.Store, error) {
 		i := strings.LastIndex(dsn, sep)
 		dbURL, schema := dsn[:i], dsn[i+len(sep):]
-		return postgres.Open(context.Background(), dbURL, postgres.Config{Schema: schema})
+		return postgres.Open(context.Background(), dbURL, postgres.Config{Schema: schema, MaxConns: 2})
 	}
 	storetest.RunMigrateConcurrently(t, storetest.MultiProcess{
 		NewDSN: func(t testing.TB) string {

@@ -12,7 +12,8 @@ package postgres
 //   - key reused:          1 (as a replay)
 //   - takeover:            2 (RecordClaim, then the fenced RecordTakeOver update)
 //   - expired record:      2 (RecordClaim, then the fenced RecordClaimExpired update)
-//   - §7 InTx:             BEGIN + the handler's statements + fenced completion + COMMIT
+//   - §7 InTx:             1 (BEGIN) + the handler's statements + 1 (the fenced
+//     completion and COMMIT, pipelined in one batch); a replay of it is 1 as above
 //
 // TestNewKeyClaimIsOneRoundTrip and its neighbours in roundtrip_test.go count them on
 // the wire.
@@ -37,6 +38,7 @@ type queries struct {
 	recordClaimExpired  string
 	recordTakeOver      string
 	recordComplete      string
+	recordCompleteTx    string
 	recordRelease       string
 	recordRenew         string
 	recordGet           string
@@ -71,6 +73,7 @@ func newQueries(schema string) *queries {
 		recordClaimExpired:  q("RecordClaimExpired"),
 		recordTakeOver:      q("RecordTakeOver"),
 		recordComplete:      q("RecordComplete"),
+		recordCompleteTx:    q("RecordCompleteTx"),
 		recordRelease:       q("RecordRelease"),
 		recordRenew:         q("RecordRenew"),
 		recordGet:           q("RecordGet"),

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
 )
@@ -131,24 +131,27 @@ func (s *Store) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams
 	}))
 }
 
-// execer is what the fenced completion needs: the pool, or the application's pgx.Tx.
-type execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-// complete runs the fenced completion on db (the pool or a transaction).
-func complete(ctx context.Context, db execer, q *queries, p *idem.RecordCompleteParams) error {
+// completeArgs are the arguments of RecordComplete and RecordCompleteTx.
+func completeArgs(p *idem.RecordCompleteParams) ([]any, error) {
 	resp := p.Response
 	if resp == nil {
-		return errors.New("postgres: RecordCompleteParams.Response is nil")
+		return nil, errors.New("postgres: RecordCompleteParams.Response is nil")
 	}
-	headers := encodeHeaders(resp.Header)
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
 	}
-	tag, err := db.Exec(ctx, q.recordComplete,
-		[]byte(p.Scope), []byte(p.Key), p.Token, resp.Status, headers, body, resp.NotStored, micros(p.TTL))
+	return []any{[]byte(p.Scope), []byte(p.Key), p.Token, resp.Status, encodeHeaders(resp.Header),
+		body, resp.NotStored, micros(p.TTL)}, nil
+}
+
+// complete runs the fenced completion outside any transaction.
+func complete(ctx context.Context, pool *pgxpool.Pool, q *queries, p *idem.RecordCompleteParams) error {
+	args, err := completeArgs(p)
+	if err != nil {
+		return err
+	}
+	tag, err := pool.Exec(ctx, q.recordComplete, args...)
 	if err != nil {
 		return err
 	}

@@ -4,10 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
@@ -77,12 +81,13 @@ func (cc countingConn) Read(b []byte) (int, error) {
 // with every statement already prepared on that connection (pgx's statement cache), so
 // that the counts are those of a warm production connection.
 type countingBundle struct {
-	t     *testing.T
-	ctx   context.Context
-	s     *postgres.Store
-	trips *roundTrips
-	t0    time.Time
-	fp    idem.Fingerprint
+	t      *testing.T
+	ctx    context.Context
+	s      *postgres.Store
+	trips  *roundTrips
+	t0     time.Time
+	fp     idem.Fingerprint
+	schema string
 }
 
 func newCountingBundle(t *testing.T) *countingBundle {
@@ -118,7 +123,7 @@ func newCountingBundle(t *testing.T) *countingBundle {
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b := &countingBundle{t: t, ctx: ctx, s: s, trips: trips, t0: time.Now().UTC().Truncate(time.Millisecond)}
+	b := &countingBundle{t: t, ctx: ctx, s: s, trips: trips, t0: time.Now().UTC().Truncate(time.Millisecond), schema: schema}
 	_, _ = rand.Read(b.fp.Sum[:])
 	b.fp.Version = idem.FingerprintVersion
 	b.warmUp()
@@ -271,5 +276,53 @@ func TestCountingConnCountsPrepares(t *testing.T) {
 	})
 	b.wantTrips("second Get on the connection", 1, func() {
 		_, _ = b.s.RecordGet(b.ctx, &idem.RecordGetParams{Scope: "scope", Key: "warm-2", Now: b.t0})
+	})
+}
+
+// TestInTxRequestIsFourRoundTrips counts a whole request through the middleware whose
+// handler inserts a row inside InTx: the claim, BEGIN, the handler's INSERT, and the
+// fenced completion pipelined with COMMIT. Its replay is one round trip.
+func TestInTxRequestIsFourRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := newCountingBundle(t)
+	table := pgx.Identifier{b.schema, "charges"}.Sanitize()
+	if _, err := b.s.Pool().Exec(b.ctx, `CREATE TABLE `+table+` (key text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	m := idem.New(idem.Config{
+		Store: b.s,
+		Scope: func(*http.Request) (string, error) { return "user-1", nil },
+	})
+	handler := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := b.s.InTx(r.Context(), func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (key) VALUES ($1)`, r.Header.Get("Idempotency-Key")); err != nil {
+				return err
+			}
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	}))
+	post := func(key string) int {
+		req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", key)
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	if code := post("key-warm-up"); code != http.StatusCreated { // prepares the statements
+		t.Fatalf("warm-up request = %d", code)
+	}
+	b.wantTrips("request with a new key completed in InTx", 4, func() {
+		if code := post("key-counted"); code != http.StatusCreated {
+			t.Fatalf("request = %d", code)
+		}
+	})
+	b.wantTrips("its replay", 1, func() {
+		if code := post("key-counted"); code != http.StatusCreated {
+			t.Fatalf("replay = %d", code)
+		}
 	})
 }

@@ -1,10 +1,12 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
 )
@@ -15,16 +17,24 @@ import (
 //
 // The handler writes its response inside fn. When fn returns an error the transaction
 // rolls back and InTx returns that error. Otherwise InTx asks the handle for the
-// completion (none when the response releases the key, SPEC §6), runs it fenced by the
-// lock token, and commits. When the fence finds the key taken over (ErrLeaseLost) or
-// COMMIT fails, the handle learns it and the middleware answers 503 store_unavailable
-// instead of the handler's response. Without a handle InTx is a plain transaction.
+// completion (none when the response releases the key, SPEC §6) and sends it, fenced by
+// the lock token, together with COMMIT in one round trip. When the fence finds the key
+// taken over ([idem.ErrLeaseLost]: the transaction rolls back) or COMMIT fails, the
+// handle learns it and the middleware answers 503 store_unavailable instead of the
+// handler's response. Without a handle InTx is a plain transaction.
 //
 // InTx never retries: a failed COMMIT's outcome may be unknown, and fn has written a
 // response. A panic in fn rolls back and is re-raised.
-func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
-	h := idem.FromContext(ctx)
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	// A connection of its own rather than pool.BeginTx: after the pipelined COMMIT the
+	// transaction is over on the server, and the connection goes back to the pool
+	// without another round trip.
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return interpretError(err)
+	}
+	defer conn.Release() // a connection left inside a transaction is closed, not reused
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return interpretError(err)
 	}
@@ -38,18 +48,21 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return err
 	}
-	completing := false
+	h := idem.FromContext(ctx)
+	var params *idem.RecordCompleteParams
 	if h != nil {
-		p, ok := h.PrepareCompletion()
-		if ok {
-			if err := s.CompleteTx(ctx, tx, p); err != nil {
-				_ = tx.Rollback(context.WithoutCancel(ctx))
-				h.CompletionFailed(err)
-				return err
-			}
-			completing = true
+		if p, ok := h.PrepareCompletion(); ok {
+			params = p
 		}
 	}
+	if params == nil {
+		return s.commit(ctx, tx, h)
+	}
+	return s.completeAndCommit(ctx, conn, tx, h, params)
+}
+
+// commit commits a transaction that holds no completion.
+func (s *Store) commit(ctx context.Context, tx pgx.Tx, h *idem.Handle) error {
 	if err := tx.Commit(ctx); err != nil {
 		err = interpretError(err)
 		if h != nil {
@@ -57,18 +70,49 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 		}
 		return err
 	}
-	if completing {
-		h.Completed()
+	return nil
+}
+
+// completeAndCommit sends the fenced completion and COMMIT in one batch. A lost lease
+// raises in the first statement, and the server then skips the COMMIT.
+func (s *Store) completeAndCommit(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, h *idem.Handle, p *idem.RecordCompleteParams) error {
+	args, err := completeArgs(p)
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		h.CompletionFailed(err)
+		return err
 	}
+	batch := &pgx.Batch{}
+	batch.Queue(s.q.recordCompleteTx, args...)
+	batch.Queue("COMMIT")
+	br := tx.SendBatch(ctx, batch)
+	_, fenceErr := br.Exec()
+	tag, commitErr := br.Exec()
+	closeErr := br.Close()
+	// The first error is the cause: after a failed fence the server skipped the COMMIT,
+	// and Close repeats the error of the statement that failed.
+	err = cmp.Or(fenceErr, commitErr, closeErr)
+	if err == nil && tag.String() != "COMMIT" {
+		err = pgx.ErrTxCommitRollback // the transaction had failed before: nothing committed
+	}
+	if err != nil {
+		err = interpretError(err)
+		if conn.Conn().PgConn().TxStatus() != 'I' {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+		h.CompletionFailed(err)
+		return err
+	}
+	h.Completed()
 	return nil
 }
 
 // CompleteTx runs the fenced completion of the record described by p inside the
 // application's transaction tx, for applications that manage their own transactions
-// (InTx does this for you). It returns [idem.ErrLeaseLost] when the record is no longer
-// in flight under p.Token; the caller must then roll back, and tell the handle with
-// [idem.Handle.CompletionFailed]. After a successful COMMIT the caller calls
-// [idem.Handle.Completed].
+// (InTx does this for you, saving a round trip). It returns [idem.ErrLeaseLost] when the
+// record is no longer in flight under p.Token; the statement then has raised, so the
+// transaction is aborted: roll it back and tell the handle with
+// [idem.Handle.CompletionFailed]. After a successful COMMIT call [idem.Handle.Completed].
 func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p *idem.RecordCompleteParams) error {
 	if tx == nil {
 		return errors.New("postgres: CompleteTx: tx is nil")
@@ -76,5 +120,10 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p *idem.RecordComplet
 	if p == nil {
 		return errors.New("postgres: CompleteTx: params are nil")
 	}
-	return interpretError(complete(ctx, tx, s.q, p))
+	args, err := completeArgs(p)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, s.q.recordCompleteTx, args...)
+	return interpretError(err)
 }

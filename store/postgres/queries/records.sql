@@ -108,6 +108,26 @@ SET state = 'completed',
     expires_at = created_at + $8::bigint * interval '1 microsecond'
 WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight';
 
+-- name: RecordCompleteTx
+-- RecordComplete inside the application's transaction (SPEC §7): the same fenced
+-- update, but a lost lease raises IDL01 (idem_fence), aborting the transaction so that a
+-- COMMIT pipelined behind this statement cannot commit the application's writes.
+-- $1 scope, $2 key, $3 token, $4 status, $5 headers, $6 body, $7 not stored, $8 ttl (µs).
+WITH done AS (
+    UPDATE {{schema}}idem_records
+    SET state = 'completed',
+        lock_token = NULL,
+        lease_end = NULL,
+        response_status = $4,
+        response_headers = $5,
+        response_body = $6,
+        response_not_stored = $7,
+        expires_at = created_at + $8::bigint * interval '1 microsecond'
+    WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight'
+    RETURNING 1
+)
+SELECT {{schema}}idem_fence(EXISTS (SELECT 1 FROM done));
+
 -- name: RecordRelease
 -- Deletes the holder's in-flight record so that a retry executes afresh (SPEC §6).
 -- $1 scope, $2 key, $3 token.
