@@ -1,0 +1,39 @@
+// Package redis is an [idem.Store] in Redis, built on go-redis v9: a single server or a
+// Redis Cluster, shared by any number of processes on any hosts (SPEC §14).
+//
+//	s, err := redis.Open(ctx, "redis://127.0.0.1:6379/0", redis.Config{})
+//
+// Store URLs ([NewClient]): redis://[user:password@]host:port[/db], rediss://… (TLS),
+// and for a Redis Cluster redis+cluster://host:port?addr=host2:port2&addr=… (or
+// rediss+cluster://…), which is go-redis's cluster URL with "+cluster" added to the
+// scheme.
+//
+// # How records are kept
+//
+// A record is one Redis hash named
+//
+//	<KeyPrefix>{<hex SHA-256 of len(scope) ‖ scope ‖ key>}
+//
+// with len(scope) as 8 bytes, big-endian ([Store.RecordKey]). The name is one-to-one,
+// holds neither the raw key nor the principal, spreads records evenly over cluster
+// slots, and its braces make the whole digest the hash tag. Every state change (claim,
+// complete, release, renew) and the read are each one Lua script, run with EVALSHA and
+// re-sent with EVAL when Redis has forgotten it; the scripts read Redis's TIME, make
+// [idem.Decide]'s decision server-side, and fence complete, release and renew on the
+// lock token and the in-flight state. Key TTLs run [Config.TTLMargin] past expires_at,
+// so the stored expires_at decides; Redis then reclaims the key itself, which is why
+// [idem.Capabilities.BatchedCleanup] is false. Redis cannot join the application's
+// database transaction, so [idem.Capabilities.Transactions] is false too.
+//
+// # What it guarantees
+//
+// At most one execution per key while Redis keeps every write it acknowledged. A
+// restart without appendonly yes and appendfsync always, eviction under a
+// maxmemory-policy other than noeviction, and an asynchronous replica failover can each
+// lose records, and a retry of a lost record's request executes again; a failover also
+// cancels handlers whose lease renewals fail and may let a retry execute while the old
+// holder still runs. [Open] logs a warning for each risky setting it can read
+// ([Store.CheckDurability]). Operations that must not run twice need a backstop in the
+// database that holds their effects, such as a unique (scope, key) constraint; the
+// payments API of cmd/idem has one. docs/redis.md says all this at length.
+package redis
