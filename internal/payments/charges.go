@@ -18,6 +18,7 @@ type charge struct {
 	Created        int64
 	IdempotencyKey *string
 	Fingerprint    *string
+	KeyExpiresAt   *int64
 }
 
 // chargeJSON is a charge as the API renders it; the order of its fields is fixed, so
@@ -45,7 +46,7 @@ func (c *charge) render() []byte {
 
 func scanCharge(s scanner) (*charge, error) {
 	var c charge
-	err := s.Scan(&c.ID, &c.Amount, &c.Currency, &c.CustomerID, &c.Status, &c.Created, &c.IdempotencyKey, &c.Fingerprint)
+	err := s.Scan(&c.ID, &c.Amount, &c.Currency, &c.CustomerID, &c.Status, &c.Created, &c.IdempotencyKey, &c.Fingerprint, &c.KeyExpiresAt)
 	if err != nil {
 		return nil, err
 	}
@@ -54,6 +55,7 @@ func scanCharge(s scanner) (*charge, error) {
 
 // createCharge is POST /v1/charges: {"amount", "currency", "customer_id"?} → 201.
 func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
+	arrival := s.now()
 	p, body, aerr := readParams(w, r)
 	if aerr != nil {
 		writeAPIError(w, aerr)
@@ -64,35 +66,49 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, aerr)
 		return
 	}
-	key, fp := keyOf(r, body)
+	k := s.keyOf(r, body, arrival)
 	if !s.callProcessor(w, r) {
 		return
 	}
 	c := &charge{ID: newID("ch_"), Amount: in.Amount, Currency: in.Currency, CustomerID: in.CustomerID,
-		Status: "succeeded", Created: s.now().Unix(), IdempotencyKey: key, Fingerprint: fp}
+		Status: "succeeded", Created: s.now().Unix(), IdempotencyKey: k.key, Fingerprint: k.fingerprint, KeyExpiresAt: k.expiresAt}
 	sc := scope(r)
 	s.mutate(w, r, func(ctx context.Context, q querier) (reply, error) {
-		got, err := scanCharge(q.queryRow(ctx, "charge_insert",
-			c.ID, sc, c.Amount, c.Currency, c.CustomerID, c.Status, c.Created, c.IdempotencyKey, c.Fingerprint))
-		if errors.Is(err, errNoRows) {
-			return s.chargeBackstop(ctx, r, q, sc, *key, *fp)
+		// At most two rounds: the second follows the retirement of an expired key.
+		for range 2 {
+			got, err := scanCharge(q.queryRow(ctx, "charge_insert", c.ID, sc, c.Amount, c.Currency, c.CustomerID,
+				c.Status, c.Created, c.IdempotencyKey, c.Fingerprint, c.KeyExpiresAt))
+			if err == nil {
+				return jsonReply(http.StatusCreated, got.render()), nil
+			}
+			if !errors.Is(err, errNoRows) {
+				return nil, err
+			}
+			out, err := s.chargeBackstop(ctx, r, q, sc, *k.key, *k.fingerprint)
+			if out != nil || err != nil {
+				return out, err
+			}
 		}
-		if err != nil {
-			return nil, err
-		}
-		return jsonReply(http.StatusCreated, got.render()), nil
+		return nil, errKeyConflict
 	})
 }
 
-// chargeBackstop answers a charge whose key already created a charge although the
-// idempotency record did not know it (it expired, or a store without §7 lost it): the
-// same request gets that charge again, another request key_reused.
+// chargeBackstop answers a charge whose key already created a live charge although the
+// idempotency record did not know it (a store without §7 lost it, or a lapsed lease was
+// taken over): the same request gets that charge again, another request key_reused.
+// When the key's record has expired it retires the key and returns a nil reply: the
+// key starts a new operation (SPEC §8).
 func (s *Server) chargeBackstop(ctx context.Context, r *http.Request, q querier, sc, key, fp string) (reply, error) {
 	prev, err := scanCharge(q.queryRow(ctx, "charge_get_by_key", sc, key))
-	if err != nil {
+	switch {
+	case errors.Is(err, errNoRows): // retired meanwhile: insert again
+		return nil, nil
+	case err != nil:
 		return nil, err
-	}
-	if !sameRequest(prev.Fingerprint, fp) {
+	case keyExpired(prev.KeyExpiresAt, s.now()):
+		_, err := q.exec(ctx, "charge_retire_key", prev.ID)
+		return nil, err
+	case !sameRequest(prev.Fingerprint, fp):
 		return s.keyReused(r), nil
 	}
 	return jsonReply(http.StatusCreated, prev.render()), nil

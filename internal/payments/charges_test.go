@@ -315,3 +315,34 @@ func TestDisabledIdempotencyServesWithoutKeys(t *testing.T) {
 		}
 	})
 }
+
+// After the TTL a key starts a new operation (SPEC §8), even when the charge it wrote
+// is still there: the old charge's key is retired, not replayed.
+func TestExpiredKeyStartsANewCharge(t *testing.T) {
+	eachDB(t, func(t *testing.T, newBundle func(...option) *bundle) {
+		clock := newSkippableClock()
+		b := newBundle(withClock(clock.now))
+		key := newKey()
+		first := b.postCharge("tok_a", key, `{"amount": 100, "currency": "usd"}`)
+		wantStatus(t, first, http.StatusCreated)
+		b.exec("DELETE FROM idem_records") // the record expired and was cleaned
+		clock.advance(idem.DefaultTTL)
+
+		again := b.postCharge("tok_a", key, `{"amount": 100, "currency": "usd"}`)
+		wantStatus(t, again, http.StatusCreated)
+		if decode(t, again)["id"] == decode(t, first)["id"] {
+			t.Fatalf("the expired key was replayed: %s", again.Body)
+		}
+		// The old charge renders as before, key included.
+		old := b.do(req{method: "GET", path: "/v1/charges/" + decode(t, first)["id"].(string), token: "tok_a"})
+		if !bytes.Equal(old.Body.Bytes(), first.Body.Bytes()) {
+			t.Fatalf("the old charge renders\n%s\nwas\n%s", old.Body, first.Body)
+		}
+		// The new charge now answers for the key.
+		b.exec("DELETE FROM idem_records")
+		third := b.postCharge("tok_a", key, `{"amount": 100, "currency": "usd"}`)
+		if !bytes.Equal(third.Body.Bytes(), again.Body.Bytes()) {
+			t.Fatalf("backstop answers\n%s\nwant\n%s", third.Body, again.Body)
+		}
+	})
+}

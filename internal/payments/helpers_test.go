@@ -36,6 +36,19 @@ type option func(*Config)
 func withProfile(p idem.Profile) option { return func(c *Config) { c.Profile = p } }
 func withoutIdempotency() option        { return func(c *Config) { c.DisableIdempotency = true } }
 
+func withClock(now func() time.Time) option { return func(c *Config) { c.Now = now } }
+
+// skippableClock is a ticking clock that a test can move forward.
+type skippableClock struct {
+	tick func() time.Time
+	skip atomic.Int64
+}
+
+func newSkippableClock() *skippableClock { return &skippableClock{tick: tickingClock()} }
+
+func (c *skippableClock) now() time.Time          { return c.tick().Add(time.Duration(c.skip.Load())) }
+func (c *skippableClock) advance(d time.Duration) { c.skip.Add(int64(d)) }
+
 // tickingClock returns a clock that advances one second at every reading, so that
 // objects created one after the other have distinct created times.
 func tickingClock() func() time.Time {

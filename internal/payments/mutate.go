@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/idem-go/idem"
 )
@@ -57,17 +58,32 @@ func (s *Server) mutate(w http.ResponseWriter, r *http.Request, fn func(ctx cont
 	}
 }
 
-// keyOf returns the request's idempotency key and fingerprint to record with the
-// object it creates, or nils when the request holds no key (none sent, or the
-// middleware is disabled).
-func keyOf(r *http.Request, body []byte) (key, fingerprint *string) {
+// keyInfo is what an object records of the idempotency key that wrote it: the key, the
+// request's fingerprint, and when the key's record expires (unix milliseconds). All nil
+// when the request holds no key (none sent, or the middleware is disabled).
+type keyInfo struct {
+	key, fingerprint *string
+	expiresAt        *int64
+}
+
+// keyOf returns the key information of a request that arrived at arrival. The record
+// was claimed just before the handler ran, so arrival + TTL is at most a moment after
+// the record's own expiry.
+func (s *Server) keyOf(r *http.Request, body []byte, arrival time.Time) keyInfo {
 	h := idem.FromContext(r.Context())
 	if h == nil {
-		return nil, nil
+		return keyInfo{}
 	}
 	k := h.Key()
 	fp := formatFingerprint(idem.FingerprintRequest(r, body))
-	return &k, &fp
+	exp := arrival.Add(s.ttl).UnixMilli()
+	return keyInfo{key: &k, fingerprint: &fp, expiresAt: &exp}
+}
+
+// keyExpired reports whether a key whose record expires at expiresAt (nil: no key)
+// may start a new operation at now (SPEC §8).
+func keyExpired(expiresAt *int64, now time.Time) bool {
+	return expiresAt != nil && *expiresAt <= now.UnixMilli()
 }
 
 func formatFingerprint(fp idem.Fingerprint) string {

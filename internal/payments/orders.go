@@ -26,6 +26,7 @@ type order struct {
 	Updated        int64
 	IdempotencyKey *string
 	Fingerprint    *string
+	KeyExpiresAt   *int64
 }
 
 type orderJSON struct {
@@ -48,7 +49,7 @@ func (o *order) render() []byte {
 
 func scanOrder(s scanner) (*order, error) {
 	var o order
-	err := s.Scan(&o.ID, &o.Amount, &o.Currency, &o.Description, &o.Status, &o.Created, &o.Updated, &o.IdempotencyKey, &o.Fingerprint)
+	err := s.Scan(&o.ID, &o.Amount, &o.Currency, &o.Description, &o.Status, &o.Created, &o.Updated, &o.IdempotencyKey, &o.Fingerprint, &o.KeyExpiresAt)
 	if err != nil {
 		return nil, err
 	}
@@ -109,17 +110,18 @@ func readOrder(w http.ResponseWriter, r *http.Request) (orderInput, []byte, bool
 
 // createOrder is POST /v1/orders (key required): 201 with a new "ord_…" id.
 func (s *Server) createOrder(w http.ResponseWriter, r *http.Request) {
+	arrival := s.now()
 	in, body, ok := readOrder(w, r)
 	if !ok {
 		return
 	}
-	key, fp := keyOf(r, body)
+	k := s.keyOf(r, body, arrival)
 	id, sc, now := newID("ord_"), scope(r), s.now().Unix()
 	s.mutate(w, r, func(ctx context.Context, q querier) (reply, error) {
-		if out, err := s.orderBackstop(ctx, r, q, sc, key, fp); out != nil || err != nil {
+		if out, err := s.orderBackstop(ctx, r, q, sc, k); out != nil || err != nil {
 			return out, err
 		}
-		o, err := scanOrder(q.queryRow(ctx, "order_insert", sc, id, in.Amount, in.Currency, in.Description, in.Status, now, key, fp))
+		o, err := scanOrder(q.queryRow(ctx, "order_insert", sc, id, in.Amount, in.Currency, in.Description, in.Status, now, k.key, k.fingerprint, k.expiresAt))
 		if err != nil {
 			return nil, err
 		}
@@ -130,6 +132,7 @@ func (s *Server) createOrder(w http.ResponseWriter, r *http.Request) {
 // putOrder is PUT /v1/orders/{id}: a full replace, 201 + Location when it created the
 // order, 200 when it replaced it. A key is optional (SPEC §2) and honoured when sent.
 func (s *Server) putOrder(w http.ResponseWriter, r *http.Request) {
+	arrival := s.now()
 	id := r.PathValue("id")
 	if !orderID.MatchString(id) {
 		writeAPIError(w, invalid("id", "an order id is ord_ followed by 1 to 64 letters, digits or underscores"))
@@ -139,23 +142,23 @@ func (s *Server) putOrder(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	key, fp := keyOf(r, body)
+	k := s.keyOf(r, body, arrival)
 	sc, now := scope(r), s.now().Unix()
 	s.mutate(w, r, func(ctx context.Context, q querier) (reply, error) {
-		if out, err := s.orderBackstop(ctx, r, q, sc, key, fp); out != nil || err != nil {
+		if out, err := s.orderBackstop(ctx, r, q, sc, k); out != nil || err != nil {
 			return out, err
 		}
 		// Replace first; when there is nothing to replace insert, and when a
 		// concurrent PUT inserted it meanwhile (the insert does nothing), replace that.
 		for range 2 {
-			o, err := scanOrder(q.queryRow(ctx, "order_replace", sc, id, in.Amount, in.Currency, in.Description, in.Status, now, key, fp))
+			o, err := scanOrder(q.queryRow(ctx, "order_replace", sc, id, in.Amount, in.Currency, in.Description, in.Status, now, k.key, k.fingerprint, k.expiresAt))
 			if err == nil {
 				return jsonReply(http.StatusOK, o.render()), nil
 			}
 			if !errors.Is(err, errNoRows) {
 				return nil, err
 			}
-			o, err = scanOrder(q.queryRow(ctx, "order_insert", sc, id, in.Amount, in.Currency, in.Description, in.Status, now, key, fp))
+			o, err = scanOrder(q.queryRow(ctx, "order_insert", sc, id, in.Amount, in.Currency, in.Description, in.Status, now, k.key, k.fingerprint, k.expiresAt))
 			if err == nil {
 				return jsonReply(http.StatusCreated, o.render(), "Location", orderLocation(id)), nil
 			}
@@ -167,21 +170,26 @@ func (s *Server) putOrder(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// orderBackstop answers a keyed request whose key already wrote an order although the
-// idempotency record did not know it (it expired, or a store without §7 lost it): the
-// same request gets that order as it is now, another request key_reused. It returns a
-// nil reply when the key wrote nothing yet.
-func (s *Server) orderBackstop(ctx context.Context, r *http.Request, q querier, sc string, key, fp *string) (reply, error) {
-	if key == nil {
+// orderBackstop answers a keyed request whose key already wrote a live order although
+// the idempotency record did not know it (a store without §7 lost it, or a lapsed lease
+// was taken over): the same request gets that order as it is now, another request
+// key_reused. It returns a nil reply when the key wrote nothing live, retiring the key
+// of an order whose record expired.
+func (s *Server) orderBackstop(ctx context.Context, r *http.Request, q querier, sc string, k keyInfo) (reply, error) {
+	if k.key == nil {
 		return nil, nil
 	}
-	prev, err := scanOrder(q.queryRow(ctx, "order_get_by_key", sc, *key))
+	prev, err := scanOrder(q.queryRow(ctx, "order_get_by_key", sc, *k.key))
 	switch {
 	case errors.Is(err, errNoRows):
 		return nil, nil
 	case err != nil:
 		return nil, err
-	case !sameRequest(prev.Fingerprint, *fp):
+	case keyExpired(prev.KeyExpiresAt, s.now()):
+		// The key's record expired: the key starts a new operation (SPEC §8).
+		_, err := q.exec(ctx, "order_retire_key", sc, prev.ID)
+		return nil, err
+	case !sameRequest(prev.Fingerprint, *k.fingerprint):
 		return s.keyReused(r), nil
 	case r.Method == http.MethodPut && prev.Created != prev.Updated:
 		return jsonReply(http.StatusOK, prev.render()), nil

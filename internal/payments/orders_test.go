@@ -170,3 +170,20 @@ func TestOrderBackstopWhenTheRecordIsGone(t *testing.T) {
 		wantStatus(t, b.do(r), http.StatusConflict)
 	})
 }
+
+func TestExpiredKeyStartsANewOrder(t *testing.T) {
+	eachDB(t, func(t *testing.T, newBundle func(...option) *bundle) {
+		clock := newSkippableClock()
+		b := newBundle(withClock(clock.now))
+		r := req{method: "POST", path: "/v1/orders", token: "tok_a", key: newKey(), body: `{"amount": 100, "currency": "usd"}`}
+		first := b.do(r)
+		wantStatus(t, first, http.StatusCreated)
+		b.exec("DELETE FROM idem_records")
+		clock.advance(idem.DefaultTTL)
+		again := b.do(r)
+		wantStatus(t, again, http.StatusCreated)
+		if decode(t, again)["id"] == decode(t, first)["id"] {
+			t.Fatalf("the expired key was replayed: %s", again.Body)
+		}
+	})
+}

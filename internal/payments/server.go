@@ -33,7 +33,9 @@ type Config struct {
 	// errors always have Stripe's shape. Defaults to [idem.ProfileSeed].
 	Profile idem.Profile
 
-	// TTL is how long an idempotency record lives. Defaults to [idem.DefaultTTL].
+	// TTL is how long an idempotency record lives; after it a key may start a new
+	// operation, and the objects it wrote stop answering for it. Keep it equal to the
+	// middleware's TTL when passing Middleware. Defaults to [idem.DefaultTTL].
 	TTL time.Duration
 
 	// Lease is how long a claim holds its key before another request may take it
@@ -71,6 +73,7 @@ type Server struct {
 	db      *DB
 	logger  *slog.Logger
 	now     func() time.Time
+	ttl     time.Duration
 	handler http.Handler
 	api     *http.ServeMux
 	root    *http.ServeMux
@@ -102,7 +105,10 @@ func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Server{cfg: cfg, db: cfg.DB, logger: cfg.Logger, now: cfg.Now}
+	if cfg.TTL == 0 {
+		cfg.TTL = idem.DefaultTTL
+	}
+	s := &Server{cfg: cfg, db: cfg.DB, logger: cfg.Logger, now: cfg.Now, ttl: cfg.TTL}
 	s.routes()
 	return s
 }

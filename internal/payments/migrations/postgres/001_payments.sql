@@ -1,33 +1,43 @@
 -- Charges and orders of the reference payments API (SPEC §11).
--- (scope, idempotency_key) is unique so that a re-execution of a request whose
--- idempotency record was lost (a store without SPEC §7 transactions, or a record that
--- expired) finds the object it already created instead of creating a second one.
+--
+-- A live idempotency key is unique per principal: (scope, idempotency_key) among rows
+-- whose key_retired is false. A re-execution of a request whose idempotency record was
+-- lost (a store without SPEC §7 transactions, or a lapsed lease) thus finds the object
+-- its key already wrote instead of writing a second one. Once the key's record expired
+-- (key_expires_at, unix milliseconds: arrival + TTL) the key may start a new operation
+-- (SPEC §8): the old row is retired, keeping idempotency_key for its rendering.
 CREATE TABLE IF NOT EXISTS charges (
-    id                  text   PRIMARY KEY,
-    scope               text   NOT NULL,
-    amount              bigint NOT NULL,
-    currency            text   NOT NULL,
+    id                  text    PRIMARY KEY,
+    scope               text    NOT NULL,
+    amount              bigint  NOT NULL,
+    currency            text    NOT NULL,
     customer_id         text,
-    status              text   NOT NULL,
-    created             bigint NOT NULL,
+    status              text    NOT NULL,
+    created             bigint  NOT NULL,
     idempotency_key     text,
     request_fingerprint text,
-    CONSTRAINT charges_scope_idempotency_key_key UNIQUE (scope, idempotency_key)
+    key_expires_at      bigint,
+    key_retired         boolean NOT NULL DEFAULT false
 );
+
+CREATE UNIQUE INDEX IF NOT EXISTS charges_scope_idempotency_key_idx ON charges (scope, idempotency_key) WHERE NOT key_retired;
 
 CREATE INDEX IF NOT EXISTS charges_scope_created_id_idx ON charges (scope, created DESC, id DESC);
 
 CREATE TABLE IF NOT EXISTS orders (
-    scope               text   NOT NULL,
-    id                  text   NOT NULL,
-    amount              bigint NOT NULL,
-    currency            text   NOT NULL,
+    scope               text    NOT NULL,
+    id                  text    NOT NULL,
+    amount              bigint  NOT NULL,
+    currency            text    NOT NULL,
     description         text,
-    status              text   NOT NULL,
-    created             bigint NOT NULL,
-    updated             bigint NOT NULL,
+    status              text    NOT NULL,
+    created             bigint  NOT NULL,
+    updated             bigint  NOT NULL,
     idempotency_key     text,
     request_fingerprint text,
-    CONSTRAINT orders_pkey PRIMARY KEY (scope, id),
-    CONSTRAINT orders_scope_idempotency_key_key UNIQUE (scope, idempotency_key)
+    key_expires_at      bigint,
+    key_retired         boolean NOT NULL DEFAULT false,
+    CONSTRAINT orders_pkey PRIMARY KEY (scope, id)
 );
+
+CREATE UNIQUE INDEX IF NOT EXISTS orders_scope_idempotency_key_idx ON orders (scope, idempotency_key) WHERE NOT key_retired;

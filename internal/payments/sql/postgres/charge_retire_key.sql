@@ -1,0 +1,4 @@
+-- The key's record expired: the key may start a new operation (SPEC §8).
+UPDATE charges
+SET key_retired = true
+WHERE id = $1;
