@@ -248,7 +248,7 @@ func (x *request) run(next http.Handler) {
 			return
 		}
 	}
-	waitUntil := time.Now().Add(m.cfg.InFlightWait)
+	waitUntil, backoff := time.Now().Add(m.cfg.InFlightWait), waitPollMin
 	for {
 		token := randomHex()
 		started := m.localNow()
@@ -274,7 +274,7 @@ func (x *request) run(next http.Handler) {
 			m.WriteError(x.w, x.r, CodeKeyReused, "")
 			return
 		}
-		rec, again, err := x.await(ctx, waitUntil)
+		rec, again, err := x.await(ctx, waitUntil, &backoff)
 		switch {
 		case err != nil:
 			x.storeUnavailable(ctx, "wait", err)
@@ -299,26 +299,29 @@ const (
 )
 
 // await polls the record of an in-flight request until it completes (rec), goes away
-// or its lease lapses (again: claim once more), or until the wait ends (neither).
-func (x *request) await(ctx context.Context, until time.Time) (rec *Record, again bool, err error) {
+// or its lease lapses (again: claim once more), or until the wait ends (neither). The
+// backoff carries over between calls of one request, so that a lease that looks
+// lapsed to this host but not to the store does not make it claim in a tight loop.
+func (x *request) await(ctx context.Context, until time.Time, backoff *time.Duration) (rec *Record, again bool, err error) {
 	if time.Until(until) <= 0 {
 		return nil, false, nil
 	}
-	if x.m.hooks.waiting != nil {
+	if x.m.hooks.waiting != nil && *backoff == waitPollMin {
 		x.m.hooks.waiting()
 	}
-	for backoff := waitPollMin; ; backoff = min(2*backoff, waitPollMax) {
+	for {
 		left := time.Until(until)
 		if left <= 0 {
 			return nil, false, nil
 		}
-		t := time.NewTimer(min(backoff, left))
+		t := time.NewTimer(min(*backoff, left))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil, false, ctx.Err()
 		case <-t.C:
 		}
+		*backoff = min(2**backoff, waitPollMax)
 		rec, err := x.m.cfg.Store.RecordGet(ctx, &RecordGetParams{Scope: x.scope, Key: x.key, Now: x.m.storeNow()})
 		switch {
 		case errors.Is(err, ErrNotFound):
