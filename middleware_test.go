@@ -641,3 +641,20 @@ func BenchmarkMiddleware(b *testing.B) {
 		}
 	})
 }
+
+func TestInFlightWaitEndsWithInProgress(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *idem.Config) { c.InFlightWait = 20 * time.Millisecond })
+	h := newHeld()
+	mw := b.mw.Handler(h)
+	done := make(chan struct{})
+	go func() { serve(mw, req("POST", "/x", key, "{}")); close(done) }()
+	<-h.entered
+	w := serve(mw, req("POST", "/x", key, "{}"))
+	wantCode(t, w, 409, idem.CodeRequestInProgress)
+	if w.Header().Get("Retry-After") != "1" || b.store.gets.Load() == 0 {
+		t.Errorf("Retry-After %q after %d polls", w.Header().Get("Retry-After"), b.store.gets.Load())
+	}
+	close(h.gate)
+	<-done
+}
