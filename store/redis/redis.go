@@ -124,8 +124,17 @@ func (s *Store) Capabilities() idem.Capabilities {
 	return idem.Capabilities{Transactions: false, BatchedCleanup: false, MultiProcess: true}
 }
 
-// Ping reports whether Redis answers (in a cluster, the node the client picks).
+// Ping reports whether Redis answers. In a cluster every master must answer, since a
+// master that does not serves none of its slots.
 func (s *Store) Ping(ctx context.Context) error {
+	if cc, ok := s.client.(*goredis.ClusterClient); ok {
+		return s.interpretError(cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+			if err := c.Ping(ctx).Err(); err != nil {
+				return fmt.Errorf("master %s: %w", c.Options().Addr, err)
+			}
+			return nil
+		}))
+	}
 	return s.interpretError(s.client.Ping(ctx).Err())
 }
 
