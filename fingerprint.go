@@ -195,9 +195,13 @@ type pair struct{ name, nameTo, valueTo int }
 // canonicalPairs appends to dst the canonical form of an application/x-www-form-urlencoded
 // text (a query or a form body): the parameters decoded as url.ParseQuery decodes them,
 // stably sorted by name, each written as length-prefixed name and value. It reports false
-// for text that url.ParseQuery refuses (a bad %-escape or a ';').
+// for text that url.ParseQuery refuses (a bad %-escape, a ';', or more than
+// maxFormParams parameters).
 func canonicalPairs[S string | []byte](st *fpState, dst []byte, s S) ([]byte, bool) {
 	st.pairs, st.dec = st.pairs[:0], st.dec[:0]
+	if count(s, '&') >= maxFormParams {
+		return dst, false
+	}
 	for len(s) > 0 {
 		seg := s
 		if i := index(s, '&'); i >= 0 {
@@ -235,6 +239,20 @@ func canonicalPairs[S string | []byte](st *fpState, dst []byte, s S) ([]byte, bo
 		dst = appendField(dst, 'v', st.dec[p.nameTo:p.valueTo])
 	}
 	return dst, true
+}
+
+// maxFormParams is url.ParseQuery's default limit on the number of parameters (its
+// GODEBUG urlmaxqueryparams setting is not followed here).
+const maxFormParams = 10000
+
+func count[S string | []byte](s S, c byte) int {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] == c {
+			n++
+		}
+	}
+	return n
 }
 
 func index[S string | []byte](s S, c byte) int {

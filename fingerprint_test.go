@@ -213,10 +213,25 @@ func TestFingerprintHashesAnUnparsableQueryAsSent(t *testing.T) {
 	for _, pair := range [][2]string{
 		{"/x?a=%zz&b=1", "/x?b=1&a=%zz"},
 		{"/x?a=1;b=2", "/x?b=2;a=1"},
+		{"/x?b=1&a=1" + strings.Repeat("&c=1", maxFormParams-1), "/x?a=1&b=1" + strings.Repeat("&c=1", maxFormParams-1)},
 	} {
 		if fp(t, "POST", pair[0], "", "") == fp(t, "POST", pair[1], "", "") {
 			t.Errorf("%q and %q share a fingerprint: an unparsable query must be taken as sent", pair[0], pair[1])
 		}
+	}
+}
+
+func TestFingerprintSortsTheMostParametersURLParseQueryTakes(t *testing.T) {
+	t.Parallel()
+	many := strings.Repeat("&c=1", maxFormParams-2)
+	if fp(t, "POST", "/x?b=1&a=1"+many, "", "") != fp(t, "POST", "/x?a=1&b=1"+many, "", "") {
+		t.Fatalf("%d parameters were not sorted", maxFormParams)
+	}
+	if _, err := url.ParseQuery("b=1&a=1" + many); err != nil {
+		t.Fatalf("url.ParseQuery refuses %d parameters: %v", maxFormParams, err)
+	}
+	if _, err := url.ParseQuery("b=1&a=1" + many + "&c=1"); err == nil {
+		t.Fatalf("url.ParseQuery accepts %d parameters; update maxFormParams", maxFormParams+1)
 	}
 }
 
