@@ -6,6 +6,7 @@
 //	              [--disable-idempotency]
 //	idem migrate  --store URL
 //	idem purge    --store URL [--older-than DURATION]
+//	idem load     --url URL [--concurrency N] [--duration D | --requests N] ...
 //
 // Store URLs are sqlite:PATH (or sqlite://PATH), postgres://… and postgresql://….
 // Every subcommand explains its flags with --help. A bad flag or URL is a one-line
@@ -34,6 +35,7 @@ commands:
   payments   serve the reference payments API (SPEC §11)
   migrate    create or upgrade an idempotency store's schema
   purge      delete expired idempotency records
+  load       load and verify the payments API (exactly-once)
 
 Run 'idem <command> --help' for the flags of a command.
 `
@@ -59,6 +61,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runMigrate(ctx, args[1:], stdout, stderr)
 	case "purge":
 		return runPurge(ctx, args[1:], stdout, stderr)
+	case "load":
+		return runLoad(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
