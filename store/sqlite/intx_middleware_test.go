@@ -232,12 +232,14 @@ func (l *lockedBuffer) String() string {
 }
 
 // A heartbeat renewal that ticks while the handler's InTx holds the write turn waits
-// for that turn; when InTx asks for the completion, the middleware waits for the
-// heartbeat to stop. The renewal must give up at once rather than hold the completion
-// (and SQLite's one write lock) until its own timeout, a heartbeat period.
+// for that turn; when InTx asks for the completion, the middleware stops the
+// heartbeat. The waiting renewal must be called off at once rather than hold the
+// completion (and SQLite's one write lock) until its own timeout, a heartbeat period.
 func TestRenewalWaitingForInTxDoesNotHoldUpTheCompletion(t *testing.T) {
 	t.Parallel()
-	const heartbeat = time.Second
+	// Long enough that the renewal never times out by itself while fn wakes up, even on
+	// a loaded machine.
+	const heartbeat = 2 * time.Second
 	renewWaits := newOpSignal("waiting for this process's write turn", "renew")
 	s, _ := openStore(t, sqlite.Config{Logger: slog.New(renewWaits)})
 	var mwLog lockedBuffer
@@ -272,9 +274,6 @@ func TestRenewalWaitingForInTxDoesNotHoldUpTheCompletion(t *testing.T) {
 		t.Fatalf("POST = %d %s, want 201", rec.Code, rec.Body)
 	}
 	if held := inTxEnd.Sub(fnEnd); held > heartbeat/2 {
-		t.Errorf("InTx took %v after fn returned, want far less than a heartbeat (%v)", held, heartbeat)
-	}
-	if !strings.Contains(mwLog.String(), "superseded") {
-		t.Errorf("the renewal did not give up as superseded; middleware log:\n%s", mwLog.String())
+		t.Errorf("InTx took %v after fn returned, want far less than a heartbeat (%v); middleware log:\n%s", held, heartbeat, mwLog.String())
 	}
 }

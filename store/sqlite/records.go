@@ -255,17 +255,9 @@ func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) 
 	}))
 }
 
-// RecordRenew implements [idem.Store.RecordRenew]. A renewal of a record whose
-// [Store.InTx] in this process is completing it gives up at once (see renewals).
+// RecordRenew implements [idem.Store.RecordRenew].
 func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (time.Time, error) {
 	leaseEnd := now(p.Now).Add(p.Lease)
-	k, rn := recordKey{p.Scope, p.Key}, &renewal{}
-	ctx, rn.cancel = context.WithCancelCause(ctx)
-	defer rn.cancel(nil)
-	if !s.renewals.start(k, rn) {
-		return time.Time{}, errRenewalSuperseded
-	}
-	defer s.renewals.end(k, rn)
 	err := s.writeTx(ctx, "renew", func(tx *sql.Tx) error {
 		n, err := execRows(ctx, tx, queryRecordRenew,
 			sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.Token),
@@ -279,9 +271,6 @@ func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (tim
 		return nil
 	})
 	if err != nil {
-		if errors.Is(context.Cause(ctx), errRenewalSuperseded) {
-			return time.Time{}, errRenewalSuperseded
-		}
 		return time.Time{}, interpretError(err)
 	}
 	return leaseEnd.UTC(), nil

@@ -80,7 +80,6 @@ type Store struct {
 	// writeSem queues this process's write transactions (capacity 1). It saves
 	// SQLite's busy polling; SQLite's own lock keeps them correct.
 	writeSem chan struct{}
-	renewals renewals
 }
 
 var _ idem.Store = (*Store)(nil)

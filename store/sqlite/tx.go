@@ -28,9 +28,8 @@ import (
 //
 // The transaction holds SQLite's one write lock (and this process's write turn) while
 // fn runs, so keep slow work, such as a call to a card processor, outside fn. While it
-// holds the lock no process can take the key over, so a lease renewal of the same
-// record that waits for the turn gives up once the completion begins rather than
-// delay it; this needs the middleware's Config.Store to be this same *Store.
+// holds the lock no process can take the key over; the middleware's lease renewal,
+// which waits for the lock meanwhile, is aborted when the completion begins.
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	h := idem.FromContext(ctx)
 	if err := s.lockWrites(ctx, "InTx"); err != nil {
@@ -58,9 +57,6 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 	}
 	completing := false
 	if h != nil {
-		// The heartbeat stops now; a renewal waiting for our write turn must not hold
-		// us up.
-		defer s.renewals.supersede(recordKey{h.Scope(), h.Key()})()
 		var p *idem.RecordCompleteParams
 		if p, completing = h.PrepareCompletion(); completing {
 			if err := s.CompleteTx(ctx, tx, p); err != nil {
