@@ -26,7 +26,7 @@ func (s schemaStore) table(name string) string { return pgx.Identifier{s.schema,
 func newStore(t testing.TB) schemaStore {
 	t.Helper()
 	dbURL, schema := pgtest.Schema(t)
-	s, err := postgres.Open(context.Background(), dbURL, postgres.Config{Schema: schema, MaxConns: 8})
+	s, err := postgres.Open(context.Background(), dbURL, postgres.Config{Schema: schema, MaxConns: 4})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}

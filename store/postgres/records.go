@@ -119,7 +119,7 @@ func (s *Store) takeOver(ctx context.Context, p *idem.RecordClaimParams, oldToke
 	if err != nil {
 		return nil, err
 	}
-	s.logger.InfoContext(ctx, "postgres: took over a key whose lease lapsed", "key_prefix", keyPrefix(p.Key))
+	s.logger.DebugContext(ctx, "postgres: took over a key whose lease lapsed", "key_prefix", keyPrefix(p.Key))
 	return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, TookOver: true, Now: now}, nil
 }
 
