@@ -46,12 +46,19 @@ type Server struct {
 func StartServer(t testing.TB, args ...string) *Server {
 	t.Helper()
 	RequireBinaries(t)
-	s := &Server{t: t, port: FreePort(t), dir: t.TempDir(), args: args}
+	s := &Server{t: t, dir: t.TempDir(), args: args}
 	t.Cleanup(s.Kill)
-	if err := s.start(); err != nil {
-		t.Fatal(err)
+	var err error
+	// Another process may take the free port before redis-server binds it: try again
+	// on a new one.
+	for range 3 {
+		s.port = FreePort(t)
+		if err = s.start(); err == nil {
+			return s
+		}
 	}
-	return s
+	t.Fatal(err)
+	return nil
 }
 
 // RequireBinaries skips t (fails it under CI=true) unless redis-server and redis-cli
