@@ -208,11 +208,11 @@ func (s *Store) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.R
 }
 
 // RecordDeleteExpired deletes one batch of at most params.Limit records that expired
-// more than params.Retention ago, skipping rows that requests hold locked. A Limit of
-// zero or less deletes nothing.
+// more than params.Retention ago, skipping rows that requests hold locked. Limit must
+// be positive.
 func (s *Store) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExpiredParams) (int, error) {
 	if p.Limit <= 0 {
-		return 0, nil
+		return 0, fmt.Errorf("postgres: RecordDeleteExpiredParams.Limit must be positive, got %d", p.Limit)
 	}
 	var n int64
 	err := s.withRetry(ctx, "delete_expired", func() error {

@@ -218,6 +218,17 @@ func waitUntilBlockedBy(t *testing.T, s schemaStore, backend int) {
 	}
 }
 
+func TestDeleteExpiredRefusesANonPositiveLimit(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	for _, limit := range []int{0, -1} {
+		_, err := s.RecordDeleteExpired(t.Context(), &idem.RecordDeleteExpiredParams{Limit: limit})
+		if err == nil || !strings.Contains(err.Error(), "Limit") {
+			t.Errorf("RecordDeleteExpired(Limit %d) = %v, want an error naming Limit", limit, err)
+		}
+	}
+}
+
 func TestSchemasAreIsolated(t *testing.T) {
 	t.Parallel()
 	a, b := newStore(t), newStore(t)
