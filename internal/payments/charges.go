@@ -142,6 +142,9 @@ func chargeParams(p *params) (chargeInput, *apiError) {
 // transaction or connection. It answers 503 and returns false when the request ends
 // first (the client went away, or the lease was lost).
 func (s *Server) callProcessor(w http.ResponseWriter, r *http.Request) bool {
+	if s.beforeCharge != nil {
+		s.beforeCharge(r)
+	}
 	d := s.cfg.ProcessorLatency
 	if d <= 0 {
 		return true

@@ -346,3 +346,31 @@ func TestExpiredKeyStartsANewCharge(t *testing.T) {
 		}
 	})
 }
+
+// SPEC §7: the charge and the record's completion commit together. When the key is
+// taken over while the charge is at the card processor, the fenced completion finds
+// another token, the charge rolls back, and the client gets 503 store_unavailable
+// instead of a 201 for a charge that does not exist.
+func TestChargeRollsBackWhenTheKeyIsTakenOverMidRequest(t *testing.T) {
+	eachDB(t, func(t *testing.T, newBundle func(...option) *bundle) {
+		b := newBundle()
+		tokenColumn := "token"
+		if b.db.dialect == dialectPostgres {
+			tokenColumn = "lock_token"
+		}
+		b.srv.beforeCharge = func(*http.Request) {
+			// Another process took the key over after our lease lapsed.
+			b.exec("UPDATE idem_records SET " + tokenColumn + " = 'stolen-token'")
+		}
+		w := b.postCharge("tok_a", newKey(), `{"amount": 100, "currency": "usd"}`)
+		wantStatus(t, w, http.StatusServiceUnavailable)
+		if e := apiErr(t, w); e["code"] != idem.CodeStoreUnavailable {
+			t.Fatalf("error %v", e)
+		}
+		b.srv.beforeCharge = nil
+		list := decode(t, b.do(req{method: "GET", path: "/v1/charges", token: "tok_a"}))
+		if n := len(list["data"].([]any)); n != 0 {
+			t.Fatalf("%d charges committed without their completion, want 0", n)
+		}
+	})
+}

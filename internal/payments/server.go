@@ -77,6 +77,8 @@ type Server struct {
 	handler http.Handler
 	api     *http.ServeMux
 	root    *http.ServeMux
+	// beforeCharge, when set by a test, runs where the card processor is called.
+	beforeCharge func(r *http.Request)
 }
 
 // New returns the payments API on cfg's store and database. It panics with a

@@ -1,6 +1,7 @@
 package payments
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/store/memory"
 )
 
 func TestHealthzAnswers200WhenStoreAndDBAnswer(t *testing.T) {
@@ -157,4 +159,28 @@ func migrateConcurrently(t *testing.T, open func() *DB) {
 	if err != nil {
 		t.Fatal(fmt.Errorf("using the migrated schema: %w", err))
 	}
+}
+
+// With a store that is not the payments database (Redis, say; here the in-memory
+// store), mutations run in plain transactions and the reply is written after COMMIT;
+// the middleware completes the record afterwards.
+func TestAStoreOfItsOwnUsesPlainTransactions(t *testing.T) {
+	t.Parallel()
+	sdb, err := OpenSQLite(filepath.Join(t.TempDir(), "pay.db"), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sdb.Close() })
+	b := newBundle(t, memory.New(), NewSQLiteDB(sdb, nil))
+	if b.db.CompletesRecords() {
+		t.Fatal("a DB without the store's InTx claims to complete records")
+	}
+	key := newKey()
+	first := b.postCharge("tok_a", key, `{"amount": 100, "currency": "usd"}`)
+	wantStatus(t, first, http.StatusCreated)
+	again := b.postCharge("tok_a", key, `{"amount": 100, "currency": "usd"}`)
+	if again.Header().Get("Idempotent-Replayed") != "true" || !bytes.Equal(first.Body.Bytes(), again.Body.Bytes()) {
+		t.Fatalf("not replayed: %d %s", again.Code, again.Body)
+	}
+	wantStatus(t, b.do(req{method: "PUT", path: "/v1/orders/ord_plain", token: "tok_a", key: newKey(), body: `{"amount": 1, "currency": "usd"}`}), http.StatusCreated)
 }
