@@ -85,7 +85,7 @@ func Open(ctx context.Context, rawURL string, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s.owned = true
-	if err := s.Ping(ctx); err != nil {
+	if err := s.ping(ctx); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("redis store: %s does not answer: %w", redactURL(rawURL), err)
 	}
@@ -95,8 +95,8 @@ func Open(ctx context.Context, rawURL string, cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// NewFromClient returns a store that uses client, a *goredis.Client or
-// *goredis.ClusterClient (or a ring of one shard). It neither pings Redis nor checks
+// NewFromClient returns a store that uses client, a *goredis.Client or a
+// *goredis.ClusterClient. It neither pings Redis nor checks
 // durability ([Store.CheckDurability]), and Close leaves the client open: the caller
 // owns it.
 func NewFromClient(client goredis.UniversalClient, cfg Config) (*Store, error) {
@@ -127,15 +127,19 @@ func (s *Store) Capabilities() idem.Capabilities {
 // Ping reports whether Redis answers. In a cluster every master must answer, since a
 // master that does not serves none of its slots.
 func (s *Store) Ping(ctx context.Context) error {
+	return s.interpretError(s.ping(ctx))
+}
+
+func (s *Store) ping(ctx context.Context) error {
 	if cc, ok := s.client.(*goredis.ClusterClient); ok {
-		return s.interpretError(cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
 			if err := c.Ping(ctx).Err(); err != nil {
 				return fmt.Errorf("master %s: %w", c.Options().Addr, err)
 			}
 			return nil
-		}))
+		})
 	}
-	return s.interpretError(s.client.Ping(ctx).Err())
+	return s.client.Ping(ctx).Err()
 }
 
 // RecordKey returns the Redis key of the record (scope, key):
