@@ -54,3 +54,20 @@ func failure(stderr io.Writer, command string, err error) int {
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
 }
+
+// storeFlag registers the required --store flag of migrate and purge.
+func storeFlag(fs *flag.FlagSet) *string {
+	return fs.String("store", "", "idempotency store `URL` (required): sqlite:PATH, postgres://…")
+}
+
+// requiredStore parses the value of a required --store flag; errors name the flag.
+func requiredStore(raw string) (storeURL, error) {
+	if raw == "" {
+		return storeURL{}, errors.New("--store is required")
+	}
+	u, err := parseStoreURL(raw)
+	if err != nil {
+		return u, fmt.Errorf("--store: %w", err)
+	}
+	return u, nil
+}

@@ -14,16 +14,13 @@ processes migrate at once). The payments tables are migrated by 'idem payments' 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const name = "idem migrate"
 	fs := newFlagSet("migrate", migrateSynopsis)
-	rawStore := fs.String("store", "", "idempotency store `URL` (required): sqlite:PATH, postgres://…")
+	rawStore := storeFlag(fs)
 	if code, done := parse(fs, args, stdout, stderr); done {
 		return code
 	}
-	if *rawStore == "" {
-		return usageError(stderr, name, "--store is required")
-	}
-	u, err := parseStoreURL(*rawStore)
+	u, err := requiredStore(*rawStore)
 	if err != nil {
-		return usageError(stderr, name, "--store: "+err.Error())
+		return usageError(stderr, name, err.Error())
 	}
 	st, err := openStore(ctx, u, newLogger(io.Discard, 0))
 	if err != nil {

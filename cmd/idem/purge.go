@@ -20,17 +20,14 @@ const purgeBatch = 1000
 func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const name = "idem purge"
 	fs := newFlagSet("purge", purgeSynopsis)
-	rawStore := fs.String("store", "", "idempotency store `URL` (required): sqlite:PATH, postgres://…")
+	rawStore := storeFlag(fs)
 	olderThan := fs.Duration("older-than", 0, "keep records that expired less than this long ago")
 	if code, done := parse(fs, args, stdout, stderr); done {
 		return code
 	}
-	if *rawStore == "" {
-		return usageError(stderr, name, "--store is required")
-	}
-	u, err := parseStoreURL(*rawStore)
+	u, err := requiredStore(*rawStore)
 	if err != nil {
-		return usageError(stderr, name, "--store: "+err.Error())
+		return usageError(stderr, name, err.Error())
 	}
 	if *olderThan < 0 {
 		return usageError(stderr, name, fmt.Sprintf("--older-than must not be negative, got %v", *olderThan))

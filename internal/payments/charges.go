@@ -122,20 +122,12 @@ type chargeInput struct {
 
 func chargeParams(p *params) (chargeInput, *apiError) {
 	var in chargeInput
-	if err := p.only("amount", "currency", "customer_id"); err != nil {
-		return in, err
-	}
 	var err *apiError
-	if in.Amount, err = p.amount("amount"); err != nil {
+	if in.Amount, in.Currency, err = p.money("customer_id"); err != nil {
 		return in, err
 	}
-	if in.Currency, err = p.currency("currency"); err != nil {
-		return in, err
-	}
-	if in.CustomerID, err = p.optionalString("customer_id", 255); err != nil {
-		return in, err
-	}
-	return in, nil
+	in.CustomerID, err = p.optionalString("customer_id", 255)
+	return in, err
 }
 
 // callProcessor stands for the card processor: it sleeps ProcessorLatency holding no

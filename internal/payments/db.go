@@ -232,12 +232,7 @@ func (q sqlQuerier) query(ctx context.Context, name string, args []any, each fun
 		return interpretError(err)
 	}
 	defer rows.Close()
-	for rows.Next() {
-		if err := each(rows); err != nil {
-			return err
-		}
-	}
-	return interpretError(rows.Err())
+	return iterate(rows, each)
 }
 
 type pgxDBTX interface {
@@ -269,6 +264,15 @@ func (q pgxQuerier) query(ctx context.Context, name string, args []any, each fun
 		return interpretError(err)
 	}
 	defer rows.Close()
+	return iterate(rows, each)
+}
+
+// iterate calls each for every row, then reports the rows' error.
+func iterate(rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}, each func(scanner) error) error {
 	for rows.Next() {
 		if err := each(rows); err != nil {
 			return err

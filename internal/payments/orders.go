@@ -68,14 +68,8 @@ type orderInput struct {
 
 func orderParams(p *params) (orderInput, *apiError) {
 	var in orderInput
-	if err := p.only("amount", "currency", "description", "status"); err != nil {
-		return in, err
-	}
 	var err *apiError
-	if in.Amount, err = p.amount("amount"); err != nil {
-		return in, err
-	}
-	if in.Currency, err = p.currency("currency"); err != nil {
+	if in.Amount, in.Currency, err = p.money("description", "status"); err != nil {
 		return in, err
 	}
 	if in.Description, err = p.optionalString("description", 1000); err != nil {

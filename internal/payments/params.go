@@ -54,6 +54,20 @@ func readParams(w http.ResponseWriter, r *http.Request) (*params, []byte, *apiEr
 	return nil, nil, &apiError{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type", message: "Send application/json or application/x-www-form-urlencoded."}
 }
 
+// money checks that the body has no parameters but amount, currency and others, and
+// returns the required amount and currency, in that order of checks.
+func (p *params) money(others ...string) (int64, string, *apiError) {
+	if err := p.only(append([]string{"amount", "currency"}, others...)...); err != nil {
+		return 0, "", err
+	}
+	amount, err := p.amount("amount")
+	if err != nil {
+		return 0, "", err
+	}
+	currency, err := p.currency("currency")
+	return amount, currency, err
+}
+
 // only refuses any parameter not in allowed, as Stripe does, naming the first unknown
 // one in sorted order so that the answer does not depend on map order.
 func (p *params) only(allowed ...string) *apiError {
