@@ -617,31 +617,6 @@ func TestLogsNeverContainTheKeyNorTheBody(t *testing.T) {
 	}
 }
 
-func BenchmarkMiddleware(b *testing.B) {
-	bb := setup(b, nil)
-	mw := bb.mw.Handler(&counter{})
-	body := `{"amount":2000,"currency":"usd","customer_id":"cust_abc123"}`
-	b.Run("new key", func(b *testing.B) {
-		b.ReportAllocs()
-		for i := 0; b.Loop(); i++ {
-			serve(mw, req("POST", "/v1/charges", fmt.Sprintf("bench-new-%012d", i), body))
-		}
-	})
-	b.Run("replay", func(b *testing.B) {
-		serve(mw, req("POST", "/v1/charges", "bench-replay-key", body))
-		b.ReportAllocs()
-		for b.Loop() {
-			serve(mw, req("POST", "/v1/charges", "bench-replay-key", body))
-		}
-	})
-	b.Run("without middleware", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			serve(&counter{}, req("POST", "/v1/charges", "k", body))
-		}
-	})
-}
-
 func TestInFlightWaitEndsWithInProgress(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *idem.Config) { c.InFlightWait = 20 * time.Millisecond })
