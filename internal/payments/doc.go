@@ -1,0 +1,44 @@
+// Package payments is the reference payments API of SPEC §11, in Stripe's shape: charges
+// and orders owned by bearer-token principals, behind the idem middleware, on SQLite or
+// PostgreSQL.
+//
+// Construction takes an idempotency store, a [DB] and options:
+//
+//	st, _ := sqlite.Open(ctx, path, sqlite.Config{})     // or postgres.Open(ctx, url, …)
+//	_ = st.Migrate(ctx)
+//	db := payments.NewSQLiteDB(st.DB(), st.InTx)         // or NewPostgresDB(st.Pool(), st.InTx)
+//	_, _ = db.Migrate(ctx)
+//	srv := payments.New(payments.Config{Store: st, DB: db})
+//	handler := srv.Handler()                             // mount it, or httptest.NewServer(handler)
+//
+// Passing the store's own InTx makes every mutating endpoint commit its rows and the
+// completion of the idempotency record in one transaction (SPEC §7): the response is
+// written into the middleware's capture inside the transaction, and a client never
+// receives a response whose effects did not commit. With a store that is not the DB's
+// database (Redis), pass a nil InTx: mutations run in plain transactions and the reply
+// is written after COMMIT.
+//
+// Every charge and order carries scope, idempotency_key, request_fingerprint and the
+// key's expiry; a live (scope, idempotency_key) is unique. When the idempotency record
+// was lost (a store without §7, a lapsed lease) a re-execution of the same request
+// re-renders the object the key already wrote, byte for byte, and another request with
+// that key gets key_reused. Once the key's record expired (Config.TTL) the key starts a
+// new operation (SPEC §8).
+//
+// Choices where the SPEC is silent:
+//   - Unknown body parameters are refused with 400 parameter_unknown, as Stripe does;
+//     query parameters of GET are not checked.
+//   - amount must be a JSON integer (not 20.5, 2e3 or "2000") or, in a form, digits;
+//     an empty form value or a JSON null leaves an optional parameter unset.
+//   - Orders are {"id", "object": "order", "amount", "currency", "description" (string or
+//     null), "status" (open, paid, fulfilled or canceled; default open), "created",
+//     "updated", "idempotency_key"}. Their ids are per principal: two principals may each
+//     PUT ord_x.
+//   - A malformed order id answers 404 to GET (no such order can exist), 400 to PUT (it
+//     cannot be created) and 204 to DELETE (deleting what does not exist succeeds).
+//   - A missing or malformed Authorization header is 401 api_key_invalid.
+//   - Errors of the API itself always have Stripe's shape; the middleware's follow
+//     Config.Profile.
+//   - With DisableIdempotency, Idempotency-Key headers are ignored and objects carry a
+//     null idempotency_key.
+package payments
