@@ -21,7 +21,7 @@ import (
 
 // bundle is one payments API under test, mounted in-process, with what built it.
 type bundle struct {
-	t       *testing.T
+	t       testing.TB
 	srv     *Server
 	handler http.Handler
 	store   idem.Store
@@ -71,7 +71,7 @@ func eachDB(t *testing.T, test func(t *testing.T, newBundle func(...option) *bun
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func sqliteBundle(t *testing.T, opts ...option) *bundle {
+func sqliteBundle(t testing.TB, opts ...option) *bundle {
 	t.Helper()
 	ctx := testenv.Context(t)
 	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{})
@@ -91,7 +91,7 @@ func sqliteBundle(t *testing.T, opts ...option) *bundle {
 	return b
 }
 
-func postgresBundle(t *testing.T, opts ...option) *bundle {
+func postgresBundle(t testing.TB, opts ...option) *bundle {
 	t.Helper()
 	ctx := testenv.Context(t)
 	dbURL, schema := pgtest.Schema(t)
@@ -112,7 +112,7 @@ func postgresBundle(t *testing.T, opts ...option) *bundle {
 	return b
 }
 
-func newBundle(t *testing.T, st idem.Store, db *DB, opts ...option) *bundle {
+func newBundle(t testing.TB, st idem.Store, db *DB, opts ...option) *bundle {
 	t.Helper()
 	if _, err := db.Migrate(testenv.Context(t)); err != nil {
 		t.Fatalf("Migrate: %v", err)
