@@ -107,8 +107,8 @@ func testConcurrentDuplicates(t *testing.T, servers []*server, keys, dups int) {
 				counts["replayed"]++
 			case res.Status == http.StatusConflict && res.errorCode() == "request_in_progress":
 				counts["in progress"]++
-				if res.Header.Get("Retry-After") == "" {
-					t.Errorf("key %d: 409 request_in_progress without Retry-After: %s", k, res)
+				if res.Header.Get("Retry-After") == "" || res.Header.Get("Idempotency-Key") != key {
+					t.Errorf("key %d: 409 request_in_progress without Retry-After or the echoed key: %s", k, res)
 				}
 			default:
 				counts["other"]++

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	_ "modernc.org/sqlite"
 )
 
@@ -198,13 +199,37 @@ func waitInFlight(t testing.TB, dbPath, key string) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	waitFor(t, 10*time.Second, "the request to hold its key in flight", func() (bool, string) {
+	waitForState(t, key, func() (string, error) {
 		var state string
 		err := db.QueryRow("SELECT state FROM idem_records WHERE key = ?", key).Scan(&state)
+		return state, err
+	})
+}
+
+// waitInFlightPG is waitInFlight for the PostgreSQL store at url.
+func waitInFlightPG(t testing.TB, url, key string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	waitForState(t, key, func() (string, error) {
+		var state string
+		err := conn.QueryRow(ctx, "SELECT state FROM idem_records WHERE key = $1", key).Scan(&state)
+		return state, err
+	})
+}
+
+func waitForState(t testing.TB, key string, state func() (string, error)) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the request to hold its key in flight", func() (bool, string) {
+		s, err := state()
 		if err != nil {
 			return false, err.Error()
 		}
-		return state == "in_flight", "state " + state
+		return s == "in_flight", "state " + s
 	})
 }
 

@@ -179,3 +179,44 @@ func TestPostgresOutageFailsClosedAndRecoversWithoutRestart(t *testing.T) {
 		t.Fatalf("after the outage the principal has %d charges, want 2", n)
 	}
 }
+
+// TestPostgresOutageMidRequestAnswers503AndRetryChargesOnce stops PostgreSQL while a
+// charge waits on its card processor: that request must not be answered 201 (nothing
+// can commit), and once PostgreSQL is back the client's retry ends with exactly one
+// charge.
+func TestPostgresOutageMidRequestAnswers503AndRetryChargesOnce(t *testing.T) {
+	t.Parallel()
+	pg := newPGCluster(t)
+	s := startServer(t, "--store", pg.URL(), "--processor-latency", "3s", "--lock-timeout", "2s")
+	c := newClient()
+	key := newKey()
+	got := make(chan answer, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		defer cancel()
+		res, err := c.send(ctx, s.URL(), request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: chargeJSON(2000)})
+		got <- answer{res, err}
+	}()
+	waitInFlightPG(t, pg.URL(), key)
+	pg.stop()
+	a := <-got
+	if a.err != nil {
+		t.Fatalf("the in-flight request during the outage: %v", a.err)
+	}
+	// The middleware's store_unavailable, or the handler's own 503 when the lease ran
+	// out under it: either is "nothing happened, retry"; a 201 would be a lie.
+	if a.res.Status != http.StatusServiceUnavailable {
+		t.Fatalf("the in-flight request during the outage: want 503, got %s", a.res)
+	}
+	t.Logf("the in-flight request was answered %d %s", a.res.Status, a.res.errorCode())
+	if s.exited() {
+		t.Fatalf("the server exited during the outage: %v", s.exitError())
+	}
+
+	pg.start()
+	res, err := retryUntilCreated(context.Background(), c, s.URL(), key, chargeJSON(2000), 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantChargesExactly(t, c, s, map[string]string{key: res.id(t)}, "after the outage")
+}
