@@ -21,7 +21,7 @@ import (
 const (
 	killOps       = 48 // logical operations, each its own key and body
 	killClients   = 4  // client goroutines sharing them
-	killTimes     = 6  // SIGKILLs of the server
+	killTimes     = 8  // SIGKILLs of the server
 	killOpTimeout = 60 * time.Second
 )
 
@@ -43,6 +43,8 @@ func TestSIGKILLLoopChargesEachOperationExactlyOnce(t *testing.T) {
 				key  string
 				body []byte
 				seen [][]byte // bodies of every 201
+				// retryReplayed: the 201 to the retry sent after success was a replay.
+				retryReplayed bool
 			}
 			// Each client runs at least its share of killOps operations, and keeps
 			// starting new ones until the killer is done, so every kill hits traffic.
@@ -78,6 +80,7 @@ func TestSIGKILLLoopChargesEachOperationExactlyOnce(t *testing.T) {
 								return
 							}
 							o.seen = append(o.seen, res.Body)
+							o.retryReplayed = res.replayed()
 						}
 					}
 				}()
@@ -122,6 +125,9 @@ func TestSIGKILLLoopChargesEachOperationExactlyOnce(t *testing.T) {
 					if !bytes.Equal(b, o.seen[0]) {
 						t.Errorf("operation %d: 201 #%d differs from the first:\n got %s\nwant %s", i, j+1, b, o.seen[0])
 					}
+				}
+				if !o.retryReplayed {
+					t.Errorf("operation %d: the retry after its 201 was executed again, not replayed", i)
 				}
 				want[o.key] = (&response{Body: o.seen[0]}).id(t)
 			}
