@@ -75,14 +75,14 @@ type Latency struct {
 
 // Summary holds the figures of a run. Verify fills Verification.
 type Summary struct {
-	Endpoint      string  `json:"endpoint"`
-	URL           string  `json:"url"`
-	Concurrency   int     `json:"concurrency"`
-	Keyed         bool    `json:"keyed"`
-	ElapsedSecs   float64 `json:"elapsed_s"`
-	Requests      int64   `json:"requests"`
-	Errors        int64   `json:"errors"`
-	Throughput    float64 `json:"requests_per_second"`
+	Endpoint    string  `json:"endpoint"`
+	URL         string  `json:"url"`
+	Concurrency int     `json:"concurrency"`
+	Keyed       bool    `json:"keyed"`
+	ElapsedSecs float64 `json:"elapsed_s"`
+	Requests    int64   `json:"requests"`
+	Errors      int64   `json:"errors"`
+	Throughput  float64 `json:"requests_per_second"`
 	Latency
 	Replayed      int64            `json:"replayed"`
 	Status        map[string]int64 `json:"status"`
