@@ -1,0 +1,25 @@
+// Package client is the client half of idem (SPEC §12): an [http.RoundTripper] that
+// adds an Idempotency-Key to POST and PATCH requests and retries them safely, and
+// [NewClient], which returns an [*http.Client] using it.
+//
+// One logical request (one call of RoundTrip) keeps the same key and the same body
+// bytes on every attempt, so a retry whose predecessor did execute is a replay on an
+// idem server, never a second execution. The [Transport] retries connection errors
+// (including a reply lost after the server committed), 409 request_in_progress, 429
+// and 5xx other than 501, waiting Retry-After when the server sends it and an
+// exponential backoff with full jitter otherwise. Answers are classified by their
+// error code in both of idem's error profiles; final answers (key_reused,
+// response_not_stored, outcome_unknown, 400, 401, 403, 404, 422, …) are returned at
+// once.
+//
+// Retries are limited by [Transport.MaxAttempts] and by a [Budget], a token bucket
+// shared by every request of the client, so that a failing server sees at most a
+// bounded fraction of extra load. The http.Transport underneath silently re-sends a
+// request carrying an Idempotency-Key when a reused connection fails; the Transport
+// detects those re-sends with [net/http/httptrace] and charges them to the budget
+// and to the attempt count.
+//
+// [Attempts] reports how many attempts a response took; a failed request returns a
+// [*RetryError] ("POST https://… giving up after 3 attempt(s): …") that wraps the
+// last cause.
+package client

@@ -1,0 +1,236 @@
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"hash/fnv"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fault is what the proxy does to one request.
+type fault int
+
+const (
+	faultNone fault = iota
+	// faultReset resets the client's connection (RST) before the request is forwarded:
+	// the server never sees it.
+	faultReset
+	// faultDropReply forwards the request, reads the server's whole response (so the
+	// server has committed) and then drops the client's connection without it.
+	faultDropReply
+	// faultDelay waits a few milliseconds and then forwards normally.
+	faultDelay
+	numFaults
+)
+
+func (f fault) String() string {
+	return [...]string{"none", "reset", "drop-reply", "delay"}[f]
+}
+
+// faultRates are the probabilities of the faults; the rest is faultNone.
+type faultRates struct {
+	reset, dropReply, delay float64
+}
+
+// faultProxy is an HTTP/1.1-aware TCP proxy that injects faults per request. The
+// fault of a request is drawn from an RNG seeded with the proxy's seed and a hash of
+// the request (method, path, body) and of how many times the proxy has seen that
+// same request, so the faults of a run reproduce for its seed whatever the
+// goroutines' interleaving.
+type faultProxy struct {
+	t        *testing.T
+	upstream string
+	seed     uint64
+	rates    faultRates
+	ln       net.Listener
+
+	mu    sync.Mutex
+	seen  map[uint64]int
+	conns map[net.Conn]struct{}
+
+	counts [numFaults]atomic.Int64
+	wg     sync.WaitGroup
+}
+
+// newFaultProxy listens on a free port and forwards to upstream (host:port). It is
+// closed when the test ends.
+func newFaultProxy(t *testing.T, upstream string, seed uint64, rates faultRates) *faultProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &faultProxy{t: t, upstream: upstream, seed: seed, rates: rates, ln: ln,
+		seen: map[uint64]int{}, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+// URL is the proxy's base URL.
+func (p *faultProxy) URL() string { return "http://" + p.ln.Addr().String() }
+
+// count returns how many requests got fault f.
+func (p *faultProxy) count(f fault) int64 { return p.counts[f].Load() }
+
+func (p *faultProxy) close() {
+	_ = p.ln.Close()
+	p.mu.Lock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func (p *faultProxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conns == nil {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *faultProxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+	_ = c.Close()
+}
+
+func (p *faultProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if !p.track(c) {
+			_ = c.Close()
+			return
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer p.untrack(c)
+			p.serve(c)
+		}()
+	}
+}
+
+// decide draws the fault of the n-th sighting of a request, and for a dropped reply
+// whether the connection is reset (or closed cleanly).
+func (p *faultProxy) decide(req *http.Request, body []byte) (f fault, hard bool) {
+	h := fnv.New64a()
+	_, _ = io.WriteString(h, req.Method+" "+req.URL.RequestURI()+"\n")
+	_, _ = h.Write(body)
+	id := h.Sum64()
+	p.mu.Lock()
+	n := p.seen[id]
+	p.seen[id]++
+	p.mu.Unlock()
+	var nb [8]byte
+	binary.LittleEndian.PutUint64(nb[:], uint64(n))
+	_, _ = h.Write(nb[:])
+	rng := rand.New(rand.NewPCG(p.seed, h.Sum64()))
+	x, hard := rng.Float64(), rng.IntN(2) == 0
+	r := p.rates
+	switch {
+	case x < r.reset:
+		return faultReset, hard
+	case x < r.reset+r.dropReply:
+		return faultDropReply, hard
+	case x < r.reset+r.dropReply+r.delay:
+		return faultDelay, hard
+	}
+	return faultNone, hard
+}
+
+// serve relays the requests of one client connection over one upstream connection,
+// applying a fault to each.
+func (p *faultProxy) serve(c net.Conn) {
+	br := bufio.NewReader(c)
+	var up net.Conn
+	var ubr *bufio.Reader
+	defer func() {
+		if up != nil {
+			p.untrack(up)
+		}
+	}()
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		body, err := io.ReadAll(req.Body)
+		if err != nil {
+			return
+		}
+		f, hard := p.decide(req, body)
+		p.counts[f].Add(1)
+		switch f {
+		case faultReset:
+			reset(c)
+			return
+		case faultDelay:
+			time.Sleep(5 * time.Millisecond) // the fault itself: latency, not synchronisation
+		}
+		if up == nil {
+			if up, err = net.Dial("tcp", p.upstream); err != nil {
+				p.t.Errorf("faultProxy: dialing upstream: %v", err)
+				return
+			}
+			if !p.track(up) {
+				return
+			}
+			ubr = bufio.NewReader(up)
+		}
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		req.ContentLength = int64(len(body))
+		if err := req.Write(up); err != nil {
+			return
+		}
+		resp, err := http.ReadResponse(ubr, req)
+		if err != nil {
+			return
+		}
+		rbody, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return
+		}
+		if f == faultDropReply {
+			// The server has committed and answered; the client never hears of it.
+			// Half the drops close cleanly (EOF), half reset.
+			if hard {
+				reset(c)
+			}
+			return
+		}
+		resp.Body = io.NopCloser(bytes.NewReader(rbody))
+		resp.ContentLength = int64(len(rbody))
+		resp.TransferEncoding = nil
+		if err := resp.Write(c); err != nil || resp.Close || req.Close {
+			return
+		}
+	}
+}
+
+// reset closes c with an RST instead of a FIN.
+func reset(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+}
