@@ -132,6 +132,6 @@ func newFrozenClock() *frozenClock {
 	return c
 }
 
-func (c *frozenClock) Now() time.Time              { return time.Unix(0, c.now.Load()) }
-func (c *frozenClock) Advance(d time.Duration)     { c.now.Add(int64(d)) }
+func (c *frozenClock) Now() time.Time             { return time.Unix(0, c.now.Load()) }
+func (c *frozenClock) Advance(d time.Duration)    { c.now.Add(int64(d)) }
 func noBackoff(int, *http.Response) time.Duration { return 0 }
