@@ -352,3 +352,25 @@ func TestPostedOrderReplays(t *testing.T) {
 		t.Fatalf("GET of the posted order: %s", got)
 	}
 }
+
+// SPEC §4 keeps number tokens exactly as sent: 2000 and 2000.0 are different requests.
+func TestNumberTokensAreNotNormalisedInTheFingerprint(t *testing.T) {
+	t.Parallel()
+	s, c := setup(t)
+	key := newKey()
+	want201(t, "first POST", c.postCharge(t, s.URL(), key, []byte(`{"amount": 2000, "currency": "usd"}`)))
+	res := c.postCharge(t, s.URL(), key, []byte(`{"amount": 2000.0, "currency": "usd"}`))
+	wantSeedError(t, "2000.0 after 2000", res, http.StatusConflict, "key_reused", key)
+}
+
+// SPEC §3: the RFC 8941 String form and the bare form name the same key; the answer
+// echoes the header as received.
+func TestQuotedKeyNamesTheSameKeyAsTheBareForm(t *testing.T) {
+	t.Parallel()
+	s, c := setup(t)
+	key := newKey()
+	first := c.postCharge(t, s.URL(), key, chargeJSON(2000))
+	want201(t, "POST with the bare key", first)
+	quoted := `"` + key + `"`
+	wantReplayOf(t, "POST with the quoted key", first, c.postCharge(t, s.URL(), quoted, chargeJSON(2000)), quoted)
+}
