@@ -196,7 +196,7 @@ func TestSlowHolderStillChargesOnce(t *testing.T) {
 // retryUntilCreated posts the charge with key and body until it gets a 201, retrying
 // transport errors, 409 request_in_progress and 503, within d.
 func retryUntilCreated(ctx context.Context, c *client, base, key string, body []byte, d time.Duration) (*response, error) {
-	return retryCounting(ctx, c, base, key, body, d, &retryStats{})
+	return retryCounting(ctx, c, func() string { return base }, key, body, d, &retryStats{})
 }
 
 // retryStats counts the retried answers of retryCounting.
@@ -208,13 +208,14 @@ func (s *retryStats) String() string {
 	return fmt.Sprintf("%d transport errors, %d request_in_progress, %d 503", s.transportErrors.Load(), s.inProgress.Load(), s.unavailable.Load())
 }
 
-// retryCounting is retryUntilCreated counting what it retried in stats.
-func retryCounting(ctx context.Context, c *client, base, key string, body []byte, d time.Duration, stats *retryStats) (*response, error) {
+// retryCounting is retryUntilCreated counting what it retried in stats, sending each
+// attempt to the server base returns.
+func retryCounting(ctx context.Context, c *client, base func() string, key string, body []byte, d time.Duration, stats *retryStats) (*response, error) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var last string
 	for attempt := 1; ; attempt++ {
-		res, err := c.send(ctx, base, request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: body})
+		res, err := c.send(ctx, base(), request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: body})
 		switch {
 		case err != nil:
 			stats.transportErrors.Add(1)
