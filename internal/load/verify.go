@@ -211,16 +211,24 @@ func Match(outcomes []Outcome, objects []Object, listed bool, noun string) []str
 		oc, ok := known[k]
 		switch {
 		case k == "":
-			out = append(out, fmt.Sprintf("%d %s without an idempotency key (%s)", len(byKey[k]), noun, strings.Join(byKey[k], ", ")))
+			out = append(out, fmt.Sprintf("%s without an idempotency key (%s)", quantity(len(byKey[k]), noun), strings.Join(byKey[k], ", ")))
 		case !ok:
-			out = append(out, fmt.Sprintf("key %s, never sent by this run, has %d %s (%s)", k, len(byKey[k]), noun, strings.Join(byKey[k], ", ")))
+			out = append(out, fmt.Sprintf("key %s, never sent by this run, has %s (%s)", k, quantity(len(byKey[k]), noun), strings.Join(byKey[k], ", ")))
 		case oc.Final == 0:
 			// Unresolved: its object may or may not exist; reported as unresolved.
 		case oc.Final < 200 || oc.Final >= 300:
-			out = append(out, fmt.Sprintf("key %s was answered %s but has %d %s (%s)", k, strings.TrimSpace(fmt.Sprintf("%d %s", oc.Final, oc.Code)), len(byKey[k]), noun, strings.Join(byKey[k], ", ")))
+			out = append(out, fmt.Sprintf("key %s was answered %s but has %s (%s)", k, strings.TrimSpace(fmt.Sprintf("%d %s", oc.Final, oc.Code)), quantity(len(byKey[k]), noun), strings.Join(byKey[k], ", ")))
 		}
 	}
 	return out
+}
+
+// quantity renders "1 charge" or "2 charges".
+func quantity(n int, noun string) string {
+	if n == 1 {
+		return "1 " + strings.TrimSuffix(noun, "s")
+	}
+	return fmt.Sprintf("%d %s", n, noun)
 }
 
 // resolve retries, concurrently, each logical request without a final answer until it
