@@ -163,3 +163,9 @@ func benchmarkReplay(b *testing.B, h http.Handler) {
 		}
 	}
 }
+
+// BenchmarkMiddlewareReplayCached is a retry answered from the replay cache
+// (Config.ReplayCacheSize), without a store call.
+func BenchmarkMiddlewareReplayCached(b *testing.B) {
+	benchmarkReplay(b, benchMiddleware(func(c *idem.Config) { c.ReplayCacheSize = 1024 }))
+}

@@ -27,6 +27,9 @@ const (
 	DefaultInFlightWait time.Duration = 0
 	// DefaultRetention is how long the cleaner keeps records after they expire.
 	DefaultRetention time.Duration = 0
+	// DefaultReplayCacheSize is the number of completed responses the middleware
+	// keeps in memory: none, every replay reads the store.
+	DefaultReplayCacheSize = 0
 )
 
 // Requirement says whether a request must, may or must not carry an Idempotency-Key.
@@ -150,6 +153,23 @@ type Config struct {
 	// [DefaultStorePolicy].
 	StorePolicy func(status int) bool
 
+	// ReplayCacheSize, when positive, keeps up to this many completed responses in an
+	// in-process cache (least recently used evicted first), so that a replay served
+	// from it costs no store round trip (SPEC §5). The cache is filled when this
+	// process completes a record or replays one from the store, and is consulted
+	// before the claim. A hit needs the same scope and a matching fingerprint; a
+	// mismatch goes to the store, which answers key_reused. It holds completed records
+	// only (never in-flight state; records completed as not stored are kept too, and
+	// answer response_not_stored), and never a released key. Sharing the store with
+	// other processes is safe: a completed record never changes before it expires.
+	//
+	// Entries are dropped a margin of a few seconds before the record's expires_at.
+	// Expiry is read from the process's clock (Clock when set), not the store's; the
+	// margin covers a bounded skew between them. Each entry holds a copy of the
+	// response, so memory use is about ReplayCacheSize times the typical stored
+	// response. Defaults to [DefaultReplayCacheSize] (0, off).
+	ReplayCacheSize int
+
 	// Profile is the shape of error bodies (SPEC §9). Defaults to [ProfileSeed].
 	Profile Profile
 
@@ -206,6 +226,9 @@ func newConfig(c Config) *config {
 	nonNegative("InFlightWait", c.InFlightWait)
 	if c.MinKeyLength < 0 || c.MinKeyLength > MaxKeyLength {
 		panic(fmt.Sprintf("idem: Config.MinKeyLength must be between 1 and %d, got %d", MaxKeyLength, c.MinKeyLength))
+	}
+	if c.ReplayCacheSize < 0 {
+		panic(fmt.Sprintf("idem: Config.ReplayCacheSize must not be negative, got %d", c.ReplayCacheSize))
 	}
 	if c.MaxBodyBytes < 0 {
 		panic(fmt.Sprintf("idem: Config.MaxBodyBytes must not be negative, got %d", c.MaxBodyBytes))

@@ -37,3 +37,11 @@ func (t *ManualTicker) TryTick() bool {
 		return false
 	}
 }
+
+// ReplayCacheLen returns how many entries m's replay cache holds (0 when off).
+func ReplayCacheLen(m *Middleware) int {
+	if m.cache == nil {
+		return 0
+	}
+	return m.cache.len()
+}

@@ -41,15 +41,9 @@ type Middleware struct {
 	newTicker func(time.Duration) ticker
 	// hooks signal tests; all nil in production.
 	hooks testHooks
-	// cache is reserved for the bounded cache of completed responses that SPEC §5
-	// allows ("or none [round trips] with an optional bounded cache"); nil until it is
-	// built, and consulted before the claim when set.
-	cache replayCache
-}
-
-// replayCache is the shape reserved for a bounded cache of completed responses.
-type replayCache interface {
-	get(scope, key string, fp Fingerprint) (*Response, bool)
+	// cache is the bounded cache of completed responses (Config.ReplayCacheSize); nil
+	// when off.
+	cache *replayCache
 }
 
 // testHooks let tests wait on events instead of sleeping.
@@ -70,7 +64,11 @@ type route struct {
 // New returns a Middleware for cfg. It panics with a message naming the field when cfg
 // is invalid (a programmer's mistake): "idem: Config.Scope is required".
 func New(cfg Config) *Middleware {
-	return &Middleware{cfg: newConfig(cfg), newTicker: newRealTicker}
+	m := &Middleware{cfg: newConfig(cfg), newTicker: newRealTicker}
+	if m.cfg.ReplayCacheSize > 0 {
+		m.cache = newReplayCache(m.cfg.ReplayCacheSize)
+	}
+	return m
 }
 
 // Handler wraps next with the middleware's default options: the key requirement comes
@@ -243,7 +241,7 @@ func randomHex() string {
 func (x *request) run(next http.Handler) {
 	m, ctx := x.m, x.r.Context()
 	if m.cache != nil {
-		if resp, ok := m.cache.get(x.scope, x.key, x.fp); ok {
+		if resp, ok := m.cache.get(x.scope, x.key, x.fp, m.localNow()); ok {
 			x.replay(resp)
 			return
 		}
@@ -265,9 +263,10 @@ func (x *request) run(next http.Handler) {
 			if res.TookOver {
 				m.cfg.Logger.InfoContext(ctx, "idem: took over a key whose holder's lease lapsed; executing again", x.log...)
 			}
-			x.execute(next, token, started)
+			x.execute(next, token, started, res.Record)
 			return
 		case ClaimCompleted:
+			x.cacheRecord(res.Record)
 			x.replay(res.Record.Response)
 			return
 		case ClaimMismatch:
@@ -283,6 +282,7 @@ func (x *request) run(next http.Handler) {
 			m.WriteError(x.w, x.r, CodeKeyReused, "")
 			return
 		case rec != nil:
+			x.cacheRecord(rec)
 			x.replay(rec.Response)
 			return
 		case !again:
@@ -337,6 +337,27 @@ func (x *request) await(ctx context.Context, until time.Time, backoff *time.Dura
 	}
 }
 
+// cacheRecord puts a completed record read from the store in the replay cache, when
+// there is one. The record is the caller's own copy (Store contract), so its response
+// is kept as is.
+func (x *request) cacheRecord(rec *Record) {
+	if x.m.cache == nil || rec == nil || rec.State != StateCompleted {
+		return
+	}
+	x.m.cache.put(x.scope, x.key, rec.Fingerprint, rec.Response, rec.ExpiresAt, x.m.localNow())
+}
+
+// cacheCompleted puts the response this process just stored in the replay cache, when
+// there is one: it expires at the claimed record's created_at + TTL (SPEC §8).
+func (ex *execution) cacheCompleted(resp *Response) {
+	m := ex.m
+	if m.cache == nil || ex.claimed == nil {
+		return
+	}
+	expires := CompletedExpiresAt(ex.claimed.CreatedAt, ex.rt.ttl)
+	m.cache.put(ex.scope, ex.key, ex.claimed.Fingerprint, cloneResponse(resp), expires, m.localNow())
+}
+
 // replay answers with a stored response (SPEC §5.4).
 func (x *request) replay(resp *Response) {
 	if resp == nil || resp.NotStored {
@@ -375,6 +396,7 @@ func (x *request) storeCtx() (context.Context, context.CancelFunc) {
 type execution struct {
 	*request
 	token   string
+	claimed *Record // the record as the claim returned it
 	handle  *Handle
 	capture *capture
 	hb      *heartbeat
@@ -386,13 +408,14 @@ type execution struct {
 }
 
 // execute runs the handler under the claim held by token (SPEC §5–§7).
-func (x *request) execute(next http.Handler, token string, claimStarted time.Time) {
+func (x *request) execute(next http.Handler, token string, claimStarted time.Time, claimed *Record) {
 	m := x.m
 	ctx, cancel := context.WithCancelCause(x.r.Context())
 	defer cancel(nil)
 	ex := &execution{
 		request: x,
 		token:   token,
+		claimed: claimed,
 		handle:  &Handle{scope: x.scope, key: x.key},
 		capture: newCapture(x.w, x.keyValues, m.cfg.MaxResponseBytes),
 	}
@@ -454,6 +477,12 @@ func (ex *execution) finish() {
 	completed, failed := ex.handle.outcome()
 	switch {
 	case completed: // a §7 transaction committed the record with the application's writes
+		ex.mu.Lock()
+		params := ex.params
+		ex.mu.Unlock()
+		if params != nil {
+			ex.cacheCompleted(params.Response)
+		}
 		ex.capture.send()
 		return
 	case failed != nil: // ... or did not commit: neither effects nor record exist
@@ -474,6 +503,7 @@ func (ex *execution) finish() {
 	cancel()
 	switch {
 	case err == nil:
+		ex.cacheCompleted(params.Response)
 		ex.capture.send()
 	case errors.Is(err, ErrLeaseLost):
 		// Another request took the key over and executes (or executed) the operation;

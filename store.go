@@ -17,6 +17,13 @@ import (
 // [ErrNotFound], a fenced operation whose token no longer holds the record is
 // [ErrLeaseLost], and lock contention inside the store (such as SQLite's busy state) is
 // retried within the context's deadline rather than returned.
+//
+// Ownership: a store does not keep params or anything they point to (a response's
+// body and headers included) after the call returns (for a SPEC §7 completion, after
+// the transaction ends); it copies what it stores. The middleware relies on this to
+// pass responses that live in pooled buffers. A
+// *Record or *Response that a store returns belongs to the caller, who may keep it
+// (the middleware's replay cache does) and must not change it.
 type Store interface {
 	// RecordClaim atomically claims (Scope, Key) for a request fingerprinted
 	// params.Fingerprint, in one store operation. When no live record exists (absent or
