@@ -16,11 +16,10 @@ import (
 // and every other answer is a replay of the winner's or 409 request_in_progress.
 func TestConcurrentDuplicatesAcrossProcessesChargeOnce(t *testing.T) {
 	t.Parallel()
-	for _, kind := range sqlStores {
+	for _, kind := range allStores {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
-			store := newStore(t, kind)
-			servers := startServers(t, 3, "--store", store, "--processor-latency", "50ms")
+			servers := startServers(t, 3, append(storeFlags(t, kind), "--processor-latency", "50ms")...)
 			testConcurrentDuplicates(t, servers, 20, 25)
 		})
 	}
@@ -162,10 +161,10 @@ func wantChargesExactly(t testing.TB, c *client, s *server, want map[string]stri
 // Exactly one charge results and both clients end with it.
 func TestSlowHolderStillChargesOnce(t *testing.T) {
 	t.Parallel()
-	for _, kind := range sqlStores {
+	for _, kind := range allStores {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
-			s := startServer(t, "--store", newStore(t, kind), "--processor-latency", "3s", "--lock-timeout", "1s")
+			s := startServer(t, append(storeFlags(t, kind), "--processor-latency", "3s", "--lock-timeout", "1s")...)
 			c := newClient()
 			key := newKey()
 			results := make(chan *response, 2)

@@ -31,7 +31,7 @@ const (
 // every 201 a client saw for one key has the same bytes.
 func TestSIGKILLLoopChargesEachOperationExactlyOnce(t *testing.T) {
 	t.Parallel()
-	for _, kind := range sqlStores {
+	for _, kind := range allStores {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			testKillLoop(t, kind, 1)
@@ -44,7 +44,7 @@ func TestSIGKILLLoopChargesEachOperationExactlyOnce(t *testing.T) {
 // is killed each time, so keys of a dead process are taken over by the others.
 func TestSIGKILLOfOneOfThreeProcessesChargesEachOperationExactlyOnce(t *testing.T) {
 	t.Parallel()
-	for _, kind := range sqlStores {
+	for _, kind := range allStores {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			testKillLoop(t, kind, 3)
@@ -53,7 +53,7 @@ func TestSIGKILLOfOneOfThreeProcessesChargesEachOperationExactlyOnce(t *testing.
 }
 
 func testKillLoop(t *testing.T, kind storeKind, processes int) {
-	servers := startServers(t, processes, "--store", newStore(t, kind), "--processor-latency", "50ms", "--lock-timeout", "1s")
+	servers := startServers(t, processes, append(storeFlags(t, kind), "--processor-latency", "50ms", "--lock-timeout", "1s")...)
 	c := newClient()
 	// One connection per request: a killed server leaves no stale pooled ones.
 	c.http.Transport.(*http.Transport).DisableKeepAlives = true
@@ -161,10 +161,10 @@ func testKillLoop(t *testing.T, kind storeKind, processes int) {
 // SIGKILL: a key completed before either replays with the same body.
 func TestCompletedKeyReplaysAfterRestart(t *testing.T) {
 	t.Parallel()
-	for _, kind := range sqlStores {
+	for _, kind := range allStores {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
-			s := startServer(t, "--store", newStore(t, kind))
+			s := startServer(t, storeFlags(t, kind)...)
 			c := newClient()
 			key := newKey()
 			first := c.postCharge(t, s.URL(), key, chargeJSON(2000))

@@ -18,10 +18,27 @@ type storeKind string
 const (
 	storeSQLite   storeKind = "sqlite"
 	storePostgres storeKind = "postgres"
+	storeRedis    storeKind = "redis"
 )
 
 // sqlStores are the stores that keep both the idempotency records and the payments data.
 var sqlStores = []storeKind{storeSQLite, storePostgres}
+
+// allStores adds Redis, which keeps the records only (the charges go to PostgreSQL):
+// it has no SPEC §7 transaction, so exactly-once rests on the payments API's own
+// backstop there.
+var allStores = []storeKind{storeSQLite, storePostgres, storeRedis}
+
+// storeFlags returns the flags that point a server at a fresh store of kind: --store,
+// and --db where the store is not SQL. Redis needs no prefix of its own: records are
+// scoped by each test's random tokens and keys.
+func storeFlags(t testing.TB, kind storeKind) []string {
+	t.Helper()
+	if kind == storeRedis {
+		return []string{"--store", testenv.RedisURL(t), "--db", postgresStore(t)}
+	}
+	return []string{"--store", newStore(t, kind)}
+}
 
 // newStore returns the --store URL of a fresh, empty store of kind for this test.
 func newStore(t testing.TB, kind storeKind) string {
