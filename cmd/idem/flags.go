@@ -57,7 +57,7 @@ func oneLine(s string) string {
 
 // storeFlag registers the required --store flag of migrate and purge.
 func storeFlag(fs *flag.FlagSet) *string {
-	return fs.String("store", "", "idempotency store `URL` (required): sqlite:PATH, postgres://…")
+	return fs.String("store", "", "idempotency store `URL` (required): sqlite:PATH, postgres://…, redis://…, redis+cluster://…")
 }
 
 // requiredStore parses the value of a required --store flag; errors name the flag.

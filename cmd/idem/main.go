@@ -8,7 +8,9 @@
 //	idem purge    --store URL [--older-than DURATION]
 //	idem load     --url URL [--concurrency N] [--duration D | --requests N] ...
 //
-// Store URLs are sqlite:PATH (or sqlite://PATH), postgres://… and postgresql://….
+// Store URLs are sqlite:PATH (or sqlite://PATH), postgres://…, postgresql://…,
+// redis://… and rediss://… (one Redis), and redis+cluster://… and rediss+cluster://…
+// (a Redis Cluster); with a Redis store, payments needs --db for its SQL data.
 // Every subcommand explains its flags with --help. A bad flag or URL is a one-line
 // error on stderr and exit status 2; a failure at run time is exit status 1.
 package main

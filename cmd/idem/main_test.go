@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/store/redis/redistest"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
@@ -93,11 +94,89 @@ func TestHelpExplainsEveryFlag(t *testing.T) {
 	}
 }
 
-func TestRedisStoreIsRefusedUntilWired(t *testing.T) {
+func TestMigrateAndPurgeOnRedisSayThereIsNothingToDo(t *testing.T) {
 	t.Parallel()
-	code, _, stderr := runCmd(t, "migrate", "--store", "redis://127.0.0.1:6379/0")
-	if code == exitOK || !strings.Contains(stderr, "redis store not available yet") {
-		t.Fatalf("exit %d, stderr %q", code, stderr)
+	url := testenv.RedisURL(t)
+	for _, cmd := range []string{"migrate", "purge"} {
+		code, stdout, stderr := runCmd(t, cmd, "--store", url)
+		if code != exitOK || strings.Count(stdout, "\n") != 1 || stderr != "" {
+			t.Fatalf("%s: exit %d, stdout %q, stderr %q; want exit 0 and one line", cmd, code, stdout, stderr)
+		}
+		for _, want := range []string{"nothing to " + cmd, "no schema", "TTL"} {
+			if !strings.Contains(stdout, want) {
+				t.Errorf("%s says %q, want it to mention %q", cmd, stdout, want)
+			}
+		}
+	}
+}
+
+func TestMigrateOnUnreachableRedisFailsWithOneLine(t *testing.T) {
+	t.Parallel()
+	// Port 1 refuses at once; max_retries=-1 keeps go-redis from retrying.
+	code, stdout, stderr := runCmd(t, "migrate", "--store", "redis://u:secret@127.0.0.1:1/0?max_retries=-1&dial_timeout=1s")
+	if code != exitFailure || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "does not answer") {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1 and one line saying Redis does not answer", code, stdout, stderr)
+	}
+	if strings.Contains(stderr, "secret") {
+		t.Fatalf("the error shows the password: %q", stderr)
+	}
+}
+
+// A private Redis without persistence: idem payments warns about it once, before its
+// start line, and then serves charges with the data in the --db database.
+func TestPaymentsOnRedisWarnsOnceAboutDurabilityAndServes(t *testing.T) {
+	t.Parallel()
+	rs := redistest.StartServer(t)
+	db := "sqlite:" + filepath.Join(t.TempDir(), "pay.db")
+	ctx, cancel := context.WithCancel(testenv.Context(t))
+	defer cancel()
+	pr, pw := io.Pipe()
+	exit := make(chan int, 1)
+	go func() {
+		exit <- run(ctx, []string{"payments", "--addr", "127.0.0.1:0", "--store", rs.URL(), "--db", db}, io.Discard, pw)
+		pw.Close()
+	}()
+	lines := bufio.NewScanner(pr)
+	var warnings []string
+	var m []string
+	for m == nil && lines.Scan() {
+		if m = listeningLine.FindStringSubmatch(lines.Text()); m == nil {
+			warnings = append(warnings, lines.Text())
+		}
+	}
+	if m == nil {
+		t.Fatalf("no start line; logged %q; exit %d", warnings, <-exit)
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	if m[2] != rs.URL() || m[3] != db {
+		t.Fatalf("start line names store %q and db %q", m[2], m[3])
+	}
+	if len(warnings) == 0 {
+		t.Fatal("no durability warning for a Redis without persistence")
+	}
+	seen := map[string]bool{}
+	for _, w := range warnings {
+		if !strings.HasPrefix(w, "level=WARN") || !strings.Contains(w, "redis store") || seen[w] {
+			t.Errorf("before the start line, want each durability warning once; got %q", warnings)
+		}
+		seen[w] = true
+	}
+
+	req, _ := http.NewRequest("POST", "http://"+m[1]+"/v1/charges", strings.NewReader(`{"amount": 2000, "currency": "usd"}`))
+	req.Header.Set("Authorization", "Bearer tok_test")
+	req.Header.Set("Idempotency-Key", "key-redis-test-1")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("POST /v1/charges: %d", resp.StatusCode)
+	}
+	cancel()
+	if code := <-exit; code != exitOK {
+		t.Fatalf("exit %d after shutdown", code)
 	}
 }
 

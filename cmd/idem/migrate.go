@@ -9,7 +9,8 @@ import (
 const migrateSynopsis = `--store URL
 
 Creates or upgrades the idempotency store's schema (idempotent; safe when several
-processes migrate at once). The payments tables are migrated by 'idem payments' itself.`
+processes migrate at once). The payments tables are migrated by 'idem payments' itself.
+A Redis store has no schema: migrate checks that it answers and says so.`
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const name = "idem migrate"
@@ -27,6 +28,10 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return failure(stderr, name, err)
 	}
 	defer st.close()
+	if u.kind == kindRedis {
+		fmt.Fprintf(stdout, "%s: %s\n", u, redisNoMigrate)
+		return exitOK
+	}
 	if err := st.migrate(ctx); err != nil {
 		return failure(stderr, name, fmt.Errorf("migrating %s: %w", u, err))
 	}

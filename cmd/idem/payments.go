@@ -26,7 +26,13 @@ several processes start at once), cleans expired records in the background, and 
 down gracefully on SIGINT/SIGTERM.
 
 Store URLs: sqlite:PATH or sqlite://PATH (sqlite:///abs/path), postgres://… or
-postgresql://… (pgx's URL; pool_max_conns=N overrides the pool size). Pools: SQLite 8
+postgresql://… (pgx's URL; pool_max_conns=N overrides the pool size),
+redis://[user:password@]host:port[/db] or rediss://… (TLS) for one Redis, and
+redis+cluster://host:port?addr=host:port&addr=… (rediss+cluster:// for TLS) for a
+Redis Cluster; go-redis options go in the query (dial_timeout=1s, max_retries=-1).
+A Redis store needs --db, an SQL database for charges and orders, whose unique
+(principal, key) constraint keeps a charge single even when Redis loses a record
+(docs/redis.md). Pools: SQLite 8
 connections (WAL: readers run beside the one writer), PostgreSQL 32; the simulated card
 processor holds no connection, so far more requests can be in flight.
 

@@ -2,12 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/payments"
@@ -54,8 +55,10 @@ type storeURL struct {
 //	sqlite:PATH, sqlite://PATH      an SQLite file (sqlite:///abs/path is /abs/path);
 //	                                PATH may be a file: URI carrying parameters
 //	postgres://…, postgresql://…    PostgreSQL, as pgx reads it (pool_max_conns=N etc.)
-//	redis://…, rediss://…, redis+cluster://…, rediss+cluster://…
-//	                                Redis (not wired into the command yet)
+//	redis://[user:password@]host:port[/db], rediss://…
+//	                                one Redis server (rediss: over TLS)
+//	redis+cluster://host:port[?addr=host:port&addr=…], rediss+cluster://…
+//	                                a Redis Cluster (any reachable seed nodes)
 //
 // Errors name the URL with its password redacted.
 func parseStoreURL(raw string) (storeURL, error) {
@@ -82,7 +85,7 @@ func parseStoreURL(raw string) (storeURL, error) {
 	if redis.IsURL(raw) {
 		return storeURL{kind: kindRedis, raw: raw}, nil
 	}
-	return storeURL{}, fmt.Errorf("store URL %q has unsupported scheme %q (want sqlite:PATH, postgres://…, postgresql://…, redis:// or rediss://)", redact(raw), scheme)
+	return storeURL{}, fmt.Errorf("store URL %q has unsupported scheme %q (want sqlite:PATH, postgres://…, postgresql://…, redis://, rediss:// or redis+cluster://)", redact(raw), scheme)
 }
 
 // sql reports whether the URL names a database that can also keep the payments data.
@@ -112,9 +115,6 @@ func redact(raw string) string {
 	}
 	return scheme + "://" + user + ":xxxxx" + rest[at:]
 }
-
-// errRedisNotWired is the answer for a Redis store until the command opens one.
-var errRedisNotWired = errors.New("redis store not available yet in the idem command; use sqlite:PATH or postgres://")
 
 // openedStore is an open idempotency store, with the SPEC §7 helper when it has one.
 type openedStore struct {
@@ -149,12 +149,40 @@ func openStore(ctx context.Context, u storeURL, logger *slog.Logger) (*openedSto
 		}
 		return &openedStore{url: u, store: st, migrate: st.Migrate, pg: st, close: st.Close}, nil
 	case kindRedis:
-		// The Redis engineer adds the case here: redis.Open(ctx, u.raw, redis.Config{…}),
-		// with migrate a no-op.
-		return nil, errRedisNotWired
+		routeGoRedisLogs(logger)
+		// Open logs its durability warnings (persistence, eviction) once, through logger.
+		st, err := redis.Open(ctx, u.raw, redis.Config{Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		// Redis has no schema: records are hashes written on first use.
+		noMigration := func(context.Context) error { return nil }
+		return &openedStore{url: u, store: st, migrate: noMigration, close: func() { _ = st.Close() }}, nil
 	}
 	return nil, fmt.Errorf("store URL %q: unknown kind", u)
 }
+
+// goRedisLogs makes go-redis's own logger (connection pool and cluster chatter, which
+// it prints to stderr by default) write through slog at debug level, once per process:
+// the store reports what matters as errors, and a Redis outage must not flood the log.
+var goRedisLogs sync.Once
+
+func routeGoRedisLogs(logger *slog.Logger) {
+	goRedisLogs.Do(func() { goredis.SetLogger(goRedisLogger{logger}) })
+}
+
+// goRedisLogger is go-redis's logging interface on an slog.Logger.
+type goRedisLogger struct{ l *slog.Logger }
+
+func (g goRedisLogger) Printf(ctx context.Context, format string, v ...any) {
+	g.l.DebugContext(ctx, "go-redis: "+fmt.Sprintf(format, v...))
+}
+
+// What migrate and purge say about a Redis store, which needs neither.
+const (
+	redisNoMigrate = "nothing to migrate: a Redis store has no schema (and expires records itself by key TTL)"
+	redisNoPurge   = "nothing to purge: Redis expires records itself by key TTL (and a Redis store has no schema)"
+)
 
 // openDB opens where the payments API keeps its data. When db names the store's own
 // SQL database, the DB shares the store's connections and its InTx helper, so every
