@@ -374,3 +374,21 @@ func TestQuotedKeyNamesTheSameKeyAsTheBareForm(t *testing.T) {
 	quoted := `"` + key + `"`
 	wantReplayOf(t, "POST with the quoted key", first, c.postCharge(t, s.URL(), quoted, chargeJSON(2000)), quoted)
 }
+
+// SPEC §10: --disable-idempotency serves the same API without the middleware, so a key
+// is ignored and a duplicate executes again.
+func TestDisabledIdempotencyExecutesDuplicatesTwice(t *testing.T) {
+	t.Parallel()
+	s, c := setup(t, "--disable-idempotency")
+	key := newKey()
+	first := c.postCharge(t, s.URL(), key, chargeJSON(2000))
+	want201(t, "first POST", first)
+	second := c.postCharge(t, s.URL(), key, chargeJSON(2000))
+	want201(t, "duplicate POST", second)
+	if second.replayed() || second.id(t) == first.id(t) {
+		t.Fatalf("with idempotency disabled the duplicate was deduplicated:\n%s\n%s", first, second)
+	}
+	if res := c.postCharge(t, s.URL(), "", chargeJSON(2000)); res.Status != http.StatusCreated {
+		t.Fatalf("with idempotency disabled a POST without a key: want 201, got %s", res)
+	}
+}
