@@ -12,7 +12,8 @@
 //	if err := st.Migrate(ctx); err != nil { ... }
 //	mw := idem.New(idem.Config{Store: st, ...})
 //
-// A new key costs one round trip to claim and one to complete; a replay and an
+// A new key costs one round trip to claim and one to complete (the claim's commit does
+// not wait for the WAL flush, see Durable claims); a replay and an
 // in-flight duplicate cost one; a takeover two (see queries.go for the full table).
 // Statements run at READ COMMITTED and a replay writes nothing.
 //
@@ -21,6 +22,33 @@
 // receives a response whose effects did not commit. The fenced completion and COMMIT
 // travel in one pipelined round trip; a lost lease raises SQLSTATE IDL01 inside the
 // transaction so that the queued COMMIT is skipped.
+//
+// # Durable claims
+//
+// A new key's claim commits with synchronous_commit off (unless
+// Config.SynchronousClaim): it returns without waiting for the WAL flush, saving one
+// flush per request. This is safe because nothing of the operation can commit without
+// the claim having reached disk first:
+//
+//   - The application's writes commit only in the transaction that holds the fenced
+//     completion (SPEC §7), and that completion updates the claim row, which it must find
+//     under the holder's token; without it the fence raises, and nothing commits.
+//   - That transaction commits synchronously, and a synchronous commit flushes all the
+//     WAL before its own commit record. The claim's commit record precedes it (the
+//     completion found the claim's row, so the claim had committed), so once a
+//     completion is durable, so is its claim.
+//   - A crash can therefore lose only a claim whose operation has not committed. The
+//     holder's completion then finds no row and rolls back, and the client gets 503 (the
+//     client's retry executes once). A duplicate that saw the lost claim in flight got
+//     409 request_in_progress, and its retry finds the key absent and executes: still
+//     only one execution's writes commit, because the holder's completion can no longer
+//     succeed. What the holder did outside the database (a call to a card processor)
+//     happens again, as after a lapsed lease (SPEC §5.3); with durable claims a crash of
+//     the database mid-request usually costs the same re-execution, since the holder's
+//     connection and lease break with it.
+//
+// TestInTxRefusesTheCompletionOfALostClaim shows the fence refusing. Takeovers, expired
+// records, renewals, releases and completions all stay synchronous.
 //
 // Errors are normalised at the package's edge: a missing record is [idem.ErrNotFound],
 // a fenced operation that lost its token is [idem.ErrLeaseLost], and a database that

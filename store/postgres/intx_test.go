@@ -289,3 +289,41 @@ func TestInTxRunsAtReadCommitted(t *testing.T) {
 		t.Errorf("InTx isolation = %q, want read committed", level)
 	}
 }
+
+// TestInTxRefusesTheCompletionOfALostClaim is the safety argument of claims committed
+// without waiting for the WAL flush (doc.go, "Durable claims"): when a crash loses the
+// claim row, the holder's fenced completion finds nothing, its writes roll back and it
+// answers 503; the client's retry then executes once.
+func TestInTxRefusesTheCompletionOfALostClaim(t *testing.T) {
+	t.Parallel()
+	app := newChargeApp(t)
+	const key = "key-claim-lost"
+	held := app.gate("held")
+	heldDone := make(chan *httptest.ResponseRecorder, 1)
+	go func() { heldDone <- app.post(key, "held", "") }()
+	<-held.entered // "held" holds the key and has not begun its transaction
+
+	// The database crashes and comes back without the claim: its commit had not been
+	// flushed.
+	if _, err := app.s.Pool().Exec(t.Context(), `DELETE FROM `+app.s.table("idem_records")); err != nil {
+		t.Fatal(err)
+	}
+	close(held.proceed)
+	got := <-heldDone
+	if got.Code != http.StatusServiceUnavailable || !strings.Contains(got.Body.String(), "store_unavailable") {
+		t.Fatalf("the request whose claim was lost = %d %s, want 503 store_unavailable", got.Code, got.Body)
+	}
+	if names := app.charges(t); len(names) != 0 {
+		t.Fatalf("charges = %q, want none: a completion without its claim must roll the writes back", names)
+	}
+	if _, err := app.record(t, key); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("record after the refused completion: %v, want ErrNotFound", err)
+	}
+	retry := app.post(key, "retry", "")
+	if retry.Code != http.StatusCreated {
+		t.Fatalf("retry = %d %s, want 201", retry.Code, retry.Body)
+	}
+	if names := app.charges(t); len(names) != 1 || names[0] != "retry" {
+		t.Fatalf("charges = %q, want exactly the retry's", names)
+	}
+}

@@ -27,6 +27,14 @@ type Config struct {
 	// Defaults to DefaultMaxConns, unless the URL sets pool_max_conns.
 	MaxConns int
 
+	// SynchronousClaim makes the commit of a new key's claim wait for the WAL flush
+	// like every other commit. Without it the claim commits with synchronous_commit
+	// off: a crash of the database may lose the last claims (a retry then executes,
+	// exactly once), never a completion or an application's write, because the
+	// completion's own synchronous commit flushes the WAL that holds its claim (see
+	// "Durable claims" in the package doc). Defaults to false.
+	SynchronousClaim bool
+
 	// Logger receives the store's rare log lines (takeovers, retried statements,
 	// migrations). Keys are never logged in full. Defaults to a logger that discards
 	// everything.
@@ -51,6 +59,8 @@ type Store struct {
 	schema  string
 	q       *queries
 	logger  *slog.Logger
+	// synchronousClaim is Config.SynchronousClaim.
+	synchronousClaim bool
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -106,6 +116,8 @@ func NewFromPool(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		schema: cfg.Schema,
 		q:      newQueries(cfg.Schema),
 		logger: logger,
+
+		synchronousClaim: cfg.SynchronousClaim,
 	}, nil
 }
 

@@ -12,10 +12,14 @@
 -- or (ON CONFLICT DO NOTHING, which writes nothing) return the record already there.
 -- Zero rows means the INSERT waited for a concurrent inserter that committed after this
 -- statement's snapshot was taken, so the SELECT cannot see its row: the caller retries.
+-- When $10 is true the statement's own (implicit) transaction commits without waiting
+-- for the WAL flush: set_config(…, true) is SET LOCAL, read by the COMMIT that ends this
+-- statement. Why losing such a claim in a crash is safe: doc.go, "Durable claims".
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 token,
--- $7 lease (µs), $8 ttl (µs), $9 injected now (NULL: the store's clock).
+-- $7 lease (µs), $8 ttl (µs), $9 injected now (NULL: the store's clock), $10 async commit.
 WITH clock AS MATERIALIZED (
-    SELECT coalesce($9::timestamptz, clock_timestamp()) AS now
+    SELECT coalesce($9::timestamptz, clock_timestamp()) AS now,
+           CASE WHEN $10::boolean THEN set_config('synchronous_commit', 'off', true) END AS async
 ), ins AS (
     INSERT INTO {{schema}}idem_records AS r
         (scope, key, id, fingerprint_version, fingerprint, state, lock_token, lease_end,
