@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -390,5 +392,52 @@ func TestDisabledIdempotencyExecutesDuplicatesTwice(t *testing.T) {
 	}
 	if res := c.postCharge(t, s.URL(), "", chargeJSON(2000)); res.Status != http.StatusCreated {
 		t.Fatalf("with idempotency disabled a POST without a key: want 201, got %s", res)
+	}
+}
+
+// SPEC §5: a different request on a record that is still in flight is key_reused, not
+// request_in_progress: the key is taken whatever its state.
+func TestMismatchWhileInFlightIsKeyReused(t *testing.T) {
+	t.Parallel()
+	dbPath := filepath.Join(t.TempDir(), "idem.db")
+	s := startServer(t, "--store", "sqlite:"+dbPath, "--processor-latency", "2s")
+	c := newClient()
+	key := newKey()
+	got := make(chan answer, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		defer cancel()
+		res, err := c.send(ctx, s.URL(), request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: chargeJSON(2000)})
+		got <- answer{res, err}
+	}()
+	waitInFlight(t, dbPath, key)
+	res := c.postCharge(t, s.URL(), key, chargeJSON(9999))
+	wantSeedError(t, "another body while the first is in flight", res, http.StatusConflict, "key_reused", key)
+	a := <-got
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	want201(t, "the request in flight", a.res)
+}
+
+func TestMalformedKeyIs400KeyInvalid(t *testing.T) {
+	t.Parallel()
+	s, c := setup(t)
+	for _, key := range []string{"short", `has"quote`, "a,list,of,keys", `"unterminated`} {
+		res := c.postCharge(t, s.URL(), key, chargeJSON(2000))
+		wantError(t, "key "+key, res, http.StatusBadRequest, "key_invalid")
+	}
+	if n := len(c.listCharges(t, s.URL())); n != 0 {
+		t.Fatalf("refused keys left %d charges", n)
+	}
+}
+
+// SPEC §2: safe methods pass through; a key header on them is ignored, even a malformed one.
+func TestKeyHeaderOnGetIsIgnored(t *testing.T) {
+	t.Parallel()
+	s, c := setup(t)
+	res := c.do(t, s.URL(), request{method: "GET", path: "/v1/charges", key: "bad"})
+	if res.Status != http.StatusOK {
+		t.Fatalf("GET with a malformed key: want 200, got %s", res)
 	}
 }
