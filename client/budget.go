@@ -92,7 +92,7 @@ func (b *Budget) withdraw() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refillLocked()
-	if b.tokens < 1 {
+	if b.tokens < 1-tokenSlack {
 		return false
 	}
 	b.tokens--
@@ -108,7 +108,11 @@ func (b *Budget) charge(n int) {
 }
 
 // canCover reports whether the budget holds a token for one more re-send.
-func (b *Budget) canCover() bool { return b.Tokens() >= 1 }
+func (b *Budget) canCover() bool { return b.Tokens() >= 1-tokenSlack }
+
+// tokenSlack absorbs floating-point rounding, so that ten deposits of 0.1 earn a
+// retry.
+const tokenSlack = 1e-9
 
 func (b *Budget) refillLocked() {
 	now := b.now()
