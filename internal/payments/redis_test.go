@@ -1,0 +1,146 @@
+package payments
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"path/filepath"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/store/redis"
+)
+
+// redisBundle is the API with its records in Redis (a key prefix of its own on the
+// shared server) and its data in a database with plain transactions, as
+// `idem payments --store redis://… --db …` runs it. forget deletes every idempotency
+// record of the bundle from Redis, as a flush, a restart without persistence or a
+// failover would.
+type redisBundle struct {
+	*bundle
+	forget func()
+}
+
+// eachRedisDB runs test with the records in Redis and the data on SQLite, then on
+// PostgreSQL.
+func eachRedisDB(t *testing.T, test func(t *testing.T, b *redisBundle)) {
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		sdb, err := OpenSQLite(filepath.Join(t.TempDir(), "pay.db"), 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sdb.Close() })
+		test(t, newRedisBundle(t, NewSQLiteDB(sdb, nil)))
+	})
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		dbURL, schema := pgtest.Schema(t)
+		pool, err := pgxpool.New(testenv.Context(t), pgtest.SearchPathURL(t, dbURL, schema))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		test(t, newRedisBundle(t, NewPostgresDB(pool, nil)))
+	})
+}
+
+func newRedisBundle(t *testing.T, db *DB) *redisBundle {
+	t.Helper()
+	ctx := testenv.Context(t)
+	prefix := testenv.Name("paytest-") + ":"
+	st, err := redis.Open(ctx, testenv.RedisURL(t), redis.Config{KeyPrefix: prefix, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	forget := func() {
+		t.Helper()
+		keys, err := st.Client().Keys(ctx, prefix+"*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) == 0 {
+			t.Fatal("no record to forget: the store kept nothing under " + prefix)
+		}
+		for _, k := range keys {
+			if err := st.Client().Del(ctx, k).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Cleanup(func() {
+		keys, _ := st.Client().Keys(context.Background(), prefix+"*").Result()
+		for _, k := range keys {
+			st.Client().Del(context.Background(), k)
+		}
+	})
+	b := newBundle(t, st, db)
+	if b.db.CompletesRecords() {
+		t.Fatal("a DB beside a Redis store claims to complete records in its transactions")
+	}
+	return &redisBundle{bundle: b, forget: forget}
+}
+
+// On Redis no transaction covers the record and the charge. When Redis loses a
+// completed record, the resent request executes again, and the database's unique
+// (scope, idempotency_key) answers it with the first charge, the same bytes, without a
+// second charge; another body with that key is key_reused.
+func TestChargeOnRedisIsNotRepeatedWhenRedisLosesTheRecord(t *testing.T) {
+	eachRedisDB(t, func(t *testing.T, b *redisBundle) {
+		key, body := newKey(), `{"amount": 100, "currency": "usd", "customer_id": "cust_1"}`
+		first := b.postCharge("tok_a", key, body)
+		wantStatus(t, first, http.StatusCreated)
+		b.forget()
+
+		again := b.postCharge("tok_a", key, body)
+		wantStatus(t, again, http.StatusCreated)
+		if again.Header().Get("Idempotent-Replayed") != "" {
+			t.Fatal("answered from a record that was deleted")
+		}
+		if !bytes.Equal(first.Body.Bytes(), again.Body.Bytes()) || again.Header().Get("Content-Type") != first.Header().Get("Content-Type") {
+			t.Fatalf("the re-executed request answers\n%s\nwant the first answer\n%s", again.Body, first.Body)
+		}
+		// The re-execution completed a new record: the next retry is a plain replay.
+		third := b.postCharge("tok_a", key, body)
+		if third.Header().Get("Idempotent-Replayed") != "true" || !bytes.Equal(first.Body.Bytes(), third.Body.Bytes()) {
+			t.Fatalf("retry after the re-execution: %d %v %s", third.Code, third.Header(), third.Body)
+		}
+
+		b.forget()
+		w := b.postCharge("tok_a", key, `{"amount": 999, "currency": "usd"}`)
+		wantStatus(t, w, http.StatusConflict)
+		if apiErr(t, w)["code"] != idem.CodeKeyReused {
+			t.Fatalf("body %s", w.Body)
+		}
+		list := decode(t, b.do(req{method: "GET", path: "/v1/charges", token: "tok_a"}))
+		if n := len(list["data"].([]any)); n != 1 {
+			t.Fatalf("%d charges, want 1", n)
+		}
+	})
+}
+
+func TestOrderOnRedisIsNotRepeatedWhenRedisLosesTheRecord(t *testing.T) {
+	eachRedisDB(t, func(t *testing.T, b *redisBundle) {
+		r := req{method: "POST", path: "/v1/orders", token: "tok_a", key: newKey(), body: `{"amount": 100, "currency": "usd"}`}
+		first := b.do(r)
+		wantStatus(t, first, http.StatusCreated)
+		b.forget()
+		again := b.do(r)
+		wantStatus(t, again, http.StatusCreated)
+		if !bytes.Equal(first.Body.Bytes(), again.Body.Bytes()) || again.Header().Get("Location") != first.Header().Get("Location") {
+			t.Fatalf("re-executed order answers\n%s %v\nwant\n%s %v", again.Body, again.Header(), first.Body, first.Header())
+		}
+		b.forget()
+		r.body = `{"amount": 999, "currency": "usd"}`
+		w := b.do(r)
+		wantStatus(t, w, http.StatusConflict)
+		if apiErr(t, w)["code"] != idem.CodeKeyReused {
+			t.Fatalf("body %s", w.Body)
+		}
+	})
+}
