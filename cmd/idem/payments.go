@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -18,7 +20,7 @@ import (
 
 const paymentsSynopsis = `[--addr 127.0.0.1:8080] [--store URL] [--db URL] [--ttl 24h]
                      [--lock-timeout 30s] [--processor-latency 0s] [--profile seed|ietf]
-                     [--disable-idempotency]
+                     [--disable-idempotency] [--replay-cache 0]
 
 Serves the reference payments API (POST/GET /v1/charges, /v1/orders, GET /healthz,
 GET /metrics). It migrates the store's and the payments schema on start (safe when
@@ -52,6 +54,7 @@ type paymentsFlags struct {
 	addr, store, db, profile string
 	ttl, lease, latency      time.Duration
 	disableIdempotency       bool
+	replayCache              int
 }
 
 func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -66,6 +69,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.DurationVar(&f.latency, "processor-latency", 0, "simulated card-processor call: POST /v1/charges sleeps this long after the claim, holding no transaction or connection")
 	fs.StringVar(&f.profile, "profile", "seed", "shape of the middleware's errors: seed (Stripe's) or ietf (RFC 9457 problem details)")
 	fs.BoolVar(&f.disableIdempotency, "disable-idempotency", false, "serve the same API without the idempotency middleware (to measure its cost)")
+	fs.IntVar(&f.replayCache, "replay-cache", 0, "keep up to `N` completed responses in memory so that replays skip the store (idem.Config.ReplayCacheSize; 0, the default, is off: the library's default)")
 	if code, done := parse(fs, args, stdout, stderr); done {
 		return code
 	}
@@ -104,6 +108,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	api := payments.New(payments.Config{
 		Store: st.store, DB: db, Profile: profile, TTL: f.ttl, Lease: f.lease,
 		ProcessorLatency: f.latency, DisableIdempotency: f.disableIdempotency, Logger: libLogger,
+		Middleware: f.cachingMiddleware(st.store, profile, libLogger),
 	})
 	ln, err := net.Listen("tcp", f.addr)
 	if err != nil {
@@ -181,12 +186,38 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 		err = fmt.Errorf("--ttl must be positive, got %v", f.ttl)
 	case f.lease < minLease:
 		err = fmt.Errorf("--lock-timeout must be at least %v, got %v", minLease, f.lease)
+	case f.replayCache < 0:
+		err = fmt.Errorf("--replay-cache must not be negative, got %d", f.replayCache)
 	case f.latency < 0:
 		err = fmt.Errorf("--processor-latency must not be negative, got %v", f.latency)
 	case f.addr == "":
 		err = errors.New("--addr must not be empty")
 	}
 	return store, db, profile, err
+}
+
+// cachingMiddleware returns the middleware with a replay cache of --replay-cache
+// entries, or nil (payments builds its own) when the cache is off.
+func (f *paymentsFlags) cachingMiddleware(store idem.Store, profile idem.Profile, logger *slog.Logger) *idem.Middleware {
+	if f.replayCache == 0 || f.disableIdempotency {
+		return nil
+	}
+	return idem.New(idem.Config{
+		Store: store, Scope: bearerTokenScope, Profile: profile, TTL: f.ttl, Lease: f.lease,
+		Logger: logger, ReplayCacheSize: f.replayCache,
+	})
+}
+
+// bearerTokenScope is internal/payments' scope, the hex SHA-256 of the bearer token
+// (which its authentication checked before the middleware runs), for a middleware
+// built here.
+func bearerTokenScope(r *http.Request) (string, error) {
+	_, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || token == "" {
+		return "", errors.New("no bearer token")
+	}
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:]), nil
 }
 
 // logLevel reads IDEM_LOG_LEVEL (debug, info, warn, error); info by default.
