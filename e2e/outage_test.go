@@ -142,7 +142,9 @@ func TestPostgresOutageFailsClosedAndRecoversWithoutRestart(t *testing.T) {
 	pg.stop()
 	key := newKey()
 	for i := range 3 {
+		start := time.Now()
 		res := c.postCharge(t, s.URL(), key, chargeJSON(3000))
+		t.Logf("POST #%d during the outage answered %d in %v", i+1, res.Status, time.Since(start).Round(time.Millisecond))
 		wantError(t, fmt.Sprintf("POST #%d during the outage", i+1), res, http.StatusServiceUnavailable, "store_unavailable")
 		if res.Header.Get("Retry-After") == "" {
 			t.Fatalf("503 without Retry-After: %s", res)
