@@ -7,8 +7,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testenv"
@@ -53,6 +55,91 @@ func benchEndpoint(b *testing.B, path string, body []byte) {
 			}
 		})
 	}
+}
+
+// BenchmarkRatio measures idempotent/plain throughput of each endpoint on each
+// database in alternating slices (plain, idempotent, plain, …) of ratioSlice at
+// benchClients clients, so that a noisy neighbour hurts both sides alike. It reports
+// both rates and their ratio, the figure of issue 5's targets; it runs once whatever
+// -benchtime says.
+//
+//	go test ./internal/payments -run '^$' -bench Ratio
+func BenchmarkRatio(b *testing.B) {
+	bodies := map[string][]byte{
+		"/v1/charges": []byte(`{"amount": 2000, "currency": "usd", "customer_id": "cust_abc123"}`),
+		"/v1/orders":  []byte(`{"amount": 2000, "currency": "usd", "description": "two things"}`),
+	}
+	for _, ep := range []string{"charges", "orders"} {
+		path := "/v1/" + ep
+		for _, db := range []string{"postgres", "sqlite"} {
+			b.Run(ep+"/"+db, func(b *testing.B) {
+				plain, keyed := benchServer(b, db, true), benchServer(b, db, false)
+				var n [2]int64
+				var took [2]time.Duration
+				for i := range 2 * ratioSlices {
+					srv, mode := plain, i%2
+					if mode == 1 {
+						srv = keyed
+					}
+					start := time.Now()
+					n[mode] += postFor(b, srv, path, bodies[path], mode == 1, ratioSlice)
+					took[mode] += time.Since(start)
+				}
+				p, k := float64(n[0])/took[0].Seconds(), float64(n[1])/took[1].Seconds()
+				b.ReportMetric(p, "plain-req/s")
+				b.ReportMetric(k, "idem-req/s")
+				b.ReportMetric(k/p, "ratio")
+			})
+		}
+	}
+}
+
+// ratioSlices slices of ratioSlice make up each side of a BenchmarkRatio measurement.
+const (
+	ratioSlices = 8
+	ratioSlice  = 500 * time.Millisecond
+)
+
+// postFor posts body to path from benchClients goroutines for d and returns how many
+// requests completed, failing b on any answer but 201.
+func postFor(b *testing.B, srv *httptest.Server, path string, body []byte, keyed bool, d time.Duration) int64 {
+	client := srv.Client()
+	client.Transport.(*http.Transport).MaxIdleConnsPerHost = benchClients
+	token, prefix := "tok-bench", testenv.Name("key-")
+	var seq, failed atomic.Int64
+	deadline := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for range benchClients {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				if !postOnce(client, srv.URL+path, token, body, keyed, prefix, &seq) {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 {
+		b.Fatalf("%d of %d requests did not answer 201", f, seq.Load())
+	}
+	return seq.Load()
+}
+
+func postOnce(client *http.Client, url, token string, body []byte, keyed bool, prefix string, seq *atomic.Int64) bool {
+	n := seq.Add(1)
+	req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, url, bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	if keyed {
+		req.Header.Set("Idempotency-Key", prefix+"-"+itoa(n))
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return false
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusCreated
 }
 
 // benchServer serves the payments API the way `idem payments` does: the store and the
