@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"io"
@@ -33,6 +34,22 @@ func faultSeed(t *testing.T) uint64 {
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// countingHandler is a slog.Handler that counts the records whose message is msg.
+type countingHandler struct {
+	msg string
+	n   *atomic.Int64
+}
+
+func (h countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h countingHandler) WithGroup(string) slog.Handler            { return h }
+func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.n.Add(1)
+	}
+	return nil
+}
 
 // testToken is the bearer token of every test request: one principal.
 const testToken = "sk_test_client"

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -32,12 +33,13 @@ func TestChargesThroughLossyNetworkExecuteExactlyOnce(t *testing.T) {
 	proxy := newFaultProxy(t, api.addr, seed, faultRates{reset: 0.10, dropReply: 0.30, delay: 0.10})
 	base := &http.Transport{MaxIdleConnsPerHost: 8}
 	t.Cleanup(base.CloseIdleConnections)
+	var resendLogs atomic.Int64
 	tr := &Transport{
 		Base:        base,
 		Budget:      NewBudget(1, 100, 1000), // generous: a retry per request and then some
 		MaxAttempts: 30,                      // 0.4³⁰: no charge runs out of attempts
 		Backoff:     ExponentialBackoff(time.Millisecond, 20*time.Millisecond, nil),
-		Logger:      quietLogger(),
+		Logger:      slog.New(countingHandler{msg: "client: the http.Transport re-sent the request", n: &resendLogs}),
 	}
 	c := NewClient(tr)
 
@@ -85,9 +87,9 @@ func TestChargesThroughLossyNetworkExecuteExactlyOnce(t *testing.T) {
 			t.Errorf("charge %s has idempotency_key %v, want %s", ch.ID, ch.IdempotencyKey, r.key)
 		}
 	}
-	t.Logf("faults: %d reset, %d replies dropped, %d delayed, %d clean; %d attempts (re-sends included) for %d charges; %d requests reached the server",
+	t.Logf("faults: %d reset, %d replies dropped, %d delayed, %d clean; %d attempts for %d charges, in which %d attempts saw re-sends by the http.Transport; %d requests reached the server",
 		proxy.count(faultReset), proxy.count(faultDropReply), proxy.count(faultDelay), proxy.count(faultNone),
-		totalAttempts, n, api.requests.Load())
+		totalAttempts, n, resendLogs.Load(), api.requests.Load())
 	if proxy.count(faultReset) == 0 || proxy.count(faultDropReply) == 0 {
 		t.Fatalf("the proxy injected no resets or no lost replies; the test proved nothing")
 	}
@@ -96,6 +98,9 @@ func TestChargesThroughLossyNetworkExecuteExactlyOnce(t *testing.T) {
 	// that never left the client).
 	if seenByProxy := proxy.count(faultReset) + proxy.count(faultDropReply) + proxy.count(faultDelay) + proxy.count(faultNone); int64(totalAttempts) < seenByProxy {
 		t.Fatalf("%d attempts counted, but the proxy relayed %d requests: re-sends went uncounted", totalAttempts, seenByProxy)
+	}
+	if resendLogs.Load() == 0 {
+		t.Fatalf("the http.Transport re-sent nothing on its own; the test did not exercise re-send counting")
 	}
 	if totalAttempts <= n {
 		t.Fatalf("%d attempts for %d charges: nothing was retried", totalAttempts, n)

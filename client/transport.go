@@ -75,9 +75,6 @@ type Transport struct {
 	// server. Defaults to [NewKey].
 	NewKey func() string
 
-	// now is the clock of Retry-After dates and deadlines (tests inject one).
-	now func() time.Time
-
 	once   sync.Once
 	budget *Budget
 }
@@ -232,7 +229,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // context.DeadlineExceeded when the wait would end after the context's deadline,
 // since the attempt could not be made in time.
 func (t *Transport) wait(ctx context.Context, retries int, resp *http.Response) (time.Duration, error) {
-	now := t.clock()
+	now := time.Now()
 	d, ok := retryAfter(resp, now)
 	if ok {
 		d = min(d, t.maxRetryAfter())
@@ -344,13 +341,6 @@ func (t *Transport) logger() *slog.Logger {
 	return slog.Default()
 }
 
-func (t *Transport) clock() time.Time {
-	if t.now != nil {
-		return t.now()
-	}
-	return time.Now()
-}
-
 // logical is one call of RoundTrip: the caller's request with its key and its body,
 // replayed on every attempt.
 type logical struct {
@@ -365,7 +355,7 @@ type logical struct {
 func (t *Transport) prepare(req *http.Request) (*logical, error) {
 	l := &logical{req: req, url: req.URL.Redacted()}
 	if err := l.bufferBody(); err != nil {
-		return nil, l.fail(0, 0, fmt.Errorf("reading the request body: %w", err))
+		return nil, fmt.Errorf("client: %s %s: reading the request body: %w", req.Method, l.url, err)
 	}
 	if (req.Method == http.MethodPost || req.Method == http.MethodPatch) && len(req.Header.Values(HeaderKey)) == 0 {
 		newKey := t.NewKey
