@@ -183,19 +183,21 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			t.logger().DebugContext(ctx, "client: the http.Transport re-sent the request", "method", req.Method,
 				"url", l.url, "resends", extra)
 		}
+		retry, perr := t.policy()(ctx, r, resp, err)
+		switch {
+		case perr == nil && !retry && err == nil:
+			return withAttempts(resp, r, attempts), nil
+		case perr == nil && !retry:
+			return nil, l.fail(attempts, resends, err)
+		}
 		last := err
 		if err == nil {
 			last = &StatusError{StatusCode: resp.StatusCode, Code: ErrorCode(resp)}
 		}
-		retry, perr := t.policy()(ctx, r, resp, err)
 		switch {
 		case perr != nil:
 			discard(resp)
 			return nil, l.fail(attempts, resends, joinCause(perr, last))
-		case !retry && err != nil:
-			return nil, l.fail(attempts, resends, err)
-		case !retry:
-			return withAttempts(resp, r, attempts), nil
 		case ctx.Err() != nil:
 			discard(resp)
 			return nil, l.fail(attempts, resends, joinCause(context.Cause(ctx), last))
