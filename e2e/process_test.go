@@ -30,7 +30,9 @@ const (
 
 // listeningRe finds the address in the server's start line, in slog text form:
 // level=INFO msg="idem payments listening" addr=127.0.0.1:41234 store=...
-var listeningRe = regexp.MustCompile(`msg="?idem payments listening"?.*\baddr="?([^"\s]+)"?`)
+// The first addr= after the message is the listening address: a Redis Cluster store URL
+// logged later on the line has addr= parameters of its own.
+var listeningRe = regexp.MustCompile(`msg="?idem payments listening"?.*?\baddr="?([^"\s]+)"?`)
 
 // logBuffer is the combined stdout and stderr of a process, safe for concurrent use.
 type logBuffer struct {
