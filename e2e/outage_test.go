@@ -189,7 +189,9 @@ func TestPostgresOutageFailsClosedAndRecoversWithoutRestart(t *testing.T) {
 func TestPostgresOutageMidRequestAnswers503AndRetryChargesOnce(t *testing.T) {
 	t.Parallel()
 	pg := newPGCluster(t)
-	s := startServer(t, "--store", pg.URL(), "--processor-latency", "3s", "--lock-timeout", "2s")
+	// The latency has to outlast pg_ctl stop (about 0.1s): the lease (1s) runs out
+	// first, once renewals fail, and cancels the handler. The retry waits it out again.
+	s := startServer(t, "--store", pg.URL(), "--processor-latency", "4s", "--lock-timeout", "1s")
 	c := newClient()
 	key := newKey()
 	got := make(chan answer, 1)
@@ -200,8 +202,11 @@ func TestPostgresOutageMidRequestAnswers503AndRetryChargesOnce(t *testing.T) {
 		got <- answer{res, err}
 	}()
 	waitInFlightPG(t, pg.URL(), key)
+	stopped := time.Now()
 	pg.stop()
+	t.Logf("pg_ctl stop took %v", time.Since(stopped).Round(time.Millisecond))
 	a := <-got
+	t.Logf("the in-flight request was answered %v after the stop began", time.Since(stopped).Round(time.Millisecond))
 	if a.err != nil {
 		t.Fatalf("the in-flight request during the outage: %v", a.err)
 	}
@@ -216,9 +221,11 @@ func TestPostgresOutageMidRequestAnswers503AndRetryChargesOnce(t *testing.T) {
 	}
 
 	pg.start()
+	started := time.Now()
 	res, err := retryUntilCreated(context.Background(), c, s.URL(), key, chargeJSON(2000), 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("the retry got its 201 %v after PostgreSQL was back", time.Since(started).Round(time.Millisecond))
 	wantChargesExactly(t, c, s, map[string]string{key: res.id(t)}, "after the outage")
 }
