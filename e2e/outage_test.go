@@ -215,7 +215,7 @@ func TestPostgresOutageMidRequestAnswers503AndRetryChargesOnce(t *testing.T) {
 	if a.res.Status != http.StatusServiceUnavailable {
 		t.Fatalf("the in-flight request during the outage: want 503, got %s", a.res)
 	}
-	t.Logf("the in-flight request was answered %d %s", a.res.Status, a.res.errorCode())
+	t.Logf("the in-flight request was answered %d %s (Retry-After %q)", a.res.Status, a.res.errorCode(), a.res.Header.Get("Retry-After"))
 	if s.exited() {
 		t.Fatalf("the server exited during the outage: %v", s.exitError())
 	}
