@@ -262,7 +262,8 @@ type runner struct {
 	next   int            // next slot of recent
 	byKey  map[string]*op // ops by key
 	seq    atomic.Int64
-	sent   atomic.Int64 // requests started, against cfg.Requests
+	sent   atomic.Int64    // requests started, against cfg.Requests
+	stop   context.Context // ends when no new request may start
 
 	fixedID string // EndpointGet and EndpointReplay: the charge every request reads
 	fixed   *op
@@ -289,21 +290,23 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := r.prepare(ctx); err != nil {
 		return nil, err
 	}
-	runCtx := ctx
+	// The duration only stops new requests: those in flight finish, because a request
+	// cut off would look to the server like a client that went away.
+	r.stop = ctx
 	var cancel context.CancelFunc = func() {}
 	if cfg.Requests == 0 {
-		runCtx, cancel = context.WithTimeout(ctx, cfg.Duration)
+		r.stop, cancel = context.WithTimeout(ctx, cfg.Duration)
 	}
 	defer cancel()
 
 	start := time.Now()
 	stopProgress := r.progress(start)
 	if cfg.ConcurrentDuplicates > 1 {
-		r.rounds(runCtx)
+		r.rounds(ctx)
 	} else {
 		var wg sync.WaitGroup
 		for w := range cfg.Concurrency {
-			wg.Go(func() { r.work(runCtx, w) })
+			wg.Go(func() { r.work(ctx, w) })
 		}
 		wg.Wait()
 	}
@@ -346,7 +349,7 @@ func (r *runner) prepare(ctx context.Context) error {
 
 // more reports whether another request may start, counting it.
 func (r *runner) more(ctx context.Context) bool {
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || r.stop.Err() != nil {
 		return false
 	}
 	return r.cfg.Requests == 0 || r.sent.Add(1) <= r.cfg.Requests
@@ -367,7 +370,7 @@ func (r *runner) work(ctx context.Context, w int) {
 func (r *runner) rounds(ctx context.Context) {
 	n := r.cfg.Concurrency
 	keys := (n + r.cfg.ConcurrentDuplicates - 1) / r.cfg.ConcurrentDuplicates
-	for ctx.Err() == nil {
+	for ctx.Err() == nil && r.stop.Err() == nil {
 		ops := make([]*op, keys)
 		for i := range ops {
 			ops[i] = r.newOp()
@@ -443,7 +446,7 @@ func (r *runner) exchange(ctx context.Context, w int, o *op) {
 	a := r.send(ctx, r.cfg.Endpoint, o)
 	lat := time.Since(start)
 	if a.status == 0 && ctx.Err() != nil {
-		return // cut off by the end of the run: neither a measurement nor an error
+		return // cut off by an interrupt: neither a measurement nor an error
 	}
 	if r.cfg.Endpoint != EndpointGet {
 		o.record(a)
