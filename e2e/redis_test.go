@@ -123,9 +123,11 @@ func testRedisKillLoop(t *testing.T, flush bool) {
 	for kills < redisKillTimes && killErr == nil {
 		time.Sleep(time.Duration(100+rand.IntN(300)) * time.Millisecond) // a random moment
 		if flush && kills == redisKillTimes/2 {
+			n, _ := rdb.DBSize(ctx).Result()
 			if err := rdb.FlushAll(ctx).Err(); err != nil {
 				t.Errorf("FLUSHALL: %v", err)
 			}
+			t.Logf("FLUSHALL after kill %d dropped %d records", kills, n)
 		}
 		s.kill()
 		kills++
@@ -263,8 +265,9 @@ func TestRedisClusterConcurrentDuplicatesChargeOnce(t *testing.T) {
 
 // Bounds of the failover test.
 const (
-	// failoverLoad is how long the clients run operations after the kill.
-	failoverLoad = 3 * time.Second
+	// failoverMoreOps is how many operations the load must complete after service
+	// resumed.
+	failoverMoreOps = 12
 	// failoverResume bounds how long after the kill a new operation must succeed on
 	// every process: cluster-node-timeout, the election, and the clients' slot refresh.
 	failoverResume = 20 * time.Second
@@ -346,7 +349,12 @@ func TestRedisClusterMasterKilledUnderLoadFailsOverAndServiceResumes(t *testing.
 		mu.Unlock()
 	}
 	t.Logf("service resumed on every process %v after the kill", time.Since(killed).Round(time.Millisecond))
-	time.Sleep(time.Until(killed.Add(failoverLoad))) // keep the load running past the failover
+	// The clients' own operations, retried through the failover, go on completing.
+	resumed := completed.Load()
+	waitFor(t, failoverResume, "the load to go on after the failover", func() (bool, string) {
+		n := completed.Load() - resumed
+		return n >= failoverMoreOps, fmt.Sprintf("%d more operations", n)
+	})
 	close(stop)
 	wg.Wait()
 
