@@ -5,9 +5,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
-	"slices"
+	"sync"
 )
 
 // errCaptureFrozen is returned by writes that come after the response was frozen for a
@@ -37,10 +38,43 @@ type capture struct {
 	body        bytes.Buffer
 	passThrough bool // the response went (or is going) to the client as written
 	frozen      bool // a §7 completion fixed the stored response
+
+	// stored and resp are the response as the store keeps it, set by freeze.
+	stored http.Header
+	resp   Response
 }
 
+// capturePool holds captures between requests, with their maps and body buffer. The
+// response they freeze aliases them: stores copy what they store (see [Store]), and
+// the replay cache keeps a copy of its own.
+var capturePool = sync.Pool{New: func() any {
+	return &capture{header: make(http.Header), stored: make(http.Header)}
+}}
+
+// maxPooledResponse bounds the body buffer a pooled capture keeps.
+const maxPooledResponse = 64 << 10
+
 func newCapture(w http.ResponseWriter, key []string, limit int64) *capture {
-	return &capture{w: w, key: key, limit: limit, header: make(http.Header)}
+	return &capture{w: w, key: key, limit: limit, header: make(http.Header), stored: make(http.Header)}
+}
+
+// getCapture is newCapture from the pool; give it back with putCapture once the
+// response was sent and nothing refers to it any more.
+func getCapture(w http.ResponseWriter, key []string, limit int64) *capture {
+	c := capturePool.Get().(*capture)
+	c.w, c.key, c.limit = w, key, limit
+	return c
+}
+
+func putCapture(c *capture) {
+	if c.body.Cap() > maxPooledResponse {
+		return
+	}
+	clear(c.header)
+	clear(c.stored)
+	c.body.Reset()
+	*c = capture{header: c.header, stored: c.stored, body: c.body}
+	capturePool.Put(c)
 }
 
 // Header returns the handler's header map.
@@ -95,6 +129,26 @@ func (c *capture) Write(p []byte) (int, error) {
 		return c.w.Write(p)
 	}
 	return c.body.Write(p)
+}
+
+// WriteString is Write without a conversion, as http.ResponseWriter's own does.
+func (c *capture) WriteString(s string) (int, error) {
+	if c.frozen && !c.passThrough {
+		return 0, errCaptureFrozen
+	}
+	if !c.wroteHeader {
+		c.WriteHeader(http.StatusOK)
+	}
+	if !bodyAllowed(c.status) {
+		return 0, http.ErrBodyNotAllowed
+	}
+	if !c.passThrough && int64(c.body.Len()+len(s)) > c.limit {
+		c.startPassThrough()
+	}
+	if c.passThrough {
+		return io.WriteString(c.w, s)
+	}
+	return c.body.WriteString(s)
 }
 
 // Flush sends what was written so far and switches to pass-through: a handler that
@@ -163,18 +217,24 @@ func (c *capture) finish() {
 
 // freeze finishes the response and returns it as the store keeps it (headers
 // filtered by allow); later writes are refused. A pass-through response is
-// NotStored.
+// NotStored. The response aliases the capture: it is valid until the capture goes
+// back to the pool.
 func (c *capture) freeze(allow map[string]bool) *Response {
 	c.finish()
 	c.frozen = true
 	if c.passThrough {
-		return &Response{Status: c.status, Header: make(http.Header), NotStored: true}
+		c.resp = Response{Status: c.status, Header: c.stored, NotStored: true}
+		return &c.resp
 	}
-	return &Response{
-		Status: c.status,
-		Header: filterHeaders(c.header, allow),
-		Body:   slices.Clone(c.body.Bytes()),
+	for k, v := range c.header {
+		if allow[k] && len(v) > 0 {
+			c.stored[k] = v
+		} else if ck := http.CanonicalHeaderKey(k); ck != k && allow[ck] && len(v) > 0 {
+			c.stored[ck] = v
+		}
 	}
+	c.resp = Response{Status: c.status, Header: c.stored, Body: c.body.Bytes()}
+	return &c.resp
 }
 
 // send writes the buffered response to the client. Nothing is left to send after

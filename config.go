@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -209,6 +210,7 @@ type config struct {
 	Config
 	methods       map[string]Requirement
 	storedHeaders map[string]bool
+	retryAfterHdr string // RetryAfter as the header's value
 }
 
 func newConfig(c Config) *config {
@@ -265,7 +267,10 @@ func newConfig(c Config) *config {
 		}
 		methods[strings.ToUpper(m)] = q
 	}
-	return &config{Config: c, methods: methods, storedHeaders: storedHeaderSet(c.StoredHeaders)}
+	cfg := &config{Config: c, methods: methods, storedHeaders: storedHeaderSet(c.StoredHeaders)}
+	s := int64((c.RetryAfter + time.Second - 1) / time.Second)
+	cfg.retryAfterHdr = strconv.FormatInt(max(s, 1), 10)
+	return cfg
 }
 
 func nonNegative(field string, d time.Duration) {
@@ -293,7 +298,4 @@ func (c *config) requirement(route Requirement, method string) Requirement {
 }
 
 // retryAfter is RetryAfter in whole seconds, rounded up, at least 1.
-func (c *config) retryAfter() string {
-	s := int64((c.RetryAfter + time.Second - 1) / time.Second)
-	return fmt.Sprint(max(s, 1))
-}
+func (c *config) retryAfter() string { return c.retryAfterHdr }

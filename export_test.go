@@ -1,21 +1,84 @@
 package idem
 
-import "time"
+import (
+	"slices"
+	"sync"
+	"time"
+)
 
-// ManualTicker drives the heartbeats of one Middleware by hand: every Tick is received
-// by exactly one running heartbeat.
-type ManualTicker struct{ ch chan time.Time }
+// ManualTicker drives the heartbeats of one Middleware by hand: every Tick fires
+// exactly one armed heartbeat timer.
+type ManualTicker struct {
+	mu    sync.Mutex
+	armed []*manualBeat
+	ready chan struct{} // signalled when a timer is armed
+}
 
-func (t *ManualTicker) C() <-chan time.Time { return t.ch }
-func (t *ManualTicker) Stop()               {}
+type manualBeat struct {
+	t     *ManualTicker
+	f     func()
+	armed bool
+}
 
-// Tick makes one heartbeat renew its lease; it blocks until one receives it.
-func (t *ManualTicker) Tick() { t.ch <- time.Time{} }
+func (b *manualBeat) Reset(time.Duration) bool {
+	b.t.mu.Lock()
+	defer b.t.mu.Unlock()
+	was := b.armed
+	if !was {
+		b.armed = true
+		b.t.armed = append(b.t.armed, b)
+		select {
+		case b.t.ready <- struct{}{}:
+		default:
+		}
+	}
+	return was
+}
 
-// UseManualTicker replaces m's heartbeat ticker with a ManualTicker.
+func (b *manualBeat) Stop() bool {
+	b.t.mu.Lock()
+	defer b.t.mu.Unlock()
+	was := b.armed
+	if was {
+		b.armed = false
+		b.t.armed = slices.DeleteFunc(b.t.armed, func(o *manualBeat) bool { return o == b })
+	}
+	return was
+}
+
+// fire runs one armed timer's function, as time.AfterFunc would, and reports whether
+// there was one.
+func (t *ManualTicker) fire() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.armed) == 0 {
+		return false
+	}
+	b := t.armed[0]
+	t.armed = t.armed[1:]
+	b.armed = false
+	go b.f()
+	return true
+}
+
+// Tick makes one heartbeat renew its lease; it blocks until one is armed.
+func (t *ManualTicker) Tick() {
+	for !t.fire() {
+		<-t.ready
+	}
+}
+
+// TryTick ticks only if a heartbeat is armed right now.
+func (t *ManualTicker) TryTick() bool { return t.fire() }
+
+// UseManualTicker replaces m's heartbeat timers with ones a ManualTicker fires.
 func UseManualTicker(m *Middleware) *ManualTicker {
-	t := &ManualTicker{ch: make(chan time.Time)}
-	m.newTicker = func(time.Duration) ticker { return t }
+	t := &ManualTicker{ready: make(chan struct{}, 1)}
+	m.newBeat = func(_ time.Duration, f func()) beatTimer {
+		b := &manualBeat{t: t, f: f}
+		b.Reset(0)
+		return b
+	}
 	return t
 }
 
@@ -27,16 +90,6 @@ func OnWait(m *Middleware, f func()) { m.hooks.waiting = f }
 
 // ErrCaptureFrozen is errCaptureFrozen, for tests.
 var ErrCaptureFrozen = errCaptureFrozen
-
-// TryTick ticks only if a heartbeat is waiting for a tick right now.
-func (t *ManualTicker) TryTick() bool {
-	select {
-	case t.ch <- time.Time{}:
-		return true
-	default:
-		return false
-	}
-}
 
 // ReplayCacheLen returns how many entries m's replay cache holds (0 when off).
 func ReplayCacheLen(m *Middleware) int {

@@ -19,13 +19,19 @@ type Handle struct {
 	override *bool
 	// prepare freezes the captured response, stops the heartbeat and returns the fenced
 	// completion to run; set by the middleware.
-	prepare func(override *bool) (*RecordCompleteParams, bool)
+	prepare preparer
 	// done and failed record how the §7 helper's transaction ended.
 	done   bool
 	failed error
 }
 
 type handleKey struct{}
+
+// preparer is what the middleware's execution offers PrepareCompletion (an interface
+// rather than a func, so that setting it allocates nothing).
+type preparer interface {
+	prepareInTx(override *bool) (*RecordCompleteParams, bool)
+}
 
 // FromContext returns the claim of the request whose context is ctx, or nil when the
 // request carries no idempotency key (or the middleware is off for its route).
@@ -66,7 +72,7 @@ func (h *Handle) PrepareCompletion() (params *RecordCompleteParams, ok bool) {
 	if prepare == nil {
 		return nil, false
 	}
-	return prepare(override)
+	return prepare.prepareInTx(override)
 }
 
 // Completed tells the middleware that the completion prepared by PrepareCompletion

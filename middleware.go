@@ -37,8 +37,8 @@ import (
 type Middleware struct {
 	cfg *config
 
-	// newTicker makes the heartbeat's ticker; tests drive it by hand.
-	newTicker func(time.Duration) ticker
+	// newBeat arms a heartbeat's timer (time.AfterFunc); tests fire it by hand.
+	newBeat func(d time.Duration, f func()) beatTimer
 	// hooks signal tests; all nil in production.
 	hooks testHooks
 	// cache is the bounded cache of completed responses (Config.ReplayCacheSize); nil
@@ -64,7 +64,7 @@ type route struct {
 // New returns a Middleware for cfg. It panics with a message naming the field when cfg
 // is invalid (a programmer's mistake): "idem: Config.Scope is required".
 func New(cfg Config) *Middleware {
-	m := &Middleware{cfg: newConfig(cfg), newTicker: newRealTicker}
+	m := &Middleware{cfg: newConfig(cfg), newBeat: newRealBeat}
 	if m.cfg.ReplayCacheSize > 0 {
 		m.cache = newReplayCache(m.cfg.ReplayCacheSize)
 	}
@@ -130,17 +130,21 @@ func (m *Middleware) localNow() time.Time {
 	return time.Now()
 }
 
-// request is one keyed request on its way through the middleware.
+// request is one keyed request on its way through the middleware. It is one
+// allocation: the execution, when the request acquires the key, lives in it too.
 type request struct {
 	m         *Middleware
 	rt        *route
 	w         http.ResponseWriter
-	r         *http.Request // with the body re-readable
-	keyValues []string      // the Idempotency-Key header as received
+	r         *http.Request // as received; the handler gets a copy with the body re-readable
+	keyValues []string      // the Idempotency-Key header as received (a copy)
+	keyBuf    [1]string     // backs keyValues for the usual single header
 	scope     string
 	key       string
 	fp        Fingerprint
-	log       []any // attributes for every log line: never the key itself
+	body      *[]byte // the request body, in a pooled buffer
+	claim     RecordClaimParams
+	ex        execution
 }
 
 func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, r *http.Request) {
@@ -150,8 +154,15 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		next.ServeHTTP(w, r)
 		return
 	}
+	x := &request{m: m, rt: rt, w: w, r: r}
 	if len(values) > 0 {
-		values = slices.Clone(values)
+		// A copy, so that the response's header never aliases the request's.
+		if len(values) == 1 {
+			x.keyBuf[0] = values[0]
+			values = x.keyBuf[:1:1]
+		} else {
+			values = slices.Clone(values)
+		}
 		w.Header()["Idempotency-Key"] = values
 	}
 	key, err := ParseKey(values, m.cfg.MinKeyLength)
@@ -164,14 +175,12 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		m.WriteError(w, r, CodeScopeRequired, "")
 		return
 	}
-	x := &request{m: m, rt: rt, w: w, keyValues: values, scope: scope, key: key}
-	x.log = []any{slog.String("key_hash", keyHash(scope, key)), slog.String("method", r.Method), slog.String("path", r.URL.Path)}
-	body, ok := x.readBody(r)
-	if !ok {
+	x.keyValues, x.scope, x.key = values, scope, key
+	if !x.readBody(r) {
 		return
 	}
-	x.r = withBody(r, body)
-	x.fp = FingerprintRequest(x.r, body)
+	defer putBody(x.body)
+	x.fp = FingerprintRequest(r, *x.body)
 	x.run(next)
 }
 
@@ -185,56 +194,96 @@ func (m *Middleware) refuseKey(w http.ResponseWriter, r *http.Request, err error
 		strings.TrimPrefix(err.Error(), ErrKeyInvalid.Error()+": ")+".")
 }
 
+// attrs are the attributes of every log line about the request, then extra: a hash of
+// the key, never the key itself. They are built only when a line is logged.
+func (x *request) attrs(extra ...any) []any {
+	return append([]any{slog.String("key_hash", keyHash(x.scope, x.key)),
+		slog.String("method", x.r.Method), slog.String("path", x.r.URL.Path)}, extra...)
+}
+
 // keyHash identifies a key in logs without revealing it.
 func keyHash(scope, key string) string {
 	sum := sha256.Sum256([]byte(scope + "\x00" + key))
 	return hex.EncodeToString(sum[:6])
 }
 
-// readBody reads the request body within Config.MaxBodyBytes (SPEC §4). It answers the
-// request itself and returns false when the body is refused.
-func (x *request) readBody(r *http.Request) ([]byte, bool) {
+// bodyPool holds request body buffers. Buffers that grew past maxPooledBody are left
+// to the garbage collector, so that one large body does not pin memory.
+var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+const maxPooledBody = 64 << 10
+
+func putBody(b *[]byte) {
+	if cap(*b) <= maxPooledBody {
+		*b = (*b)[:0]
+		bodyPool.Put(b)
+	}
+}
+
+// readBody reads the request body within Config.MaxBodyBytes (SPEC §4) into a pooled
+// buffer, x.body. It answers the request itself and returns false when the body is
+// refused.
+func (x *request) readBody(r *http.Request) bool {
 	limit := x.m.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
 		x.m.WriteError(x.w, r, CodeBodyTooLarge, "")
-		return nil, false
+		return false
 	}
+	x.body = bodyPool.Get().(*[]byte)
 	if r.Body == nil || r.Body == http.NoBody {
-		return nil, true
+		return true
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(x.w, r.Body, limit))
+	buf, err := readLimited(*x.body, r.Body, r.ContentLength, limit)
+	*x.body = buf
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
 		// The rest of the body is unread: the connection cannot be reused.
 		x.w.Header().Set("Connection", "close")
 		x.m.WriteError(x.w, r, CodeBodyTooLarge, "")
-		return nil, false
 	case err != nil:
-		x.m.cfg.Logger.InfoContext(r.Context(), "idem: reading the request body failed", append(x.log, slog.Any("error", err))...)
+		x.m.cfg.Logger.InfoContext(r.Context(), "idem: reading the request body failed", x.attrs(slog.Any("error", err))...)
 		x.m.WriteError(x.w, r, CodeBodyUnreadable, "")
-		return nil, false
+	default:
+		return true
 	}
-	return body, true
+	putBody(x.body)
+	return false
 }
 
-// withBody returns a shallow copy of r whose body reads body again.
-func withBody(r *http.Request, body []byte) *http.Request {
-	r2 := *r
-	r2.ContentLength = int64(len(body))
-	r2.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	r2.Body, _ = r2.GetBody()
-	if len(body) == 0 {
-		r2.Body = http.NoBody
+// readLimited appends rd's content to buf and fails with an *http.MaxBytesError once
+// it exceeds limit. size is the declared length, or -1.
+func readLimited(buf []byte, rd io.Reader, size, limit int64) ([]byte, error) {
+	if size >= 0 && int64(cap(buf)) < size+1 {
+		buf = make([]byte, 0, size+1) // +1: reading EOF needs no growth
 	}
-	return &r2
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := rd.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if int64(len(buf)) > limit {
+			return buf, &http.MaxBytesError{Limit: limit}
+		}
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
 }
 
-// randomHex returns 16 random bytes in hex: lock tokens and record ids.
-func randomHex() string {
-	var b [16]byte
+// newTokens returns a fresh lock token and record id: 16 random bytes each, in hex,
+// from one read of crypto/rand and in one string.
+func newTokens() (token, id string) {
+	var b [32]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
-	return hex.EncodeToString(b[:])
+	var h [64]byte
+	hex.Encode(h[:], b[:])
+	s := string(h[:])
+	return s[:32], s[32:]
 }
 
 // run claims the key and acts on the outcome: execute, replay, or a §9 error.
@@ -248,12 +297,13 @@ func (x *request) run(next http.Handler) {
 	}
 	waitUntil, backoff := time.Now().Add(m.cfg.InFlightWait), waitPollMin
 	for {
-		token := randomHex()
+		token, id := newTokens()
 		started := m.localNow()
-		res, err := m.cfg.Store.RecordClaim(ctx, &RecordClaimParams{
-			Scope: x.scope, Key: x.key, Fingerprint: x.fp, Token: token, RecordID: randomHex(),
+		x.claim = RecordClaimParams{
+			Scope: x.scope, Key: x.key, Fingerprint: x.fp, Token: token, RecordID: id,
 			Lease: m.cfg.Lease, TTL: x.rt.ttl, Now: m.storeNow(),
-		})
+		}
+		res, err := m.cfg.Store.RecordClaim(ctx, &x.claim)
 		if err != nil {
 			x.storeUnavailable(ctx, "claim", err)
 			return
@@ -261,7 +311,7 @@ func (x *request) run(next http.Handler) {
 		switch res.Outcome {
 		case ClaimAcquired:
 			if res.TookOver {
-				m.cfg.Logger.InfoContext(ctx, "idem: took over a key whose holder's lease lapsed; executing again", x.log...)
+				m.cfg.Logger.InfoContext(ctx, "idem: took over a key whose holder's lease lapsed; executing again", x.attrs()...)
 			}
 			x.execute(next, token, started, res.Record)
 			return
@@ -364,11 +414,20 @@ func (x *request) replay(resp *Response) {
 		x.m.WriteError(x.w, x.r, CodeResponseNotStored, "")
 		return
 	}
+	// The stored values are copied, all into one array: resp may be shared (the
+	// replay cache), and whoever holds the response's header may change it.
 	h := x.w.Header()
-	for k, v := range resp.Header {
-		h[k] = slices.Clone(v)
+	n := 1
+	for _, v := range resp.Header {
+		n += len(v)
 	}
-	h.Set("Idempotent-Replayed", "true")
+	all := make([]string, 0, n)
+	for k, v := range resp.Header {
+		all = append(all, v...)
+		h[k] = all[len(all)-len(v) : len(all) : len(all)]
+	}
+	all = append(all, "true")
+	h["Idempotent-Replayed"] = all[len(all)-1:]
 	x.w.WriteHeader(resp.Status)
 	if x.r.Method != http.MethodHead && bodyAllowed(resp.Status) {
 		_, _ = x.w.Write(resp.Body)
@@ -382,7 +441,7 @@ func (x *request) storeUnavailable(ctx context.Context, op string, err error) {
 	if ctx.Err() != nil {
 		level = slog.LevelInfo // the client went away; the store may be fine
 	}
-	x.m.cfg.Logger.Log(ctx, level, "idem: store "+op+" failed", append(x.log, slog.Any("error", err))...)
+	x.m.cfg.Logger.Log(ctx, level, "idem: store "+op+" failed", x.attrs(slog.Any("error", err))...)
 	x.m.WriteError(x.w, x.r, CodeStoreUnavailable, "")
 }
 
@@ -392,14 +451,22 @@ func (x *request) storeCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(x.r.Context()), x.m.cfg.Lease)
 }
 
-// execution is the run of the handler by the request that acquired the key.
+// execution is the run of the handler by the request that acquired the key. It lives
+// in its request, and holds what the handler's run needs, so that a run costs few
+// allocations.
 type execution struct {
 	*request
 	token   string
 	claimed *Record // the record as the claim returned it
-	handle  *Handle
+	handle  *Handle // &handleVal
 	capture *capture
-	hb      *heartbeat
+	hb      heartbeat
+	// hctx is the handler's context: it carries the handle without a
+	// context.WithValue.
+	hctx       handleCtx
+	handleVal  Handle
+	complete   RecordCompleteParams
+	bodyReader bodyReader
 
 	mu      sync.Mutex
 	decided bool                  // the response is frozen and the policy applied
@@ -412,29 +479,66 @@ func (x *request) execute(next http.Handler, token string, claimStarted time.Tim
 	m := x.m
 	ctx, cancel := context.WithCancelCause(x.r.Context())
 	defer cancel(nil)
-	ex := &execution{
-		request: x,
-		token:   token,
-		claimed: claimed,
-		handle:  &Handle{scope: x.scope, key: x.key},
-		capture: newCapture(x.w, x.keyValues, m.cfg.MaxResponseBytes),
-	}
-	ex.handle.prepare = ex.prepareInTx
-	ex.hb = m.startHeartbeat(ctx, &heartbeatRun{
+	ex := &x.ex
+	ex.request, ex.token, ex.claimed = x, token, claimed
+	ex.handleVal.scope, ex.handleVal.key, ex.handleVal.prepare = x.scope, x.key, ex
+	ex.handle = &ex.handleVal
+	ex.hctx = handleCtx{Context: ctx, h: ex.handle}
+	ex.capture = getCapture(x.w, x.keyValues, m.cfg.MaxResponseBytes)
+	ex.hb.run = heartbeatRun{
 		m:        m,
+		x:        x,
 		params:   RecordRenewParams{Scope: x.scope, Key: x.key, Token: token, Lease: m.cfg.Lease, TTL: x.rt.ttl},
 		deadline: claimStarted.Add(m.cfg.Lease),
 		cancel:   cancel,
-		logAttrs: x.log,
-	})
+	}
+	m.startHeartbeat(&ex.hb, ctx)
 	defer func() {
 		if p := recover(); p != nil {
 			ex.abort()
 			panic(p) // http.ErrAbortHandler included: net/http handles it
 		}
 	}()
-	next.ServeHTTP(ex.capture, x.r.WithContext(NewContext(ctx, ex.handle)))
+	next.ServeHTTP(ex.capture, x.handlerRequest(&ex.hctx))
 	ex.finish()
+	putCapture(ex.capture)
+}
+
+// handlerRequest returns the request the handler gets: a copy of the request with
+// ctx, whose body reads the request body again (as often as GetBody is called).
+func (x *request) handlerRequest(ctx context.Context) *http.Request {
+	r := x.r.WithContext(ctx)
+	body := *x.body
+	r.ContentLength = int64(len(body))
+	if len(body) == 0 {
+		r.Body, r.GetBody = http.NoBody, noBody
+		return r
+	}
+	x.ex.bodyReader.Reset(body)
+	r.Body = &x.ex.bodyReader
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return r
+}
+
+func noBody() (io.ReadCloser, error) { return http.NoBody, nil }
+
+// bodyReader reads the request body for the handler.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
+
+// handleCtx is the handler's context: ctx carrying the request's Handle, as
+// NewContext would return it.
+type handleCtx struct {
+	context.Context
+	h *Handle
+}
+
+func (c *handleCtx) Value(key any) any {
+	if key == (handleKey{}) {
+		return c.h
+	}
+	return c.Context.Value(key)
 }
 
 // prepareInTx implements Handle.PrepareCompletion. It is one-shot: a second
@@ -462,10 +566,11 @@ func (ex *execution) decide(override *bool, forTx bool) (*RecordCompleteParams, 
 		ex.store = *override
 	}
 	if ex.store {
-		ex.params = &RecordCompleteParams{
+		ex.complete = RecordCompleteParams{
 			Scope: ex.scope, Key: ex.key, Token: ex.token,
 			Response: resp, TTL: ex.rt.ttl, Now: ex.m.storeNow(),
 		}
+		ex.params = &ex.complete
 	}
 	return ex.params, ex.store
 }
@@ -487,7 +592,7 @@ func (ex *execution) finish() {
 		return
 	case failed != nil: // ... or did not commit: neither effects nor record exist
 		ex.m.cfg.Logger.WarnContext(ex.r.Context(), "idem: the completing transaction failed; answering 503",
-			append(ex.log, slog.Any("error", failed))...)
+			ex.attrs(slog.Any("error", failed))...)
 		ex.release() // harmless if the commit happened after all: the record is completed
 		ex.unavailable()
 		return
@@ -508,20 +613,24 @@ func (ex *execution) finish() {
 	case errors.Is(err, ErrLeaseLost):
 		// Another request took the key over and executes (or executed) the operation;
 		// the client's retry gets its outcome.
-		ex.m.cfg.Logger.WarnContext(ex.r.Context(), "idem: lease lost before the response was stored; answering 503", ex.log...)
+		ex.m.cfg.Logger.WarnContext(ex.r.Context(), "idem: lease lost before the response was stored; answering 503", ex.attrs()...)
 		ex.unavailable()
 	default:
 		// The operation's effects happened: the client gets its response, and the key
 		// frees when the lease lapses. A 503 would make the client retry and execute
 		// the operation a second time.
 		ex.m.cfg.Logger.ErrorContext(ex.r.Context(), "idem: storing the response failed; sending it unstored",
-			append(ex.log, slog.Any("error", err))...)
+			ex.attrs(slog.Any("error", err))...)
 		ex.capture.send()
 	}
 }
 
 // abort releases the key after a handler panic, unless a §7 transaction completed it.
+// The capture is not pooled again: the panic may have left it in use.
 func (ex *execution) abort() {
+	ex.mu.Lock()
+	ex.decided = true // a Handle kept past the handler finds nothing more to complete
+	ex.mu.Unlock()
 	ex.hb.stopAndWait()
 	if completed, _ := ex.handle.outcome(); !completed {
 		ex.release()
@@ -536,10 +645,10 @@ func (ex *execution) release() {
 	err := ex.m.cfg.Store.RecordRelease(ctx, &RecordReleaseParams{Scope: ex.scope, Key: ex.key, Token: ex.token})
 	switch {
 	case errors.Is(err, ErrLeaseLost):
-		ex.m.cfg.Logger.DebugContext(ctx, "idem: release found the key no longer held", ex.log...)
+		ex.m.cfg.Logger.DebugContext(ctx, "idem: release found the key no longer held", ex.attrs()...)
 	case err != nil:
 		ex.m.cfg.Logger.WarnContext(ctx, "idem: releasing the key failed; it frees when the lease lapses",
-			append(ex.log, slog.Any("error", err))...)
+			ex.attrs(slog.Any("error", err))...)
 	}
 }
 
@@ -547,7 +656,7 @@ func (ex *execution) release() {
 // the handler already streamed it.
 func (ex *execution) unavailable() {
 	if ex.capture.passThrough {
-		ex.m.cfg.Logger.ErrorContext(ex.r.Context(), "idem: the response was already streamed; cannot answer 503", ex.log...)
+		ex.m.cfg.Logger.ErrorContext(ex.r.Context(), "idem: the response was already streamed; cannot answer 503", ex.attrs()...)
 		return
 	}
 	ex.m.WriteError(ex.w, ex.r, CodeStoreUnavailable, "")
