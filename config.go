@@ -200,6 +200,23 @@ type RouteOptions struct {
 	// StorePolicy overrides Config.StorePolicy. Defaults to Config.StorePolicy.
 	StorePolicy func(status int) bool
 
+	// ClaimInHandler says that the route's handler claims its key itself, inside the
+	// one transaction that also holds its writes and its completion, through a store
+	// helper such as store/postgres's (*Store).InTxBatch: BEGIN, the claim, the
+	// writes, the completed record and COMMIT then travel in one round trip. It suits
+	// handlers whose writes are known before they run and that call nothing outside
+	// the database. The middleware parses the key, the scope and the fingerprint as
+	// usual but does not claim; the handler's [Handle] offers the claim through
+	// [Handle.PrepareClaim]. No lease or heartbeat is needed: the open transaction is
+	// the lock, and a crash rolls everything back. When the handler's transaction finds
+	// the key already claimed (a replay, a duplicate, an expired record), the helper
+	// calls [Handle.DeferClaim] and the middleware claims the usual way: it replays,
+	// refuses, or runs the handler once more, holding a lease. A duplicate that finds
+	// the claim uncommitted waits a bounded time (the helper's lock timeout) and gets
+	// 409 request_in_progress ([ErrKeyInProgress]). A handler that answers without
+	// using the helper records nothing. Defaults to false.
+	ClaimInHandler bool
+
 	// Later options (SPEC §5.3's policy "unknown" for keys whose holder died, which
 	// answers 500 outcome_unknown instead of executing again) will be added here as
 	// fields whose zero value keeps today's behaviour.

@@ -57,6 +57,8 @@ type route struct {
 	requirement Requirement
 	ttl         time.Duration
 	policy      func(status int) bool
+	// claimInHandler is RouteOptions.ClaimInHandler.
+	claimInHandler bool
 	// A later policy for keys whose holder died (SPEC §5.3 "unknown") goes here; today
 	// a lapsed lease is always taken over and the operation executes again.
 }
@@ -86,7 +88,7 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 	if opts.TTL < 0 {
 		panic(fmt.Sprintf("idem: RouteOptions.TTL must not be negative, got %v", opts.TTL))
 	}
-	rt := &route{requirement: opts.Requirement, ttl: opts.TTL, policy: opts.StorePolicy}
+	rt := &route{requirement: opts.Requirement, ttl: opts.TTL, policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler}
 	setDefault(&rt.ttl, m.cfg.TTL)
 	if rt.policy == nil {
 		rt.policy = m.cfg.StorePolicy
@@ -295,7 +297,11 @@ func (x *request) run(next http.Handler) {
 			return
 		}
 	}
-	waitUntil, backoff := time.Now().Add(m.cfg.InFlightWait), waitPollMin
+	if x.rt.claimInHandler && x.executeClaimingInHandler(next) {
+		return
+	}
+	var waitUntil time.Time // set when the key is first found in flight
+	backoff := waitPollMin
 	for {
 		token, id := newTokens()
 		started := m.localNow()
@@ -322,6 +328,9 @@ func (x *request) run(next http.Handler) {
 		case ClaimMismatch:
 			m.WriteError(x.w, x.r, CodeKeyReused, "")
 			return
+		}
+		if waitUntil.IsZero() {
+			waitUntil = time.Now().Add(m.cfg.InFlightWait)
 		}
 		rec, again, err := x.await(ctx, waitUntil, &backoff)
 		switch {
