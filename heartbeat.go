@@ -25,8 +25,7 @@ func newRealBeat(d time.Duration, f func()) beatTimer { return time.AfterFunc(d,
 // than a goroutine with a ticker: most handlers finish long before the first beat,
 // and then the heartbeat cost one timer.
 type heartbeat struct {
-	run    heartbeatRun
-	parent context.Context // the handler's context, for the renewals' context
+	run heartbeatRun
 
 	mu      sync.Mutex
 	stopped bool
@@ -52,9 +51,8 @@ type heartbeatRun struct {
 	cancel   context.CancelCauseFunc
 }
 
-// startHeartbeat arms hb, whose run is set, for the handler whose context is ctx.
-func (m *Middleware) startHeartbeat(hb *heartbeat, ctx context.Context) {
-	hb.parent = ctx
+// startHeartbeat arms hb, whose run is set.
+func (m *Middleware) startHeartbeat(hb *heartbeat) {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	hb.timer = m.newBeat(m.cfg.Heartbeat, hb.beat)
@@ -70,7 +68,7 @@ func (hb *heartbeat) beat() {
 	if hb.ctx == nil {
 		// The renewals must go on when the client goes away and the handler keeps
 		// working, so they do not inherit the request's cancellation.
-		hb.ctx, hb.abort = context.WithCancel(context.WithoutCancel(hb.parent))
+		hb.ctx, hb.abort = context.WithCancel(hb.run.x.detached())
 	}
 	ctx := hb.ctx
 	hb.running.Add(1) // before stopAndWait's Wait: stopped is set under mu

@@ -147,6 +147,8 @@ type request struct {
 	body      *[]byte // the request body, in a pooled buffer
 	claim     RecordClaimParams
 	ex        execution
+	// detachedCtx is the context of store calls that must outlive the client.
+	detachedCtx detachedCtx
 }
 
 func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, r *http.Request) {
@@ -156,7 +158,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		next.ServeHTTP(w, r)
 		return
 	}
-	x := &request{m: m, rt: rt, w: w, r: r}
+	x := &request{m: m, rt: rt, w: w, r: r, detachedCtx: detachedCtx{r.Context()}}
 	if len(values) > 0 {
 		// A copy, so that the response's header never aliases the request's.
 		if len(values) == 1 {
@@ -237,17 +239,18 @@ func (x *request) readBody(r *http.Request) bool {
 	}
 	buf, err := readLimited(*x.body, r.Body, r.ContentLength, limit)
 	*x.body = buf
+	if err == nil {
+		return true
+	}
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
 		// The rest of the body is unread: the connection cannot be reused.
 		x.w.Header().Set("Connection", "close")
 		x.m.WriteError(x.w, r, CodeBodyTooLarge, "")
-	case err != nil:
+	default:
 		x.m.cfg.Logger.InfoContext(r.Context(), "idem: reading the request body failed", x.attrs(slog.Any("error", err))...)
 		x.m.WriteError(x.w, r, CodeBodyUnreadable, "")
-	default:
-		return true
 	}
 	putBody(x.body)
 	return false
@@ -457,8 +460,21 @@ func (x *request) storeUnavailable(ctx context.Context, op string, err error) {
 // storeCtx is the context of the completion or release after the handler ran: they
 // must happen even when the client went away, within a bound.
 func (x *request) storeCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(x.r.Context()), x.m.cfg.Lease)
+	return context.WithTimeout(x.detached(), x.m.cfg.Lease)
 }
+
+// detached returns the request's context without its cancellation, as
+// context.WithoutCancel does, but without an allocation: it lives in the request.
+func (x *request) detached() context.Context { return &x.detachedCtx }
+
+// detachedCtx is context.WithoutCancel(parent): its values, never done.
+type detachedCtx struct{ parent context.Context }
+
+func (*detachedCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*detachedCtx) Done() <-chan struct{}       { return nil }
+func (*detachedCtx) Err() error                  { return nil }
+func (c *detachedCtx) Value(key any) any         { return c.parent.Value(key) }
+func (c *detachedCtx) String() string            { return "idem.detached" }
 
 // execution is the run of the handler by the request that acquired the key. It lives
 // in its request, and holds what the handler's run needs, so that a run costs few
@@ -501,7 +517,7 @@ func (x *request) execute(next http.Handler, token string, claimStarted time.Tim
 		deadline: claimStarted.Add(m.cfg.Lease),
 		cancel:   cancel,
 	}
-	m.startHeartbeat(&ex.hb, ctx)
+	m.startHeartbeat(&ex.hb)
 	defer func() {
 		if p := recover(); p != nil {
 			ex.abort()
