@@ -1,11 +1,13 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -35,6 +37,12 @@ type Config struct {
 	// "Durable claims" in the package doc). Defaults to false.
 	SynchronousClaim bool
 
+	// ClaimLockTimeout bounds how long an [Store.InTxBatch] transaction that claims
+	// its key (RouteOptions.ClaimInHandler) waits for a concurrent, uncommitted claim of
+	// the same key; the duplicate then answers 409 request_in_progress. It must not be
+	// negative. Defaults to [DefaultClaimLockTimeout].
+	ClaimLockTimeout time.Duration
+
 	// Logger receives the store's rare log lines (takeovers, retried statements,
 	// migrations). Keys are never logged in full. Defaults to a logger that discards
 	// everything.
@@ -42,6 +50,9 @@ type Config struct {
 }
 
 func (c Config) validate() error {
+	if c.ClaimLockTimeout < 0 {
+		return fmt.Errorf("postgres: Config.ClaimLockTimeout must not be negative, got %v", c.ClaimLockTimeout)
+	}
 	if c.MaxConns < 0 {
 		return fmt.Errorf("postgres: Config.MaxConns must not be negative, got %d", c.MaxConns)
 	}
@@ -61,6 +72,8 @@ type Store struct {
 	logger  *slog.Logger
 	// synchronousClaim is Config.SynchronousClaim.
 	synchronousClaim bool
+	// claimLockTimeout is Config.ClaimLockTimeout with its default.
+	claimLockTimeout time.Duration
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -118,6 +131,7 @@ func NewFromPool(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		logger: logger,
 
 		synchronousClaim: cfg.SynchronousClaim,
+		claimLockTimeout: cmp.Or(cfg.ClaimLockTimeout, DefaultClaimLockTimeout),
 	}, nil
 }
 

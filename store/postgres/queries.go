@@ -14,6 +14,13 @@ package postgres
 //   - expired record:      2 (RecordClaim, then the fenced RecordClaimExpired update)
 //   - §7 InTx:             1 (BEGIN) + the handler's statements + 1 (the fenced
 //     completion and COMMIT, pipelined in one batch); a replay of it is 1 as above
+//   - §7 InTxBatch:        1 (BEGIN, the handler's statements, the fenced completion
+//     and COMMIT in one batch), so a whole request is 2 with the claim
+//   - InTxBatch on a RouteOptions.ClaimInHandler route: 1 for the whole request
+//     (BEGIN, lock_timeout, the record inserted completed, the handler's statements,
+//     COMMIT); a replay or duplicate 4 (the batch finds the key; ROLLBACK; pgx
+//     deallocates the failed batch's cached statements; RecordClaim), and the next
+//     request on that connection 1 more (pgx prepares them again)
 //
 // TestNewKeyClaimIsOneRoundTrip and its neighbours in roundtrip_test.go count them on
 // the wire.
@@ -39,6 +46,7 @@ type queries struct {
 	recordTakeOver      string
 	recordComplete      string
 	recordCompleteTx    string
+	recordInsertDone    string
 	recordRelease       string
 	recordRenew         string
 	recordGet           string
@@ -74,6 +82,7 @@ func newQueries(schema string) *queries {
 		recordTakeOver:      q("RecordTakeOver"),
 		recordComplete:      q("RecordComplete"),
 		recordCompleteTx:    q("RecordCompleteTx"),
+		recordInsertDone:    q("RecordInsertCompleted"),
 		recordRelease:       q("RecordRelease"),
 		recordRenew:         q("RecordRenew"),
 		recordGet:           q("RecordGet"),

@@ -187,3 +187,23 @@ USING doomed, clock
 WHERE r.scope = doomed.scope AND r.key = doomed.key
   AND r.expires_at < clock.now - $1::bigint * interval '1 microsecond'
   AND NOT (r.state = 'in_flight' AND r.lease_end > clock.now);
+
+-- name: RecordInsertCompleted
+-- The claim and the completion of a ClaimInHandler transaction (InTxBatch) in one
+-- INSERT: the record is born completed, in the transaction that holds the
+-- application's writes, so that it needs no lease, token or heartbeat (the open
+-- transaction is the lock). A record already there, whatever its state, raises
+-- unique_violation (23505) and aborts the transaction: the middleware then claims the
+-- usual way. An uncommitted insert of the same key makes this one wait, at most the
+-- transaction's lock_timeout (55P03).
+-- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 status,
+-- $7 headers, $8 body, $9 not stored, $10 ttl (µs), $11 injected now.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($11::timestamptz, clock_timestamp()) AS now
+)
+INSERT INTO {{schema}}idem_records
+    (scope, key, id, fingerprint_version, fingerprint, state, response_status,
+     response_headers, response_body, response_not_stored, created_at, expires_at)
+SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, $9, clock.now,
+       clock.now + $10::bigint * interval '1 microsecond'
+FROM clock;
