@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net/http"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // charge is a row of the charges table.
@@ -73,6 +75,12 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 	c := &charge{ID: newID("ch_"), Amount: in.Amount, Currency: in.Currency, CustomerID: in.CustomerID,
 		Status: "succeeded", Created: s.now().Unix(), IdempotencyKey: k.key, Fingerprint: k.fingerprint, KeyExpiresAt: k.expiresAt}
 	sc := scope(r)
+	if s.batch != nil && s.mutateBatch(w, r, jsonReply(http.StatusCreated, c.render()), func(b *pgx.Batch) {
+		b.Queue(s.db.queries["charge_insert_strict"], c.ID, sc, c.Amount, c.Currency, c.CustomerID,
+			c.Status, c.Created, c.IdempotencyKey, c.Fingerprint, c.KeyExpiresAt)
+	}) {
+		return
+	}
 	s.mutate(w, r, func(ctx context.Context, q querier) (reply, error) {
 		// At most two rounds: the second follows the retirement of an expired key.
 		for range 2 {

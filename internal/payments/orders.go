@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net/http"
 	"regexp"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // orderID is the shape of an order id (SPEC §11).
@@ -111,6 +113,13 @@ func (s *Server) createOrder(w http.ResponseWriter, r *http.Request) {
 	}
 	k := s.keyOf(r, body, arrival)
 	id, sc, now := newID("ord_"), scope(r), s.now().Unix()
+	o := &order{ID: id, Amount: in.Amount, Currency: in.Currency, Description: in.Description, Status: in.Status,
+		Created: now, Updated: now, IdempotencyKey: k.key, Fingerprint: k.fingerprint, KeyExpiresAt: k.expiresAt}
+	if s.batch != nil && s.mutateBatch(w, r, jsonReply(http.StatusCreated, o.render(), "Location", orderLocation(id)), func(b *pgx.Batch) {
+		b.Queue(s.db.queries["order_insert_strict"], sc, id, in.Amount, in.Currency, in.Description, in.Status, now, k.key, k.fingerprint, k.expiresAt)
+	}) {
+		return
+	}
 	s.mutate(w, r, func(ctx context.Context, q querier) (reply, error) {
 		if out, err := s.orderBackstop(ctx, r, q, sc, k); out != nil || err != nil {
 			return out, err

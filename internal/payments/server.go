@@ -79,6 +79,11 @@ type Server struct {
 	root    *http.ServeMux
 	// beforeCharge, when set by a test, runs where the card processor is called.
 	beforeCharge func(r *http.Request)
+	// batch, on PostgreSQL, sends a creation's transaction in one round trip; nil on
+	// SQLite. claimsInTx is true when it can also claim the key (the store's own
+	// helper), so that POST /v1/orders claims in its transaction.
+	batch      PostgresBatchFunc
+	claimsInTx bool
 }
 
 // New returns the payments API on cfg's store and database. It panics with a
@@ -111,6 +116,7 @@ func New(cfg Config) *Server {
 		cfg.TTL = idem.DefaultTTL
 	}
 	s := &Server{cfg: cfg, db: cfg.DB, logger: cfg.Logger, now: cfg.Now, ttl: cfg.TTL}
+	s.batch, s.claimsInTx = pipelined(cfg)
 	s.routes()
 	return s
 }
@@ -131,18 +137,11 @@ func (s *Server) Pattern(r *http.Request) string {
 }
 
 func (s *Server) routes() {
-	api := http.NewServeMux()
-	api.HandleFunc("POST /v1/charges", s.createCharge)
-	api.HandleFunc("GET /v1/charges", s.listCharges)
-	api.HandleFunc("GET /v1/charges/{id}", s.getCharge)
-	api.HandleFunc("POST /v1/orders", s.createOrder)
-	api.HandleFunc("GET /v1/orders/{id}", s.getOrder)
-	api.HandleFunc("PUT /v1/orders/{id}", s.putOrder)
-	api.HandleFunc("DELETE /v1/orders/{id}", s.deleteOrder)
-	api.HandleFunc("/v1/", s.notFound)
-	s.api = api
-
-	var v1 http.Handler = api
+	// Every route is wrapped by the idempotency middleware, inside the mux, so that
+	// POST /v1/orders can claim its key in its own transaction (one round trip for the
+	// whole request on PostgreSQL, RouteOptions.ClaimInHandler).
+	wrap := func(h http.HandlerFunc) http.Handler { return h }
+	claiming := wrap
 	if !s.cfg.DisableIdempotency {
 		mw := s.cfg.Middleware
 		if mw == nil {
@@ -155,8 +154,24 @@ func (s *Server) routes() {
 				Logger:  s.logger,
 			})
 		}
-		v1 = mw.Handler(api)
+		wrap = func(h http.HandlerFunc) http.Handler { return mw.Handler(h) }
+		claiming = wrap
+		if s.claimsInTx {
+			inTx := mw.Route(idem.RouteOptions{ClaimInHandler: true})
+			claiming = func(h http.HandlerFunc) http.Handler { return inTx(h) }
+		}
 	}
+	api := http.NewServeMux()
+	api.Handle("POST /v1/charges", wrap(s.createCharge))
+	api.Handle("GET /v1/charges", wrap(s.listCharges))
+	api.Handle("GET /v1/charges/{id}", wrap(s.getCharge))
+	api.Handle("POST /v1/orders", claiming(s.createOrder))
+	api.Handle("GET /v1/orders/{id}", wrap(s.getOrder))
+	api.Handle("PUT /v1/orders/{id}", wrap(s.putOrder))
+	api.Handle("DELETE /v1/orders/{id}", wrap(s.deleteOrder))
+	api.Handle("/v1/", wrap(s.notFound))
+	s.api = api
+	var v1 http.Handler = api
 
 	root := http.NewServeMux()
 	root.HandleFunc("GET /healthz", s.healthz)
