@@ -31,6 +31,28 @@ func TestPaymentsRefusesUnknownStoreSchemeWithOneLineError(t *testing.T) {
 	}
 }
 
+// Every subcommand refuses a bad flag value or URL with a one-line error (SPEC §10).
+func TestBadFlagValuesAreOneLineErrors(t *testing.T) {
+	t.Parallel()
+	db := sqliteStore(t)
+	for _, args := range [][]string{
+		{"payments", "--addr", "127.0.0.1:0", "--store", db, "--profile", "bogus"},
+		{"payments", "--addr", "127.0.0.1:0", "--store", db, "--ttl", "banana"},
+		{"payments", "--addr", "127.0.0.1:0", "--store", db, "--lock-timeout", "-1s"},
+		{"migrate", "--store", "nosuch://x"},
+		{"migrate", "--bogus"},
+		{"purge", "--store", db, "--older-than", "banana"},
+		{"purge", "--store", "nosuch://x"},
+	} {
+		wantOneLineError(t, "idem "+strings.Join(args, " "), runIdem(t, args...))
+	}
+	// An unknown command is neither a flag nor a URL: it may print the usage, but it
+	// must fail.
+	if res := runIdem(t, "nosuchcommand"); res.exitCode == 0 {
+		t.Fatalf("idem nosuchcommand: want a non-zero exit, got 0")
+	}
+}
+
 func TestMigrateIsRepeatable(t *testing.T) {
 	t.Parallel()
 	for _, kind := range sqlStores {
