@@ -158,37 +158,44 @@ func wantChargesExactly(t testing.TB, c *client, s *server, want map[string]stri
 }
 
 // TestSlowHolderStillChargesOnce holds a key longer than its lease timeout (the
-// heartbeat must keep it, or a takeover must be fenced); a duplicate arrives meanwhile.
-// Exactly one charge results and both clients end with it.
+// heartbeat must keep it, or a takeover must be fenced); a duplicate arrives meanwhile at
+// another process on the same store. Exactly one charge results, executed once, and both
+// clients end with it.
 func TestSlowHolderStillChargesOnce(t *testing.T) {
 	t.Parallel()
 	for _, kind := range allStores {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
-			s := startServer(t, append(storeFlags(t, kind), "--processor-latency", "3s", "--lock-timeout", "1s")...)
+			servers := startServers(t, 2, append(storeFlags(t, kind), "--processor-latency", "3s", "--lock-timeout", "1s")...)
 			c := newClient()
 			key := newKey()
-			results := make(chan *response, 2)
-			errs := make(chan error, 2)
-			send := func() {
+			answers := make(chan answer, 2)
+			send := func(s *server) {
 				res, err := retryUntilCreated(context.Background(), c, s.URL(), key, chargeJSON(2000), 30*time.Second)
-				results <- res
-				errs <- err
+				answers <- answer{res, err}
 			}
-			go send()
+			go send(servers[0])
 			time.Sleep(1800 * time.Millisecond) // the scenario: a duplicate while the holder is slow
-			go send()
+			go send(servers[1])
 			var got []*response
+			executed := 0
 			for range 2 {
-				if err := <-errs; err != nil {
-					t.Fatal(err)
+				a := <-answers
+				if a.err != nil {
+					t.Fatal(a.err)
 				}
-				got = append(got, <-results)
+				got = append(got, a.res)
+				if !a.res.replayed() {
+					executed++
+				}
 			}
-			if got[0].id(t) != got[1].id(t) {
-				t.Fatalf("the two clients got different charges:\n%s\n%s", got[0].Body, got[1].Body)
+			if got[0].id(t) != got[1].id(t) || !bytes.Equal(got[0].Body, got[1].Body) {
+				t.Fatalf("the two clients got different answers:\n%s\n%s", got[0].Body, got[1].Body)
 			}
-			wantChargesExactly(t, c, s, map[string]string{key: got[0].id(t)}, "after the slow holder")
+			if executed != 1 {
+				t.Fatalf("%d of the two final 201s were executions, want exactly 1 (the other a replay)", executed)
+			}
+			wantChargesExactly(t, c, servers[1], map[string]string{key: got[0].id(t)}, "after the slow holder")
 		})
 	}
 }
