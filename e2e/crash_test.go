@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -266,4 +267,47 @@ func newClientAs(c *client) *client {
 	n := newClient()
 	n.token = c.token
 	return n
+}
+
+// TestHolderKilledMidRequestIsTakenOverOnce SIGKILLs the process that holds a key while
+// its charge waits on the card processor: once the lease lapses, another process on the
+// same store takes the key over and charges exactly once, and the first client's retry
+// is a replay of that charge.
+func TestHolderKilledMidRequestIsTakenOverOnce(t *testing.T) {
+	t.Parallel()
+	for _, kind := range sqlStores {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			store := newStore(t, kind)
+			servers := startServers(t, 2, "--store", store, "--processor-latency", "3s", "--lock-timeout", "1s")
+			c := newClient()
+			key := newKey()
+			got := make(chan answer, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+				defer cancel()
+				res, err := c.send(ctx, servers[0].URL(), request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: chargeJSON(2000)})
+				got <- answer{res, err}
+			}()
+			if kind == storeSQLite {
+				waitInFlight(t, strings.TrimPrefix(store, "sqlite:"), key)
+			} else {
+				waitInFlightPG(t, store, key)
+			}
+			servers[0].kill()
+			if a := <-got; a.err == nil {
+				t.Fatalf("the killed holder answered: %s", a.res)
+			}
+
+			taken, err := retryUntilCreated(context.Background(), c, servers[1].URL(), key, chargeJSON(2000), 30*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if taken.replayed() {
+				t.Fatalf("the takeover was answered by a replay: the killed holder completed? %s", taken)
+			}
+			wantReplayOf(t, "the first client's retry", taken, c.postCharge(t, servers[1].URL(), key, chargeJSON(2000)), key)
+			wantChargesExactly(t, c, servers[1], map[string]string{key: taken.id(t)}, "after the takeover")
+		})
+	}
 }
