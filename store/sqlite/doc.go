@@ -30,6 +30,31 @@
 // Only a claim that inserts or takes over opens a write transaction, which reads the
 // record again under the lock and decides with [idem.Decide].
 //
+// # Durable claims
+//
+// A claim's write transaction commits on a connection of its own with
+// synchronous=NORMAL (unless Config.SynchronousClaim): in WAL mode its commit appends
+// to the WAL without an fsync, saving one fsync per request; everything else, the
+// [Store.InTx] completion included, commits with synchronous=FULL. A crash of the
+// process loses nothing (the frames are in the operating system's cache); an
+// operating-system crash or a power loss may lose the last claims, and that is safe:
+//
+//   - The application's writes commit only in the transaction that holds the fenced
+//     completion (SPEC §7), and that completion updates the claim's row, which it must
+//     find under the holder's token; without it the completion fails and nothing
+//     commits.
+//   - That transaction's FULL commit fsyncs the WAL file, and with it every frame
+//     appended before its own, the claim's included; and recovery replays a WAL only up
+//     to its first invalid frame (the frames carry cumulative checksums). So once a
+//     completion is durable, so is its claim.
+//   - A crash can therefore lose only a claim whose operation has not committed: the
+//     holder (if it survived) fails its completion and answers 503, a duplicate that saw
+//     the claim got 409 request_in_progress, and the client's retry executes once. What
+//     the holder did outside the database happens again, as after a lapsed lease (SPEC
+//     §5.3).
+//
+// TestInTxRefusesTheCompletionOfALostClaim shows the completion refusing.
+//
 // # Clock and times
 //
 // Leases and expiry use the host clock (time.Now), which is the store's clock for a

@@ -95,12 +95,17 @@ func (s *Store) unlockWrites() { <-s.writeSem }
 // writeTx runs fn in one BEGIN IMMEDIATE transaction and commits it, retrying the
 // whole transaction while the database is locked. fn must be safe to run again.
 func (s *Store) writeTx(ctx context.Context, what string, fn func(tx *sql.Tx) error) error {
+	return s.writeTxOn(ctx, s.db, what, fn)
+}
+
+// writeTxOn is writeTx on the pool db (the claims' own, say).
+func (s *Store) writeTxOn(ctx context.Context, db *sql.DB, what string, fn func(tx *sql.Tx) error) error {
 	return s.retryBusy(ctx, what, func() error {
 		if err := s.lockWrites(ctx, what); err != nil {
 			return err
 		}
 		defer s.unlockWrites()
-		tx, err := s.db.BeginTx(ctx, nil)
+		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			return err
 		}

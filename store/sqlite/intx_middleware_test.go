@@ -277,3 +277,56 @@ func TestRenewalWaitingForInTxDoesNotHoldUpTheCompletion(t *testing.T) {
 		t.Errorf("InTx took %v after fn returned, want far less than a heartbeat (%v); middleware log:\n%s", held, heartbeat, mwLog.String())
 	}
 }
+
+// TestInTxRefusesTheCompletionOfALostClaim is the safety argument of claims committed
+// without an fsync (doc.go, "Durable claims"): when a crash loses the claim, the
+// holder's fenced completion finds nothing, its writes roll back and it answers 503;
+// the client's retry then executes once.
+func TestInTxRefusesTheCompletionOfALostClaim(t *testing.T) {
+	t.Parallel()
+	app := newChargeApp(t)
+	const key = "key-claim-lost"
+	held := app.gate("held")
+	heldDone := make(chan *httptest.ResponseRecorder, 1)
+	go func() { heldDone <- app.post(key, "held") }()
+	<-held.entered // "held" holds the key and has not begun its transaction
+
+	// The host crashed and came back without the claim: its commit had not been synced.
+	if _, err := app.store.DB().Exec(`DELETE FROM idem_records`); err != nil {
+		t.Fatal(err)
+	}
+	close(held.proceed)
+	got := <-heldDone
+	if got.Code != http.StatusServiceUnavailable || !strings.Contains(got.Body.String(), "store_unavailable") {
+		t.Fatalf("the request whose claim was lost = %d %s, want 503 store_unavailable", got.Code, got.Body)
+	}
+	if names := app.charges(t); len(names) != 0 {
+		t.Fatalf("charges = %q, want none: a completion without its claim must roll the writes back", names)
+	}
+	retry := app.post(key, "retry")
+	if retry.Code != http.StatusCreated {
+		t.Fatalf("retry = %d %s, want 201", retry.Code, retry.Body)
+	}
+	if names := app.charges(t); len(names) != 1 || names[0] != "retry" {
+		t.Fatalf("charges = %q, want exactly the retry's", names)
+	}
+}
+
+// Claims go through a connection of their own with synchronous=NORMAL; everything
+// else keeps FULL (unless Config.SynchronousClaim, which keeps claims FULL too).
+func TestClaimsCommitWithoutFsyncOnTheirOwnConnection(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cfg  sqlite.Config
+		want int // PRAGMA synchronous: 1 NORMAL, 2 FULL
+	}{{sqlite.Config{}, 1}, {sqlite.Config{SynchronousClaim: true}, 2}} {
+		s, _ := openStore(t, tc.cfg)
+		if got := sqlite.ClaimSynchronous(t, s); got != tc.want {
+			t.Errorf("SynchronousClaim=%v: the claims' synchronous = %d, want %d", tc.cfg.SynchronousClaim, got, tc.want)
+		}
+		var full int
+		if err := s.DB().QueryRow(`PRAGMA synchronous`).Scan(&full); err != nil || full != 2 {
+			t.Errorf("the store's other connections: synchronous = %d (%v), want 2 (FULL)", full, err)
+		}
+	}
+}

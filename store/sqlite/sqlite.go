@@ -47,6 +47,15 @@ type Config struct {
 	// It must not be negative. Defaults to [DefaultMaxOpenConns].
 	MaxOpenConns int
 
+	// SynchronousClaim makes a claim's write transaction wait for its fsync like every
+	// other commit. Without it claims commit on a connection of their own with
+	// synchronous=NORMAL, which in WAL mode skips the fsync: an operating-system crash or
+	// a power loss may lose the last claims (a retry then executes, exactly once), never
+	// a completion or an application's write, because the completion's synchronous=FULL
+	// commit fsyncs the WAL, and with it every frame written before its own, the claim's
+	// included (see "Durable claims" in the package doc). Defaults to false.
+	SynchronousClaim bool
+
 	// Logger receives migrations (info) and lock-contention retries (debug). Keys and
 	// bodies are never logged. Defaults to a logger that discards everything.
 	Logger *slog.Logger
@@ -75,8 +84,11 @@ func (c Config) withDefaults() (Config, error) {
 // [Open], call [Store.Migrate] once per process (or run `idem migrate`), and
 // [Store.Close] it when done.
 type Store struct {
-	db     *sql.DB
-	logger *slog.Logger
+	db *sql.DB
+	// claimDB writes claims with synchronous=NORMAL (one connection: writes are
+	// queued in process anyway); it is db itself with Config.SynchronousClaim.
+	claimDB *sql.DB
+	logger  *slog.Logger
 	// writeSem queues this process's write transactions (capacity 1). It saves
 	// SQLite's busy polling; SQLite's own lock keeps them correct.
 	writeSem chan struct{}
@@ -97,7 +109,30 @@ func Open(ctx context.Context, dsnOrPath string, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	dsn, err := buildDSN(dsnOrPath, cfg.BusyTimeout)
+	db, err := openPool(dsnOrPath, cfg.BusyTimeout, "FULL", cfg.MaxOpenConns)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{db: db, claimDB: db, logger: cfg.Logger, writeSem: make(chan struct{}, 1)}
+	// The first connection creates the file and switches it to WAL, which needs the
+	// write lock: retry like any other contention.
+	if err := s.retryBusy(ctx, "open", func() error { return s.ping(ctx) }); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("sqlite: open %q: %w", dsnOrPath, err)
+	}
+	if !cfg.SynchronousClaim {
+		if s.claimDB, err = openPool(dsnOrPath, cfg.BusyTimeout, "NORMAL", 1); err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// openPool opens a pool of connections to the file with the store's settings and
+// the given synchronous level.
+func openPool(dsnOrPath string, busyTimeout time.Duration, synchronous string, conns int) (*sql.DB, error) {
+	dsn, err := buildDSN(dsnOrPath, busyTimeout, synchronous)
 	if err != nil {
 		return nil, err
 	}
@@ -105,23 +140,15 @@ func Open(ctx context.Context, dsnOrPath string, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %q: %w", dsnOrPath, err)
 	}
-	db.SetMaxOpenConns(cfg.MaxOpenConns)
+	db.SetMaxOpenConns(conns)
 	// Keep every connection: opening one runs its PRAGMAs again.
-	db.SetMaxIdleConns(cfg.MaxOpenConns)
-
-	s := &Store{db: db, logger: cfg.Logger, writeSem: make(chan struct{}, 1)}
-	// The first connection creates the file and switches it to WAL, which needs the
-	// write lock: retry like any other contention.
-	if err := s.retryBusy(ctx, "open", func() error { return s.ping(ctx) }); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("sqlite: open %q: %w", dsnOrPath, err)
-	}
-	return s, nil
+	db.SetMaxIdleConns(conns)
+	return db, nil
 }
 
 // buildDSN turns a path or "file:" URI into a DSN carrying the store's per-connection
 // settings.
-func buildDSN(dsnOrPath string, busyTimeout time.Duration) (string, error) {
+func buildDSN(dsnOrPath string, busyTimeout time.Duration, synchronous string) (string, error) {
 	name := strings.TrimPrefix(dsnOrPath, "sqlite:")
 	if name == "" {
 		return "", errors.New("sqlite: empty database path")
@@ -135,7 +162,7 @@ func buildDSN(dsnOrPath string, busyTimeout time.Duration) (string, error) {
 	q.Add("_pragma", "busy_timeout("+strconv.FormatInt(busyTimeout.Milliseconds(), 10)+")")
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "foreign_keys(1)")
-	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_pragma", "synchronous("+synchronous+")")
 	q.Set("_txlock", "immediate")
 	// Report open errors with their own message, not a stale one (modernc #230).
 	q.Set("_error_rc", "1")
@@ -168,7 +195,12 @@ func buildDSN(dsnOrPath string, busyTimeout time.Duration) (string, error) {
 func (s *Store) DB() *sql.DB { return s.db }
 
 // Close closes the connection pool.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	if s.claimDB != s.db {
+		_ = s.claimDB.Close()
+	}
+	return s.db.Close()
+}
 
 // Ping implements [idem.Store.Ping]: it reads the database file's schema page.
 func (s *Store) Ping(ctx context.Context) error {
