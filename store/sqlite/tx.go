@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 
 	"github.com/idem-go/idem"
 )
@@ -25,6 +26,13 @@ import (
 // that error (or re-panics). fn runs once: only BEGIN is retried while another process
 // holds the write lock. fn must not call InTx or write outside tx, which would wait
 // for the write lock that tx holds.
+//
+// On a route that claims in the handler (idem.RouteOptions.ClaimInHandler) InTx also
+// claims the key, first thing in its transaction: the claim, the application's writes
+// and the completion commit together, with one fsync and no lease to renew (the write
+// lock is the lock). When the key is already there, in any state but expired, nothing
+// commits: InTx calls [idem.Handle.DeferClaim] and returns an error wrapping
+// [idem.ErrClaimDeferred] without running fn, and the middleware claims the usual way.
 //
 // The transaction holds SQLite's one write lock (and this process's write turn) while
 // fn runs, so keep slow work, such as a call to a card processor, outside fn. While it
@@ -52,6 +60,10 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 		}
 	}()
 
+	claimed, err := s.claimInTx(ctx, tx, h)
+	if err != nil {
+		return err
+	}
 	if err := fn(ctx, tx); err != nil {
 		return err
 	}
@@ -63,6 +75,9 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 				h.CompletionFailed(err)
 				return err
 			}
+		} else if err := releaseClaimInTx(ctx, tx, claimed); err != nil {
+			h.CompletionFailed(err)
+			return err
 		}
 	}
 	if err := tx.Commit(); err != nil {
@@ -91,5 +106,43 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p *idem.RecordComple
 	if errors.Is(err, idem.ErrLeaseLost) {
 		return err
 	}
+	return interpretError(err)
+}
+
+// claimInTx claims the key of a ClaimInHandler route inside tx, before the handler's
+// writes. It returns the claim it made (nil when the route does not claim in the
+// handler), or an error wrapping idem.ErrClaimDeferred, having told the handle, when
+// the key is taken.
+func (s *Store) claimInTx(ctx context.Context, tx *sql.Tx, h *idem.Handle) (*idem.RecordClaimParams, error) {
+	if h == nil {
+		return nil, nil
+	}
+	p, ok := h.PrepareClaim()
+	if !ok {
+		return nil, nil
+	}
+	res, err := claimTx(ctx, tx, p, now(p.Now))
+	if err != nil {
+		err = interpretError(err)
+		h.CompletionFailed(err)
+		return nil, err
+	}
+	if res.Outcome != idem.ClaimAcquired || res.TookOver {
+		// A replay, a duplicate or a mismatch (or a lapsed lease: the middleware logs
+		// takeovers) is the middleware's to answer.
+		h.DeferClaim()
+		return nil, fmt.Errorf("%w (%s)", idem.ErrClaimDeferred, res.Outcome)
+	}
+	return p, nil
+}
+
+// releaseClaimInTx deletes, in tx, a claim made by claimInTx (none when p is nil)
+// whose response is not to be stored (SPEC §6), so that it never commits.
+func releaseClaimInTx(ctx context.Context, tx *sql.Tx, p *idem.RecordClaimParams) error {
+	if p == nil {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, queryRecordRelease,
+		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.Token))
 	return interpretError(err)
 }
