@@ -2,6 +2,7 @@ package payments
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"net/http"
 
@@ -24,10 +25,16 @@ type batcher interface {
 // PostgreSQL: BEGIN, the insert, the record's completion and COMMIT in one round trip.
 // It is the store's InTxBatch when the DB shares the store's database, a plain
 // pipelined transaction otherwise, and nil on SQLite. claims reports whether the
-// store's helper can also claim the key (RouteOptions.ClaimInHandler).
+// store's transaction helper can also claim the key (RouteOptions.ClaimInHandler),
+// so that POST /v1/orders claims, writes and completes in one transaction.
 func pipelined(cfg Config) (batch PostgresBatchFunc, claims bool) {
 	if cfg.DB.dialect != dialectPostgres {
-		return nil, false
+		// store/sqlite's InTx claims on a ClaimInHandler route, in the transaction
+		// the handler's read-then-write runs in.
+		_, isSQLiteStore := cfg.Store.(interface {
+			InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error
+		})
+		return nil, isSQLiteStore && cfg.DB.completes
 	}
 	if st, ok := cfg.Store.(batcher); ok && cfg.DB.completes {
 		return st.InTxBatch, true

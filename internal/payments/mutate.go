@@ -44,6 +44,9 @@ func (s *Server) mutate(w http.ResponseWriter, r *http.Request, fn func(ctx cont
 		if !wrote {
 			out(w)
 		}
+	case errors.Is(err, idem.ErrClaimDeferred), errors.Is(err, idem.ErrKeyInProgress):
+		// The transaction found the key taken and committed nothing (a ClaimInHandler
+		// route): the middleware answers, and discards whatever is written here.
 	case wrote:
 		// The COMMIT or the fenced completion failed after the reply went into the
 		// capture: the middleware sends 503 store_unavailable instead of it.
