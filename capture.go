@@ -54,12 +54,8 @@ var capturePool = sync.Pool{New: func() any {
 // maxPooledResponse bounds the body buffer a pooled capture keeps.
 const maxPooledResponse = 64 << 10
 
-func newCapture(w http.ResponseWriter, key []string, limit int64) *capture {
-	return &capture{w: w, key: key, limit: limit, header: make(http.Header), stored: make(http.Header)}
-}
-
-// getCapture is newCapture from the pool; give it back with putCapture once the
-// response was sent and nothing refers to it any more.
+// getCapture returns a capture for w from the pool; give it back with putCapture
+// once the response was sent and nothing refers to it any more.
 func getCapture(w http.ResponseWriter, key []string, limit int64) *capture {
 	c := capturePool.Get().(*capture)
 	c.w, c.key, c.limit = w, key, limit

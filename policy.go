@@ -53,14 +53,3 @@ func storedHeaderSet(extra []string) map[string]bool {
 	}
 	return set
 }
-
-// filterHeaders returns a copy of the headers of h on the allow-list.
-func filterHeaders(h http.Header, allow map[string]bool) http.Header {
-	out := make(http.Header)
-	for k, v := range h {
-		if allow[http.CanonicalHeaderKey(k)] && len(v) > 0 {
-			out[http.CanonicalHeaderKey(k)] = slices.Clone(v)
-		}
-	}
-	return out
-}
