@@ -502,7 +502,11 @@ type execution struct {
 // execute runs the handler under the claim held by token (SPEC §5–§7).
 func (x *request) execute(next http.Handler, token string, claimStarted time.Time, claimed *Record) {
 	m := x.m
-	ctx, cancel := context.WithCancelCause(x.r.Context())
+	// The handler's context does not end when the client goes away: the operation runs
+	// to its outcome, which is stored, so the client's retry gets a replay rather than
+	// a key stuck in flight or half-done work to redo. It ends only with the lease
+	// (cause ErrLeaseLost).
+	ctx, cancel := context.WithCancelCause(x.detached())
 	defer cancel(nil)
 	ex := &x.ex
 	ex.request, ex.token, ex.claimed = x, token, claimed

@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -632,4 +634,41 @@ func TestInFlightWaitEndsWithInProgress(t *testing.T) {
 	}
 	close(h.gate)
 	<-done
+}
+
+func TestClientGoingAwayDoesNotAbandonTheOperation(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	started, release, ctxErr := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	var runs atomic.Int64
+	mw := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		close(started)
+		<-release
+		ctxErr <- r.Context().Err()
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"ch_1"}`)
+	}))
+
+	clientCtx, hangUp := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serve(mw, req("POST", "/v1/charges", key, `{"amount":2000}`).WithContext(clientCtx))
+	}()
+	<-started
+	hangUp() // the client disconnects while the handler runs
+	close(release)
+	<-done
+
+	if err := <-ctxErr; err != nil {
+		t.Fatalf("the handler's context ended with the client: %v", err)
+	}
+	retry := serve(mw, req("POST", "/v1/charges", key, `{"amount":2000}`))
+	if retry.Code != http.StatusCreated || retry.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry got %d (replayed %q), want the stored 201", retry.Code, retry.Header().Get("Idempotent-Replayed"))
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", runs.Load())
+	}
 }
