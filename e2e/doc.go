@@ -1,9 +1,19 @@
 // Package e2e holds the process-level tests of the idem command (SPEC §10–§11): they
 // build the idem binary once per test run, start real `idem payments` processes on
-// loopback ports over real SQLite files and PostgreSQL databases, and talk HTTP to them.
+// loopback ports over real SQLite files, PostgreSQL databases (one fresh database per
+// test on the shared server, dropped at cleanup) and Redis, and talk HTTP to them.
 //
 // The processes are built without -race by default: a race-built binary with the pure
 // Go SQLite driver is several times slower, and the library packages already run their
 // own tests under -race. Set IDEM_E2E_RACE=1 to build the processes with -race too.
 // IDEM_E2E_BIN names a prebuilt binary to use instead of building one.
+//
+// The outage tests stop a PostgreSQL cluster of their own (initdb and pg_ctl from
+// /usr/lib/postgresql/*/bin, run as the postgres OS user when the tests run as root),
+// never the shared server; without initdb they skip, and fail under CI=true.
+//
+// Tests wait on signals, not sleeps: a server's listening line on stderr, an in-flight
+// record read from the store, an endpoint polled with a deadline. The only sleeps are
+// part of a scenario (a TTL to outlive, a duplicate sent while a holder is slow, a kill
+// at a random moment).
 package e2e
