@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -161,5 +162,33 @@ func TestCompletionDoesNotWaitForABlockedRenewal(t *testing.T) {
 	}
 	if err := <-renewed; !errors.Is(err, context.Canceled) {
 		t.Errorf("renewal ended with %v, want it aborted", err)
+	}
+}
+
+func TestHandlerAnsweringAfterALostLeaseGetsStoreUnavailable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	renewed := make(chan error, 1)
+	idem.OnRenew(b.mw, func(err error) { renewed <- err })
+	entered := make(chan struct{})
+	mw := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-r.Context().Done()
+		// The application's own error for an interrupted operation.
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write([]byte(`{"error":{"code":"processor_interrupted"}}`))
+	}))
+	first := make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- serve(mw, req("POST", "/x", key, "{}")) }()
+	<-entered
+	b.store.renewDown.Store(true)
+	b.clock.Advance(31 * time.Second) // past the lease granted at the claim
+	b.ticker.Tick()
+	<-renewed
+
+	w := <-first
+	wantCode(t, w, http.StatusServiceUnavailable, idem.CodeStoreUnavailable)
+	if w.Header().Get("Retry-After") == "" {
+		t.Error("503 store_unavailable without Retry-After")
 	}
 }

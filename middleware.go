@@ -629,6 +629,14 @@ func (ex *execution) finish() {
 	params, store := ex.decide(ex.handle.storeOverride(), false)
 	if !store {
 		ex.release()
+		if errors.Is(context.Cause(ex.hctx.Context), ErrLeaseLost) {
+			// The handler gave up because its lease was lost (the store went away, or
+			// another request took the key over): whatever it answered, the client is
+			// told to retry, and the retry meets the key's real outcome (SPEC §5, §9).
+			ex.m.cfg.Logger.WarnContext(ex.r.Context(), "idem: the handler answered after losing its lease; answering 503", ex.attrs()...)
+			ex.unavailable()
+			return
+		}
 		ex.capture.send()
 		return
 	}
