@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,8 +16,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/payments"
-	"github.com/idem-go/idem/internal/testenv"
-	"github.com/idem-go/idem/store/sqlite"
+	"github.com/idem-go/idem/internal/payments/paymentstest"
 )
 
 var faultSeedFlag = flag.Uint64("faultseed", 0, "seed of the fault-injecting proxy (0 picks one at random and logs it)")
@@ -65,22 +63,8 @@ type paymentsAPI struct {
 
 func newPaymentsAPI(t *testing.T, profile idem.Profile) *paymentsAPI {
 	t.Helper()
-	ctx := testenv.Context(t)
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{MaxOpenConns: 8, Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	db := payments.NewSQLiteDB(st.DB(), st.InTx)
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	srv := payments.New(payments.Config{Store: st, DB: db, Profile: profile, Logger: quietLogger()})
+	h := paymentstest.Handler(t, func(c *payments.Config) { c.Profile = profile })
 	api := &paymentsAPI{}
-	h := srv.Handler()
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		api.requests.Add(1)
 		h.ServeHTTP(w, r)

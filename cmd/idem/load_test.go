@@ -2,16 +2,11 @@ package main
 
 import (
 	"encoding/json"
-	"io"
-	"log/slog"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/idem-go/idem/internal/payments"
-	"github.com/idem-go/idem/internal/testenv"
-	"github.com/idem-go/idem/store/sqlite"
+	"github.com/idem-go/idem/internal/payments/paymentstest"
 )
 
 func TestLoadFlagErrorsAreOneLineWithExitStatus2(t *testing.T) {
@@ -53,21 +48,7 @@ func TestLoadHelpExplainsItsFlags(t *testing.T) {
 
 func TestLoadJSONSummaryReportsExactlyOnce(t *testing.T) {
 	t.Parallel()
-	ctx := testenv.Context(t)
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	db := payments.NewSQLiteDB(st.DB(), st.InTx)
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv := httptest.NewServer(payments.New(payments.Config{Store: st, DB: db, Logger: quiet}).Handler())
+	srv := httptest.NewServer(paymentstest.Handler(t, nil))
 	t.Cleanup(srv.Close)
 
 	code, stdout, stderr := runCmd(t, "load", "--url", srv.URL, "--concurrency", "4", "--requests", "100", "--duplicate-ratio", "0.2", "--json")

@@ -4,11 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,29 +13,14 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/internal/load"
-	"github.com/idem-go/idem/internal/payments"
+	"github.com/idem-go/idem/internal/payments/paymentstest"
 	"github.com/idem-go/idem/internal/testenv"
-	"github.com/idem-go/idem/store/sqlite"
 )
 
 // paymentsServer serves the real payments API on a SQLite temp file, in-process.
 func paymentsServer(t *testing.T) *httptest.Server {
 	t.Helper()
-	ctx := testenv.Context(t)
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	db := payments.NewSQLiteDB(st.DB(), st.InTx)
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	srv := httptest.NewServer(payments.New(payments.Config{Store: st, DB: db, Logger: quiet}).Handler())
+	srv := httptest.NewServer(paymentstest.Handler(t, nil))
 	t.Cleanup(srv.Close)
 	return srv
 }
