@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -108,7 +106,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	api := payments.New(payments.Config{
 		Store: st.store, DB: db, Profile: profile, TTL: f.ttl, Lease: f.lease,
 		ProcessorLatency: f.latency, DisableIdempotency: f.disableIdempotency, Logger: libLogger,
-		Middleware: f.cachingMiddleware(st.store, profile, libLogger),
+		ReplayCacheSize: f.replayCache,
 	})
 	ln, err := net.Listen("tcp", f.addr)
 	if err != nil {
@@ -194,30 +192,6 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 		err = errors.New("--addr must not be empty")
 	}
 	return store, db, profile, err
-}
-
-// cachingMiddleware returns the middleware with a replay cache of --replay-cache
-// entries, or nil (payments builds its own) when the cache is off.
-func (f *paymentsFlags) cachingMiddleware(store idem.Store, profile idem.Profile, logger *slog.Logger) *idem.Middleware {
-	if f.replayCache == 0 || f.disableIdempotency {
-		return nil
-	}
-	return idem.New(idem.Config{
-		Store: store, Scope: bearerTokenScope, Profile: profile, TTL: f.ttl, Lease: f.lease,
-		Logger: logger, ReplayCacheSize: f.replayCache,
-	})
-}
-
-// bearerTokenScope is internal/payments' scope, the hex SHA-256 of the bearer token
-// (which its authentication checked before the middleware runs), for a middleware
-// built here.
-func bearerTokenScope(r *http.Request) (string, error) {
-	_, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || token == "" {
-		return "", errors.New("no bearer token")
-	}
-	sum := sha256.Sum256([]byte(token))
-	return hex.EncodeToString(sum[:]), nil
 }
 
 // logLevel reads IDEM_LOG_LEVEL (debug, info, warn, error); info by default.

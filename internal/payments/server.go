@@ -60,9 +60,14 @@ type Config struct {
 	// [time.Now].
 	Now func() time.Time
 
+	// ReplayCacheSize is how many completed responses the middleware keeps in memory
+	// so that replays skip the store (idem.Config.ReplayCacheSize). Defaults to 0
+	// (off).
+	ReplayCacheSize int
+
 	// Middleware, when set, is used instead of building one from the fields above:
 	// tests pass an idem.Config of their own (an injected clock, say) through it.
-	// Defaults to idem.New with Store, Profile, TTL, Lease and Logger.
+	// Defaults to idem.New with Store, Profile, TTL, Lease, Logger and ReplayCacheSize.
 	Middleware *idem.Middleware
 }
 
@@ -152,6 +157,8 @@ func (s *Server) routes() {
 				TTL:     s.cfg.TTL,
 				Lease:   s.cfg.Lease,
 				Logger:  s.logger,
+
+				ReplayCacheSize: s.cfg.ReplayCacheSize,
 			})
 		}
 		wrap = func(h http.HandlerFunc) http.Handler { return mw.Handler(h) }
