@@ -18,6 +18,25 @@
 // database (Redis), pass a nil InTx: mutations run in plain transactions and the reply
 // is written after COMMIT.
 //
+// Round trips and flushes (PostgreSQL, the store sharing the DB's database):
+//   - POST /v1/charges (the lease path: the key is claimed and committed before the
+//     card processor's call): the claim, whose commit does not wait for the WAL flush
+//     (store/postgres "Durable claims"), then BEGIN, the insert, the fenced completion
+//     and COMMIT pipelined in one round trip (store/postgres's InTxBatch): 2 round
+//     trips and 1 flush; without idempotency 1 and 1.
+//   - POST /v1/orders claims its key in its own transaction
+//     (idem.RouteOptions.ClaimInHandler): BEGIN, a 100 ms lock_timeout, the record
+//     inserted completed, the order and COMMIT in one round trip and 1 flush. A
+//     duplicate that finds the first uncommitted waits at most the lock timeout and
+//     gets 409 request_in_progress; one after the commit gets the replay (4 round
+//     trips). On SQLite store/sqlite's InTx claims in the order's transaction likewise
+//     (one fsync instead of two).
+//   - Both predict their reply (the insert echoes what it was given) and write it
+//     before the batch is sent. When the insert conflicts with an object the key wrote
+//     before (its record was lost or expired), nothing commits: the reply is reopened
+//     (idem.Handle.Reopen) or the claim deferred to the middleware, and the request
+//     takes the read-then-write path that explains the conflict.
+//
 // Every charge and order carries scope, idempotency_key, request_fingerprint and the
 // key's expiry; a live (scope, idempotency_key) is unique. When the idempotency record
 // was lost (a store without §7, a lapsed lease) a re-execution of the same request
