@@ -64,8 +64,7 @@ func (s *Store) InTxBatch(ctx context.Context, queue func(b *pgx.Batch)) error {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	if claim != nil {
-		b.Queue("SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(s.claimLockTimeout.Milliseconds(), 10)+"ms")
-		args, err := insertDoneArgs(claim, done)
+		args, err := insertDoneArgs(claim, done, strconv.FormatInt(s.claimLockTimeout.Milliseconds(), 10)+"ms")
 		if err != nil {
 			h.CompletionFailed(err)
 			return err
@@ -127,7 +126,6 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 	}
 	exec("begin")
 	if claims {
-		exec("lock_timeout")
 		exec("claim")
 	}
 	for range app {
@@ -170,7 +168,7 @@ func (s *Store) batchFailed(h *idem.Handle, claims bool, err error) error {
 }
 
 // insertDoneArgs are the arguments of RecordInsertCompleted.
-func insertDoneArgs(c *idem.RecordClaimParams, p *idem.RecordCompleteParams) ([]any, error) {
+func insertDoneArgs(c *idem.RecordClaimParams, p *idem.RecordCompleteParams, lockTimeout string) ([]any, error) {
 	resp := p.Response
 	if resp == nil {
 		return nil, errors.New("postgres: RecordCompleteParams.Response is nil")
@@ -180,7 +178,7 @@ func insertDoneArgs(c *idem.RecordClaimParams, p *idem.RecordCompleteParams) ([]
 		body = []byte{}
 	}
 	return []any{[]byte(c.Scope), []byte(c.Key), c.RecordID, c.Fingerprint.Version, c.Fingerprint.Sum[:],
-		resp.Status, encodeHeaders(resp.Header), body, resp.NotStored, micros(p.TTL), nowParam(c.Now)}, nil
+		resp.Status, encodeHeaders(resp.Header), body, resp.NotStored, micros(p.TTL), nowParam(c.Now), lockTimeout}, nil
 }
 
 // isUniqueViolation reports whether err is a unique violation on table.

@@ -195,11 +195,14 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key
 -- transaction is the lock). A record already there, whatever its state, raises
 -- unique_violation (23505) and aborts the transaction: the middleware then claims the
 -- usual way. An uncommitted insert of the same key makes this one wait, at most the
--- transaction's lock_timeout (55P03).
+-- lock_timeout that this statement sets for its transaction ($12) before it inserts
+-- (55P03): the INSERT reads its row from the materialised clock, so set_config runs
+-- before the insert can wait, and a lock wait reads lock_timeout when it begins.
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 status,
--- $7 headers, $8 body, $9 not stored, $10 ttl (µs), $11 injected now.
+-- $7 headers, $8 body, $9 not stored, $10 ttl (µs), $11 injected now, $12 lock timeout.
 WITH clock AS MATERIALIZED (
-    SELECT coalesce($11::timestamptz, clock_timestamp()) AS now
+    SELECT coalesce($11::timestamptz, clock_timestamp()) AS now,
+           set_config('lock_timeout', $12, true) AS lock_timeout
 )
 INSERT INTO {{schema}}idem_records
     (scope, key, id, fingerprint_version, fingerprint, state, response_status,
