@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -145,7 +146,12 @@ func (x *request) executeClaimingInHandler(next http.Handler) bool {
 	ex.hb.stopped = true // no lease to renew: the open transaction is the lock
 	ex.handleVal.scope, ex.handleVal.key, ex.handleVal.prepare = x.scope, x.key, ce
 	ex.handle = &ex.handleVal
-	ex.hctx = handleCtx{Context: x.r.Context(), h: ex.handle}
+	// As on the lease path, the handler's context outlives the client, so that its
+	// one transaction runs to an outcome the client's retry finds; with no lease to
+	// renew, the lease bounds it instead.
+	ctx, cancel := context.WithTimeout(x.detached(), m.cfg.Lease)
+	defer cancel()
+	ex.hctx = handleCtx{Context: ctx, h: ex.handle}
 	ex.capture = getCapture(x.w, x.keyValues, m.cfg.MaxResponseBytes)
 	ce.claim = RecordClaimParams{
 		Scope: x.scope, Key: x.key, Fingerprint: x.fp, Token: token, RecordID: id,
