@@ -20,10 +20,10 @@
 //
 // Round trips and flushes (PostgreSQL, the store sharing the DB's database):
 //   - POST /v1/charges (the lease path: the key is claimed and committed before the
-//     card processor's call): the claim, whose commit does not wait for the WAL flush
-//     (store/postgres "Durable claims"), then BEGIN, the insert, the fenced completion
-//     and COMMIT pipelined in one round trip (store/postgres's InTxBatch): 2 round
-//     trips and 1 flush; without idempotency 1 and 1.
+//     card processor's call): the claim (flushed; store/postgres's AsynchronousClaim
+//     would save that flush, see its "Durable claims"), then BEGIN, the insert, the
+//     fenced completion and COMMIT pipelined in one round trip (store/postgres's
+//     InTxBatch): 2 round trips and 2 flushes; without idempotency 1 and 1.
 //   - POST /v1/orders claims its key in its own transaction
 //     (idem.RouteOptions.ClaimInHandler): BEGIN, a 100 ms lock_timeout, the record
 //     inserted completed, the order and COMMIT in one round trip and 1 flush. A

@@ -164,7 +164,7 @@ func benchServer(b *testing.B, db string, plain, syncClaim bool) *httptest.Serve
 	switch db {
 	case "postgres":
 		dbURL, schema := pgtest.Schema(b)
-		st, err := postgres.Open(ctx, pgtest.SearchPathURL(b, dbURL, schema), postgres.Config{MaxConns: 32, SynchronousClaim: syncClaim})
+		st, err := postgres.Open(ctx, pgtest.SearchPathURL(b, dbURL, schema), postgres.Config{MaxConns: 32, AsynchronousClaim: !syncClaim})
 		if err != nil {
 			b.Fatal(err)
 		}

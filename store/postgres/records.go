@@ -46,7 +46,7 @@ func (s *Store) claimOnce(ctx context.Context, p *idem.RecordClaimParams) (*idem
 	err := s.withRetry(ctx, "claim", func() error {
 		row := s.pool.QueryRow(ctx, s.q.recordClaim,
 			[]byte(p.Scope), []byte(p.Key), p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
-			micros(p.Lease), micros(p.TTL), nowParam(p.Now), !s.synchronousClaim)
+			micros(p.Lease), micros(p.TTL), nowParam(p.Now), s.asynchronousClaim)
 		var err error
 		rec, now, err = scanRecord(row, p.Scope, p.Key, &claimed)
 		return err
