@@ -8,10 +8,11 @@
 -- order that scanRecord reads them.
 
 -- name: RecordClaim
--- One round trip for every outcome but the rare takeover: insert the in-flight record,
--- or (ON CONFLICT DO NOTHING, which writes nothing) return the record already there.
--- Zero rows means the INSERT waited for a concurrent inserter that committed after this
--- statement's snapshot was taken, so the SELECT cannot see its row: the caller retries.
+-- One round trip for every outcome but the rare takeover: read the record by its primary
+-- key and return it, or, when there is none, insert the in-flight record. Zero rows
+-- means a concurrent inserter committed after this statement's snapshot was taken: the
+-- read could not see its row and the INSERT met it (ON CONFLICT DO NOTHING, which writes
+-- nothing): the caller retries.
 -- When $10 is true the statement's own (implicit) transaction commits without waiting
 -- for the WAL flush: set_config(…, true) is SET LOCAL, read by the COMMIT that ends this
 -- statement. Why losing such a claim in a crash is safe: doc.go, "Durable claims".
@@ -20,7 +21,15 @@
 WITH clock AS MATERIALIZED (
     SELECT coalesce($9::timestamptz, clock_timestamp()) AS now,
            CASE WHEN $10::boolean THEN set_config('synchronous_commit', 'off', true) END AS async
+), existing AS MATERIALIZED (
+    SELECT r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
+           r.response_status, r.response_headers, r.response_body, r.response_not_stored,
+           r.recovery_point, r.created_at, r.expires_at
+    FROM {{schema}}idem_records r
+    WHERE r.scope = $1 AND r.key = $2
 ), ins AS (
+    -- Attempted only when the read found no row: a replay or an in-flight duplicate
+    -- costs one primary-key read, not a speculative insertion.
     INSERT INTO {{schema}}idem_records AS r
         (scope, key, id, fingerprint_version, fingerprint, state, lock_token, lease_end,
          created_at, expires_at)
@@ -30,6 +39,7 @@ WITH clock AS MATERIALIZED (
            greatest(clock.now + $8::bigint * interval '1 microsecond',
                     clock.now + $7::bigint * interval '1 microsecond')
     FROM clock
+    WHERE NOT EXISTS (SELECT 1 FROM existing)
     ON CONFLICT (scope, key) DO NOTHING
     RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
               r.response_status, r.response_headers, r.response_body, r.response_not_stored,
@@ -38,11 +48,8 @@ WITH clock AS MATERIALIZED (
 SELECT true AS claimed, ins.*, clock.now
 FROM ins, clock
 UNION ALL
-SELECT false AS claimed, r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token,
-       r.lease_end, r.response_status, r.response_headers, r.response_body,
-       r.response_not_stored, r.recovery_point, r.created_at, r.expires_at, clock.now
-FROM {{schema}}idem_records r, clock
-WHERE r.scope = $1 AND r.key = $2 AND NOT EXISTS (SELECT 1 FROM ins);
+SELECT false AS claimed, existing.*, clock.now
+FROM existing, clock;
 
 -- name: RecordClaimExpired
 -- Claims an expired record afresh (SPEC §5.1, §8): new id, created_at, fingerprint,
