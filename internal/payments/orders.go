@@ -29,6 +29,10 @@ type order struct {
 	IdempotencyKey *string
 	Fingerprint    *string
 	KeyExpiresAt   *int64
+	// KeyCreated says whether the write recorded in IdempotencyKey created the order
+	// (a POST, or a PUT of an absent id) rather than replaced it: the backstop renders
+	// a keyed PUT again with the status it first answered.
+	KeyCreated bool
 }
 
 type orderJSON struct {
@@ -51,7 +55,7 @@ func (o *order) render() []byte {
 
 func scanOrder(s scanner) (*order, error) {
 	var o order
-	err := s.Scan(&o.ID, &o.Amount, &o.Currency, &o.Description, &o.Status, &o.Created, &o.Updated, &o.IdempotencyKey, &o.Fingerprint, &o.KeyExpiresAt)
+	err := s.Scan(&o.ID, &o.Amount, &o.Currency, &o.Description, &o.Status, &o.Created, &o.Updated, &o.IdempotencyKey, &o.Fingerprint, &o.KeyExpiresAt, &o.KeyCreated)
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +198,9 @@ func (s *Server) orderBackstop(ctx context.Context, r *http.Request, q querier, 
 		return nil, err
 	case !sameRequest(prev.Fingerprint, *k.fingerprint):
 		return s.keyReused(r), nil
-	case r.Method == http.MethodPut && prev.Created != prev.Updated:
+	case !prev.KeyCreated:
+		// The key's PUT replaced the order: it answered 200, however soon after the
+		// creation it ran (created and updated may be the same second).
 		return jsonReply(http.StatusOK, prev.render()), nil
 	}
 	return jsonReply(http.StatusCreated, prev.render(), "Location", orderLocation(prev.ID)), nil

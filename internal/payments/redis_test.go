@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -26,8 +28,8 @@ type redisBundle struct {
 }
 
 // eachRedisDB runs test with the records in Redis and the data on SQLite, then on
-// PostgreSQL.
-func eachRedisDB(t *testing.T, test func(t *testing.T, b *redisBundle)) {
+// PostgreSQL; opts change the API's Config.
+func eachRedisDB(t *testing.T, test func(t *testing.T, b *redisBundle), opts ...option) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
 		sdb, err := OpenSQLite(filepath.Join(t.TempDir(), "pay.db"), 4)
@@ -35,7 +37,7 @@ func eachRedisDB(t *testing.T, test func(t *testing.T, b *redisBundle)) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = sdb.Close() })
-		test(t, newRedisBundle(t, NewSQLiteDB(sdb, nil)))
+		test(t, newRedisBundle(t, NewSQLiteDB(sdb, nil), opts...))
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
@@ -45,11 +47,11 @@ func eachRedisDB(t *testing.T, test func(t *testing.T, b *redisBundle)) {
 			t.Fatal(err)
 		}
 		t.Cleanup(pool.Close)
-		test(t, newRedisBundle(t, NewPostgresDB(pool, nil)))
+		test(t, newRedisBundle(t, NewPostgresDB(pool, nil), opts...))
 	})
 }
 
-func newRedisBundle(t *testing.T, db *DB) *redisBundle {
+func newRedisBundle(t *testing.T, db *DB, opts ...option) *redisBundle {
 	t.Helper()
 	ctx := testenv.Context(t)
 	prefix := testenv.Name("paytest-") + ":"
@@ -79,7 +81,7 @@ func newRedisBundle(t *testing.T, db *DB) *redisBundle {
 			st.Client().Del(context.Background(), k)
 		}
 	})
-	b := newBundle(t, st, db)
+	b := newBundle(t, st, db, opts...)
 	if b.db.CompletesRecords() {
 		t.Fatal("a DB beside a Redis store claims to complete records in its transactions")
 	}
@@ -143,4 +145,32 @@ func TestOrderOnRedisIsNotRepeatedWhenRedisLosesTheRecord(t *testing.T) {
 			t.Fatalf("body %s", w.Body)
 		}
 	})
+}
+
+// A keyed PUT re-executed after Redis lost its record answers what it answered the
+// first time: 201 + Location when it created the order, 200 when it replaced it, even
+// in the second the order was created (created = updated).
+func TestPutOrderOnRedisAnswersItsFirstStatusWhenRedisLosesTheRecord(t *testing.T) {
+	sameSecond := func() time.Time { return time.Unix(1_700_000_000, 0) }
+	eachRedisDB(t, func(t *testing.T, b *redisBundle) {
+		create := req{method: "PUT", path: "/v1/orders/ord_made", token: "tok_a", key: newKey(), body: `{"amount": 100, "currency": "usd"}`}
+		created := b.do(create)
+		wantStatus(t, created, http.StatusCreated)
+		wantStatus(t, b.do(req{method: "PUT", path: "/v1/orders/ord_replaced", token: "tok_a", body: `{"amount": 1, "currency": "usd"}`}), http.StatusCreated)
+		replace := req{method: "PUT", path: "/v1/orders/ord_replaced", token: "tok_a", key: newKey(), body: `{"amount": 200, "currency": "usd"}`}
+		replaced := b.do(replace)
+		wantStatus(t, replaced, http.StatusOK)
+
+		b.forget()
+		for _, first := range []struct {
+			r req
+			w *httptest.ResponseRecorder
+		}{{create, created}, {replace, replaced}} {
+			again := b.do(first.r)
+			if again.Code != first.w.Code || again.Header().Get("Location") != first.w.Header().Get("Location") || !bytes.Equal(again.Body.Bytes(), first.w.Body.Bytes()) {
+				t.Fatalf("re-executed %s answers %d Location %q\n%s\nwant %d Location %q\n%s", first.r.path, again.Code, again.Header().Get("Location"), again.Body,
+					first.w.Code, first.w.Header().Get("Location"), first.w.Body)
+			}
+		}
+	}, withClock(sameSecond))
 }

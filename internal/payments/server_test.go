@@ -145,14 +145,18 @@ func migrateConcurrently(t *testing.T, open func() *DB) {
 		}
 		total += len(applied[i])
 	}
-	if total != 1 {
-		t.Fatalf("migrations applied %d times in all, want once: %v", total, applied)
+	all, err := migrations(dbs[0].dialect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total != len(all) {
+		t.Fatalf("migrations applied %d times in all, want each of the %d once: %v", total, len(all), applied)
 	}
 	if again, err := dbs[0].Migrate(ctx); err != nil || len(again) != 0 {
 		t.Fatalf("second Migrate applied %v, %v; want nothing", again, err)
 	}
 	// The migrated schema serves.
-	err := dbs[0].inTx(ctx, func(ctx context.Context, q querier) error {
+	err = dbs[0].inTx(ctx, func(ctx context.Context, q querier) error {
 		_, err := q.exec(ctx, "order_delete", "scope", "ord_x")
 		return err
 	})

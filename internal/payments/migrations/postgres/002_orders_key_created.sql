@@ -1,0 +1,8 @@
+-- key_created says whether the write recorded in idempotency_key created the order
+-- (true) or replaced it (false), so that a keyed PUT re-rendered by the backstop (its
+-- idempotency record lost) answers what it answered the first time: 201 + Location or
+-- 200. created = updated cannot tell: a replace in the second of the creation keeps
+-- them equal. Rows written before this column existed get that best guess.
+ALTER TABLE orders ADD COLUMN IF NOT EXISTS key_created boolean NOT NULL DEFAULT true;
+
+UPDATE orders SET key_created = (created = updated);
