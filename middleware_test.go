@@ -672,3 +672,97 @@ func TestClientGoingAwayDoesNotAbandonTheOperation(t *testing.T) {
 		t.Fatalf("handler ran %d times, want 1", runs.Load())
 	}
 }
+
+// Every answer the middleware produces itself to a keyed request carries the key as
+// received (SPEC §6), and the retryable ones Retry-After (SPEC §9).
+func TestEveryMiddlewareErrorEchoesTheKey(t *testing.T) {
+	t.Parallel()
+	type answer struct {
+		w          *httptest.ResponseRecorder
+		status     int
+		code       string
+		retryAfter bool
+	}
+	answers := map[string]answer{}
+
+	b := setup(t, func(c *idem.Config) { c.MaxBodyBytes = 16 })
+	h := newHeld()
+	mw := b.mw.Handler(h)
+	done := make(chan struct{})
+	go func() { serve(mw, req("POST", "/held", key, "{}")); close(done) }()
+	<-h.entered
+	answers["in progress"] = answer{serve(mw, req("POST", "/held", key, "{}")), 409, idem.CodeRequestInProgress, true}
+	close(h.gate)
+	<-done
+
+	answers["body too large"] = answer{serve(mw, req("POST", "/big", key, strings.Repeat("a", 17))), 413, idem.CodeBodyTooLarge, false}
+	noBearer := req("POST", "/x", key, "{}")
+	noBearer.Header.Del("Authorization")
+	answers["no scope"] = answer{serve(mw, noBearer), 401, idem.CodeScopeRequired, false}
+
+	unstored := setup(t, func(c *idem.Config) { c.MaxResponseBytes = 4 })
+	big := unstored.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+		io.WriteString(w, "more than four bytes")
+	}))
+	serve(big, req("POST", "/unstored", key, "{}"))
+	answers["response not stored"] = answer{serve(big, req("POST", "/unstored", key, "{}")), 409, idem.CodeResponseNotStored, false}
+
+	down := setup(t, nil)
+	down.store.down.Store(true)
+	answers["store unavailable"] = answer{serve(down.mw.Handler(&counter{}), req("POST", "/x", key, "{}")), 503, idem.CodeStoreUnavailable, true}
+
+	for name, a := range answers {
+		t.Run(name, func(t *testing.T) {
+			wantCode(t, a.w, a.status, a.code)
+			if got := a.w.Header().Get("Idempotency-Key"); got != key {
+				t.Errorf("Idempotency-Key = %q, want %q", got, key)
+			}
+			if got := a.w.Header().Get("Retry-After"); (got != "") != a.retryAfter {
+				t.Errorf("Retry-After = %q; want one: %v", got, a.retryAfter)
+			}
+		})
+	}
+}
+
+// A replay carries every header of the default allow-list and none of those that
+// belong to one response or one connection (SPEC §6): Set-Cookie, Date, hop-by-hop.
+func TestReplayCarriesTheDefaultStoredHeadersOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	stored := map[string]string{
+		"Content-Type": "application/json", "Content-Encoding": "identity", "Content-Language": "en",
+		"Content-Disposition": "inline", "Location": "/v1/charges/ch_1", "Etag": `"v1"`,
+		"Last-Modified": "Sun, 01 Mar 2026 12:00:00 GMT", "Link": `</v1/charges>; rel="collection"`,
+		"Cache-Control": "no-store", "Vary": "Authorization",
+	}
+	never := map[string]string{
+		"Set-Cookie": "session=1", "Date": "Sun, 01 Mar 2026 12:00:00 GMT", "Connection": "keep-alive",
+		"Keep-Alive": "timeout=5", "Proxy-Connection": "keep-alive", "Proxy-Authenticate": "Basic",
+		"Trailer": "X-Checksum", "Upgrade": "h2c", "Te": "trailers", "X-Unlisted": "1",
+	}
+	mw := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, hs := range []map[string]string{stored, never} {
+			for k, v := range hs {
+				w.Header().Set(k, v)
+			}
+		}
+		w.WriteHeader(201)
+		io.WriteString(w, `{"id":"ch_1"}`)
+	}))
+	serve(mw, req("POST", "/x", key, "{}"))
+	replay := serve(mw, req("POST", "/x", key, "{}"))
+	if replay.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("not a replay: %d %v", replay.Code, replay.Header())
+	}
+	for k, v := range stored {
+		if got := replay.Header().Get(k); got != v {
+			t.Errorf("replayed %s = %q, want %q", k, got, v)
+		}
+	}
+	for k := range never {
+		if got := replay.Header().Values(k); len(got) != 0 {
+			t.Errorf("the replay carries %s: %q", k, got)
+		}
+	}
+}
