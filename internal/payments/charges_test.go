@@ -2,12 +2,16 @@ package payments
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 func TestCreateChargeAnswers201WithTheChargeObject(t *testing.T) {
@@ -187,6 +191,23 @@ func TestChargesOfAnotherPrincipalAreInvisible(t *testing.T) {
 			t.Fatalf("principal b got a's charge: %s", other.Body)
 		}
 	})
+}
+
+// The store never sees a bearer token: a principal's records are scoped by the hex
+// SHA-256 of its token (SPEC §3).
+func TestRecordsAreScopedByTheHashOfTheBearerToken(t *testing.T) {
+	t.Parallel()
+	b := sqliteBundle(t)
+	key := newKey()
+	wantStatus(t, b.postCharge("tok_secret", key, `{"amount": 100, "currency": "usd"}`), http.StatusCreated)
+	sum := sha256.Sum256([]byte("tok_secret"))
+	ctx := testenv.Context(t)
+	if _, err := b.store.RecordGet(ctx, &idem.RecordGetParams{Scope: hex.EncodeToString(sum[:]), Key: key}); err != nil {
+		t.Fatalf("no record under the token's hash: %v", err)
+	}
+	if _, err := b.store.RecordGet(ctx, &idem.RecordGetParams{Scope: "tok_secret", Key: key}); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("a record under the raw token: %v", err)
+	}
 }
 
 func TestGetChargeAnswers404ForAnUnknownID(t *testing.T) {
