@@ -78,7 +78,7 @@ func TestHealthzAnswers200WhenStoresAnswer(t *testing.T) {
 
 func TestEverySubcommandHasHelp(t *testing.T) {
 	t.Parallel()
-	for _, cmd := range []string{"payments", "migrate", "purge"} {
+	for _, cmd := range []string{"payments", "migrate", "purge", "load"} {
 		res := runIdem(t, cmd, "--help")
 		if res.exitCode != 0 || !strings.Contains(res.stdout+res.stderr, "--") {
 			t.Errorf("idem %s --help: want exit 0 and the flags, got exit %d:\n%s%s", cmd, res.exitCode, res.stdout, res.stderr)

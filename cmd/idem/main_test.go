@@ -50,6 +50,12 @@ func TestBadFlagsAndURLsAreOneLineErrorsWithExitStatus2(t *testing.T) {
 		{[]string{"payments", "--store", store, "stray"}, "stray"},
 		{[]string{"migrate"}, "--store is required"},
 		{[]string{"migrate", "--store", "mysql://x"}, "mysql"},
+		{[]string{"migrate", "--bogus"}, "bogus"},
+		{[]string{"migrate", "--store", store, "stray"}, "stray"},
+		{[]string{"purge"}, "--store is required"},
+		{[]string{"purge", "--bogus"}, "bogus"},
+		{[]string{"purge", "--store", "nosuch://x"}, "nosuch"},
+		{[]string{"purge", "--store", "postgres://u:secret@h:notaport/db"}, "--store"},
 		{[]string{"purge", "--store", store, "--older-than", "-1h"}, "--older-than"},
 		{[]string{"purge", "--store", store, "--older-than", "yesterday"}, "older-than"},
 	}
