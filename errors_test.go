@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -111,5 +112,30 @@ func TestParseProfile(t *testing.T) {
 	}
 	if _, err := idem.ParseProfile("stripe"); err == nil {
 		t.Error("ParseProfile(stripe) must fail")
+	}
+}
+
+// Every error of the ietf profile is an RFC 9457 problem with exactly the documented
+// members: type (the base URI plus the code), title, status (the HTTP status), detail
+// and code (SPEC §9).
+func TestEveryIETFErrorIsAProblemWithTheDocumentedMembers(t *testing.T) {
+	t.Parallel()
+	for _, code := range []string{idem.CodeKeyRequired, idem.CodeKeyInvalid, idem.CodeScopeRequired, idem.CodeKeyReused,
+		idem.CodeRequestInProgress, idem.CodeResponseNotStored, idem.CodeBodyTooLarge, idem.CodeStoreUnavailable, idem.CodeOutcomeUnknown} {
+		w := httptest.NewRecorder()
+		idem.WriteError(w, nil, idem.ProfileIETF, code, "")
+		if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
+			t.Errorf("%s: Content-Type %q", code, ct)
+		}
+		var p map[string]any
+		if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil {
+			t.Fatalf("%s: %v: %s", code, err, w.Body)
+		}
+		title, _ := p["title"].(string)
+		detail, _ := p["detail"].(string)
+		if len(p) != 5 || p["type"] != idem.DefaultProblemTypeBase+code || p["code"] != code ||
+			p["status"] != float64(w.Code) || title == "" || detail == "" {
+			t.Errorf("%s: problem %s (HTTP %d)", code, w.Body, w.Code)
+		}
 	}
 }
