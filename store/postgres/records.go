@@ -52,8 +52,8 @@ func (s *Store) claimOnce(ctx context.Context, p *idem.RecordClaimParams) (*idem
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		// The INSERT waited for a concurrent claim that committed after this
-		// statement's snapshot, so the SELECT could not see its row.
+		// idem_claim's read missed and its insert met a concurrent claim on every
+		// turn of its loop (the key inserted and deleted again meanwhile).
 		return nil, errClaimRace
 	}
 	if err != nil {

@@ -8,48 +8,17 @@
 -- order that scanRecord reads them.
 
 -- name: RecordClaim
--- One round trip for every outcome but the rare takeover: read the record by its primary
--- key and return it, or, when there is none, insert the in-flight record. Zero rows
--- means a concurrent inserter committed after this statement's snapshot was taken: the
--- read could not see its row and the INSERT met it (ON CONFLICT DO NOTHING, which writes
--- nothing): the caller retries.
+-- One round trip for every outcome but the rare takeover: idem_claim (migration 0003)
+-- reads the record by its primary key and returns it, or, when there is none, inserts
+-- the in-flight record; a concurrent claim that committed between its read and its
+-- insert is read on its next turn, on the server. Zero rows (only after repeated races)
+-- means: the caller retries.
 -- When $10 is true the statement's own (implicit) transaction commits without waiting
--- for the WAL flush: set_config(…, true) is SET LOCAL, read by the COMMIT that ends this
--- statement. Why losing such a claim in a crash is safe: doc.go, "Durable claims".
+-- for the WAL flush (SET LOCAL synchronous_commit inside idem_claim). Why losing such a
+-- claim in a crash is safe: doc.go, "Durable claims".
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 token,
 -- $7 lease (µs), $8 ttl (µs), $9 injected now (NULL: the store's clock), $10 async commit.
-WITH clock AS MATERIALIZED (
-    SELECT coalesce($9::timestamptz, clock_timestamp()) AS now,
-           CASE WHEN $10::boolean THEN set_config('synchronous_commit', 'off', true) END AS async
-), existing AS MATERIALIZED (
-    SELECT r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
-           r.response_status, r.response_headers, r.response_body, r.response_not_stored,
-           r.recovery_point, r.created_at, r.expires_at
-    FROM {{schema}}idem_records r
-    WHERE r.scope = $1 AND r.key = $2
-), ins AS (
-    -- Attempted only when the read found no row: a replay or an in-flight duplicate
-    -- costs one primary-key read, not a speculative insertion.
-    INSERT INTO {{schema}}idem_records AS r
-        (scope, key, id, fingerprint_version, fingerprint, state, lock_token, lease_end,
-         created_at, expires_at)
-    SELECT $1, $2, $3, $4, $5, 'in_flight', $6,
-           clock.now + $7::bigint * interval '1 microsecond',
-           clock.now,
-           greatest(clock.now + $8::bigint * interval '1 microsecond',
-                    clock.now + $7::bigint * interval '1 microsecond')
-    FROM clock
-    WHERE NOT EXISTS (SELECT 1 FROM existing)
-    ON CONFLICT (scope, key) DO NOTHING
-    RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
-              r.response_status, r.response_headers, r.response_body, r.response_not_stored,
-              r.recovery_point, r.created_at, r.expires_at
-)
-SELECT true AS claimed, ins.*, clock.now
-FROM ins, clock
-UNION ALL
-SELECT false AS claimed, existing.*, clock.now
-FROM existing, clock;
+SELECT * FROM {{schema}}idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: RecordClaimExpired
 -- Claims an expired record afresh (SPEC §5.1, §8): new id, created_at, fingerprint,
