@@ -227,54 +227,42 @@ func (s *Store) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExp
 // queries/records.sql lists them. claimed, when non-nil, receives the leading column of
 // the claim statement.
 func scanRecord(row pgx.Row, scope, key string, claimed *bool) (*idem.Record, time.Time, error) {
-	var (
-		rec       = &idem.Record{Scope: scope, Key: key}
-		fp        []byte
-		state     string
-		token     *string
-		leaseEnd  *time.Time
-		status    *int32
-		headers   []byte
-		body      []byte
-		notStored bool
-		recovery  *string
-		now       time.Time
-	)
-	dest := []any{&rec.ID, &rec.Fingerprint.Version, &fp, &state, &token, &leaseEnd,
-		&status, &headers, &body, &notStored, &recovery, &rec.CreatedAt, &rec.ExpiresAt, &now}
-	if claimed != nil {
-		dest = append([]any{claimed}, dest...)
-	}
-	if err := row.Scan(dest...); err != nil {
+	rr := recordRow{claimed: claimed, raw: rawRecord{rec: &idem.Record{Scope: scope, Key: key}}}
+	if err := row.Scan(&rr); err != nil {
 		return nil, time.Time{}, err
 	}
-	if len(fp) != len(rec.Fingerprint.Sum) {
-		return nil, time.Time{}, fmt.Errorf("postgres: stored fingerprint has %d bytes, want %d", len(fp), len(rec.Fingerprint.Sum))
+	r := &rr.raw
+	rec := r.rec
+	if len(r.fp) != len(rec.Fingerprint.Sum) {
+		return nil, time.Time{}, fmt.Errorf("postgres: stored fingerprint has %d bytes, want %d", len(r.fp), len(rec.Fingerprint.Sum))
 	}
-	copy(rec.Fingerprint.Sum[:], fp)
-	rec.State = idem.State(state)
+	copy(rec.Fingerprint.Sum[:], r.fp)
+	rec.State = idem.State(r.state)
 	rec.CreatedAt, rec.ExpiresAt = rec.CreatedAt.UTC(), rec.ExpiresAt.UTC()
-	if token != nil {
-		rec.Token = *token
+	if r.token != nil {
+		rec.Token = *r.token
 	}
-	if leaseEnd != nil {
-		rec.LeaseEnd = leaseEnd.UTC()
+	if r.leaseEnd != nil {
+		rec.LeaseEnd = r.leaseEnd.UTC()
 	}
-	if recovery != nil {
-		rec.RecoveryPoint = *recovery
+	if r.recovery != nil {
+		rec.RecoveryPoint = *r.recovery
 	}
 	if rec.State == idem.StateCompleted {
-		resp := &idem.Response{Body: body, NotStored: notStored}
-		if status != nil {
-			resp.Status = int(*status)
+		resp := &idem.Response{Body: r.body, NotStored: r.notStored}
+		if r.status != nil {
+			resp.Status = int(*r.status)
 		}
-		var err error
-		if resp.Header, err = decodeHeaders(headers); err != nil {
-			return nil, time.Time{}, err
+		if !r.headerDecoded {
+			r.header, r.headerErr = decodeHeaders(r.headers)
 		}
+		if r.headerErr != nil {
+			return nil, time.Time{}, r.headerErr
+		}
+		resp.Header = r.header
 		rec.Response = resp
 	}
-	return rec, now.UTC(), nil
+	return rec, r.now.UTC(), nil
 }
 
 // micros converts a duration to the microseconds the SQL multiplies by an interval.
