@@ -40,35 +40,49 @@ func appendString(b []byte, s string) []byte {
 
 var errCorruptHeaders = errors.New("postgres: stored headers are corrupt")
 
-// decodeHeaders reverses encodeHeaders; empty input is an empty header.
+// decodeHeaders reverses encodeHeaders; empty input is an empty header. It copies b
+// once: the names and values are substrings of one string, and the value slices are
+// carved from one array (each capped, so that an append to one never reaches its
+// neighbour), as a replay reads them on every request.
 func decodeHeaders(b []byte) (http.Header, error) {
-	h := http.Header{}
 	if len(b) == 0 {
-		return h, nil
+		return http.Header{}, nil
 	}
-	d := decoder{b: b}
-	for range d.count() {
+	d := decoder{b: b, s: string(b)}
+	names := d.count()
+	h := make(http.Header, names)
+	all := make([]string, 0, names)
+	for range names {
 		name := d.string()
 		n := d.count()
-		values := make([]string, 0, n)
+		start := len(all)
 		for range n {
-			values = append(values, d.string())
+			all = append(all, d.string())
 		}
 		if d.err != nil {
 			return nil, d.err
 		}
-		h[name] = values
+		h[name] = all[start:len(all):len(all)]
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.err = errCorruptHeaders
 	}
-	return h, d.err
+	if d.err != nil {
+		return nil, d.err
+	}
+	return h, nil
 }
 
-// decoder reads the stored form, remembering the first error.
+// decoder reads the stored form, remembering the first error. s holds the same bytes
+// as b, as a string, so that strings are read without a copy.
 type decoder struct {
 	b   []byte
+	s   string
 	err error
+}
+
+func (d *decoder) advance(n int) {
+	d.b, d.s = d.b[n:], d.s[n:]
 }
 
 func (d *decoder) uvarint() uint64 {
@@ -80,7 +94,7 @@ func (d *decoder) uvarint() uint64 {
 		d.err = errCorruptHeaders
 		return 0
 	}
-	d.b = d.b[n:]
+	d.advance(n)
 	return v
 }
 
@@ -99,7 +113,7 @@ func (d *decoder) string() string {
 	if d.err != nil {
 		return ""
 	}
-	s := string(d.b[:n])
-	d.b = d.b[n:]
+	s := d.s[:n]
+	d.advance(n)
 	return s
 }

@@ -43,9 +43,10 @@ func (s *Store) claimOnce(ctx context.Context, p *idem.RecordClaimParams) (*idem
 		rec     *idem.Record
 		now     time.Time
 	)
+	scope, key := scopeKeyBytes(p.Scope, p.Key)
 	err := s.withRetry(ctx, "claim", func() error {
 		row := s.pool.QueryRow(ctx, s.q.recordClaim,
-			[]byte(p.Scope), []byte(p.Key), p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
+			scope, key, p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
 			micros(p.Lease), micros(p.TTL), nowParam(p.Now), s.asynchronousClaim)
 		var err error
 		rec, now, err = scanRecord(row, p.Scope, p.Key, &claimed)
@@ -227,11 +228,12 @@ func (s *Store) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExp
 // queries/records.sql lists them. claimed, when non-nil, receives the leading column of
 // the claim statement.
 func scanRecord(row pgx.Row, scope, key string, claimed *bool) (*idem.Record, time.Time, error) {
-	rr := recordRow{claimed: claimed, raw: rawRecord{rec: &idem.Record{Scope: scope, Key: key}}}
-	if err := row.Scan(&rr); err != nil {
+	blk := &scannedRecord{rec: idem.Record{Scope: scope, Key: key}}
+	blk.row = recordRow{claimed: claimed, raw: rawRecord{rec: &blk.rec}}
+	if err := row.Scan(&blk.row); err != nil {
 		return nil, time.Time{}, err
 	}
-	r := &rr.raw
+	r := &blk.row.raw
 	rec := r.rec
 	if len(r.fp) != len(rec.Fingerprint.Sum) {
 		return nil, time.Time{}, fmt.Errorf("postgres: stored fingerprint has %d bytes, want %d", len(r.fp), len(rec.Fingerprint.Sum))
@@ -249,7 +251,8 @@ func scanRecord(row pgx.Row, scope, key string, claimed *bool) (*idem.Record, ti
 		rec.RecoveryPoint = *r.recovery
 	}
 	if rec.State == idem.StateCompleted {
-		resp := &idem.Response{Body: r.body, NotStored: r.notStored}
+		resp := &blk.resp
+		resp.Body, resp.NotStored = r.body, r.notStored
 		if r.status != nil {
 			resp.Status = int(*r.status)
 		}
@@ -263,6 +266,23 @@ func scanRecord(row pgx.Row, scope, key string, claimed *bool) (*idem.Record, ti
 		rec.Response = resp
 	}
 	return rec, r.now.UTC(), nil
+}
+
+// scannedRecord is what scanRecord allocates, in one allocation: the record, its
+// response, and the row scanner that reads them.
+type scannedRecord struct {
+	rec  idem.Record
+	resp idem.Response
+	row  recordRow
+}
+
+// scopeKeyBytes returns scope and key as the bytea arguments of a statement, in one
+// allocation.
+func scopeKeyBytes(scope, key string) (s, k []byte) {
+	b := make([]byte, len(scope)+len(key))
+	n := copy(b, scope)
+	copy(b[n:], key)
+	return b[:n:n], b[n:]
 }
 
 // micros converts a duration to the microseconds the SQL multiplies by an interval.
