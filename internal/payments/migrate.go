@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	_ "modernc.org/sqlite" // the database/sql driver "sqlite"
+
+	"github.com/idem-go/idem/store/sqlite"
 )
 
 // migrationsTable records which of the payments migrations ran.
@@ -60,6 +62,16 @@ func (d *DB) migratePostgres(ctx context.Context, all [][2]string) ([]string, er
 }
 
 func (d *DB) migrateSQLite(ctx context.Context, all [][2]string) (applied []string, err error) {
+	// Processes starting at once on a fresh file can be told "busy" without waiting
+	// (the first one is switching the file to WAL): the whole migration is retried.
+	err = sqlite.RetryBusy(ctx, func() error {
+		applied, err = d.migrateSQLiteOnce(ctx, all)
+		return err
+	})
+	return applied, err
+}
+
+func (d *DB) migrateSQLiteOnce(ctx context.Context, all [][2]string) (applied []string, err error) {
 	conn, err := d.sqlDB.Conn(ctx)
 	if err != nil {
 		return nil, err

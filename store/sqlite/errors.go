@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"time"
 
@@ -56,6 +57,22 @@ func isBusy(err error) bool {
 // jittered backoff between attempts, for as long as ctx lives. When ctx ends during
 // contention it returns the context's error wrapping the last busy error.
 func (s *Store) retryBusy(ctx context.Context, what string, op func() error) error {
+	return retryBusy(ctx, s.logger, what, op)
+}
+
+// RetryBusy runs op again, after a jittered backoff, for as long as it fails with
+// SQLite's lock contention (SQLITE_BUSY or SQLITE_LOCKED, which SQLite's own busy
+// handler does not always wait out: a database switching to WAL, or recovering one,
+// answers busy at once) and ctx lives. It is for the application's own transactions on
+// [Store.DB] or on another SQLite database; op must be safe to run again (a whole
+// transaction, rolled back on error). The Store retries its own operations itself.
+func RetryBusy(ctx context.Context, op func() error) error {
+	return retryBusy(ctx, discardLogger, "application", op)
+}
+
+var discardLogger = slog.New(slog.DiscardHandler)
+
+func retryBusy(ctx context.Context, logger *slog.Logger, what string, op func() error) error {
 	for attempt := 0; ; attempt++ {
 		err := op()
 		if !isBusy(err) {
@@ -63,7 +80,7 @@ func (s *Store) retryBusy(ctx context.Context, what string, op func() error) err
 		}
 		ceiling := min(retryMax, retryBase<<min(attempt, 10))
 		wait := rand.N(ceiling) + time.Microsecond
-		s.logger.DebugContext(ctx, "sqlite: database locked, retrying", "op", what, "attempt", attempt+1, "wait", wait)
+		logger.DebugContext(ctx, "sqlite: database locked, retrying", "op", what, "attempt", attempt+1, "wait", wait)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
