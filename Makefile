@@ -5,7 +5,7 @@ run:
 	go run ./cmd/idem payments
 
 test:
-	go test -race ./...
+	go test -race -p 1 ./...
 
 # End-to-end ratios into docs/benchmarks.md; the middleware's own: go test -bench . -benchmem .
 bench:

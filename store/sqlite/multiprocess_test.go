@@ -191,6 +191,9 @@ func hammerChild(t *testing.T, path string) {
 func hammerOne(s *sqlite.Store, key, token string) error {
 	ctx := context.Background()
 	p := claimParams("hammer", key, token, time.Time{})
+	// No lease may lapse however long a loaded machine stalls a holder between its
+	// claim and its completion: this test is about exclusive claims, not takeovers.
+	p.Lease = time.Hour
 	res, err := s.RecordClaim(ctx, p)
 	if err != nil || res.Outcome != idem.ClaimAcquired {
 		return err
