@@ -1,15 +1,12 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -59,100 +56,18 @@ func testKillLoop(t *testing.T, kind storeKind, processes int) {
 	c := newClient()
 	// One connection per request: a killed server leaves no stale pooled ones.
 	c.http.Transport.(*http.Transport).DisableKeepAlives = true
-	anyURL := func() string { return servers[rand.IntN(len(servers))].URL() }
-
-	type op struct {
-		key  string
-		body []byte
-		seen [][]byte // bodies of every 201
-		// retryReplayed: the 201 to the retry sent after success was a replay.
-		retryReplayed bool
-	}
-	// Each client runs at least its share of killOps operations, and keeps starting new
-	// ones until the killer is done, so every kill hits traffic.
-	perClient := make([][]*op, killClients)
-	killerDone := make(chan struct{})
-	var stats retryStats
-
-	ctx, cancel := context.WithTimeout(context.Background(), 2*killOpTimeout)
-	defer cancel()
-	clientsDone := make(chan struct{})
-	var wg sync.WaitGroup
-	errs := make(chan error, killClients)
-	for g := range killClients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				if i >= killOps/killClients {
-					select {
-					case <-killerDone:
-						return
-					default:
-					}
-				}
-				o := &op{key: newKey(), body: chargeJSON(1000 + g*10000 + i)}
-				perClient[g] = append(perClient[g], o)
-				// The operation, then one retry after success: both must be 201s with
-				// the same bytes, whatever kills happen in between.
-				for range 2 {
-					res, err := retryCounting(ctx, c, anyURL, o.key, o.body, killOpTimeout, &stats)
-					if err != nil {
-						errs <- err
-						return
-					}
-					o.seen = append(o.seen, res.Body)
-					o.retryReplayed = res.replayed()
-				}
-			}
-		}()
-	}
-	go func() { wg.Wait(); close(clientsDone) }()
-
-	kills := 0
-	var killErr error
-	for kills < killTimes && killErr == nil {
-		time.Sleep(time.Duration(100+rand.IntN(300)) * time.Millisecond) // a random moment
-		victim := servers[rand.IntN(len(servers))]
-		victim.kill()
-		kills++
-		killErr = victim.relaunch()
-	}
-	close(killerDone)
-	if killErr != nil {
-		cancel()
-	}
-	<-clientsDone
-	close(errs)
-	if killErr != nil {
-		t.Fatalf("restart after kill %d: %v", kills, killErr)
-	}
-	for err := range errs {
-		t.Error(err)
-	}
-	if t.Failed() {
-		return
-	}
-	var ops []*op
-	for _, p := range perClient {
-		ops = append(ops, p...)
-	}
-	t.Logf("%d operations, %d processes, %d kills; retried: %v", len(ops), processes, kills, &stats)
+	loop := killLoop{servers: servers, client: c, ops: killOps, clients: killClients, kills: killTimes}
+	ops, kills, stats := loop.run(context.Background(), t)
+	t.Logf("%d operations, %d processes, %d kills; retried: %v", len(ops), processes, kills, stats)
 	if stats.transportErrors.Load() == 0 {
 		t.Fatalf("no request met a killed server: the kills did not hit traffic")
 	}
 
-	want := map[string]string{}
+	want := firstCharges(t, ops)
 	for i, o := range ops {
-		for j, b := range o.seen {
-			if !bytes.Equal(b, o.seen[0]) {
-				t.Errorf("operation %d: 201 #%d differs from the first:\n got %s\nwant %s", i, j+1, b, o.seen[0])
-			}
-		}
-		if !o.retryReplayed {
+		if !o.replayed {
 			t.Errorf("operation %d: the retry after its 201 was executed again, not replayed", i)
 		}
-		want[o.key] = (&response{Body: o.seen[0]}).id(t)
 	}
 	for i, s := range servers {
 		wantChargesExactly(t, c, s, want, fmt.Sprintf("after the kill loop, listing via process %d", i+1))
@@ -195,13 +110,7 @@ func TestGracefulShutdownFinishesInFlightRequest(t *testing.T) {
 			s := startServer(t, "--store", "sqlite:"+dbPath, "--processor-latency", "1s")
 			c := newClient()
 			key := newKey()
-			got := make(chan answer, 1)
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-				defer cancel()
-				res, err := c.send(ctx, s.URL(), request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: chargeJSON(2000)})
-				got <- answer{res, err}
-			}()
+			got := postInBackground(c, s.URL(), key, chargeJSON(2000))
 			waitInFlight(t, dbPath, key)
 			s.signal(sig)
 			a := <-got
@@ -282,13 +191,7 @@ func TestHolderKilledMidRequestIsTakenOverOnce(t *testing.T) {
 			servers := startServers(t, 2, "--store", store, "--processor-latency", "3s", "--lock-timeout", "1s")
 			c := newClient()
 			key := newKey()
-			got := make(chan answer, 1)
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-				defer cancel()
-				res, err := c.send(ctx, servers[0].URL(), request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: chargeJSON(2000)})
-				got <- answer{res, err}
-			}()
+			got := postInBackground(c, servers[0].URL(), key, chargeJSON(2000))
 			if kind == storeSQLite {
 				waitInFlight(t, strings.TrimPrefix(store, "sqlite:"), key)
 			} else {

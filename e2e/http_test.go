@@ -230,3 +230,41 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() (bool, stri
 }
 
 func itoa(n int) string { return fmt.Sprint(n) }
+
+// postInBackground posts the charge with key and body on its own goroutine, within
+// requestTimeout, and returns the channel its answer arrives on.
+func postInBackground(c *client, base, key string, body []byte) <-chan answer {
+	got := make(chan answer, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+		defer cancel()
+		res, err := c.send(ctx, base, request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: body})
+		got <- answer{res, err}
+	}()
+	return got
+}
+
+// pollCreated posts the charge with key and body until it is answered 201, within d,
+// and returns that answer; it fails the test with what otherwise.
+func pollCreated(t testing.TB, c *client, base, key string, body []byte, d time.Duration, what string) *response {
+	t.Helper()
+	var created *response
+	waitFor(t, d, what, func() (bool, string) {
+		res, err := c.send(context.Background(), base, request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: body})
+		if err != nil {
+			return false, err.Error()
+		}
+		created = res
+		return res.Status == http.StatusCreated, res.String()
+	})
+	return created
+}
+
+// wantHealthz fails the test unless GET /healthz answers status; when says at what
+// moment.
+func wantHealthz(t testing.TB, c *client, base string, status int, when string) {
+	t.Helper()
+	if res := c.do(t, base, request{method: "GET", path: "/healthz"}); res.Status != status {
+		t.Fatalf("/healthz %s: want %d, got %s", when, status, res)
+	}
+}

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -403,13 +402,7 @@ func TestMismatchWhileInFlightIsKeyReused(t *testing.T) {
 	s := startServer(t, "--store", "sqlite:"+dbPath, "--processor-latency", "2s")
 	c := newClient()
 	key := newKey()
-	got := make(chan answer, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-		defer cancel()
-		res, err := c.send(ctx, s.URL(), request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: chargeJSON(2000)})
-		got <- answer{res, err}
-	}()
+	got := postInBackground(c, s.URL(), key, chargeJSON(2000))
 	waitInFlight(t, dbPath, key)
 	res := c.postCharge(t, s.URL(), key, chargeJSON(9999))
 	wantSeedError(t, "another body while the first is in flight", res, http.StatusConflict, "key_reused", key)

@@ -299,3 +299,11 @@ func mustRunIdem(t testing.TB, args ...string) runResult {
 	}
 	return res
 }
+
+// wantRunningThroughOutage fails the test if the current incarnation of s has exited.
+func wantRunningThroughOutage(t testing.TB, s *server) {
+	t.Helper()
+	if s.exited() {
+		t.Fatalf("the server exited during the outage: %v", s.exitError())
+	}
+}

@@ -62,113 +62,41 @@ const (
 	redisKillTimes   = 6
 )
 
-// redisOp is one logical operation of a kill loop: a key, a body, and the bodies of
-// every 201 it got.
-type redisOp struct {
-	key  string
-	body []byte
-	seen [][]byte
-	// replayed: the 201 to the retry sent after success was a replay.
-	replayed bool
-}
-
 func testRedisKillLoop(t *testing.T, flush bool) {
 	rs := redistest.StartServer(t)
 	s := startServer(t, "--store", rs.URL(), "--db", sqliteStore(t), "--processor-latency", "50ms", "--lock-timeout", "1s")
 	c := newClient()
 	c.http.Transport.(*http.Transport).DisableKeepAlives = true // a killed server leaves no pooled connections
 
-	perClient := make([][]*redisOp, redisKillClients)
-	killerDone := make(chan struct{})
-	var stats retryStats
 	ctx, cancel := context.WithTimeout(context.Background(), 2*killOpTimeout)
 	defer cancel()
-	var wg sync.WaitGroup
-	errs := make(chan error, redisKillClients)
-	for g := range redisKillClients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// At least its share of the operations, and more until the killer is done,
-			// so that every kill hits traffic.
-			for i := 0; ; i++ {
-				if i >= redisKillOps/redisKillClients {
-					select {
-					case <-killerDone:
-						return
-					default:
-					}
-				}
-				o := &redisOp{key: newKey(), body: chargeJSON(1000 + g*10000 + i)}
-				perClient[g] = append(perClient[g], o)
-				for range 2 { // the operation, then one retry after its success
-					res, err := retryCounting(ctx, c, s.URL, o.key, o.body, killOpTimeout, &stats)
-					if err != nil {
-						errs <- err
-						return
-					}
-					o.seen = append(o.seen, res.Body)
-					o.replayed = res.replayed()
-				}
-			}
-		}()
-	}
-	clientsDone := make(chan struct{})
-	go func() { wg.Wait(); close(clientsDone) }()
-
 	rdb := goredis.NewClient(&goredis.Options{Addr: rs.Addr()})
 	defer rdb.Close()
-	var killErr error
-	kills := 0
-	for kills < redisKillTimes && killErr == nil {
-		time.Sleep(time.Duration(100+rand.IntN(300)) * time.Millisecond) // a random moment
-		if flush && kills == redisKillTimes/2 {
+	loop := killLoop{servers: []*server{s}, client: c, ops: redisKillOps, clients: redisKillClients, kills: redisKillTimes}
+	if flush {
+		loop.beforeKill = func(ctx context.Context, kills int) {
+			if kills != redisKillTimes/2 {
+				return
+			}
 			n, _ := rdb.DBSize(ctx).Result()
 			if err := rdb.FlushAll(ctx).Err(); err != nil {
 				t.Errorf("FLUSHALL: %v", err)
 			}
 			t.Logf("FLUSHALL after kill %d dropped %d records", kills, n)
 		}
-		s.kill()
-		kills++
-		killErr = s.relaunch()
 	}
-	close(killerDone)
-	if killErr != nil {
-		cancel()
-	}
-	<-clientsDone
-	close(errs)
-	if killErr != nil {
-		t.Fatalf("restart after kill %d: %v", kills, killErr)
-	}
-	for err := range errs {
-		t.Error(err)
-	}
-	if t.Failed() {
-		return
-	}
-	var ops []*redisOp
-	for _, p := range perClient {
-		ops = append(ops, p...)
-	}
-	t.Logf("%d operations, %d kills, flushall %v; retried: %v", len(ops), kills, flush, &stats)
+	ops, kills, stats := loop.run(ctx, t)
+	t.Logf("%d operations, %d kills, flushall %v; retried: %v", len(ops), kills, flush, stats)
 	if stats.transportErrors.Load() == 0 {
 		t.Fatal("no request met a killed server: the kills did not hit traffic")
 	}
 
-	want := map[string]string{}
+	want := firstCharges(t, ops)
 	executedAgain := 0
-	for i, o := range ops {
-		for j, b := range o.seen {
-			if !bytes.Equal(b, o.seen[0]) {
-				t.Errorf("operation %d: 201 #%d differs from the first:\n got %s\nwant %s", i, j+1, b, o.seen[0])
-			}
-		}
+	for _, o := range ops {
 		if !o.replayed {
 			executedAgain++
 		}
-		want[o.key] = (&response{Body: o.seen[0]}).id(t)
 	}
 	// Without a flush every retry after a 201 finds its record. With one, a retry whose
 	// record was flushed executes again, and the database answers it with the same
@@ -223,29 +151,15 @@ func TestRedisStoppedUnderRunningServerAnswers503ThenRecovers(t *testing.T) {
 	}
 	res := c.postCharge(t, s.URL(), done, chargeJSON(2000))
 	wantError(t, "replay during the outage (fail closed)", res, http.StatusServiceUnavailable, "store_unavailable")
-	if res := c.do(t, s.URL(), request{method: "GET", path: "/healthz"}); res.Status != http.StatusServiceUnavailable {
-		t.Fatalf("/healthz during the outage: want 503, got %s", res)
-	}
-	if s.exited() {
-		t.Fatalf("the server exited during the outage: %v", s.exitError())
-	}
+	wantHealthz(t, c, s.URL(), http.StatusServiceUnavailable, "during the outage")
+	wantRunningThroughOutage(t, s)
 
 	rs.Restart()
-	var created *response
-	waitFor(t, 20*time.Second, "a POST to succeed after Redis is back", func() (bool, string) {
-		res, err := c.send(context.Background(), s.URL(), request{method: "POST", path: "/v1/charges", key: key, contentType: contentJSON, body: chargeJSON(3000)})
-		if err != nil {
-			return false, err.Error()
-		}
-		created = res
-		return res.Status == http.StatusCreated, res.String()
-	})
+	created := pollCreated(t, c, s.URL(), key, chargeJSON(3000), 20*time.Second, "a POST to succeed after Redis is back")
 	if created.replayed() {
 		t.Fatalf("the first success after the outage is a replay: %s", created)
 	}
-	if res := c.do(t, s.URL(), request{method: "GET", path: "/healthz"}); res.Status != http.StatusOK {
-		t.Fatalf("/healthz after recovery: want 200, got %s", res)
-	}
+	wantHealthz(t, c, s.URL(), http.StatusOK, "after recovery")
 	// The restarted Redis lost the record of done: the database answers instead.
 	again := c.postCharge(t, s.URL(), done, chargeJSON(2000))
 	if again.Status != http.StatusCreated || again.replayed() || !bytes.Equal(again.Body, first.Body) {
