@@ -9,12 +9,12 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/memory"
 )
 
@@ -104,48 +104,13 @@ func (s *countingStore) calls() int64 {
 	return s.claims.Load() + s.completes.Load() + s.releases.Load() + s.renews.Load() + s.gets.Load() + s.deletes.Load()
 }
 
-// clock is a settable time for Config.Clock.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newClock() *clock { return &clock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
-// logBuffer collects log output from concurrent handlers.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
+// newClock returns a settable clock for Config.Clock, at a fixed start.
+func newClock() *testkit.Clock { return testkit.NewClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)) }
 
 type bundle struct {
-	logs   *logBuffer
+	logs   *testkit.Buffer
 	store  *countingStore
-	clock  *clock
+	clock  *testkit.Clock
 	mw     *idem.Middleware
 	ticker *idem.ManualTicker
 }
@@ -154,7 +119,7 @@ type bundle struct {
 // hand-driven heartbeat; mod adjusts the Config first.
 func setup(t testing.TB, mod func(*idem.Config)) *bundle {
 	t.Helper()
-	b := &bundle{logs: &logBuffer{}, store: &countingStore{Store: memory.New()}, clock: newClock()}
+	b := &bundle{logs: &testkit.Buffer{}, store: &countingStore{Store: memory.New()}, clock: newClock()}
 	cfg := idem.Config{
 		Store:  b.store,
 		Scope:  bearerScope,

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/postgres"
 )
 
@@ -25,14 +25,10 @@ type chargeApp struct {
 	s       schemaStore
 	handler http.Handler
 
-	mu    sync.Mutex
-	clock time.Time
-	// gates, by request name (X-Test-Name), block a handler before its transaction:
-	// the handler closes entered, then waits for proceed.
-	gates map[string]gate
+	clock *testkit.Clock
+	// gates, by request name (X-Test-Name), hold a handler before its transaction.
+	gates testkit.Gates
 }
-
-type gate struct{ entered, proceed chan struct{} }
 
 func newChargeApp(t *testing.T) *chargeApp {
 	t.Helper()
@@ -46,35 +42,15 @@ func newChargeApp(t *testing.T) *chargeApp {
 	if err != nil {
 		t.Fatal(err)
 	}
-	app := &chargeApp{s: s, clock: time.Now().UTC().Truncate(time.Millisecond), gates: map[string]gate{}}
+	app := &chargeApp{s: s, clock: testkit.NewClock(time.Now().UTC().Truncate(time.Millisecond))}
 	m := idem.New(idem.Config{
 		Store: s.Store,
 		Scope: func(*http.Request) (string, error) { return "user-1", nil },
 		Lease: 10 * time.Second,
-		Clock: app.now,
+		Clock: app.clock.Now,
 	})
 	app.handler = m.Handler(http.HandlerFunc(app.createCharge))
 	return app
-}
-
-func (app *chargeApp) now() time.Time {
-	app.mu.Lock()
-	defer app.mu.Unlock()
-	return app.clock
-}
-
-func (app *chargeApp) advance(d time.Duration) {
-	app.mu.Lock()
-	defer app.mu.Unlock()
-	app.clock = app.clock.Add(d)
-}
-
-func (app *chargeApp) gate(name string) gate {
-	app.mu.Lock()
-	defer app.mu.Unlock()
-	g := gate{make(chan struct{}), make(chan struct{})}
-	app.gates[name] = g
-	return g
 }
 
 // createCharge inserts the charge named by X-Test-Name (in batch X-Test-Batch, when
@@ -85,13 +61,7 @@ func (app *chargeApp) createCharge(w http.ResponseWriter, r *http.Request) {
 	if b := r.Header.Get("X-Test-Batch"); b != "" {
 		batch = &b
 	}
-	app.mu.Lock()
-	g, gated := app.gates[name]
-	app.mu.Unlock()
-	if gated {
-		close(g.entered)
-		<-g.proceed
-	}
+	app.gates.Pass(name)
 	err := app.s.InTx(r.Context(), func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO `+app.s.table("charges")+` (name, batch) VALUES ($1, $2)`, name, batch)
 		if err != nil {
@@ -137,7 +107,7 @@ func (app *chargeApp) charges(t *testing.T) []string {
 
 func (app *chargeApp) record(t *testing.T, key string) (*idem.Record, error) {
 	t.Helper()
-	return app.s.RecordGet(t.Context(), &idem.RecordGetParams{Scope: "user-1", Key: key, Now: app.now()})
+	return app.s.RecordGet(t.Context(), &idem.RecordGetParams{Scope: "user-1", Key: key, Now: app.clock.Now()})
 }
 
 func TestInTxCommitsTheChargeAndTheRecordTogether(t *testing.T) {
@@ -171,19 +141,19 @@ func TestInTxWhoseKeyWasTakenOverRollsBackAndAnswers503(t *testing.T) {
 	t.Parallel()
 	app := newChargeApp(t)
 	const key = "key-taken-over"
-	slow := app.gate("slow")
+	slow := app.gates.Add("slow")
 	slowDone := make(chan *httptest.ResponseRecorder, 1)
 	go func() { slowDone <- app.post(key, "slow", "") }()
-	<-slow.entered // "slow" holds the key and has not begun its transaction
+	<-slow.Entered // "slow" holds the key and has not begun its transaction
 
 	// Its lease lapses; the client's retry takes the key over and commits.
-	app.advance(11 * time.Second)
+	app.clock.Advance(11 * time.Second)
 	retry := app.post(key, "retry", "")
 	if retry.Code != http.StatusCreated {
 		t.Fatalf("retry after the lease lapsed = %d %s, want 201 (takeover)", retry.Code, retry.Body)
 	}
 
-	close(slow.proceed)
+	close(slow.Proceed)
 	got := <-slowDone
 	if got.Code != http.StatusServiceUnavailable || !strings.Contains(got.Body.String(), "store_unavailable") {
 		t.Fatalf("the overtaken request = %d %s, want 503 store_unavailable", got.Code, got.Body)
@@ -298,17 +268,17 @@ func TestInTxRefusesTheCompletionOfALostClaim(t *testing.T) {
 	t.Parallel()
 	app := newChargeApp(t)
 	const key = "key-claim-lost"
-	held := app.gate("held")
+	held := app.gates.Add("held")
 	heldDone := make(chan *httptest.ResponseRecorder, 1)
 	go func() { heldDone <- app.post(key, "held", "") }()
-	<-held.entered // "held" holds the key and has not begun its transaction
+	<-held.Entered // "held" holds the key and has not begun its transaction
 
 	// The database crashes and comes back without the claim: its commit had not been
 	// flushed.
 	if _, err := app.s.Pool().Exec(t.Context(), `DELETE FROM `+app.s.table("idem_records")); err != nil {
 		t.Fatal(err)
 	}
-	close(held.proceed)
+	close(held.Proceed)
 	got := <-heldDone
 	if got.Code != http.StatusServiceUnavailable || !strings.Contains(got.Body.String(), "store_unavailable") {
 		t.Fatalf("the request whose claim was lost = %d %s, want 503 store_unavailable", got.Code, got.Body)

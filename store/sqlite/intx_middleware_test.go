@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
@@ -24,14 +25,10 @@ type chargeApp struct {
 	store   *sqlite.Store
 	handler http.Handler
 
-	mu    sync.Mutex
-	clock time.Time
-	// gates, by request name (X-Test-Name), block a handler before its transaction:
-	// the handler closes entered, then waits for proceed.
-	gates map[string]gate
+	clock *testkit.Clock
+	// gates, by request name (X-Test-Name), hold a handler before its transaction.
+	gates testkit.Gates
 }
-
-type gate struct{ entered, proceed chan struct{} }
 
 func newChargeApp(t *testing.T) *chargeApp {
 	t.Helper()
@@ -39,46 +36,20 @@ func newChargeApp(t *testing.T) *chargeApp {
 	if _, err := s.DB().Exec(`CREATE TABLE charges (name TEXT PRIMARY KEY, amount INTEGER NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	app := &chargeApp{store: s, clock: t0, gates: map[string]gate{}}
+	app := &chargeApp{store: s, clock: testkit.NewClock(t0)}
 	m := idem.New(idem.Config{
 		Store: s,
 		Scope: func(*http.Request) (string, error) { return "user-1", nil },
 		Lease: 10 * time.Second,
-		Clock: app.now,
+		Clock: app.clock.Now,
 	})
 	app.handler = m.Handler(http.HandlerFunc(app.createCharge))
 	return app
 }
 
-func (app *chargeApp) now() time.Time {
-	app.mu.Lock()
-	defer app.mu.Unlock()
-	return app.clock
-}
-
-func (app *chargeApp) advance(d time.Duration) {
-	app.mu.Lock()
-	defer app.mu.Unlock()
-	app.clock = app.clock.Add(d)
-}
-
-func (app *chargeApp) gate(name string) gate {
-	app.mu.Lock()
-	defer app.mu.Unlock()
-	g := gate{make(chan struct{}), make(chan struct{})}
-	app.gates[name] = g
-	return g
-}
-
 func (app *chargeApp) createCharge(w http.ResponseWriter, r *http.Request) {
 	name := r.Header.Get("X-Test-Name")
-	app.mu.Lock()
-	g, gated := app.gates[name]
-	app.mu.Unlock()
-	if gated {
-		close(g.entered)
-		<-g.proceed
-	}
+	app.gates.Pass(name)
 	err := app.store.InTx(r.Context(), func(ctx context.Context, tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO charges (name, amount) VALUES (?, 2000)`, name); err != nil {
 			return err
@@ -135,7 +106,7 @@ func TestInTxCommitsTheChargeAndTheRecordTogether(t *testing.T) {
 	if got := app.charges(t); len(got) != 1 || got[0] != "a" {
 		t.Fatalf("charges = %q, want [a]", got)
 	}
-	rec, err := app.store.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "user-1", Key: key, Now: app.now()})
+	rec, err := app.store.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "user-1", Key: key, Now: app.clock.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,19 +127,19 @@ func TestInTxWhoseKeyWasTakenOverRollsBackAndAnswers503(t *testing.T) {
 	t.Parallel()
 	app := newChargeApp(t)
 	const key = "key-taken-over"
-	slow := app.gate("slow")
+	slow := app.gates.Add("slow")
 	slowDone := make(chan *httptest.ResponseRecorder, 1)
 	go func() { slowDone <- app.post(key, "slow") }()
-	<-slow.entered // "slow" holds the key and has not begun its transaction
+	<-slow.Entered // "slow" holds the key and has not begun its transaction
 
 	// Its lease lapses; the client's retry takes the key over and commits.
-	app.advance(11 * time.Second)
+	app.clock.Advance(11 * time.Second)
 	retry := app.post(key, "retry")
 	if retry.Code != http.StatusCreated {
 		t.Fatalf("retry after the lease lapsed = %d %s, want 201 (takeover)", retry.Code, retry.Body)
 	}
 
-	close(slow.proceed)
+	close(slow.Proceed)
 	got := <-slowDone
 	if got.Code != http.StatusServiceUnavailable || !strings.Contains(got.Body.String(), "store_unavailable") {
 		t.Fatalf("the overtaken request = %d %s, want 503 store_unavailable", got.Code, got.Body)
@@ -176,7 +147,7 @@ func TestInTxWhoseKeyWasTakenOverRollsBackAndAnswers503(t *testing.T) {
 	if names := app.charges(t); len(names) != 1 || names[0] != "retry" {
 		t.Fatalf("charges = %q, want only the winner's [retry]: the overtaken write must roll back", names)
 	}
-	rec, err := app.store.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "user-1", Key: key, Now: app.now()})
+	rec, err := app.store.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "user-1", Key: key, Now: app.clock.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,24 +184,6 @@ func (h opSignal) Handle(_ context.Context, r slog.Record) error {
 }
 func (h opSignal) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h opSignal) WithGroup(string) slog.Handler      { return h }
-
-// lockedBuffer collects the middleware's log lines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // A heartbeat renewal that ticks while the handler's InTx holds the write turn waits
 // for that turn; when InTx asks for the completion, the middleware stops the
@@ -292,16 +245,16 @@ func TestInTxRefusesTheCompletionOfALostClaim(t *testing.T) {
 	t.Parallel()
 	app := newChargeApp(t)
 	const key = "key-claim-lost"
-	held := app.gate("held")
+	held := app.gates.Add("held")
 	heldDone := make(chan *httptest.ResponseRecorder, 1)
 	go func() { heldDone <- app.post(key, "held") }()
-	<-held.entered // "held" holds the key and has not begun its transaction
+	<-held.Entered // "held" holds the key and has not begun its transaction
 
 	// The host crashed and came back without the claim: its commit had not been synced.
 	if _, err := app.store.DB().Exec(`DELETE FROM idem_records`); err != nil {
 		t.Fatal(err)
 	}
-	close(held.proceed)
+	close(held.Proceed)
 	got := <-heldDone
 	if got.Code != http.StatusServiceUnavailable || !strings.Contains(got.Body.String(), "store_unavailable") {
 		t.Fatalf("the request whose claim was lost = %d %s, want 503 store_unavailable", got.Code, got.Body)
