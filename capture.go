@@ -109,17 +109,8 @@ func (c *capture) writeInformational(code int) {
 
 // Write buffers p, or passes it through once the capture switched to pass-through.
 func (c *capture) Write(p []byte) (int, error) {
-	if c.frozen && !c.passThrough {
-		return 0, errCaptureFrozen
-	}
-	if !c.wroteHeader {
-		c.WriteHeader(http.StatusOK)
-	}
-	if !bodyAllowed(c.status) {
-		return 0, http.ErrBodyNotAllowed
-	}
-	if !c.passThrough && int64(c.body.Len()+len(p)) > c.limit {
-		c.startPassThrough()
+	if err := c.beforeWrite(len(p)); err != nil {
+		return 0, err
 	}
 	if c.passThrough {
 		return c.w.Write(p)
@@ -129,22 +120,32 @@ func (c *capture) Write(p []byte) (int, error) {
 
 // WriteString is Write without a conversion, as http.ResponseWriter's own does.
 func (c *capture) WriteString(s string) (int, error) {
-	if c.frozen && !c.passThrough {
-		return 0, errCaptureFrozen
-	}
-	if !c.wroteHeader {
-		c.WriteHeader(http.StatusOK)
-	}
-	if !bodyAllowed(c.status) {
-		return 0, http.ErrBodyNotAllowed
-	}
-	if !c.passThrough && int64(c.body.Len()+len(s)) > c.limit {
-		c.startPassThrough()
+	if err := c.beforeWrite(len(s)); err != nil {
+		return 0, err
 	}
 	if c.passThrough {
 		return io.WriteString(c.w, s)
 	}
 	return c.body.WriteString(s)
+}
+
+// beforeWrite readies the capture for n more body bytes: it writes the implicit 200,
+// refuses a body the status forbids or a write after the response was frozen, and
+// switches to pass-through when the body would pass the storage limit.
+func (c *capture) beforeWrite(n int) error {
+	if c.frozen && !c.passThrough {
+		return errCaptureFrozen
+	}
+	if !c.wroteHeader {
+		c.WriteHeader(http.StatusOK)
+	}
+	if !bodyAllowed(c.status) {
+		return http.ErrBodyNotAllowed
+	}
+	if !c.passThrough && int64(c.body.Len()+n) > c.limit {
+		c.startPassThrough()
+	}
+	return nil
 }
 
 // Flush sends what was written so far and switches to pass-through: a handler that
