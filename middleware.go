@@ -217,6 +217,9 @@ var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b 
 
 const maxPooledBody = 64 << 10
 
+// minBodyGrowth is the least a body buffer grows by once its bytes fill it.
+const minBodyGrowth = 8 << 10
+
 func putBody(b *[]byte) {
 	if cap(*b) <= maxPooledBody {
 		*b = (*b)[:0]
@@ -258,13 +261,16 @@ func (x *request) readBody(r *http.Request) bool {
 
 // readLimited appends rd's content to buf and fails with an *http.MaxBytesError once
 // it exceeds limit. size is the declared length, or -1.
+//
+// The buffer grows with the bytes that arrive, at most doubling, never to what size
+// announces before the bytes are there: a client that announces 1 MiB and sends
+// nothing holds no more than the pooled buffer (SPEC §15). size only caps the growth,
+// so that a body of the announced length ends in a buffer of size+1 (+1: reading EOF
+// needs no growth).
 func readLimited(buf []byte, rd io.Reader, size, limit int64) ([]byte, error) {
-	if size >= 0 && int64(cap(buf)) < size+1 {
-		buf = make([]byte, 0, size+1) // +1: reading EOF needs no growth
-	}
 	for {
 		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
+			buf = grow(buf, size)
 		}
 		n, err := rd.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
@@ -278,6 +284,17 @@ func readLimited(buf []byte, rd io.Reader, size, limit int64) ([]byte, error) {
 			return buf, err
 		}
 	}
+}
+
+// grow returns full with room for more: twice its capacity (at least minBodyGrowth,
+// about what net/http already buffers per connection), but no more than the announced
+// size+1 while the body is within it.
+func grow(full []byte, size int64) []byte {
+	c := max(2*cap(full), minBodyGrowth)
+	if size >= 0 && int64(len(full)) < size+1 && int64(c) > size+1 {
+		c = int(size + 1)
+	}
+	return append(make([]byte, 0, c), full...)
 }
 
 // newTokens returns a fresh lock token and record id: 16 random bytes each, in hex,

@@ -7,10 +7,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -339,6 +341,31 @@ func TestBodyOverTheLimitIsRefused(t *testing.T) {
 				t.Errorf("body at the limit: %d", w.Code)
 			}
 		})
+	}
+}
+
+// A client that announces a large body and sends little of it costs memory in
+// proportion to what it sent, never to what Content-Length promised (SPEC §15).
+// Not parallel: it measures the process's allocations.
+func TestBodyMemoryFollowsTheBytesReceivedNotContentLength(t *testing.T) {
+	b := setup(t, nil)
+	mw := b.mw.Handler(&counter{})
+	const requests, announced, sent = 16, 1 << 20, 1 << 10
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range requests {
+		r := req("POST", "/x", key, "")
+		r.ContentLength = announced
+		// The client sends 1 KiB of the 1 MiB it announced, then the connection breaks.
+		r.Body = io.NopCloser(io.MultiReader(strings.NewReader(strings.Repeat("a", sent)),
+			iotest.ErrReader(io.ErrUnexpectedEOF)))
+		wantCode(t, serve(mw, r), 400, idem.CodeBodyUnreadable)
+	}
+	runtime.ReadMemStats(&after)
+	// Announcing decides nothing: 16 requests announcing 1 MiB each may not cost 16 MiB.
+	if got := after.TotalAlloc - before.TotalAlloc; got > requests*announced/8 {
+		t.Errorf("%d requests that each sent %d bytes of the %d they announced allocated %d bytes, want under %d",
+			requests, sent, announced, got, requests*announced/8)
 	}
 }
 
