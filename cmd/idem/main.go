@@ -13,6 +13,7 @@
 // (a Redis Cluster); with a Redis store, payments needs --db for its SQL data.
 // Every subcommand explains its flags with --help. A bad flag or URL is a one-line
 // error on stderr and exit status 2; a failure at run time is exit status 1.
+// SPEC §N refers to the behaviour contract, docs/spec.md.
 package main
 
 import (
