@@ -27,6 +27,8 @@ const maxJSONDepth = 1000
 // decode to the same string, when a string holds invalid UTF-8, a surrogate code point
 // that is not part of an escaped pair, or a Unicode noncharacter (all forbidden by
 // I-JSON), or when arrays and objects nest deeper than 1000.
+//
+// Its cost is linear in len(src) at any depth of nesting.
 func CanonicalJSON(dst, src []byte) ([]byte, bool) {
 	c := canonPool.Get().(*canonicalizer)
 	out, ok := c.canonical(dst, src)
@@ -36,8 +38,10 @@ func CanonicalJSON(dst, src []byte) ([]byte, bool) {
 
 var canonPool = sync.Pool{New: func() any { return new(canonicalizer) }}
 
-// canonicalizer is a single-pass JSON scanner that writes the canonical form as it
-// validates. Its buffers are reused across calls through a pool.
+// canonicalizer is a JSON scanner that writes the canonical form as it validates, in
+// one pass when every object's members come in order and in two when some do not (the
+// second moves each byte once, see emit). Its buffers are reused across calls through
+// a pool.
 type canonicalizer struct {
 	src   []byte
 	pos   int
@@ -47,14 +51,31 @@ type canonicalizer struct {
 	// holds their spans in out. Both are stacks: an object pops what it pushed.
 	names   []byte
 	members []member
-	// scratch is where an object's members are copied while they are put in order.
+	// reorders lists, in the order they open, the objects whose members were sent out of
+	// order, with their ancestors; order holds the members of each, put in order.
+	// Objects are written to out as sent and put in order once the whole text is
+	// scanned (emit), so that every byte is moved once however deep it is nested.
+	reorders []reorder
+	order    []member
+	// scratch holds the text as scanned while emit writes it to out in order.
 	scratch []byte
+	base    int // where the scanned text starts in out
 }
 
 // member is one `"name":value` of an object, as written to out.
 type member struct {
 	start, end   int // span in out
 	name, nameTo int // decoded name in names
+	next         int // index in reorders of the first object that opens after start
+}
+
+// reorder is an object that emit puts in order, or (inOrder) one that holds such
+// objects.
+type reorder struct {
+	open, end   int // span in out, from '{' to past '}'
+	first, last int // its members, in order, in c.order
+	next        int // index in reorders past the objects nested in this one
+	inOrder     bool
 }
 
 // maxPooledBuffer is the largest buffer a pooled scanner keeps, so that one big body
@@ -72,17 +93,54 @@ func (c *canonicalizer) release() {
 	if cap(c.members) > maxPooledBuffer/32 {
 		c.members = nil
 	}
+	if cap(c.order) > maxPooledBuffer/32 {
+		c.order = nil
+	}
+	if cap(c.reorders) > maxPooledBuffer/32 {
+		c.reorders = nil
+	}
 	canonPool.Put(c)
 }
 
 func (c *canonicalizer) canonical(dst, src []byte) ([]byte, bool) {
 	c.src, c.pos, c.out, c.depth = src, 0, dst, 0
 	c.names, c.members = c.names[:0], c.members[:0]
+	c.reorders, c.order = c.reorders[:0], c.order[:0]
 	ok := c.value() && c.skipSpace() == len(src)
 	if !ok {
 		return dst, false
 	}
+	if len(c.reorders) > 0 {
+		c.base = len(dst)
+		c.scratch = append(c.scratch[:0], c.out[c.base:]...)
+		c.out = c.out[:c.base]
+		c.emit(c.base, c.base+len(c.scratch), 0)
+	}
 	return c.out, true
+}
+
+// emit appends to out the scanned text from..to (positions in out before emit began,
+// now in scratch), writing the members of each object of reorders, from index k on,
+// in order. Every byte is appended once; emit recurses once per level of objects to
+// put in order, at most maxJSONDepth.
+func (c *canonicalizer) emit(from, to, k int) {
+	for ; k < len(c.reorders) && c.reorders[k].open < to; k++ {
+		r := c.reorders[k]
+		if r.inOrder {
+			continue // its members stay where they are; objects inside it follow
+		}
+		c.out = append(c.out, c.scratch[from-c.base:r.open-c.base]...)
+		c.out = append(c.out, '{')
+		for i, m := range c.order[r.first:r.last] {
+			if i > 0 {
+				c.out = append(c.out, ',')
+			}
+			c.emit(m.start, m.end, m.next)
+		}
+		c.out = append(c.out, '}')
+		from, k = r.end, r.next-1
+	}
+	c.out = append(c.out, c.scratch[from-c.base:to-c.base]...)
 }
 
 // skipSpace skips JSON's insignificant whitespace and returns the new position.
@@ -339,13 +397,16 @@ func (c *canonicalizer) object() bool {
 		c.depth--
 		return true
 	}
+	// Reserved now, so that reorders lists objects in the order they open.
+	node := len(c.reorders)
+	c.reorders = append(c.reorders, reorder{open: open})
 	firstMember, firstName := len(c.members), len(c.names)
 	sorted := true
 	for {
 		if c.skipSpace() == len(c.src) || c.src[c.pos] != '"' {
 			return false
 		}
-		m := member{start: len(c.out), name: len(c.names)}
+		m := member{start: len(c.out), name: len(c.names), next: len(c.reorders)}
 		if !c.str(true) || c.skipSpace() == len(c.src) || c.src[c.pos] != ':' {
 			return false
 		}
@@ -372,11 +433,22 @@ func (c *canonicalizer) object() bool {
 		}
 		break
 	}
-	if !sorted && !c.sortMembers(open, c.members[firstMember:]) {
-		return false
+	c.out = append(c.out, '}')
+	switch {
+	case !sorted:
+		ms := c.members[firstMember:]
+		if !c.sortMembers(ms) {
+			return false
+		}
+		first := len(c.order)
+		c.order = append(c.order, ms...)
+		c.reorders[node] = reorder{open: open, end: len(c.out), first: first, last: len(c.order), next: len(c.reorders)}
+	case node == len(c.reorders)-1:
+		c.reorders = c.reorders[:node] // in order, and nothing inside it to put in order
+	default:
+		c.reorders[node] = reorder{open: open, end: len(c.out), next: len(c.reorders), inOrder: true}
 	}
 	c.members, c.names = c.members[:firstMember], c.names[:firstName]
-	c.out = append(c.out, '}')
 	c.depth--
 	return true
 }
@@ -385,23 +457,14 @@ func (c *canonicalizer) compareNames(a, b member) int {
 	return bytes.Compare(c.names[a.name:a.nameTo], c.names[b.name:b.nameTo])
 }
 
-// sortMembers rewrites the members of the object that opens at out[open] in the order
-// of their names, and reports false when two names are equal (I-JSON forbids that).
-func (c *canonicalizer) sortMembers(open int, ms []member) bool {
+// sortMembers puts ms in the order of their names, and reports false when two names
+// are equal (I-JSON forbids that).
+func (c *canonicalizer) sortMembers(ms []member) bool {
 	slices.SortFunc(ms, c.compareNames)
 	for i := 1; i < len(ms); i++ {
 		if c.compareNames(ms[i-1], ms[i]) == 0 {
 			return false
 		}
-	}
-	body := c.out[open+1:] // the members and the commas between them
-	c.scratch = append(c.scratch[:0], body...)
-	w := body[:0]
-	for i, m := range ms {
-		if i > 0 {
-			w = append(w, ',')
-		}
-		w = append(w, c.scratch[m.start-open-1:m.end-open-1]...)
 	}
 	return true
 }

@@ -223,7 +223,9 @@ func FuzzCanonicalJSON(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	f.Add([]byte(`{"z":{"y":{"x":[{"b":1,"a":2}],"w":0},"v":{"c":1,"b":2}},"a":0}`))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		checkCanonicalJSONInvariants(t, in)
+		sameAsV1(t, in)
 	})
 }
