@@ -25,6 +25,12 @@
 // [idem.Capabilities.BatchedCleanup] is false. Redis cannot join the application's
 // database transaction, so [idem.Capabilities.Transactions] is false too.
 //
+// The scripts declare Redis 7 script flags, so the store needs Redis 7.0 or later
+// ([Open] checks). With maxmemory-policy noeviction, a Redis above maxmemory refuses a
+// claim that would write (a new key, a takeover) before anything runs, and the
+// middleware answers 503; replays, in-flight answers and mismatches are still served,
+// and work already running can always complete, release or renew its key.
+//
 // # What it guarantees
 //
 // At most one execution per key while Redis keeps every write it acknowledged. A

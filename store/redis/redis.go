@@ -72,8 +72,9 @@ type Store struct {
 var _ idem.Store = (*Store)(nil)
 
 // Open connects to the Redis named by rawURL (see [NewClient] for the URL forms),
-// checks that it answers, and logs the warnings of [Store.CheckDurability] once, at
-// Warn level, through cfg.Logger. Close the store when done.
+// checks that it answers and runs Redis 7.0 or later (which the store's flagged Lua
+// scripts need), and logs the warnings of [Store.CheckDurability] once, at Warn level,
+// through cfg.Logger. Close the store when done.
 func Open(ctx context.Context, rawURL string, cfg Config) (*Store, error) {
 	client, err := NewClient(rawURL)
 	if err != nil {
@@ -89,6 +90,10 @@ func Open(ctx context.Context, rawURL string, cfg Config) (*Store, error) {
 		client.Close()
 		return nil, fmt.Errorf("redis store: %s does not answer: %w", redactURL(rawURL), err)
 	}
+	if err := s.checkVersion(ctx); err != nil {
+		client.Close()
+		return nil, err
+	}
 	for _, w := range s.CheckDurability(ctx) {
 		s.cfg.Logger.WarnContext(ctx, "redis store: "+w)
 	}
@@ -96,9 +101,9 @@ func Open(ctx context.Context, rawURL string, cfg Config) (*Store, error) {
 }
 
 // NewFromClient returns a store that uses client, a *goredis.Client or a
-// *goredis.ClusterClient. It neither pings Redis nor checks
-// durability ([Store.CheckDurability]), and Close leaves the client open: the caller
-// owns it.
+// *goredis.ClusterClient, on Redis 7.0 or later. It neither pings Redis nor checks its
+// version or durability ([Store.CheckDurability]), and Close leaves the client open:
+// the caller owns it.
 func NewFromClient(client goredis.UniversalClient, cfg Config) (*Store, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -174,6 +179,9 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 		p.TTL.Microseconds(),
 		s.cfg.TTLMargin.Milliseconds(),
 	).Slice()
+	if goredis.IsOOMError(err) {
+		return s.claimAtMaxmemory(ctx, p, err)
+	}
 	if err != nil {
 		return nil, s.interpretError(err)
 	}
@@ -207,6 +215,41 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 	}
 	if out.Record, err = decodeRecord(p.Scope, p.Key, fields); err != nil {
 		return nil, err
+	}
+	return out, nil
+}
+
+// claimAtMaxmemory answers a claim that Redis refused to start because its used memory
+// is above maxmemory (under noeviction, or a volatile-* policy with no key left to
+// evict). What needs no write is still answered, through the get script, which Redis
+// runs whatever its memory: a replay, in flight, a mismatch, or the caller's own
+// record (a claim that go-redis re-sent after it had acquired the key). A claim that
+// would write (a new key, a takeover) fails with Redis's OOM error, which the
+// middleware answers with 503; nothing runs, and claims succeed again once memory
+// frees. The read and the decision are not atomic, which is safe since nothing is
+// written: the answer was true when Redis read the record.
+func (s *Store) claimAtMaxmemory(ctx context.Context, p *idem.RecordClaimParams, oom error) (*idem.RecordClaimResult, error) {
+	rec, now, err := s.get(ctx, p.Scope, p.Key, p.Now)
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		rec = nil
+	case err != nil:
+		return nil, err
+	}
+	out := &idem.RecordClaimResult{Record: rec, Now: now}
+	if rec != nil && rec.State == idem.StateInFlight && rec.Token == p.Token {
+		out.Outcome = idem.ClaimAcquired
+		return out, nil
+	}
+	switch d := idem.Decide(rec, p.Fingerprint, now); d {
+	case idem.DecideReplay:
+		out.Outcome = idem.ClaimCompleted
+	case idem.DecideInFlight:
+		out.Outcome = idem.ClaimInFlight
+	case idem.DecideMismatch:
+		out.Outcome = idem.ClaimMismatch
+	default:
+		return nil, fmt.Errorf("redis store: Redis is above maxmemory and refuses the write a claim needs (%s); nothing ran, and claims succeed again once memory frees: %w", d, oom)
 	}
 	return out, nil
 }
@@ -272,21 +315,32 @@ func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (tim
 // (or params.Now), is [idem.ErrNotFound]. Scope and Key are filled in from params:
 // Redis holds neither.
 func (s *Store) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.Record, error) {
-	res, err := getScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)}, nowArg(p.Now)).Slice()
+	rec, _, err := s.get(ctx, p.Scope, p.Key, p.Now)
+	return rec, err
+}
+
+// get reads the record (scope, key) and Redis's time (or now, when not zero).
+func (s *Store) get(ctx context.Context, scope, key string, now time.Time) (*idem.Record, time.Time, error) {
+	res, err := getScript.Run(ctx, s.client, []string{s.RecordKey(scope, key)}, nowArg(now)).Slice()
 	if err != nil {
-		return nil, s.interpretError(err)
+		return nil, time.Time{}, s.interpretError(err)
 	}
 	if len(res) != 2 {
-		return nil, fmt.Errorf("redis store: get script answered %d values", len(res))
+		return nil, time.Time{}, fmt.Errorf("redis store: get script answered %d values", len(res))
+	}
+	nowStr, _ := res[0].(string)
+	if now, err = parseMicros(nowStr); err != nil {
+		return nil, time.Time{}, err
 	}
 	fields, ok := res[1].([]any)
 	if !ok {
-		return nil, fmt.Errorf("redis store: get script answered %T", res[1])
+		return nil, time.Time{}, fmt.Errorf("redis store: get script answered %T", res[1])
 	}
 	if len(fields) == 0 {
-		return nil, idem.ErrNotFound
+		return nil, now, idem.ErrNotFound
 	}
-	return decodeRecord(p.Scope, p.Key, fields)
+	rec, err := decodeRecord(scope, key, fields)
+	return rec, now, err
 }
 
 // RecordDeleteExpired returns 0, nil: Redis deletes records itself when their key TTL

@@ -2,6 +2,7 @@ package redis
 
 import (
 	_ "embed"
+	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -10,6 +11,13 @@ import (
 // write atomically: no other client acts in between, and no check-then-set crosses the
 // network. Scripts run with EVALSHA and fall back to EVAL when Redis does not know the
 // script (after a restart, a failover or SCRIPT FLUSH).
+//
+// Every script starts with a Redis 7 shebang line that declares its flags, which
+// decide what Redis does when its used memory is above maxmemory: the claim (no
+// flags) is refused before it runs, the fenced completion, release and renewal
+// (allow-oom) always run, and the read (no-writes) always runs. Without flags Redis
+// would check memory only at a script's first write, and the claim, whose first write
+// is a DEL, would go through while the completion was refused.
 
 //go:embed lua/prelude.lua
 var prelude string
@@ -37,6 +45,12 @@ var (
 	getScript      = newScript(getSrc)
 )
 
+// newScript puts the prelude after the script's shebang, which Redis reads only on
+// the first line.
 func newScript(src string) *goredis.Script {
-	return goredis.NewScript(prelude + "\n" + src)
+	shebang, body, _ := strings.Cut(src, "\n")
+	if !strings.HasPrefix(shebang, "#!lua") {
+		panic("redis store: an embedded script does not start with its #!lua flags line")
+	}
+	return goredis.NewScript(shebang + "\n" + prelude + "\n" + body)
 }

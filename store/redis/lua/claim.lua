@@ -1,9 +1,15 @@
+#!lua
 -- claim: KEYS[1] record; ARGV: now_us|'', fp_version, fp_sum, token, record_id,
 -- lease_us, ttl_us, margin_ms.
 -- Returns {outcome, now_us, fields}: outcome is acquired, acquired_again, took_over,
 -- completed, in_flight or mismatch; fields is the record's HGETALL (empty when acquired afresh).
 -- The decision is idem.Decide's, made here so that no other client can act between
 -- the read and the write.
+--
+-- No flags: the script may write, and Redis refuses to start it while used memory is
+-- above maxmemory (a full Redis under noeviction, or one with nothing left to evict),
+-- so a full Redis starts no new execution. RecordClaim then answers what needs no
+-- write (a replay, in flight, a mismatch) through the get script.
 local key = KEYS[1]
 local now = now_us(ARGV[1])
 local fpv, fp, token, rid = ARGV[2], ARGV[3], ARGV[4], ARGV[5]

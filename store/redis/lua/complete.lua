@@ -1,6 +1,9 @@
+#!lua flags=allow-oom
 -- complete: KEYS[1] record; ARGV: now_us|'', token, ttl_us, margin_ms, status, headers,
 -- body, not_stored ('1' or '0').
 -- Returns 1 when stored, 0 when token no longer holds the record (lease lost).
+-- allow-oom: work that claimed its key while Redis had room can always record its
+-- outcome, even once Redis is past maxmemory.
 local key = KEYS[1]
 local now = now_us(ARGV[1])
 if not held(key, ARGV[2]) then

@@ -1,6 +1,9 @@
+#!lua flags=allow-oom
 -- renew: KEYS[1] record; ARGV: now_us|'', token, lease_us, ttl_us, margin_ms.
 -- Returns the new lease end (microseconds, a string), or 0 when token no longer holds
 -- the record (lease lost).
+-- allow-oom: a holder keeps its lease while Redis is past maxmemory (the record only
+-- changes in place).
 local key = KEYS[1]
 local now = now_us(ARGV[1])
 if not held(key, ARGV[2]) then
