@@ -31,6 +31,13 @@ const (
 	// DefaultReplayCacheSize is the number of completed responses the middleware
 	// keeps in memory: none, every replay reads the store.
 	DefaultReplayCacheSize = 0
+	// DefaultStoreTimeout bounds each store call made before the handler runs (the
+	// claim, each poll of an in-flight wait): a store that does not answer within it
+	// gets 503 store_unavailable, not a hung request (SPEC §9).
+	DefaultStoreTimeout = 5 * time.Second
+	// MaxLeaseMargin caps how long before its lease ends a handler whose renewals
+	// failed is cancelled: the margin is Lease/10, at most this (SPEC §5, Lease).
+	MaxLeaseMargin = time.Second
 )
 
 // Requirement says whether a request must, may or must not carry an Idempotency-Key.
@@ -105,8 +112,12 @@ type Config struct {
 	// [DefaultMinKeyLength].
 	MinKeyLength int
 
-	// TTL is how long a record lives after its creation; routes may override it.
-	// Defaults to [DefaultTTL].
+	// TTL is how long a record lives after its creation; routes may override it. It
+	// must be longer than Lease (New panics otherwise): a record whose TTL ran out
+	// before its handler finished would be completed already expired, and a retry
+	// would execute the operation again. Make it longer than the slowest handler too;
+	// a record completed after its TTL is logged at warn level. Defaults to
+	// [DefaultTTL].
 	TTL time.Duration
 
 	// Retention is how long the cleaner keeps records after they expire; see
@@ -114,7 +125,10 @@ type Config struct {
 	Retention time.Duration
 
 	// Lease is how long a claim holds its key without renewal before another request
-	// may take it over. Defaults to [DefaultLease].
+	// may take it over. The handler's context is cancelled with cause [ErrLeaseLost]
+	// at the lease's end less a margin (Lease/10, at most [MaxLeaseMargin]) unless a
+	// renewal succeeded by then, so that a holder whose store stopped answering never
+	// runs on beside the request that takes its key over. Defaults to [DefaultLease].
 	Lease time.Duration
 
 	// Heartbeat is how often the lease is renewed while the handler runs; it must be
@@ -129,9 +143,19 @@ type Config struct {
 	// InFlightWait is how long a duplicate of a request that is still executing waits
 	// for it to finish, polling the store with a short backoff, before it answers 409
 	// request_in_progress. When the first request completes in time the duplicate gets
-	// its replay; when it released the key, the duplicate claims it and executes.
+	// its replay; when it released the key, the duplicate claims it and executes. The
+	// whole wait, store calls included, ends within InFlightWait + StoreTimeout.
 	// Defaults to [DefaultInFlightWait] (0: answer 409 at once).
 	InFlightWait time.Duration
+
+	// StoreTimeout bounds each store call made before the handler runs: the claim and
+	// each poll of an in-flight wait. A call that has not answered by then (a stalled
+	// store: connections open, no replies), like one that fails, answers 503
+	// store_unavailable with Retry-After (SPEC §9). Lock contention that a store
+	// retries (SQLite's busy state) is retried within it too. The completion and the
+	// release after the handler are bounded by Lease instead. Defaults to
+	// [DefaultStoreTimeout].
+	StoreTimeout time.Duration
 
 	// MaxBodyBytes bounds the request body that is read and fingerprinted; a larger
 	// body is refused with 413 body_too_large (SPEC §4). Defaults to
@@ -195,7 +219,8 @@ type RouteOptions struct {
 	// Requirement overrides the method table for these routes. Defaults to
 	// [KeyByMethod].
 	Requirement Requirement
-	// TTL overrides Config.TTL. Defaults to Config.TTL.
+	// TTL overrides Config.TTL; like it, it must be longer than Config.Lease. Defaults
+	// to Config.TTL.
 	TTL time.Duration
 	// StorePolicy overrides Config.StorePolicy. Defaults to Config.StorePolicy.
 	StorePolicy func(status int) bool
@@ -243,6 +268,7 @@ func newConfig(c Config) *config {
 	nonNegative("Heartbeat", c.Heartbeat)
 	nonNegative("RetryAfter", c.RetryAfter)
 	nonNegative("InFlightWait", c.InFlightWait)
+	nonNegative("StoreTimeout", c.StoreTimeout)
 	if c.MinKeyLength < 0 || c.MinKeyLength > MaxKeyLength {
 		panic(fmt.Sprintf("idem: Config.MinKeyLength must be between 1 and %d, got %d", MaxKeyLength, c.MinKeyLength))
 	}
@@ -264,12 +290,14 @@ func newConfig(c Config) *config {
 	setDefault(&c.Lease, DefaultLease)
 	setDefault(&c.Heartbeat, c.Lease/3)
 	setDefault(&c.RetryAfter, DefaultRetryAfter)
+	setDefault(&c.StoreTimeout, DefaultStoreTimeout)
 	setDefault(&c.MaxBodyBytes, DefaultMaxBodyBytes)
 	setDefault(&c.MaxResponseBytes, DefaultMaxResponseBytes)
 	setDefault(&c.ProblemTypeBase, DefaultProblemTypeBase)
 	if c.Heartbeat >= c.Lease {
 		panic(fmt.Sprintf("idem: Config.Heartbeat (%v) must be shorter than Config.Lease (%v)", c.Heartbeat, c.Lease))
 	}
+	checkTTL("Config.TTL", c.TTL, c.Lease)
 	if c.StorePolicy == nil {
 		c.StorePolicy = DefaultStorePolicy
 	}
@@ -289,6 +317,19 @@ func newConfig(c Config) *config {
 	cfg.retryAfterHdr = strconv.FormatInt(max(s, 1), 10)
 	return cfg
 }
+
+// checkTTL panics unless ttl outlives lease: a record that expires before its lease
+// can end would be completed already expired, and its retry would execute again.
+func checkTTL(field string, ttl, lease time.Duration) {
+	if ttl <= lease {
+		panic(fmt.Sprintf("idem: %s (%v) must be longer than Config.Lease (%v): a record completed after its TTL is expired at birth, and a retry executes again", field, ttl, lease))
+	}
+}
+
+// leaseMargin is how long before its lease ends a holder stops: Lease/10, at most
+// MaxLeaseMargin. It covers the timer's lateness, the cancellation reaching the
+// handler, and a bounded skew between this host's clock and the store's.
+func leaseMargin(lease time.Duration) time.Duration { return min(lease/10, MaxLeaseMargin) }
 
 func nonNegative(field string, d time.Duration) {
 	if d < 0 {

@@ -18,11 +18,13 @@ type manualBeat struct {
 	t     *ManualTicker
 	f     func()
 	armed bool
+	d     time.Duration // as last armed
 }
 
-func (b *manualBeat) Reset(time.Duration) bool {
+func (b *manualBeat) Reset(d time.Duration) bool {
 	b.t.mu.Lock()
 	defer b.t.mu.Unlock()
+	b.d = d
 	was := b.armed
 	if !was {
 		b.armed = true
@@ -71,14 +73,41 @@ func (t *ManualTicker) Tick() {
 // TryTick ticks only if a heartbeat is armed right now.
 func (t *ManualTicker) TryTick() bool { return t.fire() }
 
-// UseManualTicker replaces m's heartbeat timers with ones a ManualTicker fires.
-func UseManualTicker(m *Middleware) *ManualTicker {
+// Armed waits until a timer is armed and returns the duration it was armed for.
+func (t *ManualTicker) Armed() time.Duration {
+	for {
+		t.mu.Lock()
+		if len(t.armed) > 0 {
+			d := t.armed[0].d
+			t.mu.Unlock()
+			return d
+		}
+		t.mu.Unlock()
+		<-t.ready
+	}
+}
+
+func newManualTicker() (*ManualTicker, func(d time.Duration, f func()) beatTimer) {
 	t := &ManualTicker{ready: make(chan struct{}, 1)}
-	m.newBeat = func(_ time.Duration, f func()) beatTimer {
+	return t, func(d time.Duration, f func()) beatTimer {
 		b := &manualBeat{t: t, f: f}
-		b.Reset(0)
+		b.Reset(d)
 		return b
 	}
+}
+
+// UseManualTicker replaces m's heartbeat timers with ones a ManualTicker fires.
+func UseManualTicker(m *Middleware) *ManualTicker {
+	t, newTimer := newManualTicker()
+	m.newBeat = newTimer
+	return t
+}
+
+// UseManualLeaseTimers replaces the timers of m's lease ends (the moment a handler
+// whose renewals failed is cancelled) with ones a ManualTicker fires.
+func UseManualLeaseTimers(m *Middleware) *ManualTicker {
+	t, newTimer := newManualTicker()
+	m.newLeaseTimer = newTimer
 	return t
 }
 

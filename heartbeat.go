@@ -18,18 +18,23 @@ type beatTimer interface {
 func newRealBeat(d time.Duration, f func()) beatTimer { return time.AfterFunc(d, f) }
 
 // heartbeat renews the lease of one claim while its handler runs (SPEC §5, Lease).
-// When a renewal finds the token gone, or renewals keep failing until the lease has
-// run out, it cancels the handler's context with cause [ErrLeaseLost] and stops.
+// When a renewal finds the token gone, or the lease reaches its end (less a margin,
+// [leaseMargin]) without a renewal having succeeded, it cancels the handler's context
+// with cause [ErrLeaseLost] and stops, so that the handler never runs on beside a
+// request that took its key over. Each renewal's context ends at that moment too.
 //
-// It is a timer armed for Config.Heartbeat and re-armed after each renewal, rather
-// than a goroutine with a ticker: most handlers finish long before the first beat,
-// and then the heartbeat cost one timer.
+// It is two timers rather than a goroutine with a ticker: the beat, armed for
+// Config.Heartbeat and re-armed after each renewal, and the lease's end, armed at the
+// first beat (or at once, when the heartbeat is not shorter than the lease less the
+// margin) and pushed back by each renewal that succeeds. Most handlers finish long
+// before the first beat, and then the heartbeat cost one timer.
 type heartbeat struct {
 	run heartbeatRun
 
-	mu      sync.Mutex
-	stopped bool
-	timer   beatTimer
+	mu       sync.Mutex
+	stopped  bool
+	timer    beatTimer // the next renewal
+	leaseEnd beatTimer // the lease's end less the margin; nil until armed
 	// ctx is the renewals' context, made at the first beat. abort cancels a renewal
 	// in progress when the heartbeat stops: the completion that follows must not wait
 	// for it (a SQLite renewal may be queued behind the very transaction that is
@@ -46,16 +51,60 @@ type heartbeatRun struct {
 	params RecordRenewParams
 	// deadline is when the lease ends at the latest, by the middleware's clock: the
 	// lease counted from a moment before the claim (or the last renewal) started, so
-	// that it never overestimates what the store granted.
-	deadline time.Time
-	cancel   context.CancelCauseFunc
+	// that it never overestimates what the store granted. realDeadline is the same
+	// moment by the host's clock, which bounds the renewals' contexts; the two differ
+	// only when tests inject a clock. Both are guarded by the heartbeat's mu.
+	deadline     time.Time
+	realDeadline time.Time
+	cancel       context.CancelCauseFunc
 }
 
-// startHeartbeat arms hb, whose run is set.
+// startHeartbeat arms hb, whose run is set: its first beat, and the end of the lease
+// granted at the claim unless the first beat comes before it.
 func (m *Middleware) startHeartbeat(hb *heartbeat) {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	hb.timer = m.newBeat(m.cfg.Heartbeat, hb.beat)
+	if m.cfg.Heartbeat >= hb.run.cutoff().Sub(m.localNow()) {
+		hb.armLeaseEnd()
+	}
+}
+
+// armLeaseEnd arms the timer of the lease's end, once. The caller holds mu.
+func (hb *heartbeat) armLeaseEnd() {
+	if hb.leaseEnd == nil {
+		hb.leaseEnd = hb.run.m.newLeaseTimer(hb.run.cutoff().Sub(hb.run.m.localNow()), hb.leaseEnds)
+	}
+}
+
+// cutoff is when the handler is cancelled unless a renewal succeeds first: the
+// lease's end less the margin. The caller holds the heartbeat's mu (or owns it).
+func (run *heartbeatRun) cutoff() time.Time {
+	return run.deadline.Add(-leaseMargin(run.m.cfg.Lease))
+}
+
+// leaseEnds runs when the lease reaches its end less the margin: unless a renewal
+// pushed the end back meanwhile, it stops the heartbeat, calls off a renewal in
+// progress and cancels the handler with cause ErrLeaseLost.
+func (hb *heartbeat) leaseEnds() {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	if hb.stopped {
+		return
+	}
+	m := hb.run.m
+	if left := hb.run.cutoff().Sub(m.localNow()); left > 0 {
+		hb.leaseEnd.Reset(left) // a renewal succeeded meanwhile
+		return
+	}
+	hb.stopped = true
+	hb.timer.Stop()
+	if hb.abort != nil {
+		hb.abort()
+	}
+	m.cfg.Logger.ErrorContext(hb.run.x.detached(), "idem: the lease ends without a successful renewal; cancelling the handler",
+		hb.run.x.attrs()...)
+	hb.run.cancel(ErrLeaseLost)
 }
 
 // beat renews the lease once, then re-arms the timer unless the heartbeat is over.
@@ -70,6 +119,7 @@ func (hb *heartbeat) beat() {
 		// working, so they do not inherit the request's cancellation.
 		hb.ctx, hb.abort = context.WithCancel(hb.run.x.detached())
 	}
+	hb.armLeaseEnd()
 	ctx := hb.ctx
 	hb.running.Add(1) // before stopAndWait's Wait: stopped is set under mu
 	hb.mu.Unlock()
@@ -96,27 +146,45 @@ func (hb *heartbeat) isStopped() bool {
 // completed or released, and the handler must not be cancelled for it.
 func (run *heartbeatRun) renew(ctx context.Context, hb *heartbeat) bool {
 	m := run.m
-	started := m.localNow()
+	started, realStarted := m.localNow(), time.Now()
 	p := run.params
 	p.Now = m.storeNow()
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.Heartbeat)
+	// The renewal ends at the next beat, or at the lease's end less the margin when
+	// that is sooner: a renewal that answers later cannot save the handler.
+	hb.mu.Lock()
+	end := run.realDeadline.Add(-leaseMargin(m.cfg.Lease))
+	hb.mu.Unlock()
+	if next := realStarted.Add(m.cfg.Heartbeat); next.Before(end) {
+		end = next
+	}
+	ctx, cancel := context.WithDeadline(ctx, end)
 	_, err := m.cfg.Store.RecordRenew(ctx, &p)
 	cancel()
 	if m.hooks.renewed != nil {
 		defer m.hooks.renewed(err)
 	}
+	if err == nil {
+		hb.mu.Lock()
+		defer hb.mu.Unlock()
+		if hb.stopped {
+			return false
+		}
+		run.deadline, run.realDeadline = started.Add(m.cfg.Lease), realStarted.Add(m.cfg.Lease)
+		hb.leaseEnd.Reset(run.cutoff().Sub(m.localNow()))
+		return true
+	}
 	if hb.isStopped() {
 		return false
 	}
+	hb.mu.Lock()
+	cutoff := run.cutoff()
+	hb.mu.Unlock()
 	switch {
-	case err == nil:
-		run.deadline = started.Add(m.cfg.Lease)
-		return true
 	case errors.Is(err, ErrLeaseLost):
 		m.cfg.Logger.WarnContext(ctx, "idem: lease lost while the handler runs; cancelling it", run.x.attrs()...)
 		run.cancel(ErrLeaseLost)
 		return false
-	case !m.localNow().Before(run.deadline):
+	case !m.localNow().Before(cutoff):
 		m.cfg.Logger.ErrorContext(ctx, "idem: lease ran out while renewals failed; cancelling the handler",
 			run.x.attrs(slog.Any("error", err))...)
 		run.cancel(ErrLeaseLost)
@@ -136,6 +204,9 @@ func (hb *heartbeat) stopAndWait() {
 	if !hb.stopped {
 		hb.stopped = true
 		hb.timer.Stop()
+		if hb.leaseEnd != nil {
+			hb.leaseEnd.Stop()
+		}
 		if hb.abort != nil {
 			hb.abort()
 		}

@@ -26,7 +26,10 @@ type countingStore struct {
 	down                                               atomic.Bool
 	renewDown                                          atomic.Bool
 	// renewBlocks, when set, makes renewals signal on it and wait for their context.
-	renewBlocks      chan struct{}
+	renewBlocks chan struct{}
+	// stall, when set, makes claims and reads stall as a store that stopped answering
+	// does: each hands its context to the test and waits for it to end.
+	stall            chan storeCall
 	noBatchedCleanup bool
 }
 
@@ -41,6 +44,9 @@ func (s *countingStore) err() error {
 
 func (s *countingStore) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
 	s.claims.Add(1)
+	if s.stall != nil {
+		return nil, stalled(ctx, s.stall)
+	}
 	if err := s.err(); err != nil {
 		return nil, err
 	}
@@ -78,6 +84,9 @@ func (s *countingStore) RecordRenew(ctx context.Context, p *idem.RecordRenewPara
 
 func (s *countingStore) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.Record, error) {
 	s.gets.Add(1)
+	if s.stall != nil {
+		return nil, stalled(ctx, s.stall)
+	}
 	if err := s.err(); err != nil {
 		return nil, err
 	}
@@ -98,6 +107,14 @@ func (s *countingStore) Capabilities() idem.Capabilities {
 		c.BatchedCleanup = false
 	}
 	return c
+}
+
+// stalled hands ctx to the test and waits for it to end, as a call to a store that
+// stopped answering would.
+func stalled(ctx context.Context, stall chan<- storeCall) error {
+	stall <- storeCall{ctx, time.Now()}
+	<-ctx.Done()
+	return ctx.Err()
 }
 
 func (s *countingStore) calls() int64 {

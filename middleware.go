@@ -37,8 +37,9 @@ import (
 type Middleware struct {
 	cfg *config
 
-	// newBeat arms a heartbeat's timer (time.AfterFunc); tests fire it by hand.
-	newBeat func(d time.Duration, f func()) beatTimer
+	// newBeat arms a heartbeat's timer (time.AfterFunc), and newLeaseTimer the timer
+	// of a lease's end; tests fire them by hand.
+	newBeat, newLeaseTimer func(d time.Duration, f func()) beatTimer
 	// hooks signal tests; all nil in production.
 	hooks testHooks
 	// cache is the bounded cache of completed responses (Config.ReplayCacheSize); nil
@@ -66,7 +67,7 @@ type route struct {
 // New returns a Middleware for cfg. It panics with a message naming the field when cfg
 // is invalid (a programmer's mistake): "idem: Config.Scope is required".
 func New(cfg Config) *Middleware {
-	m := &Middleware{cfg: newConfig(cfg), newBeat: newRealBeat}
+	m := &Middleware{cfg: newConfig(cfg), newBeat: newRealBeat, newLeaseTimer: newRealBeat}
 	if m.cfg.ReplayCacheSize > 0 {
 		m.cache = newReplayCache(m.cfg.ReplayCacheSize)
 	}
@@ -87,6 +88,9 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 	}
 	if opts.TTL < 0 {
 		panic(fmt.Sprintf("idem: RouteOptions.TTL must not be negative, got %v", opts.TTL))
+	}
+	if opts.TTL != 0 {
+		checkTTL("RouteOptions.TTL", opts.TTL, m.cfg.Lease)
 	}
 	rt := &route{requirement: opts.Requirement, ttl: opts.TTL, policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler}
 	setDefault(&rt.ttl, m.cfg.TTL)
@@ -149,6 +153,10 @@ type request struct {
 	ex        execution
 	// detachedCtx is the context of store calls that must outlive the client.
 	detachedCtx detachedCtx
+	// firstCall is the context of the first claim, the only store call of most
+	// requests; later calls make their own.
+	firstCall     callCtx
+	firstCallUsed bool
 }
 
 func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, r *http.Request) {
@@ -320,16 +328,18 @@ func (x *request) run(next http.Handler) {
 	if x.rt.claimInHandler && x.executeClaimingInHandler(next) {
 		return
 	}
-	var waitUntil time.Time // set when the key is first found in flight
+	// waitUntil is set when the key is first found in flight; every store call after
+	// that ends by waitUntil + StoreTimeout (stopAt).
+	var waitUntil, stopAt time.Time
 	backoff := waitPollMin
 	for {
 		token, id := newTokens()
-		started := m.localNow()
+		started, startedReal := m.localNow(), time.Now()
 		x.claim = RecordClaimParams{
 			Scope: x.scope, Key: x.key, Fingerprint: x.fp, Token: token, RecordID: id,
 			Lease: m.cfg.Lease, TTL: x.rt.ttl, Now: m.storeNow(),
 		}
-		res, err := m.cfg.Store.RecordClaim(ctx, &x.claim)
+		res, err := x.claimKey(ctx, stopAt)
 		if err != nil {
 			x.storeUnavailable(ctx, "claim", err)
 			return
@@ -339,7 +349,7 @@ func (x *request) run(next http.Handler) {
 			if res.TookOver {
 				m.cfg.Logger.InfoContext(ctx, "idem: took over a key whose holder's lease lapsed; executing again", x.attrs()...)
 			}
-			x.execute(next, token, started, res.Record)
+			x.execute(next, token, started, startedReal, res.Record)
 			return
 		case ClaimCompleted:
 			x.cacheRecord(res.Record)
@@ -351,8 +361,9 @@ func (x *request) run(next http.Handler) {
 		}
 		if waitUntil.IsZero() {
 			waitUntil = time.Now().Add(m.cfg.InFlightWait)
+			stopAt = waitUntil.Add(m.cfg.StoreTimeout)
 		}
-		rec, again, err := x.await(ctx, waitUntil, &backoff)
+		rec, again, err := x.await(ctx, waitUntil, stopAt, &backoff)
 		switch {
 		case err != nil:
 			x.storeUnavailable(ctx, "wait", err)
@@ -371,6 +382,31 @@ func (x *request) run(next http.Handler) {
 	}
 }
 
+// claimKey runs the claim x.claim under StoreTimeout, ending by stopAt at the latest
+// when that is set (SPEC §9, bounded time).
+func (x *request) claimKey(ctx context.Context, stopAt time.Time) (*RecordClaimResult, error) {
+	deadline := callDeadline(x.m.cfg.StoreTimeout, stopAt)
+	if !x.firstCallUsed {
+		x.firstCallUsed = true
+		x.firstCall.start(ctx, deadline)
+		defer x.firstCall.stop()
+		return x.m.cfg.Store.RecordClaim(&x.firstCall, &x.claim)
+	}
+	cctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	return x.m.cfg.Store.RecordClaim(cctx, &x.claim)
+}
+
+// callDeadline is the deadline of a store call starting now: timeout away, or stopAt
+// when that is earlier.
+func callDeadline(timeout time.Duration, stopAt time.Time) time.Time {
+	d := time.Now().Add(timeout)
+	if !stopAt.IsZero() && stopAt.Before(d) {
+		return stopAt
+	}
+	return d
+}
+
 // Backoff of a duplicate polling for the first request's outcome.
 const (
 	waitPollMin = 5 * time.Millisecond
@@ -378,10 +414,11 @@ const (
 )
 
 // await polls the record of an in-flight request until it completes (rec), goes away
-// or its lease lapses (again: claim once more), or until the wait ends (neither). The
-// backoff carries over between calls of one request, so that a lease that looks
-// lapsed to this host but not to the store does not make it claim in a tight loop.
-func (x *request) await(ctx context.Context, until time.Time, backoff *time.Duration) (rec *Record, again bool, err error) {
+// or its lease lapses (again: claim once more), or until the wait ends (neither). Each
+// poll runs under StoreTimeout and ends by stopAt. The backoff carries over between
+// calls of one request, so that a lease that looks lapsed to this host but not to the
+// store does not make it claim in a tight loop.
+func (x *request) await(ctx context.Context, until, stopAt time.Time, backoff *time.Duration) (rec *Record, again bool, err error) {
 	if time.Until(until) <= 0 {
 		return nil, false, nil
 	}
@@ -401,7 +438,7 @@ func (x *request) await(ctx context.Context, until time.Time, backoff *time.Dura
 		case <-t.C:
 		}
 		*backoff = min(2**backoff, waitPollMax)
-		rec, err := x.m.cfg.Store.RecordGet(ctx, &RecordGetParams{Scope: x.scope, Key: x.key, Now: x.m.storeNow()})
+		rec, err := x.poll(ctx, stopAt)
 		switch {
 		case errors.Is(err, ErrNotFound):
 			return nil, true, nil
@@ -414,6 +451,13 @@ func (x *request) await(ctx context.Context, until time.Time, backoff *time.Dura
 			return nil, true, nil
 		}
 	}
+}
+
+// poll reads the record of an in-flight request under StoreTimeout, ending by stopAt.
+func (x *request) poll(ctx context.Context, stopAt time.Time) (*Record, error) {
+	ctx, cancel := context.WithDeadline(ctx, callDeadline(x.m.cfg.StoreTimeout, stopAt))
+	defer cancel()
+	return x.m.cfg.Store.RecordGet(ctx, &RecordGetParams{Scope: x.scope, Key: x.key, Now: x.m.storeNow()})
 }
 
 // cacheRecord puts a completed record read from the store in the replay cache, when
@@ -484,15 +528,6 @@ func (x *request) storeCtx() (context.Context, context.CancelFunc) {
 // context.WithoutCancel does, but without an allocation: it lives in the request.
 func (x *request) detached() context.Context { return &x.detachedCtx }
 
-// detachedCtx is context.WithoutCancel(parent): its values, never done.
-type detachedCtx struct{ parent context.Context }
-
-func (*detachedCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (*detachedCtx) Done() <-chan struct{}       { return nil }
-func (*detachedCtx) Err() error                  { return nil }
-func (c *detachedCtx) Value(key any) any         { return c.parent.Value(key) }
-func (c *detachedCtx) String() string            { return "idem.detached" }
-
 // execution is the run of the handler by the request that acquired the key. It lives
 // in its request, and holds what the handler's run needs, so that a run costs few
 // allocations.
@@ -517,7 +552,7 @@ type execution struct {
 }
 
 // execute runs the handler under the claim held by token (SPEC §5–§7).
-func (x *request) execute(next http.Handler, token string, claimStarted time.Time, claimed *Record) {
+func (x *request) execute(next http.Handler, token string, claimStarted, claimStartedReal time.Time, claimed *Record) {
 	m := x.m
 	// The handler's context does not end when the client goes away: the operation runs
 	// to its outcome, which is stored, so the client's retry gets a replay rather than
@@ -532,11 +567,12 @@ func (x *request) execute(next http.Handler, token string, claimStarted time.Tim
 	ex.hctx = handleCtx{Context: ctx, h: ex.handle}
 	ex.capture = getCapture(x.w, x.keyValues, m.cfg.MaxResponseBytes)
 	ex.hb.run = heartbeatRun{
-		m:        m,
-		x:        x,
-		params:   RecordRenewParams{Scope: x.scope, Key: x.key, Token: token, Lease: m.cfg.Lease, TTL: x.rt.ttl},
-		deadline: claimStarted.Add(m.cfg.Lease),
-		cancel:   cancel,
+		m:            m,
+		x:            x,
+		params:       RecordRenewParams{Scope: x.scope, Key: x.key, Token: token, Lease: m.cfg.Lease, TTL: x.rt.ttl},
+		deadline:     claimStarted.Add(m.cfg.Lease),
+		realDeadline: claimStartedReal.Add(m.cfg.Lease),
+		cancel:       cancel,
 	}
 	m.startHeartbeat(&ex.hb)
 	defer func() {
@@ -634,6 +670,7 @@ func (ex *execution) finish() {
 		if params != nil {
 			ex.cacheCompleted(params.Response)
 		}
+		ex.warnIfExpired()
 		ex.capture.send()
 		return
 	case failed != nil: // ... or did not commit: neither effects nor record exist
@@ -663,6 +700,7 @@ func (ex *execution) finish() {
 	switch {
 	case err == nil:
 		ex.cacheCompleted(params.Response)
+		ex.warnIfExpired()
 		ex.capture.send()
 	case errors.Is(err, ErrLeaseLost):
 		// Another request took the key over and executes (or executed) the operation;
@@ -677,6 +715,17 @@ func (ex *execution) finish() {
 			ex.attrs(slog.Any("error", err))...)
 		ex.capture.send()
 	}
+}
+
+// warnIfExpired logs a record completed after its TTL ran out: it counts as absent
+// already, so a retry executes the operation again (SPEC §8). The handler ran longer
+// than the TTL; the route's TTL should be longer than its slowest handler.
+func (ex *execution) warnIfExpired() {
+	if ex.claimed == nil || ex.m.localNow().Before(CompletedExpiresAt(ex.claimed.CreatedAt, ex.rt.ttl)) {
+		return
+	}
+	ex.m.cfg.Logger.WarnContext(ex.r.Context(), "idem: record completed after its TTL: it is expired already, and a retry executes again; make the TTL longer than the handler runs",
+		ex.attrs(slog.Duration("ttl", ex.rt.ttl))...)
 }
 
 // abort releases the key after a handler panic, unless a §7 transaction completed it.

@@ -18,7 +18,7 @@ const (
 
 func TestExpiredKeyStartsNewOperation(t *testing.T) {
 	t.Parallel()
-	s, c := setup(t, "--ttl", ttl.String())
+	s, c := setup(t, "--ttl", ttl.String(), "--lock-timeout", "1s") // the TTL must outlive the lease
 	key := newKey()
 	first := c.postCharge(t, s.URL(), key, chargeJSON(2000))
 	want201(t, "first POST", first)
@@ -57,7 +57,7 @@ func TestPurgeReportsHowManyRecordsItRemoved(t *testing.T) {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			store := newStore(t, kind)
-			s := startServer(t, "--store", store, "--ttl", purgeTTL.String())
+			s := startServer(t, "--store", store, "--ttl", purgeTTL.String(), "--lock-timeout", "1s")
 			c := newClient()
 			for i := range 3 {
 				want201(t, "POST", c.postCharge(t, s.URL(), newKey(), chargeJSON(2000+i)))

@@ -45,6 +45,8 @@ func TestBadFlagsAndURLsAreOneLineErrorsWithExitStatus2(t *testing.T) {
 		{[]string{"payments", "--store", store, "--ttl", "0s"}, "--ttl"},
 		{[]string{"payments", "--store", store, "--ttl", "soon"}, "ttl"},
 		{[]string{"payments", "--store", store, "--lock-timeout", "1ms"}, "--lock-timeout"},
+		{[]string{"payments", "--store", store, "--ttl", "30s", "--lock-timeout", "30s"}, "--ttl (30s) must be longer than --lock-timeout (30s)"},
+		{[]string{"payments", "--store", store, "--ttl", "10s"}, "--ttl (10s) must be longer than --lock-timeout (30s)"},
 		{[]string{"payments", "--store", store, "--processor-latency", "-1s"}, "--processor-latency"},
 		{[]string{"payments", "--store", store, "--profile", "rfc"}, "--profile"},
 		{[]string{"payments", "--store", store, "stray"}, "stray"},

@@ -62,7 +62,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8080", "`host:port` to listen on (port 0 picks a free one; the start line logs it)")
 	fs.StringVar(&f.store, "store", defaultStore, "idempotency store `URL`")
 	fs.StringVar(&f.db, "db", "", "`URL` of the SQL database keeping charges and orders (default: the --store URL when it is SQL; required with Redis)")
-	fs.DurationVar(&f.ttl, "ttl", idem.DefaultTTL, "how long an idempotency record lives after its creation")
+	fs.DurationVar(&f.ttl, "ttl", idem.DefaultTTL, "how long an idempotency record lives after its creation (longer than --lock-timeout)")
 	fs.DurationVar(&f.lease, "lock-timeout", idem.DefaultLease, "lease of a claimed key: after it lapses without renewal another request may take the key over (at least 100ms)")
 	fs.DurationVar(&f.latency, "processor-latency", 0, "simulated card-processor call: POST /v1/charges sleeps this long after the claim, holding no transaction or connection")
 	fs.StringVar(&f.profile, "profile", "seed", "shape of the middleware's errors: seed (Stripe's) or ietf (RFC 9457 problem details)")
@@ -184,6 +184,10 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 		err = fmt.Errorf("--ttl must be positive, got %v", f.ttl)
 	case f.lease < minLease:
 		err = fmt.Errorf("--lock-timeout must be at least %v, got %v", minLease, f.lease)
+	case f.ttl <= f.lease:
+		// A record that expires before its lease can end is completed expired at birth,
+		// and a retry executes again (idem.Config.TTL).
+		err = fmt.Errorf("--ttl (%v) must be longer than --lock-timeout (%v)", f.ttl, f.lease)
 	case f.replayCache < 0:
 		err = fmt.Errorf("--replay-cache must not be negative, got %d", f.replayCache)
 	case f.latency < 0:
