@@ -5,7 +5,8 @@
 // must live on a local disk, not NFS, whose locks SQLite cannot trust. Records survive
 // restarts. The application's own tables may live in the same file, which is what makes
 // [Store.InTx] possible: the handler's writes and the record's completion commit in one
-// transaction or not at all (SPEC §7).
+// transaction or not at all (SPEC §7). It must be a file: [Open] refuses every form of
+// in-memory or temporary database, which would be private to one pooled connection.
 //
 // # Connections and locking
 //

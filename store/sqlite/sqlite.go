@@ -100,8 +100,10 @@ var _ idem.Store = (*Store)(nil)
 // it can be used. dsnOrPath is a file path ("idem.db", "/var/lib/app/idem.db"), the
 // same with a "sqlite:" prefix, or a "file:" URI; the store adds its own connection
 // settings (WAL, busy_timeout, foreign_keys, synchronous=FULL, BEGIN IMMEDIATE) to it.
-// The directory must exist. In-memory databases are refused: every pooled connection
-// would see a database of its own.
+// The directory must exist. In-memory databases (":memory:", "file::memory:…",
+// mode=memory, vfs=memdb, in any case) and SQLite's temporary ones (an empty URI path)
+// are refused: every pooled connection would see a database of its own, gone when it
+// closes.
 //
 // Open does not create the store's tables; call [Store.Migrate].
 func Open(ctx context.Context, dsnOrPath string, cfg Config) (*Store, error) {
@@ -153,8 +155,10 @@ func buildDSN(dsnOrPath string, busyTimeout time.Duration, synchronous string) (
 	if name == "" {
 		return "", errors.New("sqlite: empty database path")
 	}
-	if name == ":memory:" || strings.Contains(name, "mode=memory") {
-		return "", fmt.Errorf("sqlite: %q: in-memory databases are not supported (each pooled connection would see its own); use a file, such as one in t.TempDir()", dsnOrPath)
+	if inMemory(name) {
+		return "", fmt.Errorf("sqlite: %q: in-memory and temporary databases are refused: each pooled connection "+
+			"would see a database of its own that dies with it, so records would be neither durable nor shared "+
+			"between connections or processes; use a file, such as one in t.TempDir()", dsnOrPath)
 	}
 	q := url.Values{}
 	// modernc.org/sqlite runs busy_timeout first whatever the order, so that the
@@ -184,6 +188,49 @@ func buildDSN(dsnOrPath string, busyTimeout time.Duration, synchronous string) (
 		return "", fmt.Errorf("sqlite: open %q: directory %q does not exist", dsnOrPath, dir)
 	}
 	return name + "?" + params, nil
+}
+
+// inMemory reports whether name (a path or a "file:" URI) names a database that SQLite
+// keeps in memory or in a temporary file private to one connection: ":memory:", a URI
+// whose path is ":memory:" or empty, or one with mode=memory or vfs=memdb. It matches
+// in any case and after %-decoding, as SQLite decodes URIs, so that no spelling slips
+// through: one that SQLite would take for a file name instead (":MEMORY:") is a
+// mistake too.
+func inMemory(name string) bool {
+	if strings.EqualFold(name, ":memory:") {
+		return true
+	}
+	if len(name) < len("file:") || !strings.EqualFold(name[:len("file:")], "file:") {
+		return false
+	}
+	rest, _, _ := strings.Cut(name[len("file:"):], "#")
+	path, query, _ := strings.Cut(rest, "?")
+	if authority, ok := strings.CutPrefix(path, "//"); ok {
+		_, path, _ = strings.Cut(authority, "/")
+		path = "/" + path
+	}
+	path = uriUnescape(path)
+	if path == "" || strings.EqualFold(path, ":memory:") {
+		return true
+	}
+	for param := range strings.SplitSeq(query, "&") {
+		k, v, _ := strings.Cut(param, "=")
+		k, v = uriUnescape(k), uriUnescape(v)
+		if strings.EqualFold(k, "mode") && strings.EqualFold(v, "memory") ||
+			strings.EqualFold(k, "vfs") && strings.EqualFold(v, "memdb") {
+			return true
+		}
+	}
+	return false
+}
+
+// uriUnescape decodes %-escapes as SQLite does in a URI, leaving '+' alone; a
+// malformed escape leaves s as it is.
+func uriUnescape(s string) string {
+	if d, err := url.PathUnescape(s); err == nil {
+		return d
+	}
+	return s
 }
 
 // DB returns the store's connection pool. The application may keep its own tables in

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -80,7 +81,7 @@ func TestOpenRefusesBadPaths(t *testing.T) {
 		{"a directory", t.TempDir(), "unable to open"},
 		{"empty", "", "empty database path"},
 		{"not a database", notADatabase, "not a database"},
-		{"memory", ":memory:", "in-memory databases are not supported"},
+		{"memory", ":memory:", "in-memory and temporary databases are refused"},
 		{"question mark", filepath.Join(t.TempDir(), "a?b.db"), "contains '?'"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -96,6 +97,70 @@ func TestOpenRefusesBadPaths(t *testing.T) {
 	}
 	if _, err := os.Stat(missingDir); !os.IsNotExist(err) {
 		t.Errorf("Open created the missing directory: %v", err)
+	}
+}
+
+// TestOpenRefusesEveryInMemoryForm: a database in memory (or SQLite's temporary one,
+// named by an empty path) is private to one connection of the pool and dies with it, so
+// records would be neither durable nor shared, even within one process. Open refuses
+// every way of naming one, before anything is created, in any case.
+func TestOpenRefusesEveryInMemoryForm(t *testing.T) {
+	// Not parallel: it runs in an empty working directory, to see that nothing
+	// lands there.
+	cwd := t.TempDir()
+	t.Chdir(cwd)
+	dir := t.TempDir()
+	for _, form := range []string{
+		":memory:",
+		":MEMORY:",
+		"sqlite::memory:",
+		"file::memory:",
+		"file::memory:?cache=shared",
+		"sqlite:file::memory:?cache=shared",
+		"FILE::memory:",
+		"file::Memory:?cache=shared",
+		"file:%3Amemory%3A",
+		"file:" + dir + "/a.db?mode=memory",
+		"file:" + dir + "/b.db?cache=shared&mode=memory",
+		"file:" + dir + "/c.db?MODE=Memory",
+		"file:" + dir + "/d.db?mode=%6Demory",
+		"file:" + dir + "/e.db?vfs=memdb",
+		"file:/f.db?vfs=MEMDB&cache=shared",
+		"file:",
+		"file:?cache=shared",
+	} {
+		s, err := sqlite.Open(context.Background(), form, sqlite.Config{})
+		if err == nil {
+			s.Close()
+			t.Errorf("Open(%q) succeeded; want it refused as in memory", form)
+			continue
+		}
+		if !strings.Contains(err.Error(), "in-memory") || !strings.Contains(err.Error(), strconv.Quote(form)) {
+			t.Errorf("Open(%q) = %q; want an error that names the form and says in-memory databases are refused", form, err)
+		}
+	}
+	for _, d := range []string{cwd, dir} {
+		if entries, _ := os.ReadDir(d); len(entries) > 0 {
+			t.Errorf("refused forms created %v in %s", entries, d)
+		}
+	}
+}
+
+func TestOpenAcceptsFilesWhoseNamesMentionMemory(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, dsn := range []string{
+		filepath.Join(dir, "memory.db"),
+		filepath.Join(dir, ":memory:.db"),
+		"file:" + filepath.Join(dir, "memdb.db") + "?cache=shared",
+		"file:" + filepath.Join(dir, "mode.db") + "?mode=rwc",
+	} {
+		s, err := sqlite.Open(context.Background(), dsn, sqlite.Config{})
+		if err != nil {
+			t.Errorf("Open(%q): %v", dsn, err)
+			continue
+		}
+		s.Close()
 	}
 }
 
