@@ -5,25 +5,67 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
 	"strings"
 )
 
+// envPrefix starts the environment variable of every flag (SPEC §15): --lock-timeout
+// of any subcommand can also be set by IDEM_LOCK_TIMEOUT. A flag on the command line
+// wins over its variable; an empty variable counts as unset.
+const envPrefix = "IDEM_"
+
+// envName returns the environment variable of the flag named name.
+func envName(name string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// fromEnv marks the value of a flag that was set from its environment variable, so
+// that errors about the flag name the variable instead.
+type fromEnv struct {
+	flag.Value
+	variable string
+}
+
 // newFlagSet returns a flag set whose parse errors are not printed by the flag package:
-// parse prints them as one line.
+// parse prints them as one line. Its usage lists each flag with its variable.
 func newFlagSet(name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {
 		out := fs.Output()
-		fmt.Fprintf(out, "usage: idem %s %s\n\nflags:\n", name, synopsis)
-		fs.PrintDefaults()
+		fmt.Fprintf(out, "usage: idem %s %s\n\nflags (each can also be set by the environment variable shown; the flag wins):\n", name, synopsis)
+		printFlags(out, fs)
 	}
 	return fs
 }
 
-// parse parses args into fs. When it returns done, the command must return code: 0
-// after --help (usage on stdout), 2 after a bad flag or a stray argument (one line on
-// stderr).
+// printFlags lists the flags of fs as flag.PrintDefaults does, with each flag's
+// environment variable at the end of its first line.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if arg != "" {
+			line += " " + arg
+		}
+		fmt.Fprintf(w, "%s   [$%s]\n", line, envName(f.Name))
+		usage = strings.ReplaceAll(usage, "\n", "\n        ")
+		switch {
+		case f.DefValue == "" || f.DefValue == "0" || f.DefValue == "0s" || f.DefValue == "false":
+		case fmt.Sprintf("%T", f.Value) == "*flag.stringValue":
+			usage += fmt.Sprintf(" (default %q)", f.DefValue)
+		default:
+			usage += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "        %s\n", usage)
+	})
+}
+
+// parse parses args into fs, then sets every flag that the command line left unset
+// from its environment variable (IDEM_<FLAG>), when that is set and not empty. When it
+// returns done, the command must return code: 0 after --help (usage on stdout), 2 after
+// a bad flag, a bad variable or a stray argument (one line on stderr).
 func parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (code int, done bool) {
 	err := fs.Parse(args)
 	switch {
@@ -32,17 +74,75 @@ func parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (code int,
 		fs.Usage()
 		return exitOK, true
 	case err != nil:
-		return usageError(stderr, fs.Name(), err.Error()), true
+		return usageError(stderr, fs, err.Error()), true
 	case fs.NArg() > 0:
-		return usageError(stderr, fs.Name(), fmt.Sprintf("unexpected argument %q", fs.Arg(0))), true
+		return usageError(stderr, fs, fmt.Sprintf("unexpected argument %q", fs.Arg(0))), true
+	}
+	if err := setFromEnv(fs, os.LookupEnv); err != nil {
+		return usageError(stderr, fs, err.Error()), true
 	}
 	return 0, false
 }
 
-// usageError prints "idem <command>: msg" as one line and returns exitUsage.
-func usageError(stderr io.Writer, command, msg string) int {
-	fmt.Fprintf(stderr, "%s: %s\n", command, oneLine(msg))
+// setFromEnv sets each flag of fs that was not set on the command line from its
+// environment variable, read through lookup.
+func setFromEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
+	onCommandLine := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		variable := envName(f.Name)
+		v, ok := lookup(variable)
+		if err != nil || onCommandLine[f.Name] || !ok || v == "" {
+			return
+		}
+		if e := fs.Set(f.Name, v); e != nil {
+			// A string never fails to parse, so the value shown is not a password;
+			// redact it anyway in case a future flag parses URLs itself.
+			err = fmt.Errorf("invalid value %q for %s: %v", redact(v), variable, e)
+			return
+		}
+		f.Value = fromEnv{Value: f.Value, variable: variable}
+	})
+	return err
+}
+
+// usageError prints "idem <command>: msg" as one line and returns exitUsage. Where msg
+// names a flag (--store) whose value came from the environment, it names the variable
+// (IDEM_STORE) instead, so that the user knows what to fix.
+func usageError(stderr io.Writer, fs *flag.FlagSet, msg string) int {
+	fs.VisitAll(func(f *flag.Flag) {
+		if e, ok := f.Value.(fromEnv); ok {
+			msg = replaceFlagName(msg, f.Name, e.variable)
+		}
+	})
+	fmt.Fprintf(stderr, "%s: %s\n", fs.Name(), oneLine(msg))
 	return exitUsage
+}
+
+// replaceFlagName replaces every "--name" in msg that is not the start of a longer
+// flag's name (--store in --store-timeout) with with.
+func replaceFlagName(msg, name, with string) string {
+	needle := "--" + name
+	var b strings.Builder
+	for {
+		i := strings.Index(msg, needle)
+		if i < 0 {
+			b.WriteString(msg)
+			return b.String()
+		}
+		end := i + len(needle)
+		if end < len(msg) && isFlagNameByte(msg[end]) {
+			b.WriteString(msg[:end])
+		} else {
+			b.WriteString(msg[:i] + with)
+		}
+		msg = msg[end:]
+	}
+}
+
+func isFlagNameByte(c byte) bool {
+	return c == '-' || c == '_' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
 }
 
 // failure prints "idem <command>: err" as one line and returns exitFailure.
@@ -55,7 +155,7 @@ func oneLine(s string) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
 }
 
-// storeFlag registers the required --store flag of migrate and purge.
+// storeFlag registers the required --store flag of migrate, purge and keys.
 func storeFlag(fs *flag.FlagSet) *string {
 	return fs.String("store", "", "idempotency store `URL` (required): sqlite:PATH, postgres://…, redis://…, redis+cluster://…")
 }
@@ -70,4 +170,58 @@ func requiredStore(raw string) (storeURL, error) {
 		return u, fmt.Errorf("--store: %w", err)
 	}
 	return u, nil
+}
+
+// logFlags are the logging flags of every subcommand that logs.
+type logFlags struct {
+	format logFormat
+	level  slog.Level
+}
+
+// register adds --log-format and --log-level to fs.
+func (l *logFlags) register(fs *flag.FlagSet) {
+	l.format = logText
+	fs.Var(&l.format, "log-format", "log lines as `text` (logfmt, no time: the service manager adds it) or json (one object per line, with the time)")
+	fs.TextVar(&l.level, "log-level", slog.LevelInfo, "least severe `level` logged: debug (adds a line per request and the stores' own logs), info, warn or error")
+}
+
+// logger returns a logger writing to w at level.
+func (l *logFlags) logger(w io.Writer, level slog.Level) *slog.Logger {
+	if l.format == logJSON {
+		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	}
+	return newLogger(w, level)
+}
+
+// logFormat is the value of --log-format.
+type logFormat string
+
+const (
+	logText logFormat = "text"
+	logJSON logFormat = "json"
+)
+
+func (f *logFormat) String() string { return string(*f) }
+
+func (f *logFormat) Set(s string) error {
+	switch logFormat(s) {
+	case logText, logJSON:
+		*f = logFormat(s)
+		return nil
+	}
+	return errors.New("want text or json")
+}
+
+// newLogger logs slog text lines without a time, such as
+// level=INFO msg="idem payments listening" addr=127.0.0.1:8080 ….
+func newLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{
+		Level: level,
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if len(groups) == 0 && a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
 }

@@ -69,7 +69,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cfg, err := f.config(fs.Visit)
 	if err != nil {
-		return usageError(stderr, name, err.Error())
+		return usageError(stderr, fs, err.Error())
 	}
 	cfg.Progress, cfg.ProgressTTY = stderr, isTerminal(stderr)
 

@@ -11,8 +11,10 @@
 // Store URLs are sqlite:PATH (or sqlite://PATH), postgres://…, postgresql://…,
 // redis://… and rediss://… (one Redis), and redis+cluster://… and rediss+cluster://…
 // (a Redis Cluster); with a Redis store, payments needs --db for its SQL data.
-// Every subcommand explains its flags with --help. A bad flag or URL is a one-line
-// error on stderr and exit status 2; a failure at run time is exit status 1.
+// Every subcommand explains its flags with --help. Every flag can also be set by an
+// environment variable, IDEM_<FLAG> (--lock-timeout: IDEM_LOCK_TIMEOUT); the flag wins.
+// A bad flag, variable or URL is a one-line error on stderr and exit status 2; a
+// failure at run time is exit status 1.
 // SPEC §N refers to the behaviour contract, docs/spec.md.
 package main
 
@@ -40,7 +42,9 @@ commands:
   purge      delete expired idempotency records
   load       load and verify the payments API (exactly-once)
 
-Run 'idem <command> --help' for the flags of a command.
+Run 'idem <command> --help' for the flags of a command. Every flag can also be set by
+an environment variable, IDEM_ and the flag's name in upper case with _ for -
+(IDEM_STORE, IDEM_LOCK_TIMEOUT); the flag wins.
 `
 
 func main() {

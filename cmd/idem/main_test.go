@@ -19,6 +19,19 @@ import (
 	"github.com/idem-go/idem/store/sqlite"
 )
 
+// startPayments runs `idem payments args…` until ctx ends, and returns its log lines
+// (stderr) and, once it has returned, its exit status. Read the lines to the end: the
+// command blocks on a full pipe.
+func startPayments(ctx context.Context, args ...string) (lines *bufio.Scanner, exit <-chan int) {
+	pr, pw := io.Pipe()
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, append([]string{"payments"}, args...), io.Discard, pw)
+		pw.Close()
+	}()
+	return bufio.NewScanner(pr), code
+}
+
 // runCmd runs the command with args and returns its exit status and output.
 func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
@@ -86,17 +99,18 @@ func TestUnknownCommandPrintsUsageWithExitStatus2(t *testing.T) {
 func TestHelpExplainsEveryFlag(t *testing.T) {
 	t.Parallel()
 	for cmd, flags := range map[string][]string{
-		"payments": {"-addr", "-store", "-db", "-ttl", "-lock-timeout", "-processor-latency", "-profile", "-disable-idempotency"},
-		"migrate":  {"-store"},
-		"purge":    {"-store", "-older-than"},
+		"payments": {"addr", "store", "db", "ttl", "lock-timeout", "processor-latency", "profile", "disable-idempotency", "log-format", "log-level"},
+		"migrate":  {"store"},
+		"purge":    {"store", "older-than"},
 	} {
 		code, stdout, _ := runCmd(t, cmd, "--help")
 		if code != exitOK {
 			t.Errorf("idem %s --help: exit %d", cmd, code)
 		}
 		for _, f := range flags {
-			if !strings.Contains(stdout, "  "+f) {
-				t.Errorf("idem %s --help does not explain %s:\n%s", cmd, f, stdout)
+			// The flag, then its environment variable on the same line.
+			if !regexp.MustCompile(`(?m)^  --` + f + `( \S+)?   \[\$` + envName(f) + `\]$`).MatchString(stdout) {
+				t.Errorf("idem %s --help does not explain --%s with its variable %s:\n%s", cmd, f, envName(f), stdout)
 			}
 		}
 	}
@@ -138,13 +152,7 @@ func TestPaymentsOnRedisWarnsOnceAboutDurabilityAndServes(t *testing.T) {
 	db := "sqlite:" + filepath.Join(t.TempDir(), "pay.db")
 	ctx, cancel := context.WithCancel(testenv.Context(t))
 	defer cancel()
-	pr, pw := io.Pipe()
-	exit := make(chan int, 1)
-	go func() {
-		exit <- run(ctx, []string{"payments", "--addr", "127.0.0.1:0", "--store", rs.URL(), "--db", db}, io.Discard, pw)
-		pw.Close()
-	}()
-	lines := bufio.NewScanner(pr)
+	lines, exit := startPayments(ctx, "--addr", "127.0.0.1:0", "--store", rs.URL(), "--db", db)
 	var warnings []string
 	var m []string
 	for m == nil && lines.Scan() {
@@ -155,7 +163,10 @@ func TestPaymentsOnRedisWarnsOnceAboutDurabilityAndServes(t *testing.T) {
 	if m == nil {
 		t.Fatalf("no start line; logged %q; exit %d", warnings, <-exit)
 	}
-	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	go func() {
+		for lines.Scan() {
+		}
+	}()
 	if m[2] != rs.URL() || m[3] != db {
 		t.Fatalf("start line names store %q and db %q", m[2], m[3])
 	}
@@ -235,13 +246,7 @@ func TestPaymentsLogsOneLineServesAndStopsGracefully(t *testing.T) {
 	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
 	ctx, cancel := context.WithCancel(testenv.Context(t))
 	defer cancel()
-	pr, pw := io.Pipe()
-	exit := make(chan int, 1)
-	go func() {
-		exit <- run(ctx, []string{"payments", "--addr", "127.0.0.1:0", "--store", store}, io.Discard, pw)
-		pw.Close()
-	}()
-	lines := bufio.NewScanner(pr)
+	lines, exit := startPayments(ctx, "--addr", "127.0.0.1:0", "--store", store)
 	if !lines.Scan() {
 		t.Fatalf("no start line; exit %d", <-exit)
 	}

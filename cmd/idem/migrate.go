@@ -21,7 +21,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	u, err := requiredStore(*rawStore)
 	if err != nil {
-		return usageError(stderr, name, err.Error())
+		return usageError(stderr, fs, err.Error())
 	}
 	st, err := openStore(ctx, u, newLogger(io.Discard, 0))
 	if err != nil {

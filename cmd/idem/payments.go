@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -19,6 +17,7 @@ import (
 const paymentsSynopsis = `[--addr 127.0.0.1:8080] [--store URL] [--db URL] [--ttl 24h]
                      [--lock-timeout 30s] [--processor-latency 0s] [--profile seed|ietf]
                      [--disable-idempotency] [--replay-cache 0]
+                     [--log-format text|json] [--log-level info]
 
 Serves the reference payments API (POST/GET /v1/charges, /v1/orders, GET /healthz,
 GET /metrics). It migrates the store's and the payments schema on start (safe when
@@ -36,7 +35,9 @@ A Redis store needs --db, an SQL database for charges and orders, whose unique
 connections (WAL: readers run beside the one writer), PostgreSQL 32; the simulated card
 processor holds no connection, so far more requests can be in flight.
 
-Set IDEM_LOG_LEVEL=debug for request logs.`
+--log-level debug adds a log line per request. Every flag can also be set by its
+environment variable (IDEM_STORE, IDEM_DB, …), so that passwords need not appear on
+a command line; the flag wins.`
 
 // Shutdown bounds.
 const (
@@ -53,12 +54,14 @@ type paymentsFlags struct {
 	ttl, lease, latency      time.Duration
 	disableIdempotency       bool
 	replayCache              int
+	log                      logFlags
 }
 
 func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const name = "idem payments"
 	var f paymentsFlags
 	fs := newFlagSet("payments", paymentsSynopsis)
+	f.log.register(fs)
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8080", "`host:port` to listen on (port 0 picks a free one; the start line logs it)")
 	fs.StringVar(&f.store, "store", defaultStore, "idempotency store `URL`")
 	fs.StringVar(&f.db, "db", "", "`URL` of the SQL database keeping charges and orders (default: the --store URL when it is SQL; required with Redis)")
@@ -73,18 +76,18 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	storeURL, dbURL, profile, err := f.validate()
 	if err != nil {
-		return usageError(stderr, name, err.Error())
+		return usageError(stderr, fs, err.Error())
 	}
 
-	level := logLevel()
-	logger := newLogger(stderr, level)
+	level := f.log.level
+	logger := f.log.logger(stderr, level)
 	// Libraries log at warn and above unless debugging, so that the start line is the
 	// only line a healthy start prints.
 	libLevel := slog.LevelWarn
 	if level <= slog.LevelDebug {
 		libLevel = level
 	}
-	libLogger := newLogger(stderr, libLevel)
+	libLogger := f.log.logger(stderr, libLevel)
 
 	st, err := openStore(ctx, storeURL, libLogger)
 	if err != nil {
@@ -196,27 +199,4 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 		err = errors.New("--addr must not be empty")
 	}
 	return store, db, profile, err
-}
-
-// logLevel reads IDEM_LOG_LEVEL (debug, info, warn, error); info by default.
-func logLevel() slog.Level {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(strings.TrimSpace(os.Getenv("IDEM_LOG_LEVEL")))); err != nil {
-		return slog.LevelInfo
-	}
-	return l
-}
-
-// newLogger logs slog text lines without a time, such as
-// level=INFO msg="idem payments listening" addr=127.0.0.1:8080 ….
-func newLogger(w io.Writer, level slog.Level) *slog.Logger {
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{
-		Level: level,
-		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
-			if len(groups) == 0 && a.Key == slog.TimeKey {
-				return slog.Attr{}
-			}
-			return a
-		},
-	}))
 }

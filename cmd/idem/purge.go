@@ -29,10 +29,10 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	u, err := requiredStore(*rawStore)
 	if err != nil {
-		return usageError(stderr, name, err.Error())
+		return usageError(stderr, fs, err.Error())
 	}
 	if *olderThan < 0 {
-		return usageError(stderr, name, fmt.Sprintf("--older-than must not be negative, got %v", *olderThan))
+		return usageError(stderr, fs, fmt.Sprintf("--older-than must not be negative, got %v", *olderThan))
 	}
 	st, err := openStore(ctx, u, newLogger(io.Discard, 0))
 	if err != nil {
