@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/redis/redistest"
 	"github.com/idem-go/idem/store/sqlite"
@@ -343,4 +345,114 @@ func TestParseStoreURL(t *testing.T) {
 			t.Errorf("parseStoreURL(%q) = kind %d path %q shown %q; want kind %d path %q shown %q", tc.raw, u.kind, u.path, u, tc.kind, tc.path, redacted)
 		}
 	}
+}
+
+// Passwords of store URLs never reach the output (SPEC §15), on any path that prints a
+// URL: the start line, migrate, purge and their errors. Every password here is
+// "secret"; the PostgreSQL test server trusts, so it ignores them.
+func TestNoPathPrintsAPasswordOfAStoreURL(t *testing.T) {
+	t.Parallel()
+	rs := redistest.StartServer(t, "--requirepass", "secret")
+	redisURL := "redis://:secret@" + rs.Addr() + "/0"
+	sqliteURL := "sqlite:file:" + filepath.Join(t.TempDir(), "idem.db") + "?password=secret&_pragma=busy_timeout(5000)"
+	noSecret := func(what, out string) {
+		t.Helper()
+		if strings.Contains(out, "secret") {
+			t.Errorf("%s shows a password: %q", what, out)
+		}
+	}
+
+	t.Run("start line", func(t *testing.T) {
+		line := paymentsStartLine(t, "--store", redisURL, "--db", sqliteURL)
+		noSecret("the start line", line)
+		for _, want := range []string{"store=redis://:xxxxx@", "password=xxxxx&_pragma"} {
+			if !strings.Contains(line, want) {
+				t.Errorf("start line %q lacks %q", line, want)
+			}
+		}
+	})
+	t.Run("start line on PostgreSQL", func(t *testing.T) {
+		dbURL, schema := pgtest.Schema(t)
+		u, err := url.Parse(pgtest.SearchPathURL(t, dbURL, schema))
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.UserPassword(u.User.Username(), "secret")
+		u.RawQuery += "&password=secret&sslpassword=secret"
+		line := paymentsStartLine(t, "--store", u.String())
+		noSecret("the start line", line)
+		if !strings.Contains(line, ":xxxxx@") || !strings.Contains(line, "&password=xxxxx&sslpassword=xxxxx") {
+			t.Errorf("start line %q does not show the URL redacted", line)
+		}
+	})
+	t.Run("migrate and purge", func(t *testing.T) {
+		for _, store := range []string{sqliteURL, redisURL} {
+			for _, cmd := range []string{"migrate", "purge"} {
+				code, stdout, stderr := runCmd(t, cmd, "--store", store)
+				if code != exitOK {
+					t.Errorf("%s --store %s: exit %d, stderr %q", cmd, redact(store), code, stderr)
+				}
+				noSecret(cmd+"'s output", stdout+stderr)
+			}
+		}
+		if _, stdout, _ := runCmd(t, "migrate", "--store", sqliteURL); !strings.Contains(stdout, "password=xxxxx") {
+			t.Errorf("migrate says %q, want the URL with its password redacted", stdout)
+		}
+	})
+	t.Run("errors", func(t *testing.T) {
+		for _, tc := range []struct {
+			args []string
+			code int
+		}{
+			// Bad URLs: exit 2, as issue 12 asked of the bad port.
+			{[]string{"migrate", "--store", "redis://:secret@127.0.0.1:abc/0"}, exitUsage},
+			{[]string{"purge", "--store", "redis://:secret@127.0.0.1:6379/0?bogus=1"}, exitUsage},
+			{[]string{"migrate", "--store", "redis://127.0.0.1:6379/0?password=secret"}, exitUsage},
+			{[]string{"migrate", "--store", "rediss+cluster://:secret@127.0.0.1:7000?addr=nonsense"}, exitUsage},
+			{[]string{"payments", "--store", "redis+cluster://:secret@127.0.0.1:abc", "--db", sqliteURL}, exitUsage},
+			{[]string{"payments", "--store", "postgres://u:secret@127.0.0.1:5432/db?password=secret&pool_max_conns=x"}, exitUsage},
+			{[]string{"payments", "--store", "postgresql://u:secret@h/db?sslpassword=secret&pool_min_conns=y"}, exitUsage},
+			{[]string{"payments", "--store", sqliteURL, "--db", "postgres://u:secret@127.0.0.1:notaport/db"}, exitUsage},
+			{[]string{"payments", "--store", "mysql://u:secret@h/db?password=secret"}, exitUsage},
+			{[]string{"payments", "--store", "u:secret@h/db?password=secret"}, exitUsage},
+			// Stores that do not answer: exit 1.
+			{[]string{"migrate", "--store", "redis://:secret@127.0.0.1:1/0?max_retries=-1&dial_timeout=1s"}, exitFailure},
+			{[]string{"purge", "--store", "postgres://u:secret@127.0.0.1:1/db?password=secret&connect_timeout=2"}, exitFailure},
+		} {
+			code, stdout, stderr := runCmd(t, tc.args...)
+			if code != tc.code || stdout != "" || strings.Count(stderr, "\n") != 1 {
+				t.Errorf("idem %s: exit %d, stdout %q, stderr %q; want exit %d and one line on stderr",
+					redact(strings.Join(tc.args, " ")), code, stdout, stderr, tc.code)
+			}
+			noSecret("the error", stderr)
+		}
+	})
+}
+
+// paymentsStartLine runs idem payments with args until it logs its start line, returns
+// that line, and stops it at cleanup.
+func paymentsStartLine(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(testenv.Context(t))
+	pr, pw := io.Pipe()
+	exit := make(chan int, 1)
+	go func() {
+		exit <- run(ctx, append([]string{"payments", "--addr", "127.0.0.1:0"}, args...), io.Discard, pw)
+		pw.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-exit
+	})
+	lines := bufio.NewScanner(pr)
+	var before []string
+	for lines.Scan() {
+		if listeningLine.MatchString(lines.Text()) {
+			go func() { _, _ = io.Copy(io.Discard, pr) }()
+			return lines.Text()
+		}
+		before = append(before, lines.Text())
+	}
+	t.Fatalf("no start line; logged %q", before)
+	return ""
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/payments"
+	"github.com/idem-go/idem/internal/secret"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/redis"
 	"github.com/idem-go/idem/store/sqlite"
@@ -64,7 +65,7 @@ type storeURL struct {
 func parseStoreURL(raw string) (storeURL, error) {
 	scheme, rest, ok := strings.Cut(raw, ":")
 	if !ok || scheme == "" {
-		return storeURL{}, fmt.Errorf("store URL %q has no scheme (want sqlite:PATH, postgres://… or redis://…)", raw)
+		return storeURL{}, fmt.Errorf("store URL %q has no scheme (want sqlite:PATH, postgres://… or redis://…)", redact(raw))
 	}
 	switch strings.ToLower(scheme) {
 	case "sqlite":
@@ -83,6 +84,13 @@ func parseStoreURL(raw string) (storeURL, error) {
 		return storeURL{kind: kindPostgres, raw: raw}, nil
 	}
 	if redis.IsURL(raw) {
+		// Parsed now (NewClient does not connect), so that a bad port or option is a
+		// usage error like any other bad URL; its errors are redacted.
+		c, err := redis.NewClient(raw)
+		if err != nil {
+			return storeURL{}, err
+		}
+		_ = c.Close()
 		return storeURL{kind: kindRedis, raw: raw}, nil
 	}
 	return storeURL{}, fmt.Errorf("store URL %q has unsupported scheme %q (want sqlite:PATH, postgres://…, postgresql://…, redis://, rediss:// or redis+cluster://)", redact(raw), scheme)
@@ -91,30 +99,12 @@ func parseStoreURL(raw string) (storeURL, error) {
 // sql reports whether the URL names a database that can also keep the payments data.
 func (u storeURL) sql() bool { return u.kind == kindSQLite || u.kind == kindPostgres }
 
-// String is the URL with any password replaced by "xxxxx", for logs and errors.
+// String is the URL with every password replaced by "xxxxx", for logs and errors.
 func (u storeURL) String() string { return redact(u.raw) }
 
-// redact replaces the password of a URL with "xxxxx". It works on the text, so that
-// a URL too broken for url.Parse (a bad port, say) is redacted too.
-func redact(raw string) string {
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		return raw
-	}
-	authority := rest
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-		authority = rest[:i]
-	}
-	at := strings.LastIndex(authority, "@")
-	if at < 0 {
-		return raw
-	}
-	user, _, hasPassword := strings.Cut(authority[:at], ":")
-	if !hasPassword {
-		return raw
-	}
-	return scheme + "://" + user + ":xxxxx" + rest[at:]
-}
+// redact hides the passwords of a URL (userinfo and password-like query parameters);
+// a URL that does not parse is shown as its scheme only (SPEC §15).
+func redact(raw string) string { return secret.RedactURL(raw) }
 
 // openedStore is an open idempotency store, with the SPEC §7 helper when it has one.
 type openedStore struct {

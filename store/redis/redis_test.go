@@ -416,6 +416,10 @@ func TestNewClientRejectsBadURLsWithoutLeakingPasswords(t *testing.T) {
 		"redis://u:hunter2@127.0.0.1:6379/0?bogus=1",
 		"redis+cluster://u:hunter2@127.0.0.1:7000?addr=nonsense",
 		"redis+cluster://u:hunter2@127.0.0.1:7000/3?unknown=1",
+		"redis://:hunter2@127.0.0.1:abc/0",                // url.Parse's error quotes the URL
+		"rediss+cluster://:hunter2@127.0.0.1:abc",         // the same, through ParseClusterURL
+		"redis://127.0.0.1:6379/0?password=hunter2&bogus", // a password in the query
+		"redis+cluster://127.0.0.1:7000?password=hunter2&addr=nonsense",
 	} {
 		_, err := redis.NewClient(u)
 		if err == nil {

@@ -2,10 +2,11 @@ package redis
 
 import (
 	"fmt"
-	"net/url"
 	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idem-go/idem/internal/secret"
 )
 
 // URL schemes that Open accepts for a Redis Cluster. The rest of the URL is go-redis's
@@ -52,14 +53,14 @@ func NewClient(rawURL string) (goredis.UniversalClient, error) {
 	case "redis", "rediss":
 		opts, err := goredis.ParseURL(rawURL)
 		if err != nil {
-			return nil, fmt.Errorf("redis store: URL %q: %w", redactURL(rawURL), err)
+			return nil, fmt.Errorf("redis store: URL %q: %w", redactURL(rawURL), secret.RedactURLError(err))
 		}
 		return goredis.NewClient(opts), nil
 	case SchemeCluster, SchemeClusterTLS:
 		base := strings.TrimSuffix(strings.ToLower(scheme), "+cluster")
 		opts, err := goredis.ParseClusterURL(base + "://" + rest)
 		if err != nil {
-			return nil, fmt.Errorf("redis store: URL %q: %w", redactURL(rawURL), err)
+			return nil, fmt.Errorf("redis store: URL %q: %w", redactURL(rawURL), secret.RedactURLError(err))
 		}
 		return goredis.NewClusterClient(opts), nil
 	default:
@@ -67,12 +68,5 @@ func NewClient(rawURL string) (goredis.UniversalClient, error) {
 	}
 }
 
-// redactURL hides a password in error messages.
-func redactURL(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		scheme, _, _ := strings.Cut(rawURL, "://")
-		return scheme + "://…"
-	}
-	return u.Redacted()
-}
+// redactURL hides the passwords of a URL (userinfo and query) in error messages.
+func redactURL(rawURL string) string { return secret.RedactURL(rawURL) }
