@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"hash/fnv"
 	"io"
 	"math/rand/v2"
@@ -13,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/internal/faultproxy"
 )
 
 // fault is what the proxy does to one request.
@@ -40,95 +43,37 @@ type faultRates struct {
 	reset, dropReply, delay float64
 }
 
-// faultProxy is an HTTP/1.1-aware TCP proxy that injects faults per request. The
-// fault of a request is drawn from an RNG seeded with the proxy's seed and a hash of
-// the request (method, path, body) and of how many times the proxy has seen that
-// same request, so the faults of a run reproduce for its seed whatever the
-// goroutines' interleaving.
+// faultProxy is an HTTP/1.1-aware proxy that injects faults per request, on the TCP
+// plumbing of internal/faultproxy. The fault of a request is drawn from an RNG seeded
+// with the proxy's seed and a hash of the request (method, path, body) and of how many
+// times the proxy has seen that same request, so the faults of a run reproduce for its
+// seed whatever the goroutines' interleaving.
 type faultProxy struct {
-	t        *testing.T
-	upstream string
-	seed     uint64
-	rates    faultRates
-	ln       net.Listener
+	t     *testing.T
+	seed  uint64
+	rates faultRates
+	proxy *faultproxy.Proxy
 
-	mu    sync.Mutex
-	seen  map[uint64]int
-	conns map[net.Conn]struct{}
+	mu   sync.Mutex
+	seen map[uint64]int
 
 	counts [numFaults]atomic.Int64
-	wg     sync.WaitGroup
 }
 
 // newFaultProxy listens on a free port and forwards to upstream (host:port). It is
 // closed when the test ends.
 func newFaultProxy(t *testing.T, upstream string, seed uint64, rates faultRates) *faultProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &faultProxy{t: t, upstream: upstream, seed: seed, rates: rates, ln: ln,
-		seen: map[uint64]int{}, conns: map[net.Conn]struct{}{}}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
+	p := &faultProxy{t: t, seed: seed, rates: rates, seen: map[uint64]int{}}
+	p.proxy = faultproxy.NewWithHandler(t, upstream, p.serve)
 	return p
 }
 
 // URL is the proxy's base URL.
-func (p *faultProxy) URL() string { return "http://" + p.ln.Addr().String() }
+func (p *faultProxy) URL() string { return "http://" + p.proxy.Addr() }
 
 // count returns how many requests got fault f.
 func (p *faultProxy) count(f fault) int64 { return p.counts[f].Load() }
-
-func (p *faultProxy) close() {
-	_ = p.ln.Close()
-	p.mu.Lock()
-	for c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = nil
-	p.mu.Unlock()
-	p.wg.Wait()
-}
-
-func (p *faultProxy) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.conns == nil {
-		return false
-	}
-	p.conns[c] = struct{}{}
-	return true
-}
-
-func (p *faultProxy) untrack(c net.Conn) {
-	p.mu.Lock()
-	delete(p.conns, c)
-	p.mu.Unlock()
-	_ = c.Close()
-}
-
-func (p *faultProxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		if !p.track(c) {
-			_ = c.Close()
-			return
-		}
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			defer p.untrack(c)
-			p.serve(c)
-		}()
-	}
-}
 
 // decide draws the fault of the n-th sighting of a request, and for a dropped reply
 // whether the connection is reset (or closed cleanly).
@@ -160,15 +105,10 @@ func (p *faultProxy) decide(req *http.Request, body []byte) (f fault, hard bool)
 
 // serve relays the requests of one client connection over one upstream connection,
 // applying a fault to each.
-func (p *faultProxy) serve(c net.Conn) {
+func (p *faultProxy) serve(c net.Conn, dial func() (net.Conn, error)) {
 	br := bufio.NewReader(c)
 	var up net.Conn
 	var ubr *bufio.Reader
-	defer func() {
-		if up != nil {
-			p.untrack(up)
-		}
-	}()
 	for {
 		req, err := http.ReadRequest(br)
 		if err != nil {
@@ -182,17 +122,16 @@ func (p *faultProxy) serve(c net.Conn) {
 		p.counts[f].Add(1)
 		switch f {
 		case faultReset:
-			reset(c)
+			faultproxy.ResetConn(c)
 			return
 		case faultDelay:
 			time.Sleep(5 * time.Millisecond) // the fault itself: latency, not synchronisation
 		}
 		if up == nil {
-			if up, err = net.Dial("tcp", p.upstream); err != nil {
-				p.t.Errorf("faultProxy: dialing upstream: %v", err)
-				return
-			}
-			if !p.track(up) {
+			if up, err = dial(); err != nil {
+				if !errors.Is(err, faultproxy.ErrClosed) {
+					p.t.Errorf("faultProxy: dialing upstream: %v", err)
+				}
 				return
 			}
 			ubr = bufio.NewReader(up)
@@ -214,7 +153,7 @@ func (p *faultProxy) serve(c net.Conn) {
 			// The server has committed and answered; the client never hears of it.
 			// Half the drops close cleanly (EOF), half reset.
 			if hard {
-				reset(c)
+				faultproxy.ResetConn(c)
 			}
 			return
 		}
@@ -225,12 +164,4 @@ func (p *faultProxy) serve(c net.Conn) {
 			return
 		}
 	}
-}
-
-// reset closes c with an RST instead of a FIN.
-func reset(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
-	}
-	_ = c.Close()
 }
