@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin/admintest"
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/storetest"
 )
@@ -13,5 +14,12 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	storetest.Run(t, storetest.Harness{
 		NewStore: func(*testing.T) idem.Store { return memory.New() },
+	})
+}
+
+func TestAdminConformance(t *testing.T) {
+	t.Parallel()
+	admintest.Run(t, admintest.Harness{
+		NewStore: func(t *testing.T) admintest.Store { return memory.New() },
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin/admintest"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/storetest"
@@ -75,4 +76,11 @@ func (a appTable) MarkerCommitted(ctx context.Context, st idem.Store, marker str
 	var n int
 	err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM `+s.table("app_marker")+` WHERE name = $1`, marker).Scan(&n)
 	return n > 0, err
+}
+
+func TestAdminConformance(t *testing.T) {
+	t.Parallel()
+	admintest.Run(t, admintest.Harness{
+		NewStore: func(t *testing.T) admintest.Store { return newStore(t) },
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin/admintest"
 	"github.com/idem-go/idem/store/redis"
 	"github.com/idem-go/idem/store/redis/redistest"
 	"github.com/idem-go/idem/store/storetest"
@@ -29,6 +30,9 @@ func TestCluster(t *testing.T) {
 
 	t.Run("Conformance", func(t *testing.T) {
 		storetest.Run(t, harness(cluster.URL()))
+	})
+	t.Run("AdminConformance", func(t *testing.T) {
+		admintest.Run(t, adminHarness(cluster.URL()))
 	})
 	t.Run("RecordsSpreadOverEveryMaster", func(t *testing.T) {
 		testRecordsSpreadOverEveryMaster(t, cluster)

@@ -30,6 +30,7 @@ const (
 	fieldBody      = "body"   // response body, raw bytes (completed only)
 	fieldNotStored = "ns"     // "1" when the response was not stored (completed only)
 	fieldRecovery  = "rp"     // recovery point (SPEC §13, later)
+	fieldScope     = "sc"     // scopeDigest of the record's scope, to delete a scope (admin.go)
 )
 
 // decodeReply splits a script's {outcome, now, fields} answer.

@@ -178,6 +178,7 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 		p.Lease.Microseconds(),
 		p.TTL.Microseconds(),
 		s.cfg.TTLMargin.Milliseconds(),
+		scopeDigest(p.Scope),
 	).Slice()
 	if goredis.IsOOMError(err) {
 		return s.claimAtMaxmemory(ctx, p, err)

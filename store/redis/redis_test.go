@@ -18,6 +18,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin/admintest"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/redis"
 	"github.com/idem-go/idem/store/redis/redistest"
@@ -107,6 +108,18 @@ func harness(rawURL string) storetest.Harness {
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	storetest.Run(t, harness(testenv.RedisURL(t)))
+}
+
+// adminHarness hands the admin conformance suite stores on the Redis at rawURL.
+func adminHarness(rawURL string) admintest.Harness {
+	return admintest.Harness{
+		NewStore: func(t *testing.T) admintest.Store { return openStore(t, rawURL) },
+	}
+}
+
+func TestAdminConformance(t *testing.T) {
+	t.Parallel()
+	admintest.Run(t, adminHarness(testenv.RedisURL(t)))
 }
 
 func claimParams(scope, key string, now time.Time) *idem.RecordClaimParams {

@@ -37,12 +37,20 @@ var renewSrc string
 //go:embed lua/get.lua
 var getSrc string
 
+//go:embed lua/inspect.lua
+var inspectSrc string
+
+//go:embed lua/delete.lua
+var deleteSrc string
+
 var (
 	claimScript    = newScript(claimSrc)
 	completeScript = newScript(completeSrc)
 	releaseScript  = newScript(releaseSrc)
 	renewScript    = newScript(renewSrc)
 	getScript      = newScript(getSrc)
+	inspectScript  = newScript(inspectSrc)
+	deleteScript   = newScript(deleteSrc)
 )
 
 // newScript puts the prelude after the script's shebang, which Redis reads only on

@@ -21,6 +21,13 @@ var (
 	queryRecordRelease     = mustQuery("record_release")
 	queryRecordRenew       = mustQuery("record_renew")
 	queryRecordDeleteExp   = mustQuery("record_delete_expired")
+
+	// The operator's interface (admin.go).
+	queryAdminListScope   = mustQuery("admin_list_scope")
+	queryAdminListAll     = mustQuery("admin_list_all")
+	queryAdminDelete      = mustQuery("admin_delete")
+	queryAdminDeleteScope = mustQuery("admin_delete_scope")
+	queryAdminCountLive   = mustQuery("admin_count_live")
 )
 
 func mustQuery(name string) string {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin/admintest"
 	"github.com/idem-go/idem/store/sqlite"
 	"github.com/idem-go/idem/store/storetest"
 )
@@ -36,6 +37,16 @@ func TestConformance(t *testing.T) {
 			return s
 		},
 		Tx: txHarness{},
+	})
+}
+
+func TestAdminConformance(t *testing.T) {
+	t.Parallel()
+	admintest.Run(t, admintest.Harness{
+		NewStore: func(t *testing.T) admintest.Store {
+			s, _ := openStore(t, sqlite.Config{})
+			return s
+		},
 	})
 }
 

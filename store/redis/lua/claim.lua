@@ -1,6 +1,6 @@
 #!lua
 -- claim: KEYS[1] record; ARGV: now_us|'', fp_version, fp_sum, token, record_id,
--- lease_us, ttl_us, margin_ms.
+-- lease_us, ttl_us, margin_ms, scope_digest.
 -- Returns {outcome, now_us, fields}: outcome is acquired, acquired_again, took_over,
 -- completed, in_flight or mismatch; fields is the record's HGETALL (empty when acquired afresh).
 -- The decision is idem.Decide's, made here so that no other client can act between
@@ -14,6 +14,7 @@ local key = KEYS[1]
 local now = now_us(ARGV[1])
 local fpv, fp, token, rid = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local lease, ttl, margin = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local scope_digest = ARGV[9]
 
 local r = redis.call('HMGET', key, 'st', 'fpv', 'fp', 'lease', 'exp', 'ctime', 'tok')
 local st = r[1]
@@ -46,6 +47,6 @@ redis.call('DEL', key)
 local lease_end = now + lease
 local exp = math.max(now + ttl, lease_end)
 redis.call('HSET', key, 'id', rid, 'fpv', fpv, 'fp', fp, 'st', 'in_flight', 'tok', token,
-  'lease', int(lease_end), 'ctime', int(now), 'exp', int(exp))
+  'lease', int(lease_end), 'ctime', int(now), 'exp', int(exp), 'sc', scope_digest)
 expire_after(key, exp, now, margin)
 return {'acquired', int(now), {}}

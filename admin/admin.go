@@ -1,0 +1,249 @@
+// Package admin is what an operator's tool needs of an idempotency store beyond
+// [idem.Store] (SPEC §15): read one record whatever its state, list records, and
+// delete one key or every key of a scope — a customer's erasure request. The `idem
+// keys` command is built on it.
+//
+// Every store package (store/sqlite, store/postgres, store/redis, store/memory)
+// implements [Store], and runs the one conformance suite in admin/admintest. A store
+// declares what it cannot do through [Store.AdminCapabilities] (Redis cannot list: it
+// keeps only a digest of each scope and key).
+//
+// Nothing here is needed to serve requests: the middleware uses [idem.Store] only.
+package admin
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// Store is the operator's view of an idempotency store. Methods are named
+// noun-then-verb and take a params struct, as [idem.Store]'s are; time-dependent
+// decisions use the store's clock unless the params carry a non-zero Now (tests).
+// Errors are normalised at the store's edge as [idem.Store]'s are: a missing record is
+// [idem.ErrNotFound].
+type Store interface {
+	// RecordInspect reads the record of (Scope, Key) in any state, expired or not
+	// (until it is deleted), with the store's time of the read. An absent record is
+	// [idem.ErrNotFound]. The response's headers and body are returned only when
+	// params.Body is set; its status and size always are.
+	RecordInspect(ctx context.Context, params *RecordInspectParams) (*RecordInspectResult, error)
+
+	// RecordList returns up to params.Limit records in (scope, key) order, starting
+	// after (params.AfterScope, params.AfterKey), optionally of one scope and one state.
+	// Expired records that are not deleted yet are listed too. It never returns
+	// response headers or bodies. A store whose AdminCapabilities().List is false
+	// returns an error wrapping [errors.ErrUnsupported] that says why.
+	RecordList(ctx context.Context, params *RecordListParams) (*RecordListResult, error)
+
+	// RecordDelete deletes the record of (Scope, Key) in any state, expired or not. An
+	// absent record is [idem.ErrNotFound]. A record in flight under a live lease is
+	// refused with [ErrLeaseLive] unless params.Force: its request is executing, and a
+	// retry sent after the delete would execute again beside it. Deleting it anyway is
+	// safe for the store — the holder's fenced completion then fails, and its SPEC §7
+	// transaction rolls back — but not for effects outside the store.
+	RecordDelete(ctx context.Context, params *RecordDeleteParams) error
+
+	// RecordDeleteScope deletes every record of params.Scope, in bounded batches (each
+	// one short transaction or script), and leaves every other scope untouched. Records
+	// in flight under a live lease are kept and counted unless params.Force. On an
+	// error it returns what it deleted so far with the error.
+	RecordDeleteScope(ctx context.Context, params *RecordDeleteScopeParams) (*RecordDeleteScopeResult, error)
+
+	// AdminCapabilities declares what this store can and cannot do.
+	AdminCapabilities() Capabilities
+}
+
+// Capabilities declares what a [Store] can do, so that tools and the conformance
+// suite adapt without type switches.
+type Capabilities struct {
+	// List is true when RecordList works. Redis cannot list: it keys each record by a
+	// digest of its scope and key, and keeps neither.
+	List bool
+}
+
+// ErrLeaseLive is returned by [Store.RecordDelete] for a record in flight under a
+// live lease, which it deletes only when forced.
+var ErrLeaseLive = errors.New("idem admin: record is in flight under a live lease")
+
+// Limits of [RecordListParams.Limit].
+const (
+	// DefaultListLimit is the number of records a list returns when Limit is 0.
+	DefaultListLimit = 100
+	// MaxListLimit is the largest Limit.
+	MaxListLimit = 1000
+)
+
+// DefaultDeleteBatch is the number of records one batch of [Store.RecordDeleteScope]
+// deletes when BatchSize is 0.
+const DefaultDeleteBatch = 1000
+
+// Record is one idempotency record as an operator sees it: everything but the lock
+// token, and the response's headers and body only when asked for.
+type Record struct {
+	// Scope and Key identify the record (SPEC §3).
+	Scope string
+	Key   string
+	// ID is the record id: new at every claim of an absent or expired key, kept across
+	// takeovers (SPEC §13).
+	ID string
+	// State is in flight or completed.
+	State idem.State
+	// Fingerprint identifies the request that created the record (SPEC §4).
+	Fingerprint idem.Fingerprint
+	// CreatedAt is when the key was claimed.
+	CreatedAt time.Time
+	// ExpiresAt is when the record stops counting (SPEC §8); it may still be listed
+	// until it is deleted.
+	ExpiresAt time.Time
+	// LeaseEnd is when the holder's lease lapses (in flight only; zero otherwise).
+	LeaseEnd time.Time
+	// RecoveryPoint is the last committed step of a resumable handler (SPEC §13).
+	RecoveryPoint string
+	// Status is the stored response's status (completed only).
+	Status int
+	// NotStored is true when the operation completed but its response was not kept
+	// (SPEC §6).
+	NotStored bool
+	// BodySize is the stored response body's length in bytes.
+	BodySize int
+	// Header and Body are the stored response's headers and body: only from
+	// RecordInspect with Body set, and only for a completed record.
+	Header http.Header
+	Body   []byte
+}
+
+// Expired reports whether the record counts as absent at now (SPEC §8).
+func (r *Record) Expired(now time.Time) bool { return !now.Before(r.ExpiresAt) }
+
+// LeaseLive reports whether the record is in flight under a live lease at now.
+func (r *Record) LeaseLive(now time.Time) bool {
+	return r.State == idem.StateInFlight && now.Before(r.LeaseEnd)
+}
+
+// FromRecord returns the operator's view of rec; with body set it keeps the response's
+// headers and body (shared with rec, not copied).
+func FromRecord(rec *idem.Record, body bool) *Record {
+	r := &Record{
+		Scope: rec.Scope, Key: rec.Key, ID: rec.ID, State: rec.State,
+		Fingerprint: rec.Fingerprint, CreatedAt: rec.CreatedAt, ExpiresAt: rec.ExpiresAt,
+		RecoveryPoint: rec.RecoveryPoint,
+	}
+	if rec.State == idem.StateInFlight {
+		r.LeaseEnd = rec.LeaseEnd
+	}
+	if resp := rec.Response; resp != nil {
+		r.Status, r.NotStored, r.BodySize = resp.Status, resp.NotStored, len(resp.Body)
+		if body {
+			r.Header, r.Body = resp.Header, resp.Body
+		}
+	}
+	return r
+}
+
+// RecordInspectParams are the parameters of [Store.RecordInspect].
+type RecordInspectParams struct {
+	Scope string
+	Key   string
+	// Body asks for the stored response's headers and body too.
+	Body bool
+	// Now, when non-zero, replaces the store's clock (tests only).
+	Now time.Time
+}
+
+// RecordInspectResult is the answer of [Store.RecordInspect].
+type RecordInspectResult struct {
+	Record *Record
+	// Now is the store's time at the read: compare ExpiresAt and LeaseEnd with it.
+	Now time.Time
+}
+
+// RecordListParams are the parameters of [Store.RecordList].
+type RecordListParams struct {
+	// Scope, when not empty, lists that scope's records only.
+	Scope string
+	// State, when not empty, lists records in that state only.
+	State idem.State
+	// AfterScope and AfterKey, when AfterKey is not empty, start the list after that
+	// record (a cursor: the last record of the previous page).
+	AfterScope string
+	AfterKey   string
+	// Limit bounds the number of records returned: 1 to [MaxListLimit]. Defaults to
+	// [DefaultListLimit].
+	Limit int
+	// Now, when non-zero, replaces the store's clock (tests only).
+	Now time.Time
+}
+
+// RecordListResult is the answer of [Store.RecordList].
+type RecordListResult struct {
+	// Records are in (scope, key) order, byte-wise.
+	Records []*Record
+	// More is true when records follow the last one: list again after it.
+	More bool
+	// Now is the store's time at the read.
+	Now time.Time
+}
+
+// RecordDeleteParams are the parameters of [Store.RecordDelete].
+type RecordDeleteParams struct {
+	Scope string
+	Key   string
+	// Force deletes a record in flight under a live lease too.
+	Force bool
+	// Now, when non-zero, replaces the store's clock (tests only).
+	Now time.Time
+}
+
+// RecordDeleteScopeParams are the parameters of [Store.RecordDeleteScope].
+type RecordDeleteScopeParams struct {
+	// Scope is the scope whose records are deleted (never empty).
+	Scope string
+	// Force deletes records in flight under a live lease too.
+	Force bool
+	// BatchSize bounds the records one batch deletes. Defaults to
+	// [DefaultDeleteBatch].
+	BatchSize int
+	// Now, when non-zero, replaces the store's clock (tests only).
+	Now time.Time
+}
+
+// RecordDeleteScopeResult is the answer of [Store.RecordDeleteScope].
+type RecordDeleteScopeResult struct {
+	// Deleted is the number of records deleted.
+	Deleted int
+	// Kept is the number of records in flight under a live lease that were kept (0
+	// when forced).
+	Kept int
+}
+
+// ListLimit returns p.Limit with its default applied, or an error naming the field.
+func (p *RecordListParams) ListLimit() (int, error) {
+	switch {
+	case p.Limit == 0:
+		return DefaultListLimit, nil
+	case p.Limit < 0 || p.Limit > MaxListLimit:
+		return 0, errors.New("idem admin: RecordListParams.Limit must be between 1 and 1000")
+	}
+	return p.Limit, nil
+}
+
+// Batch returns p.BatchSize with its default applied.
+func (p *RecordDeleteScopeParams) Batch() int {
+	if p.BatchSize <= 0 {
+		return DefaultDeleteBatch
+	}
+	return p.BatchSize
+}
+
+// Validate checks that the scope is not empty: deleting "every record of no scope"
+// is always a mistake.
+func (p *RecordDeleteScopeParams) Validate() error {
+	if p.Scope == "" {
+		return errors.New("idem admin: RecordDeleteScopeParams.Scope is required")
+	}
+	return nil
+}

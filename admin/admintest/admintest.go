@@ -1,0 +1,428 @@
+// Package admintest is the conformance suite of [admin.Store]: every store package
+// runs it unchanged against stores of its own, next to store/storetest's suite for
+// [idem.Store]. A case that needs what a store declares it cannot do
+// ([admin.Capabilities]) is skipped with a log line.
+//
+//	func TestAdminConformance(t *testing.T) {
+//		admintest.Run(t, admintest.Harness{
+//			NewStore: func(t *testing.T) admintest.Store { return openStore(t) },
+//		})
+//	}
+package admintest
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin"
+)
+
+// Store is a store under test: the request path's [idem.Store] writes the records
+// that the [admin.Store] reads and deletes.
+type Store interface {
+	idem.Store
+	admin.Store
+}
+
+// Harness is what a store package hands to [Run].
+type Harness struct {
+	// NewStore returns a fresh, empty store private to the calling test (its own
+	// schema, file or key prefix), closed at t.Cleanup. The suite calls it once per
+	// case, from parallel tests. Required.
+	NewStore func(t *testing.T) Store
+}
+
+// Run runs the suite: one parallel subtest per case, named for the behaviour it
+// checks.
+func Run(t *testing.T, h Harness) {
+	t.Helper()
+	if h.NewStore == nil {
+		t.Fatal("admintest: Harness.NewStore is nil")
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.run(t, setup(t, h))
+		})
+	}
+}
+
+const (
+	lease = 10 * time.Second
+	ttl   = time.Hour
+)
+
+// bundle is what one case works with: a fresh store, a random scope and the time t0 at
+// which the case starts (near the real clock, in whole milliseconds, so that Redis's key
+// TTLs stay sane and every store keeps the times exactly).
+type bundle struct {
+	t     *testing.T
+	s     Store
+	ctx   context.Context
+	t0    time.Time
+	scope string
+}
+
+func setup(t *testing.T, h Harness) *bundle {
+	return &bundle{
+		t: t, s: h.NewStore(t), ctx: t.Context(),
+		t0:    time.Now().UTC().Truncate(time.Millisecond),
+		scope: "scope-" + rand.Text(),
+	}
+}
+
+func (b *bundle) at(d time.Duration) time.Time { return b.t0.Add(d) }
+
+// claim claims (scope, key) at now and returns the claim's params (with its token).
+func (b *bundle) claim(scope, key string, now time.Time) *idem.RecordClaimParams {
+	b.t.Helper()
+	fp := idem.Fingerprint{Version: idem.FingerprintVersion}
+	_, _ = rand.Read(fp.Sum[:])
+	p := &idem.RecordClaimParams{
+		Scope: scope, Key: key, Fingerprint: fp, Token: "tok-" + rand.Text(),
+		RecordID: "rec-" + rand.Text(), Lease: lease, TTL: ttl, Now: now,
+	}
+	res, err := b.s.RecordClaim(b.ctx, p)
+	if err != nil {
+		b.t.Fatalf("RecordClaim(%q, %q): %v", scope, key, err)
+	}
+	if res.Outcome != idem.ClaimAcquired {
+		b.t.Fatalf("RecordClaim(%q, %q) = %v, want acquired", scope, key, res.Outcome)
+	}
+	return p
+}
+
+// complete claims (scope, key) at now and completes it with resp.
+func (b *bundle) complete(scope, key string, now time.Time, resp *idem.Response) *idem.RecordClaimParams {
+	b.t.Helper()
+	p := b.claim(scope, key, now)
+	err := b.s.RecordComplete(b.ctx, &idem.RecordCompleteParams{
+		Scope: scope, Key: key, Token: p.Token, Response: resp, TTL: ttl, Now: now,
+	})
+	if err != nil {
+		b.t.Fatalf("RecordComplete(%q, %q): %v", scope, key, err)
+	}
+	return p
+}
+
+func (b *bundle) inspect(scope, key string, now time.Time, body bool) (*admin.RecordInspectResult, error) {
+	return b.s.RecordInspect(b.ctx, &admin.RecordInspectParams{Scope: scope, Key: key, Body: body, Now: now})
+}
+
+// mustExist fails unless (scope, key) is still there.
+func (b *bundle) mustExist(scope, key string) {
+	b.t.Helper()
+	if _, err := b.inspect(scope, key, b.t0, false); err != nil {
+		b.t.Fatalf("RecordInspect(%q, %q): %v, want the record still there", scope, key, err)
+	}
+}
+
+// mustBeGone fails unless (scope, key) is absent.
+func (b *bundle) mustBeGone(scope, key string) {
+	b.t.Helper()
+	if res, err := b.inspect(scope, key, b.t0, false); !errors.Is(err, idem.ErrNotFound) {
+		b.t.Fatalf("RecordInspect(%q, %q) = %+v, %v; want idem.ErrNotFound", scope, key, res, err)
+	}
+}
+
+func okResponse(body string) *idem.Response {
+	return &idem.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(body)}
+}
+
+type testCase struct {
+	name string
+	run  func(t *testing.T, b *bundle)
+}
+
+var cases = []testCase{
+	{"InspectShowsAnInFlightRecordAndItsLease", inspectInFlight},
+	{"InspectShowsTheResponseSizeAndTheBodyOnlyWhenAsked", inspectCompleted},
+	{"InspectFindsAnExpiredRecordUntilItIsDeleted", inspectExpired},
+	{"InspectOfAnAbsentRecordIsNotFound", inspectAbsent},
+	{"DeleteRemovesOneKeyAndTheKeyStartsAfresh", deleteOne},
+	{"DeleteOfAnAbsentRecordIsNotFound", deleteAbsent},
+	{"DeleteRefusesALiveLeaseUnlessForcedAndFencesTheHolder", deleteLive},
+	{"DeleteOfALapsedLeaseNeedsNoForce", deleteLapsed},
+	{"DeleteScopeLeavesOtherScopesUntouched", deleteScope},
+	{"DeleteScopeRefusesAnEmptyScope", deleteScopeEmpty},
+	{"ListPagesThroughAScopeInKeyOrder", listPages},
+	{"ListFiltersByStateAndAcrossScopes", listFilters},
+	{"ListSaysWhyWhenTheStoreCannotList", listUnsupported},
+}
+
+func inspectInFlight(t *testing.T, b *bundle) {
+	p := b.claim(b.scope, "key-inflight", b.t0)
+	res, err := b.inspect(b.scope, p.Key, b.at(time.Second), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := res.Record
+	want := admin.Record{
+		Scope: b.scope, Key: p.Key, ID: p.RecordID, State: idem.StateInFlight, Fingerprint: p.Fingerprint,
+		CreatedAt: b.t0, ExpiresAt: b.at(ttl), LeaseEnd: b.at(lease),
+	}
+	if r.Scope != want.Scope || r.Key != want.Key || r.ID != want.ID || r.State != want.State ||
+		r.Fingerprint != want.Fingerprint || !r.CreatedAt.Equal(want.CreatedAt) ||
+		!r.ExpiresAt.Equal(want.ExpiresAt) || !r.LeaseEnd.Equal(want.LeaseEnd) || r.Status != 0 || r.BodySize != 0 {
+		t.Fatalf("RecordInspect = %+v\nwant %+v", r, want)
+	}
+	if !res.Now.Equal(b.at(time.Second)) || !r.LeaseLive(res.Now) || r.Expired(res.Now) {
+		t.Fatalf("at %v: live lease %v, expired %v; want the injected now, a live lease, not expired", res.Now, r.LeaseLive(res.Now), r.Expired(res.Now))
+	}
+}
+
+func inspectCompleted(t *testing.T, b *bundle) {
+	resp := okResponse(`{"id":"ch_1"}`)
+	p := b.complete(b.scope, "key-done", b.t0, resp)
+	res, err := b.inspect(b.scope, p.Key, b.t0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := res.Record
+	if r.State != idem.StateCompleted || r.Status != 201 || r.BodySize != len(resp.Body) || r.NotStored ||
+		!r.LeaseEnd.IsZero() || !r.ExpiresAt.Equal(b.at(ttl)) {
+		t.Fatalf("RecordInspect = %+v, want completed, 201, %d bytes, no lease, expiring after the TTL", r, len(resp.Body))
+	}
+	if r.Body != nil || r.Header != nil {
+		t.Fatalf("RecordInspect without Body returned the body %q and headers %v", r.Body, r.Header)
+	}
+	res, err = b.inspect(b.scope, p.Key, b.t0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := res.Record; string(got.Body) != string(resp.Body) || got.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("RecordInspect with Body: body %q, headers %v; want %q and the stored Content-Type", got.Body, got.Header, resp.Body)
+	}
+}
+
+func inspectExpired(t *testing.T, b *bundle) {
+	p := b.complete(b.scope, "key-expired", b.t0, okResponse("x"))
+	later := b.at(ttl + time.Minute)
+	res, err := b.inspect(b.scope, p.Key, later, false)
+	if err != nil {
+		t.Fatalf("RecordInspect of an expired record not deleted yet: %v", err)
+	}
+	if !res.Record.Expired(res.Now) {
+		t.Fatalf("record expiring at %v is not expired at %v", res.Record.ExpiresAt, res.Now)
+	}
+}
+
+func inspectAbsent(t *testing.T, b *bundle) {
+	b.mustBeGone(b.scope, "key-never")
+}
+
+func deleteOne(t *testing.T, b *bundle) {
+	other := b.scope + "-other"
+	p := b.complete(b.scope, "key-a", b.t0, okResponse("a"))
+	b.complete(b.scope, "key-b", b.t0, okResponse("b"))
+	b.complete(other, "key-a", b.t0, okResponse("a"))
+	if err := b.s.RecordDelete(b.ctx, &admin.RecordDeleteParams{Scope: b.scope, Key: p.Key, Now: b.t0}); err != nil {
+		t.Fatal(err)
+	}
+	b.mustBeGone(b.scope, "key-a")
+	b.mustExist(b.scope, "key-b")
+	b.mustExist(other, "key-a")
+	// The key is free: the next request executes afresh.
+	b.claim(b.scope, "key-a", b.t0)
+}
+
+func deleteAbsent(t *testing.T, b *bundle) {
+	err := b.s.RecordDelete(b.ctx, &admin.RecordDeleteParams{Scope: b.scope, Key: "key-never", Now: b.t0})
+	if !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("RecordDelete of an absent record: %v, want idem.ErrNotFound", err)
+	}
+}
+
+func deleteLive(t *testing.T, b *bundle) {
+	p := b.claim(b.scope, "key-live", b.t0)
+	err := b.s.RecordDelete(b.ctx, &admin.RecordDeleteParams{Scope: b.scope, Key: p.Key, Now: b.at(time.Second)})
+	if !errors.Is(err, admin.ErrLeaseLive) {
+		t.Fatalf("RecordDelete under a live lease: %v, want admin.ErrLeaseLive", err)
+	}
+	b.mustExist(b.scope, p.Key)
+	err = b.s.RecordDelete(b.ctx, &admin.RecordDeleteParams{Scope: b.scope, Key: p.Key, Force: true, Now: b.at(time.Second)})
+	if err != nil {
+		t.Fatalf("RecordDelete forced: %v", err)
+	}
+	b.mustBeGone(b.scope, p.Key)
+	err = b.s.RecordComplete(b.ctx, &idem.RecordCompleteParams{
+		Scope: b.scope, Key: p.Key, Token: p.Token, Response: okResponse("late"), TTL: ttl, Now: b.at(2 * time.Second),
+	})
+	if !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("the holder's completion after a forced delete: %v, want idem.ErrLeaseLost", err)
+	}
+}
+
+func deleteLapsed(t *testing.T, b *bundle) {
+	p := b.claim(b.scope, "key-lapsed", b.t0)
+	if err := b.s.RecordDelete(b.ctx, &admin.RecordDeleteParams{Scope: b.scope, Key: p.Key, Now: b.at(lease + time.Second)}); err != nil {
+		t.Fatalf("RecordDelete after the lease lapsed: %v", err)
+	}
+	b.mustBeGone(b.scope, p.Key)
+}
+
+func deleteScope(t *testing.T, b *bundle) {
+	// The other scopes share keys with the doomed one, and one has the doomed scope's
+	// name as a prefix: nothing of theirs may go.
+	others := []string{b.scope + "0", "other-" + rand.Text()}
+	var doomed []string
+	for i := range 7 {
+		key := fmt.Sprintf("key-%02d", i)
+		doomed = append(doomed, key)
+		switch i % 3 {
+		case 0:
+			b.complete(b.scope, key, b.t0, okResponse("done"))
+		case 1:
+			b.claim(b.scope, key, b.t0.Add(-2*lease)) // lapsed lease
+		case 2:
+			b.complete(b.scope, key, b.t0.Add(-2*ttl), okResponse("expired")) // expired, not deleted
+		}
+		for _, o := range others {
+			b.complete(o, key, b.t0, okResponse("keep"))
+		}
+	}
+	live := b.claim(b.scope, "key-live", b.t0)
+
+	res, err := b.s.RecordDeleteScope(b.ctx, &admin.RecordDeleteScopeParams{Scope: b.scope, BatchSize: 2, Now: b.at(time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Deleted != len(doomed) || res.Kept != 1 {
+		t.Fatalf("RecordDeleteScope = %+v, want %d deleted and the live one kept", res, len(doomed))
+	}
+	for _, key := range doomed {
+		b.mustBeGone(b.scope, key)
+		for _, o := range others {
+			b.mustExist(o, key)
+		}
+	}
+	b.mustExist(b.scope, live.Key)
+
+	res, err = b.s.RecordDeleteScope(b.ctx, &admin.RecordDeleteScopeParams{Scope: b.scope, Force: true, Now: b.at(time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Deleted != 1 || res.Kept != 0 {
+		t.Fatalf("RecordDeleteScope forced = %+v, want the live one deleted", res)
+	}
+	b.mustBeGone(b.scope, live.Key)
+	for _, key := range doomed {
+		for _, o := range others {
+			b.mustExist(o, key)
+		}
+	}
+}
+
+func deleteScopeEmpty(t *testing.T, b *bundle) {
+	b.complete(b.scope, "key-kept", b.t0, okResponse("x"))
+	if _, err := b.s.RecordDeleteScope(b.ctx, &admin.RecordDeleteScopeParams{Now: b.t0}); err == nil {
+		t.Fatal("RecordDeleteScope with no scope succeeded, want an error")
+	}
+	b.mustExist(b.scope, "key-kept")
+}
+
+// needList skips a case on a store that declares it cannot list.
+func needList(t *testing.T, b *bundle) {
+	if !b.s.AdminCapabilities().List {
+		t.Skip("the store cannot list (admin.Capabilities.List is false)")
+	}
+}
+
+// listAll lists with p page by page and returns the keys in order, checking that each
+// page but the last is full and says More.
+func listAll(t *testing.T, b *bundle, p admin.RecordListParams) []*admin.Record {
+	t.Helper()
+	var all []*admin.Record
+	for page := 0; ; page++ {
+		if page > 100 {
+			t.Fatal("RecordList never ends")
+		}
+		res, err := b.s.RecordList(b.ctx, &p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, res.Records...)
+		if !res.More {
+			return all
+		}
+		if len(res.Records) != p.Limit {
+			t.Fatalf("page %d has %d records and More, want %d", page, len(res.Records), p.Limit)
+		}
+		last := res.Records[len(res.Records)-1]
+		p.AfterScope, p.AfterKey = last.Scope, last.Key
+	}
+}
+
+func keysOf(recs []*admin.Record) []string {
+	var out []string
+	for _, r := range recs {
+		out = append(out, r.Scope+"/"+r.Key)
+	}
+	return out
+}
+
+func listPages(t *testing.T, b *bundle) {
+	needList(t, b)
+	var want []string
+	for i := range 5 {
+		key := fmt.Sprintf("key-%02d", 4-i) // created out of order
+		b.complete(b.scope, key, b.t0, okResponse("body"))
+	}
+	for i := range 5 {
+		want = append(want, b.scope+"/"+fmt.Sprintf("key-%02d", i))
+	}
+	b.complete(b.scope+"0", "key-00", b.t0, okResponse("other"))
+
+	recs := listAll(t, b, admin.RecordListParams{Scope: b.scope, Limit: 2, Now: b.t0})
+	if got := keysOf(recs); !slices.Equal(got, want) {
+		t.Fatalf("listed %v, want %v", got, want)
+	}
+	for _, r := range recs {
+		if r.State != idem.StateCompleted || r.Status != 201 || r.BodySize != 4 || r.Body != nil || r.Header != nil {
+			t.Fatalf("listed %+v, want completed, 201, 4 bytes and never the body", r)
+		}
+	}
+}
+
+func listFilters(t *testing.T, b *bundle) {
+	needList(t, b)
+	a, z := "a-"+b.scope, "z-"+b.scope
+	b.complete(a, "key-1", b.t0, okResponse("1"))
+	b.claim(a, "key-2", b.t0)
+	b.complete(a, "key-3", b.t0, okResponse("3"))
+	b.claim(z, "key-1", b.t0)
+	b.complete(z, "key-2", b.t0, okResponse("2"))
+
+	inFlight := listAll(t, b, admin.RecordListParams{Scope: a, State: idem.StateInFlight, Limit: 10, Now: b.t0})
+	if got := keysOf(inFlight); !slices.Equal(got, []string{a + "/key-2"}) || !inFlight[0].LeaseEnd.Equal(b.at(lease)) {
+		t.Fatalf("in flight in %s: %v, want key-2 with its lease", a, got)
+	}
+	// The store is the case's own: without a scope it lists exactly these, across
+	// scopes in (scope, key) order, page boundaries between scopes included.
+	all := listAll(t, b, admin.RecordListParams{Limit: 2, Now: b.t0})
+	want := []string{a + "/key-1", a + "/key-2", a + "/key-3", z + "/key-1", z + "/key-2"}
+	if got := keysOf(all); !slices.Equal(got, want) {
+		t.Fatalf("listed %v, want %v", got, want)
+	}
+	done := listAll(t, b, admin.RecordListParams{State: idem.StateCompleted, Limit: 10, Now: b.t0})
+	if got := keysOf(done); !slices.Equal(got, []string{a + "/key-1", a + "/key-3", z + "/key-2"}) {
+		t.Fatalf("completed: %v", got)
+	}
+}
+
+func listUnsupported(t *testing.T, b *bundle) {
+	if b.s.AdminCapabilities().List {
+		t.Skip("the store can list")
+	}
+	_, err := b.s.RecordList(b.ctx, &admin.RecordListParams{Scope: b.scope, Now: b.t0})
+	if !errors.Is(err, errors.ErrUnsupported) || err.Error() == errors.ErrUnsupported.Error() {
+		t.Fatalf("RecordList on a store that cannot list: %v, want an error wrapping errors.ErrUnsupported that says why", err)
+	}
+}

@@ -1,0 +1,107 @@
+package memory
+
+import (
+	"cmp"
+	"context"
+	"slices"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin"
+)
+
+var _ admin.Store = (*Store)(nil)
+
+// RecordInspect implements [admin.Store.RecordInspect].
+func (s *Store) RecordInspect(ctx context.Context, p *admin.RecordInspectParams) (*admin.RecordInspectResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	t := now(p.Now)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec := s.records[recordKey{p.Scope, p.Key}]
+	if rec == nil {
+		return nil, idem.ErrNotFound
+	}
+	return &admin.RecordInspectResult{Record: admin.FromRecord(copyRecord(rec), p.Body), Now: t}, nil
+}
+
+// RecordList implements [admin.Store.RecordList] by sorting the matching records.
+func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*admin.RecordListResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	limit, err := p.ListLimit()
+	if err != nil {
+		return nil, err
+	}
+	t := now(p.Now)
+	after := recordKey{p.AfterScope, p.AfterKey}
+	s.mu.Lock()
+	var found []*admin.Record
+	for k, rec := range s.records {
+		if (p.Scope == "" || k.scope == p.Scope) && (p.State == "" || rec.State == p.State) &&
+			(p.AfterKey == "" || compareKeys(k, after) > 0) {
+			found = append(found, admin.FromRecord(rec, false))
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(found, func(a, b *admin.Record) int {
+		return compareKeys(recordKey{a.Scope, a.Key}, recordKey{b.Scope, b.Key})
+	})
+	return &admin.RecordListResult{Records: found[:min(len(found), limit)], More: len(found) > limit, Now: t}, nil
+}
+
+func compareKeys(a, b recordKey) int {
+	return cmp.Or(cmp.Compare(a.scope, b.scope), cmp.Compare(a.key, b.key))
+}
+
+// RecordDelete implements [admin.Store.RecordDelete].
+func (s *Store) RecordDelete(ctx context.Context, p *admin.RecordDeleteParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t := now(p.Now)
+	k := recordKey{p.Scope, p.Key}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec := s.records[k]
+	switch {
+	case rec == nil:
+		return idem.ErrNotFound
+	case rec.LeaseLive(t) && !p.Force:
+		return admin.ErrLeaseLive
+	}
+	delete(s.records, k)
+	return nil
+}
+
+// RecordDeleteScope implements [admin.Store.RecordDeleteScope], in one step: the
+// store's mutex is held for a map walk, never for I/O.
+func (s *Store) RecordDeleteScope(ctx context.Context, p *admin.RecordDeleteScopeParams) (*admin.RecordDeleteScopeResult, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	t := now(p.Now)
+	res := &admin.RecordDeleteScopeResult{}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, rec := range s.records {
+		switch {
+		case k.scope != p.Scope:
+		case rec.LeaseLive(t) && !p.Force:
+			res.Kept++
+		default:
+			delete(s.records, k)
+			res.Deleted++
+		}
+	}
+	return res, nil
+}
+
+// AdminCapabilities implements [admin.Store.AdminCapabilities]: the memory store can
+// do everything.
+func (s *Store) AdminCapabilities() admin.Capabilities { return admin.Capabilities{List: true} }

@@ -1,0 +1,183 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin"
+)
+
+var _ admin.Store = (*Store)(nil)
+
+// adminQuery returns the statement name of queries/admin.sql for the store's schema.
+// These run rarely (an operator's command), so they are filled in per call rather
+// than kept with the request path's statements.
+func (s *Store) adminQuery(name string) string {
+	q, ok := parsedQueries[name]
+	if !ok {
+		panic("postgres: no query named " + name) // a bug in this package
+	}
+	return strings.ReplaceAll(q, "{{schema}}", s.q.schemaPrefix)
+}
+
+// RecordInspect implements [admin.Store.RecordInspect].
+func (s *Store) RecordInspect(ctx context.Context, p *admin.RecordInspectParams) (*admin.RecordInspectResult, error) {
+	var res admin.RecordInspectResult
+	err := s.withRetry(ctx, "inspect", func() error {
+		row := s.pool.QueryRow(ctx, s.adminQuery("RecordInspect"), []byte(p.Scope), []byte(p.Key), nowParam(p.Now))
+		rec, now, err := scanRecord(row, p.Scope, p.Key, nil)
+		if err != nil {
+			return err
+		}
+		res = admin.RecordInspectResult{Record: admin.FromRecord(rec, p.Body), Now: now}
+		return nil
+	})
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	return &res, nil
+}
+
+// RecordList implements [admin.Store.RecordList]: along the primary key, one scope's
+// records or every scope's, one row more than the limit to tell whether more follow.
+func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*admin.RecordListResult, error) {
+	limit, err := p.ListLimit()
+	if err != nil {
+		return nil, err
+	}
+	query, args := s.adminQuery("RecordListAll"), []any{[]byte(p.AfterScope), []byte(p.AfterKey)}
+	if p.Scope != "" {
+		after := ""
+		if p.AfterScope == p.Scope {
+			after = p.AfterKey
+		}
+		query, args = s.adminQuery("RecordListScope"), []any{[]byte(p.Scope), []byte(after)}
+	}
+	args = append(args, string(p.State), limit+1, nowParam(p.Now))
+	var res *admin.RecordListResult
+	err = s.withRetry(ctx, "list", func() error {
+		rows, err := s.pool.Query(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		res = &admin.RecordListResult{}
+		for rows.Next() {
+			r, now, err := scanListed(rows)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			res.Now = now
+			res.Records = append(res.Records, r)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	if len(res.Records) > limit {
+		res.Records, res.More = res.Records[:limit], true
+	}
+	if res.Now.IsZero() {
+		res.Now = time.Now().UTC() // no rows: no store time to report
+		if !p.Now.IsZero() {
+			res.Now = p.Now
+		}
+	}
+	return res, nil
+}
+
+// scanListed reads one row of RecordListScope or RecordListAll.
+func scanListed(rows pgx.Rows) (*admin.Record, time.Time, error) {
+	var (
+		r                admin.Record
+		scope, key, fp   []byte
+		state            string
+		leaseEnd         *time.Time
+		status           *int32
+		bodySize         int32
+		created, expires time.Time
+		now              time.Time
+	)
+	err := rows.Scan(&scope, &key, &r.ID, &r.Fingerprint.Version, &fp, &state, &leaseEnd,
+		&status, &bodySize, &r.NotStored, &r.RecoveryPoint, &created, &expires, &now)
+	if err != nil {
+		return nil, now, err
+	}
+	if len(fp) != len(r.Fingerprint.Sum) {
+		return nil, now, fmt.Errorf("postgres: stored fingerprint has %d bytes, want %d", len(fp), len(r.Fingerprint.Sum))
+	}
+	copy(r.Fingerprint.Sum[:], fp)
+	r.Scope, r.Key, r.State = string(scope), string(key), idem.State(state)
+	r.CreatedAt, r.ExpiresAt, r.BodySize = created.UTC(), expires.UTC(), int(bodySize)
+	if leaseEnd != nil && r.State == idem.StateInFlight {
+		r.LeaseEnd = leaseEnd.UTC()
+	}
+	if status != nil {
+		r.Status = int(*status)
+	}
+	return &r, now.UTC(), nil
+}
+
+// RecordDelete implements [admin.Store.RecordDelete] in one statement that locks the
+// row, judges its lease and deletes it.
+func (s *Store) RecordDelete(ctx context.Context, p *admin.RecordDeleteParams) error {
+	var found, deleted int64
+	err := s.withRetry(ctx, "delete", func() error {
+		return s.pool.QueryRow(ctx, s.adminQuery("RecordDelete"), []byte(p.Scope), []byte(p.Key), p.Force, nowParam(p.Now)).
+			Scan(&found, &deleted)
+	})
+	switch {
+	case err != nil:
+		return interpretError(err)
+	case found == 0:
+		return idem.ErrNotFound
+	case deleted == 0:
+		return admin.ErrLeaseLive
+	}
+	return nil
+}
+
+// RecordDeleteScope implements [admin.Store.RecordDeleteScope]: batches of
+// params.BatchSize rows along the primary key, each its own statement, until one comes
+// back short; then it counts the live leases it spared.
+func (s *Store) RecordDeleteScope(ctx context.Context, p *admin.RecordDeleteScopeParams) (*admin.RecordDeleteScopeResult, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	res := &admin.RecordDeleteScopeResult{}
+	batch, scope, now := p.Batch(), []byte(p.Scope), nowParam(p.Now)
+	for {
+		var n int64
+		err := s.withRetry(ctx, "delete_scope", func() error {
+			tag, err := s.pool.Exec(ctx, s.adminQuery("RecordDeleteScope"), scope, p.Force, batch, now)
+			n = tag.RowsAffected()
+			return err
+		})
+		res.Deleted += int(n)
+		if err != nil {
+			return res, interpretError(err)
+		}
+		if n < int64(batch) {
+			break
+		}
+	}
+	if p.Force {
+		return res, nil
+	}
+	var kept int64
+	err := s.withRetry(ctx, "count_live", func() error {
+		return s.pool.QueryRow(ctx, s.adminQuery("RecordCountLive"), scope, now).Scan(&kept)
+	})
+	res.Kept = int(kept)
+	return res, interpretError(err)
+}
+
+// AdminCapabilities implements [admin.Store.AdminCapabilities]: PostgreSQL can do
+// everything.
+func (s *Store) AdminCapabilities() admin.Capabilities { return admin.Capabilities{List: true} }

@@ -1,0 +1,158 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin"
+)
+
+var _ admin.Store = (*Store)(nil)
+
+// RecordInspect implements [admin.Store.RecordInspect] with a plain read.
+func (s *Store) RecordInspect(ctx context.Context, p *admin.RecordInspectParams) (*admin.RecordInspectResult, error) {
+	t := now(p.Now)
+	var rec *idem.Record
+	err := s.retryBusy(ctx, "inspect", func() (err error) {
+		rec, err = getRecord(ctx, s.db, p.Scope, p.Key)
+		return err
+	})
+	switch {
+	case err != nil:
+		return nil, interpretError(err)
+	case rec == nil:
+		return nil, idem.ErrNotFound
+	}
+	return &admin.RecordInspectResult{Record: admin.FromRecord(rec, p.Body), Now: t.UTC()}, nil
+}
+
+// RecordList implements [admin.Store.RecordList]: along the primary key, one scope's
+// records or every scope's, one row more than the limit to tell whether more follow.
+func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*admin.RecordListResult, error) {
+	limit, err := p.ListLimit()
+	if err != nil {
+		return nil, err
+	}
+	t := now(p.Now)
+	query, args := queryAdminListAll, []any{sql.Named("after_scope", p.AfterScope), sql.Named("after_key", p.AfterKey)}
+	if p.Scope != "" {
+		after := ""
+		if p.AfterScope == p.Scope {
+			after = p.AfterKey
+		}
+		query, args = queryAdminListScope, []any{sql.Named("scope", p.Scope), sql.Named("after_key", after)}
+	}
+	args = append(args, sql.Named("state", string(p.State)), sql.Named("limit", limit+1))
+	var recs []*admin.Record
+	err = s.retryBusy(ctx, "list", func() error {
+		recs = nil
+		rows, err := s.db.QueryContext(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			r, err := scanListed(rows)
+			if err != nil {
+				return err
+			}
+			recs = append(recs, r)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	res := &admin.RecordListResult{Records: recs, Now: t.UTC()}
+	if len(recs) > limit {
+		res.Records, res.More = recs[:limit], true
+	}
+	return res, nil
+}
+
+// scanListed reads one row of admin_list_scope.sql or admin_list_all.sql.
+func scanListed(rows *sql.Rows) (*admin.Record, error) {
+	var (
+		r                admin.Record
+		fp               []byte
+		state            string
+		leaseEnd, status sql.NullInt64
+		created, expires int64
+	)
+	err := rows.Scan(&r.Scope, &r.Key, &r.ID, &r.Fingerprint.Version, &fp, &state, &leaseEnd,
+		&status, &r.BodySize, &r.NotStored, &r.RecoveryPoint, &created, &expires)
+	if err != nil {
+		return nil, err
+	}
+	if len(fp) != len(r.Fingerprint.Sum) {
+		return nil, fmt.Errorf("record has a fingerprint of %d bytes, want %d", len(fp), len(r.Fingerprint.Sum))
+	}
+	copy(r.Fingerprint.Sum[:], fp)
+	r.State = idem.State(state)
+	r.CreatedAt, r.ExpiresAt = fromNanos(created), fromNanos(expires)
+	if leaseEnd.Valid && r.State == idem.StateInFlight {
+		r.LeaseEnd = fromNanos(leaseEnd.Int64)
+	}
+	r.Status = int(status.Int64)
+	return &r, nil
+}
+
+// RecordDelete implements [admin.Store.RecordDelete]: the record is read, its lease
+// judged and the row deleted under the write lock.
+func (s *Store) RecordDelete(ctx context.Context, p *admin.RecordDeleteParams) error {
+	t := now(p.Now)
+	return interpretError(s.writeTx(ctx, "admin delete", func(tx *sql.Tx) error {
+		rec, err := getRecord(ctx, tx, p.Scope, p.Key)
+		switch {
+		case err != nil:
+			return err
+		case rec == nil:
+			return idem.ErrNotFound
+		case rec.LeaseLive(t) && !p.Force:
+			return admin.ErrLeaseLive
+		}
+		_, err = tx.ExecContext(ctx, queryAdminDelete, sql.Named("scope", p.Scope), sql.Named("key", p.Key))
+		return err
+	}))
+}
+
+// RecordDeleteScope implements [admin.Store.RecordDeleteScope]: batches of
+// params.BatchSize rows, each in a short write transaction of its own so that request
+// traffic waits for at most one batch, until one comes back short; then it counts the
+// live leases it spared.
+func (s *Store) RecordDeleteScope(ctx context.Context, p *admin.RecordDeleteScopeParams) (*admin.RecordDeleteScopeResult, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	t := nanos(now(p.Now))
+	res := &admin.RecordDeleteScopeResult{}
+	batch := p.Batch()
+	for {
+		var n int64
+		err := s.writeTx(ctx, "admin delete scope", func(tx *sql.Tx) (err error) {
+			n, err = execRows(ctx, tx, queryAdminDeleteScope, sql.Named("scope", p.Scope),
+				sql.Named("force", p.Force), sql.Named("now", t), sql.Named("limit", batch))
+			return err
+		})
+		if err != nil {
+			return res, interpretError(err)
+		}
+		res.Deleted += int(n)
+		if n < int64(batch) {
+			break
+		}
+	}
+	if p.Force {
+		return res, nil
+	}
+	err := s.retryBusy(ctx, "count live", func() error {
+		return s.db.QueryRowContext(ctx, queryAdminCountLive, sql.Named("scope", p.Scope), sql.Named("now", t)).Scan(&res.Kept)
+	})
+	return res, interpretError(err)
+}
+
+// AdminCapabilities implements [admin.Store.AdminCapabilities]: SQLite can do
+// everything.
+func (s *Store) AdminCapabilities() admin.Capabilities { return admin.Capabilities{List: true} }

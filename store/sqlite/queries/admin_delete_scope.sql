@@ -1,0 +1,8 @@
+-- Deletes one batch of a scope's records, sparing (unless :force) those in flight
+-- under a live lease at :now (admin.Store.RecordDeleteScope).
+DELETE FROM idem_records
+WHERE rowid IN (
+    SELECT rowid FROM idem_records
+    WHERE scope = :scope AND (:force OR NOT (state = 'in_flight' AND lease_end > :now))
+    LIMIT :limit
+)

@@ -1,0 +1,9 @@
+-- One page of every scope's records in (scope, key) order after (:after_scope,
+-- :after_key), along the primary key (admin.Store.RecordList).
+SELECT scope, key, record_id, fingerprint_version, fingerprint, state, lease_end,
+       response_status, coalesce(length(response_body), 0), response_not_stored,
+       recovery_point, created_at, expires_at
+FROM idem_records
+WHERE (scope, key) > (:after_scope, :after_key) AND (:state = '' OR state = :state)
+ORDER BY scope, key
+LIMIT :limit
