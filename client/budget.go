@@ -33,11 +33,11 @@ var ErrBudgetExhausted = errors.New("retry budget exhausted")
 // than one is left. So over any period retries are at most
 // ratio·requests + floorPerSecond·seconds + burst.
 //
-// A re-send that the http.Transport made on its own (see [Transport]) has already
-// happened when it is detected: it is charged all the same and may overdraw the
-// bucket, which then refuses retries until deposits repay the debt. The [Transport]
-// only lets the http.Transport re-send a request with a body while the budget can
-// pay for it, so only body-less requests can overdraw.
+// The http.Transport's own re-sends of a request (see [Transport]) take a token
+// before they happen, as retries do, and do not happen when none is left. The few
+// that net/http makes without asking (body-less requests idempotent by method, HTTP/2
+// requests the server refused unprocessed) are charged once detected and may overdraw
+// the bucket, which then refuses retries until deposits repay the debt.
 //
 // A Budget is safe for concurrent use.
 type Budget struct {
@@ -106,9 +106,6 @@ func (b *Budget) charge(n int) {
 	b.refillLocked()
 	b.tokens -= float64(n)
 }
-
-// canCover reports whether the budget holds a token for one more re-send.
-func (b *Budget) canCover() bool { return b.Tokens() >= 1-tokenSlack }
 
 // tokenSlack absorbs floating-point rounding, so that ten deposits of 0.1 earn a
 // retry.

@@ -15,9 +15,12 @@
 // Retries are limited by [Transport.MaxAttempts] and by a [Budget], a token bucket
 // shared by every request of the client, so that a failing server sees at most a
 // bounded fraction of extra load. The http.Transport underneath silently re-sends a
-// request carrying an Idempotency-Key when a reused connection fails; the Transport
-// detects those re-sends with [net/http/httptrace] and charges them to the budget
-// and to the attempt count.
+// request carrying an Idempotency-Key when a reused connection fails; each such
+// re-send takes an attempt and a budget token before it happens (through
+// Request.GetBody, which net/http calls first), or does not happen, so that
+// MaxAttempts 1 sends a POST once and concurrent requests never overdraw the budget.
+// Re-sends net/http makes without asking are detected with [net/http/httptrace] and
+// counted after the fact (see [Transport]).
 //
 // [Attempts] reports how many attempts a response took; a failed request returns a
 // [*RetryError] ("POST https://… giving up after 3 attempt(s): …") that wraps the

@@ -1,14 +1,12 @@
 package client
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -39,7 +37,7 @@ func TestChargesThroughLossyNetworkExecuteExactlyOnce(t *testing.T) {
 		Budget:      NewBudget(1, 100, 1000), // generous: a retry per request and then some
 		MaxAttempts: 30,                      // 0.4³⁰: no charge runs out of attempts
 		Backoff:     ExponentialBackoff(time.Millisecond, 20*time.Millisecond, nil),
-		Logger:      slog.New(countingHandler{msg: "client: the http.Transport re-sent the request", n: &resendLogs}),
+		Logger:      slog.New(countingHandler{msg: "client: admitting the http.Transport's re-send", n: &resendLogs}),
 	}
 	c := NewClient(tr)
 
@@ -237,68 +235,15 @@ func TestKeyReusedIsReturnedWithoutRetry(t *testing.T) {
 	}
 }
 
-// oneShotServer answers the first request of every connection with 503 and keeps
-// the connection alive, then reads the next request on it and closes the connection
-// without answering: the http.Transport's reused connection fails after the request
-// was written, which makes it re-send the request on a new connection.
-type oneShotServer struct {
-	ln       net.Listener
-	requests atomic.Int64
-	wg       sync.WaitGroup
-}
-
-func newOneShotServer(t *testing.T) *oneShotServer {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &oneShotServer{ln: ln}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				s.serve(c)
-			}()
-		}
-	}()
-	t.Cleanup(func() { _ = ln.Close(); s.wg.Wait() })
-	return s
-}
-
-func (s *oneShotServer) serve(c net.Conn) {
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	br := bufio.NewReader(c)
-	for i := 0; ; i++ {
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			return
-		}
-		_, _ = io.Copy(io.Discard, req.Body)
-		s.requests.Add(1)
-		if i > 0 {
-			return
-		}
-		body := `{"error":{"type":"idempotency_error","code":"store_unavailable","message":"down"}}`
-		_, _ = fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	}
-}
-
 // With the server always failing, the Transport stops when the budget is spent, says
 // so, and makes no more attempts than the budget allows, counting the
 // http.Transport's own re-sends.
 func TestRetryBudgetStopsRetriesAndCountsTransportResends(t *testing.T) {
 	t.Parallel()
 	const burst = 5
-	run := func(t *testing.T, req *http.Request) (*RetryError, *Budget, *oneShotServer) {
-		srv := newOneShotServer(t)
+	run := func(t *testing.T, req *http.Request) (*RetryError, *Budget, *staleConnServer) {
+		// Every first request of a connection gets 503, every later one is dropped.
+		srv := newStaleConnServer(t, 0, http.StatusServiceUnavailable)
 		u := "http://" + srv.ln.Addr().String()
 		req.URL, _ = req.URL.Parse(u + req.URL.Path)
 		budget := newBudget(0, 0, burst, newFrozenClock().Now) // no deposits, no refill
@@ -326,8 +271,8 @@ func TestRetryBudgetStopsRetriesAndCountsTransportResends(t *testing.T) {
 	t.Run("request with a body stays within the budget", func(t *testing.T) {
 		t.Parallel()
 		re, budget, _ := run(t, chargeRequest(t, "http://placeholder", `{"amount": 100, "currency": "usd"}`))
-		// 1 first attempt + burst tokens spent on retries and re-sends; the retry
-		// that took the last token was sent non-re-sendable.
+		// 1 first attempt + burst tokens spent on retries and re-sends; the re-send
+		// that found no token left was refused before it happened.
 		if re.Attempts != 1+burst || budget.Tokens() != 0 {
 			t.Fatalf("%d attempts, %v tokens left; want %d attempts, 0 tokens", re.Attempts, budget.Tokens(), 1+burst)
 		}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptrace"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,11 +35,31 @@ const maxDrain = 64 << 10
 // [*RetryError] and closes the last response.
 //
 // The http.Transport underneath re-sends a request that carries an Idempotency-Key
-// on its own when a reused keep-alive connection fails. Each attempt is traced
-// ([httptrace.ClientTrace]): a second request written within one attempt is such a
-// re-send, and is charged to the Budget and counted as an attempt. A request with a
-// body is only made re-sendable (Request.GetBody is set) while the budget can pay
-// for a re-send.
+// on its own when a reused keep-alive connection fails after the request was written
+// (a server's idle timeout striking as the request arrives). Such a re-send is an
+// attempt like any other, and takes its attempt and its Budget token before it
+// happens, or does not happen:
+//
+//   - A request with a body is re-sent only after net/http calls its
+//     Request.GetBody, which the Transport sets to a gate: it admits the re-send when
+//     the request has an attempt left (MaxAttempts) and the budget a token, and takes
+//     both; otherwise it refuses, and the request ends with a [*RetryError] that says
+//     why (wrapping [ErrBudgetExhausted] when the budget refused).
+//   - A request without a body gives net/http nothing to ask, so the Transport keeps
+//     it from re-sending at all: net/http re-sends only requests whose header map
+//     holds the canonical "Idempotency-Key" entry, and the Transport writes the key
+//     under its lower-case name instead (header names are case-insensitive, and
+//     HTTP/2 lower-cases them anyway). A failed connection is then retried by the
+//     Transport itself, paid for like any retry. Only the request handed to Base
+//     carries the lower-case entry; the [RetryPolicy] and resp.Request see the
+//     canonical one.
+//
+// What net/http still re-sends without asking is counted after the fact, by tracing
+// each attempt ([httptrace.ClientTrace]: a second request written within one attempt
+// is a re-send), and charged to the budget, which it may overdraw: body-less requests
+// that are idempotent by method (GET, HEAD, OPTIONS, TRACE), an HTTP/2 request the
+// server refused unprocessed (REFUSED_STREAM, GOAWAY), and a body-less request none of
+// whose bytes reached the connection.
 type Transport struct {
 	// Base sends each attempt. Defaults to [http.DefaultTransport].
 	Base http.RoundTripper
@@ -58,7 +79,8 @@ type Transport struct {
 	Budget *Budget
 
 	// MaxAttempts is the most attempts of one logical request, the first and the
-	// http.Transport's re-sends included. Defaults to [DefaultMaxAttempts] when 0.
+	// http.Transport's re-sends included: with 1, a POST is sent once. Defaults to
+	// [DefaultMaxAttempts] when 0.
 	MaxAttempts int
 
 	// MaxRetryAfter caps the wait a Retry-After header asks for. Defaults to
@@ -168,27 +190,35 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	budget := t.theBudget()
 	budget.deposit()
 	ctx := req.Context()
-	var attempts, resends, retries int
+	gate := t.resendGate(ctx, l, budget)
+	retries := 0
 	for {
-		r, written, err := l.attempt(ctx, budget.canCover())
+		r, wire, written, err := l.attempt(ctx, gate)
 		if err != nil {
-			return nil, l.fail(attempts, resends, err)
+			return nil, l.fail(err)
 		}
-		resp, err := t.base().RoundTrip(r)
-		extra := max(0, int(written.Load())-1)
-		attempts += 1 + extra
-		if extra > 0 {
-			resends += extra
+		l.attempts.Add(1)
+		admitted := l.resends.Load()
+		resp, err := t.base().RoundTrip(wire)
+		// Re-sends net/http made without asking the gate are counted now, and paid
+		// for after the fact.
+		if extra := int(written.Load()) - 1 - int(l.resends.Load()-admitted); extra > 0 {
+			l.attempts.Add(int32(extra))
+			l.resends.Add(int32(extra))
 			budget.charge(extra)
 			t.logger().DebugContext(ctx, "client: the http.Transport re-sent the request", "method", req.Method,
 				"url", l.url, "resends", extra)
 		}
+		var refused *resendRefusedError
+		if errors.As(err, &refused) {
+			return nil, l.fail(refused)
+		}
 		retry, perr := t.policy()(ctx, r, resp, err)
 		switch {
 		case perr == nil && !retry && err == nil:
-			return withAttempts(resp, r, attempts), nil
+			return withAttempts(resp, r, int(l.attempts.Load())), nil
 		case perr == nil && !retry:
-			return nil, l.fail(attempts, resends, err)
+			return nil, l.fail(err)
 		}
 		last := err
 		if err == nil {
@@ -197,34 +227,69 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		switch {
 		case perr != nil:
 			discard(resp)
-			return nil, l.fail(attempts, resends, joinCause(perr, last))
+			return nil, l.fail(joinCause(perr, last))
 		case ctx.Err() != nil:
 			discard(resp)
-			return nil, l.fail(attempts, resends, joinCause(context.Cause(ctx), last))
-		case attempts >= t.maxAttempts():
+			return nil, l.fail(joinCause(context.Cause(ctx), last))
+		case int(l.attempts.Load()) >= t.maxAttempts():
 			discard(resp)
-			return nil, l.fail(attempts, resends, last)
+			return nil, l.fail(last)
 		}
 		wait, err := t.wait(ctx, retries, resp)
 		if err != nil {
 			discard(resp)
-			return nil, l.fail(attempts, resends, joinCause(err, last))
+			return nil, l.fail(joinCause(err, last))
 		}
 		if !budget.withdraw() {
 			discard(resp)
 			t.logger().WarnContext(ctx, "client: retry budget exhausted", "method", req.Method, "url", l.url,
-				"attempts", attempts, "tokens", budget.Tokens())
-			return nil, l.fail(attempts, resends, joinCause(ErrBudgetExhausted, last))
+				"attempts", l.attempts.Load(), "tokens", budget.Tokens())
+			return nil, l.fail(joinCause(ErrBudgetExhausted, last))
 		}
 		discard(resp)
 		retries++
 		t.logger().DebugContext(ctx, "client: retrying", "method", req.Method, "url", l.url,
-			"attempt", attempts+1, "wait", wait, "cause", last)
+			"attempt", l.attempts.Load()+1, "wait", wait, "cause", last)
 		if err := sleep(ctx, wait); err != nil {
-			return nil, l.fail(attempts, resends, joinCause(err, last))
+			return nil, l.fail(joinCause(err, last))
 		}
 	}
 }
+
+// resendGate returns the Request.GetBody of a logical request's attempts. net/http
+// calls it before it re-sends a request with a body on its own (a reused connection
+// failed), and re-sends only when it returns a body: the gate admits the re-send when
+// the request has an attempt left and the budget a token, and takes both first.
+// Otherwise it returns a [*resendRefusedError], which net/http returns as the
+// attempt's error.
+func (t *Transport) resendGate(ctx context.Context, l *logical, budget *Budget) func() (io.ReadCloser, error) {
+	return func() (io.ReadCloser, error) {
+		if n := int(l.attempts.Load()); n >= t.maxAttempts() {
+			return nil, &resendRefusedError{cause: fmt.Errorf("it would be attempt %d of at most %d (MaxAttempts)", n+1, t.maxAttempts())}
+		}
+		if !budget.withdraw() {
+			t.logger().WarnContext(ctx, "client: retry budget exhausted; the http.Transport's re-send is refused",
+				"method", l.req.Method, "url", l.url, "attempts", l.attempts.Load(), "tokens", budget.Tokens())
+			return nil, &resendRefusedError{cause: ErrBudgetExhausted}
+		}
+		l.attempts.Add(1)
+		l.resends.Add(1)
+		t.logger().DebugContext(ctx, "client: admitting the http.Transport's re-send", "method", l.req.Method,
+			"url", l.url, "attempt", l.attempts.Load())
+		return l.getBody()
+	}
+}
+
+// resendRefusedError is the error of an attempt whose re-send by the http.Transport
+// the gate refused: the request went out on a reused connection that then failed,
+// and may or may not have reached the server.
+type resendRefusedError struct{ cause error }
+
+func (e *resendRefusedError) Error() string {
+	return "a reused connection failed, and the http.Transport's re-send is refused: " + e.cause.Error()
+}
+
+func (e *resendRefusedError) Unwrap() error { return e.cause }
 
 // wait returns the wait before the next attempt: the answer's Retry-After (capped
 // by MaxRetryAfter) or the backoff. It returns an error wrapping
@@ -267,13 +332,10 @@ func joinCause(why, last error) error {
 	return fmt.Errorf("%w; last attempt: %w", why, last)
 }
 
-// withAttempts records the attempt count in the context of resp.Request.
+// withAttempts sets resp.Request to the attempt's request r (with the key under its
+// canonical name), recording the attempt count in its context.
 func withAttempts(resp *http.Response, r *http.Request, attempts int) *http.Response {
-	req := resp.Request
-	if req == nil {
-		req = r
-	}
-	resp.Request = req.WithContext(context.WithValue(req.Context(), attemptsKey{}, attempts))
+	resp.Request = r.WithContext(context.WithValue(r.Context(), attemptsKey{}, attempts))
 	return resp
 }
 
@@ -351,6 +413,10 @@ type logical struct {
 	key     string // added by the Transport; "" when the request had one or gets none
 	getBody func() (io.ReadCloser, error)
 	length  int64
+
+	// attempts and resends count what was sent, re-sends included; the re-send gate
+	// updates them from whichever goroutine the http.Transport calls it on.
+	attempts, resends atomic.Int32
 }
 
 // prepare reads req's body once (unless GetBody can rebuild it) and picks its key.
@@ -389,33 +455,74 @@ func (l *logical) bufferBody() error {
 }
 
 // attempt returns the request of one attempt: a clone of the caller's with the key,
-// a fresh copy of the body and a trace counting the requests written. resendable
-// says whether the http.Transport may re-send it on its own (it cannot re-send a
-// body without GetBody).
-func (l *logical) attempt(ctx context.Context, resendable bool) (*http.Request, *atomic.Int32, error) {
+// a fresh copy of the body and a trace counting the requests written. It returns it
+// twice: r as the policy and the caller see it, and wire, as Base sends it. With a
+// body, wire is r, and its GetBody is gate, which net/http calls before re-sending
+// it. Without one, wire carries the idempotency key under its lower-case name, so
+// that net/http does not re-send it on its own (see [Transport]).
+func (l *logical) attempt(ctx context.Context, gate func() (io.ReadCloser, error)) (r, wire *http.Request, written *atomic.Int32, err error) {
 	// A counter per attempt: a late hook of one attempt must not count in the next.
-	written := new(atomic.Int32)
+	written = new(atomic.Int32)
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		WroteRequest: func(httptrace.WroteRequestInfo) { written.Add(1) },
 	})
-	r := l.req.Clone(ctx)
+	r = l.req.Clone(ctx)
 	if l.key != "" {
 		r.Header.Set(HeaderKey, l.key)
 	}
 	if l.getBody == nil {
-		return r, written, nil
+		return r, unreplayable(r), written, nil
 	}
 	body, err := l.getBody()
 	if err != nil {
-		return nil, nil, fmt.Errorf("rebuilding the request body: %w", err)
+		return nil, nil, nil, fmt.Errorf("rebuilding the request body: %w", err)
 	}
-	r.Body, r.ContentLength, r.GetBody = body, l.length, nil
-	if resendable {
-		r.GetBody = l.getBody
-	}
-	return r, written, nil
+	r.Body, r.ContentLength, r.GetBody = body, l.length, gate
+	return r, r, written, nil
 }
 
-func (l *logical) fail(attempts, resends int, err error) error {
-	return &RetryError{Method: l.req.Method, URL: l.url, Attempts: attempts, Resends: resends, Err: err}
+// replayableHeaders are the header map entries that make net/http re-send a request
+// on its own, whatever its method (see http.Transport).
+var replayableHeaders = [...]string{HeaderKey, "X-Idempotency-Key"}
+
+// unreplayable returns r as Base should send it when r has no body: when net/http
+// would re-send it only because of its idempotency key, a shallow copy whose key
+// entries are renamed to lower case, which net/http does not look for but sends (and
+// servers read) all the same.
+func unreplayable(r *http.Request) *http.Request {
+	if idempotentToNetHTTP(r.Method) {
+		return r
+	}
+	var h http.Header
+	for _, name := range replayableHeaders {
+		v, ok := r.Header[name]
+		if !ok {
+			continue
+		}
+		if h == nil {
+			h = r.Header.Clone()
+		}
+		delete(h, name)
+		h[strings.ToLower(name)] = v
+	}
+	if h == nil {
+		return r
+	}
+	wire := *r
+	wire.Header = h
+	return &wire
+}
+
+// idempotentToNetHTTP reports whether net/http re-sends a body-less request of method
+// on its own, key or not.
+func idempotentToNetHTTP(method string) bool {
+	switch method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}
+
+func (l *logical) fail(err error) error {
+	return &RetryError{Method: l.req.Method, URL: l.url, Attempts: int(l.attempts.Load()), Resends: int(l.resends.Load()), Err: err}
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -55,32 +56,45 @@ func fastClient(t *Transport) *http.Client {
 }
 
 // Every attempt of a logical request sends the same key and the same body bytes with
-// their Content-Length, whether the body can be rebuilt with GetBody or has to be
-// buffered.
+// their Content-Length, whether the body can be rebuilt with GetBody, has to be
+// buffered, or is absent (nil, or http.NoBody as http.NewRequest makes of an empty
+// reader: the wire request then holds the key under its lower-case name, see
+// Transport, and the caller still sees it under the canonical one).
 func TestBodyAndKeyAreTheSameOnEveryAttempt(t *testing.T) {
 	t.Parallel()
 	const body = `{"amount": 2000, "currency": "usd", "customer_id": "cust_abc123"}`
-	for name, newReq := range map[string]func(url string) *http.Request{
-		"GetBody": func(url string) *http.Request {
+	for name, tc := range map[string]struct {
+		newReq func(url string) *http.Request
+		body   string
+	}{
+		"GetBody": {func(url string) *http.Request {
 			req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 			return req
-		},
-		"one-shot reader": func(url string) *http.Request {
+		}, body},
+		"one-shot reader": {func(url string) *http.Request {
 			req, _ := http.NewRequest(http.MethodPost, url, io.MultiReader(strings.NewReader(body)))
 			if req.GetBody != nil || req.ContentLength != 0 {
 				t.Fatal("want a body that cannot be rebuilt, of unknown length")
 			}
 			return req
-		},
-		"PATCH": func(url string) *http.Request {
+		}, body},
+		"PATCH": {func(url string) *http.Request {
 			req, _ := http.NewRequest(http.MethodPatch, url, io.NopCloser(strings.NewReader(body)))
 			return req
-		},
+		}, body},
+		"no body": {func(url string) *http.Request {
+			req, _ := http.NewRequest(http.MethodPost, url, nil)
+			return req
+		}, ""},
+		"NoBody": {func(url string) *http.Request {
+			req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(""))
+			return req
+		}, ""},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ts, seen := flakyServer(t, 2, http.StatusBadGateway, http.StatusCreated)
-			resp, err := fastClient(&Transport{}).Do(newReq(ts.URL))
+			resp, err := fastClient(&Transport{}).Do(tc.newReq(ts.URL))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -89,9 +103,10 @@ func TestBodyAndKeyAreTheSameOnEveryAttempt(t *testing.T) {
 			if len(attempts) != 3 || Attempts(resp) != 3 {
 				t.Fatalf("%d attempts at the server, Attempts = %d; want 3", len(attempts), Attempts(resp))
 			}
+			length := strconv.Itoa(len(tc.body))
 			for i, a := range attempts {
-				if a.body != body || a.contentLength != "65" || a.key != attempts[0].key || !uuidV4.MatchString(a.key) {
-					t.Fatalf("attempt %d: %+v; want the body, Content-Length 65 and the key of attempt 0 (%s)", i, a, attempts[0].key)
+				if a.body != tc.body || a.contentLength != length || a.key != attempts[0].key || !uuidV4.MatchString(a.key) {
+					t.Fatalf("attempt %d: %+v; want the body, Content-Length %s and the key of attempt 0 (%s)", i, a, length, attempts[0].key)
 				}
 			}
 			if got := resp.Request.Header.Get(HeaderKey); got != attempts[0].key {
