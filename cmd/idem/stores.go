@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
@@ -49,6 +50,18 @@ type storeURL struct {
 	raw  string // as given
 	// path is the SQLite database: a file path or a file: URI.
 	path string
+	// timeout bounds connecting to a PostgreSQL or Redis store and, for Redis, each
+	// read and write, where the URL does not set its own bounds (conn.go). Zero means
+	// idem.DefaultStoreTimeout.
+	timeout time.Duration
+}
+
+// connTimeout is u.timeout or its default.
+func (u storeURL) connTimeout() time.Duration {
+	if u.timeout > 0 {
+		return u.timeout
+	}
+	return idem.DefaultStoreTimeout
 }
 
 // parseStoreURL parses a store URL:
@@ -129,19 +142,21 @@ func openStore(ctx context.Context, u storeURL, logger *slog.Logger) (*openedSto
 		}
 		return &openedStore{url: u, store: st, migrate: st.Migrate, sqlite: st, close: func() { _ = st.Close() }}, nil
 	case kindPostgres:
-		cfg := postgres.Config{Logger: logger}
-		if !strings.Contains(u.raw, "pool_max_conns") {
-			cfg.MaxConns = postgresConns
-		}
-		st, err := postgres.Open(ctx, u.raw, cfg)
+		pool, err := openPostgresPool(ctx, u.raw, postgresConns, u.connTimeout())
 		if err != nil {
+			return nil, fmt.Errorf("postgres: %w", err)
+		}
+		st, err := postgres.NewFromPool(pool, postgres.Config{Logger: logger})
+		if err != nil {
+			pool.Close()
 			return nil, err
 		}
-		return &openedStore{url: u, store: st, migrate: st.Migrate, pg: st, close: st.Close}, nil
+		closeAll := func() { st.Close(); pool.Close() }
+		return &openedStore{url: u, store: st, migrate: st.Migrate, pg: st, close: closeAll}, nil
 	case kindRedis:
 		routeGoRedisLogs(logger)
 		// Open logs its durability warnings (persistence, eviction) once, through logger.
-		st, err := redis.Open(ctx, u.raw, redis.Config{Logger: logger})
+		st, err := redis.Open(ctx, redisURLWithTimeouts(u.raw, u.connTimeout()), redis.Config{Logger: logger})
 		if err != nil {
 			return nil, err
 		}
@@ -195,16 +210,9 @@ func openDB(ctx context.Context, db storeURL, st *openedStore) (*payments.DB, fu
 		}
 		return payments.NewSQLiteDB(sdb, nil), func() { _ = sdb.Close() }, nil
 	case kindPostgres:
-		pcfg, err := pgxpool.ParseConfig(db.raw)
+		pool, err := openPostgresPool(ctx, db.raw, postgresConns, db.connTimeout())
 		if err != nil {
 			return nil, nil, fmt.Errorf("--db %q: %v", db, err)
-		}
-		if !strings.Contains(db.raw, "pool_max_conns") {
-			pcfg.MaxConns = postgresConns
-		}
-		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-		if err != nil {
-			return nil, nil, err
 		}
 		return payments.NewPostgresDB(pool, nil), pool.Close, nil
 	}
