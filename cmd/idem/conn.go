@@ -102,4 +102,3 @@ func urlQuery(raw string) url.Values {
 	q, _ := url.ParseQuery(u.RawQuery)
 	return q
 }
-

@@ -64,6 +64,11 @@ func TestBadFlagsAndURLsAreOneLineErrorsWithExitStatus2(t *testing.T) {
 		{[]string{"payments", "--store", store, "--ttl", "10s"}, "--ttl (10s) must be longer than --lock-timeout (30s)"},
 		{[]string{"payments", "--store", store, "--processor-latency", "-1s"}, "--processor-latency"},
 		{[]string{"payments", "--store", store, "--profile", "rfc"}, "--profile"},
+		{[]string{"payments", "--store", store, "--store-timeout", "0s"}, "--store-timeout"},
+		{[]string{"payments", "--store", store, "--read-header-timeout", "0s"}, "--read-header-timeout"},
+		{[]string{"payments", "--store", store, "--read-timeout", "-1s"}, "--read-timeout"},
+		{[]string{"payments", "--store", store, "--idle-timeout", "0s"}, "--idle-timeout"},
+		{[]string{"payments", "--store", store, "--max-header-bytes", "100"}, "--max-header-bytes"},
 		{[]string{"payments", "--store", store, "stray"}, "stray"},
 		{[]string{"migrate"}, "--store is required"},
 		{[]string{"migrate", "--store", "mysql://x"}, "mysql"},
@@ -101,9 +106,10 @@ func TestUnknownCommandPrintsUsageWithExitStatus2(t *testing.T) {
 func TestHelpExplainsEveryFlag(t *testing.T) {
 	t.Parallel()
 	for cmd, flags := range map[string][]string{
-		"payments": {"addr", "store", "db", "ttl", "lock-timeout", "processor-latency", "profile", "disable-idempotency", "log-format", "log-level"},
-		"migrate":  {"store"},
-		"purge":    {"store", "older-than"},
+		"payments": {"addr", "store", "db", "ttl", "lock-timeout", "processor-latency", "profile", "disable-idempotency", "log-format", "log-level",
+			"store-timeout", "read-header-timeout", "read-timeout", "idle-timeout", "max-header-bytes"},
+		"migrate": {"store"},
+		"purge":   {"store", "older-than"},
 	} {
 		code, stdout, _ := runCmd(t, cmd, "--help")
 		if code != exitOK {

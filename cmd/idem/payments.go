@@ -18,6 +18,8 @@ const paymentsSynopsis = `[--addr 127.0.0.1:8080] [--store URL] [--db URL] [--tt
                      [--lock-timeout 30s] [--processor-latency 0s] [--profile seed|ietf]
                      [--disable-idempotency] [--replay-cache 0]
                      [--log-format text|json] [--log-level info]
+                     [--store-timeout 5s] [--read-header-timeout 10s] [--read-timeout 30s]
+                     [--idle-timeout 60s] [--max-header-bytes 32768]
 
 Serves the reference payments API (POST/GET /v1/charges, /v1/orders, GET /healthz,
 GET /metrics). It migrates the store's and the payments schema on start (safe when
@@ -34,6 +36,12 @@ A Redis store needs --db, an SQL database for charges and orders, whose unique
 (docs/redis.md). Pools: SQLite 8
 connections (WAL: readers run beside the one writer), PostgreSQL 32; the simulated card
 processor holds no connection, so far more requests can be in flight.
+
+Bounds (docs/operations.md): a store that stops answering costs a keyed request at
+most --store-timeout before it is answered 503 store_unavailable with Retry-After, and
+GET /healthz at most 2 s before 503; a client holds a connection no longer than the
+read and idle timeouts allow, and request-body memory that grows with the bytes it
+sent, never with the Content-Length it announced.
 
 --log-level debug adds a log line per request. Every flag can also be set by its
 environment variable (IDEM_STORE, IDEM_DB, …), so that passwords need not appear on
@@ -55,7 +63,26 @@ type paymentsFlags struct {
 	disableIdempotency       bool
 	replayCache              int
 	log                      logFlags
+	// Bounds on a stalled store (SPEC §9) and on what a client can hold (SPEC §15).
+	storeTimeout                                time.Duration
+	readHeaderTimeout, readTimeout, idleTimeout time.Duration
+	maxHeaderBytes                              int
 }
+
+// Defaults of the server's bounds on clients (SPEC §15).
+const (
+	// defaultReadHeaderTimeout bounds reading a request's headers.
+	defaultReadHeaderTimeout = 10 * time.Second
+	// defaultReadTimeout bounds reading a whole request, body included: a 1 MiB body
+	// at 50 kB/s arrives in about 20 s.
+	defaultReadTimeout = 30 * time.Second
+	// defaultIdleTimeout bounds how long a kept-alive connection waits for its next
+	// request.
+	defaultIdleTimeout = 60 * time.Second
+	// defaultMaxHeaderBytes bounds a request's header block (an API's headers are a
+	// few hundred bytes; net/http's own default is 1 MiB).
+	defaultMaxHeaderBytes = 32 << 10
+)
 
 func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const name = "idem payments"
@@ -71,6 +98,11 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.StringVar(&f.profile, "profile", "seed", "shape of the middleware's errors: seed (Stripe's) or ietf (RFC 9457 problem details)")
 	fs.BoolVar(&f.disableIdempotency, "disable-idempotency", false, "serve the same API without the idempotency middleware (to measure its cost)")
 	fs.IntVar(&f.replayCache, "replay-cache", 0, "keep up to `N` completed responses in memory so that replays skip the store (idem.Config.ReplayCacheSize; 0, the default, is off: the library's default)")
+	fs.DurationVar(&f.storeTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on each store call before the handler runs (claim, in-flight polls): past it the request gets 503 store_unavailable with Retry-After; also bounds connecting to PostgreSQL and Redis and each Redis read and write, unless the URL sets connect_timeout, dial_timeout, read_timeout or write_timeout")
+	fs.DurationVar(&f.readHeaderTimeout, "read-header-timeout", defaultReadHeaderTimeout, "bound on reading a request's headers; past it the connection is closed")
+	fs.DurationVar(&f.readTimeout, "read-timeout", defaultReadTimeout, "bound on reading a whole request, body included; past it the connection is closed and the request is not served (a keyed request is refused 400 body_unreadable, storing nothing)")
+	fs.DurationVar(&f.idleTimeout, "idle-timeout", defaultIdleTimeout, "how long a kept-alive connection may wait for its next request before it is closed")
+	fs.IntVar(&f.maxHeaderBytes, "max-header-bytes", defaultMaxHeaderBytes, "largest request header block, in `bytes`; a larger one is refused with 431")
 	if code, done := parse(fs, args, stdout, stderr); done {
 		return code
 	}
@@ -109,7 +141,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	api := payments.New(payments.Config{
 		Store: st.store, DB: db, Profile: profile, TTL: f.ttl, Lease: f.lease,
 		ProcessorLatency: f.latency, DisableIdempotency: f.disableIdempotency, Logger: libLogger,
-		ReplayCacheSize: f.replayCache,
+		ReplayCacheSize: f.replayCache, StoreTimeout: f.storeTimeout,
 	})
 	ln, err := net.Listen("tcp", f.addr)
 	if err != nil {
@@ -117,7 +149,10 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	srv := &http.Server{
 		Handler:           newMux(api),
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: f.readHeaderTimeout,
+		ReadTimeout:       f.readTimeout,
+		IdleTimeout:       f.idleTimeout,
+		MaxHeaderBytes:    f.maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(libLogger.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
@@ -197,6 +232,17 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 		err = fmt.Errorf("--processor-latency must not be negative, got %v", f.latency)
 	case f.addr == "":
 		err = errors.New("--addr must not be empty")
+	case f.storeTimeout <= 0:
+		err = fmt.Errorf("--store-timeout must be positive, got %v", f.storeTimeout)
+	case f.readHeaderTimeout <= 0:
+		err = fmt.Errorf("--read-header-timeout must be positive, got %v", f.readHeaderTimeout)
+	case f.readTimeout <= 0:
+		err = fmt.Errorf("--read-timeout must be positive, got %v", f.readTimeout)
+	case f.idleTimeout <= 0:
+		err = fmt.Errorf("--idle-timeout must be positive, got %v", f.idleTimeout)
+	case f.maxHeaderBytes < 1<<10:
+		err = fmt.Errorf("--max-header-bytes must be at least 1024, got %d", f.maxHeaderBytes)
 	}
+	store.timeout, db.timeout = f.storeTimeout, f.storeTimeout
 	return store, db, profile, err
 }

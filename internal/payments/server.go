@@ -65,9 +65,14 @@ type Config struct {
 	// (off).
 	ReplayCacheSize int
 
+	// StoreTimeout bounds each store call the middleware makes before the handler
+	// runs (idem.Config.StoreTimeout). Defaults to [idem.DefaultStoreTimeout].
+	StoreTimeout time.Duration
+
 	// Middleware, when set, is used instead of building one from the fields above:
 	// tests pass an idem.Config of their own (an injected clock, say) through it.
-	// Defaults to idem.New with Store, Profile, TTL, Lease, Logger and ReplayCacheSize.
+	// Defaults to idem.New with Store, Profile, TTL, Lease, Logger, ReplayCacheSize and
+	// StoreTimeout.
 	Middleware *idem.Middleware
 }
 
@@ -159,6 +164,7 @@ func (s *Server) routes() {
 				Logger:  s.logger,
 
 				ReplayCacheSize: s.cfg.ReplayCacheSize,
+				StoreTimeout:    s.cfg.StoreTimeout,
 			})
 		}
 		wrap = func(h http.HandlerFunc) http.Handler { return mw.Handler(h) }

@@ -44,6 +44,11 @@ func IsURL(rawURL string) bool {
 // survive a dead seed); the client discovers every master and replica itself. Both
 // forms accept go-redis's snake_case options as query parameters, such as
 // dial_timeout=3s or pool_size=20. A cluster has no databases, so its URL has no /db.
+//
+// The client honours the deadlines of the contexts it is given
+// (ContextTimeoutEnabled), so that the middleware's StoreTimeout and the lease bound
+// every call even when read_timeout is longer; a client passed to [NewFromClient]
+// should enable it too.
 func NewClient(rawURL string) (goredis.UniversalClient, error) {
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
@@ -55,6 +60,7 @@ func NewClient(rawURL string) (goredis.UniversalClient, error) {
 		if err != nil {
 			return nil, fmt.Errorf("redis store: URL %q: %w", redactURL(rawURL), secret.RedactURLError(err))
 		}
+		opts.ContextTimeoutEnabled = true
 		return goredis.NewClient(opts), nil
 	case SchemeCluster, SchemeClusterTLS:
 		base := strings.TrimSuffix(strings.ToLower(scheme), "+cluster")
@@ -62,6 +68,7 @@ func NewClient(rawURL string) (goredis.UniversalClient, error) {
 		if err != nil {
 			return nil, fmt.Errorf("redis store: URL %q: %w", redactURL(rawURL), secret.RedactURLError(err))
 		}
+		opts.ContextTimeoutEnabled = true
 		return goredis.NewClusterClient(opts), nil
 	default:
 		return nil, fmt.Errorf("redis store: URL %q: unknown scheme %q (want redis://, rediss://, %s:// or %s://)", redactURL(rawURL), scheme, SchemeCluster, SchemeClusterTLS)
