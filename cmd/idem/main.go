@@ -41,6 +41,7 @@ commands:
   migrate    create or upgrade an idempotency store's schema
   purge      delete expired idempotency records
   load       load and verify the payments API (exactly-once)
+  keys       inspect and delete idempotency records (get, list, delete)
 
 Run 'idem <command> --help' for the flags of a command. Every flag can also be set by
 an environment variable, IDEM_ and the flag's name in upper case with _ for -
@@ -70,6 +71,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runPurge(ctx, args[1:], stdout, stderr)
 	case "load":
 		return runLoad(ctx, args[1:], stdout, stderr)
+	case "keys":
+		return runKeys(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

@@ -108,10 +108,13 @@ func TestHelpExplainsEveryFlag(t *testing.T) {
 	for cmd, flags := range map[string][]string{
 		"payments": {"addr", "store", "db", "ttl", "lock-timeout", "processor-latency", "profile", "disable-idempotency", "log-format", "log-level",
 			"store-timeout", "read-header-timeout", "read-timeout", "idle-timeout", "max-header-bytes"},
-		"migrate": {"store"},
-		"purge":   {"store", "older-than"},
+		"migrate":     {"store"},
+		"purge":       {"store", "older-than"},
+		"keys get":    {"store", "scope", "token", "key", "body", "json"},
+		"keys list":   {"store", "scope", "token", "state", "limit", "after", "json"},
+		"keys delete": {"store", "scope", "token", "key", "all", "force", "json"},
 	} {
-		code, stdout, _ := runCmd(t, cmd, "--help")
+		code, stdout, _ := runCmd(t, append(strings.Fields(cmd), "--help")...)
 		if code != exitOK {
 			t.Errorf("idem %s --help: exit %d", cmd, code)
 		}

@@ -38,8 +38,15 @@ func bearerScope(values []string) (string, error) {
 	if !ok || !strings.EqualFold(scheme, "Bearer") || !validToken(token) {
 		return "", errors.New("Invalid Authorization header: expected 'Bearer <token>'.")
 	}
+	return ScopeOfToken(token), nil
+}
+
+// ScopeOfToken is the scope of the principal that authenticates with the bearer token:
+// its hex SHA-256, so that no store ever holds a token. `idem keys --token` finds a
+// principal's records with it.
+func ScopeOfToken(token string) string {
 	sum := sha256.Sum256([]byte(token))
-	return hex.EncodeToString(sum[:]), nil
+	return hex.EncodeToString(sum[:])
 }
 
 // validToken accepts a non-empty run of visible ASCII (RFC 6750's b64token and more).

@@ -1,0 +1,523 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin"
+	"github.com/idem-go/idem/internal/payments"
+)
+
+const keysUsage = `usage: idem keys <command> --store URL [flags]
+
+Inspects and deletes idempotency records, on any store (SPEC §15).
+
+commands:
+  get      one record: state, times, lease, response status and size (the body with --body)
+  list     records by scope and state, a page at a time (SQL stores: Redis cannot list)
+  delete   one key, or every key of a scope (--all): a customer's erasure request
+
+A record belongs to a scope: --scope SCOPE, as the application's Config.Scope returns it,
+or --token TOKEN for the payments API, whose scope is the hex SHA-256 of the bearer token.
+Every flag can also be set by its environment variable (IDEM_STORE, IDEM_SCOPE,
+IDEM_TOKEN, …); the flag wins. Run 'idem keys <command> --help' for the flags.
+`
+
+// runKeys runs `idem keys <command>`. `resolve` (SPEC §13: release an outcome_unknown
+// key, or complete it with a given response) joins get, list and delete here.
+func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, keysUsage)
+		return exitUsage
+	}
+	switch args[0] {
+	case "get":
+		return runKeysGet(ctx, args[1:], stdout, stderr)
+	case "list":
+		return runKeysList(ctx, args[1:], stdout, stderr)
+	case "delete":
+		return runKeysDelete(ctx, args[1:], stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, keysUsage)
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "idem keys: unknown command %q (want get, list or delete)\n", args[0])
+	return exitUsage
+}
+
+// keysCommand is what the keys subcommands share: the store, the scope (--scope or
+// --token) and --json.
+type keysCommand struct {
+	fs                  *flag.FlagSet
+	store, scope, token string
+	json                bool
+}
+
+func newKeysCommand(name, synopsis string) *keysCommand {
+	c := &keysCommand{fs: newFlagSet("keys "+name, synopsis)}
+	c.fs.StringVar(&c.store, "store", "", "idempotency store `URL` (required): sqlite:PATH, postgres://…, redis://…, redis+cluster://…")
+	c.fs.StringVar(&c.scope, "scope", "", "the records' `scope`: the principal, as the application's Config.Scope returns it")
+	c.fs.StringVar(&c.token, "token", "", "instead of --scope, a payments API bearer `token`, whose scope is its hex SHA-256 (prefer IDEM_TOKEN: a command line is visible to every user of the host)")
+	c.fs.BoolVar(&c.json, "json", false, "write JSON on stdout")
+	return c
+}
+
+// target returns the store's URL and the scope; with required, a scope must be given.
+// Errors name the flags.
+func (c *keysCommand) target(required bool) (storeURL, string, error) {
+	u, err := requiredStore(c.store)
+	switch {
+	case err != nil:
+		return u, "", err
+	case c.scope != "" && c.token != "":
+		return u, "", errors.New("--scope and --token exclude each other")
+	case c.token != "":
+		return u, payments.ScopeOfToken(c.token), nil
+	case c.scope == "" && required:
+		return u, "", errors.New("--scope or --token is required")
+	}
+	return u, c.scope, nil
+}
+
+// withStore reports err, a mistake in the flags, as a usage error; otherwise it opens
+// the store at u, runs fn with its admin interface, and closes it.
+func (c *keysCommand) withStore(ctx context.Context, stderr io.Writer, u storeURL, err error, fn func(admin.Store) int) int {
+	if err != nil {
+		return usageError(stderr, c.fs, err.Error())
+	}
+	st, as, err := c.open(ctx, u)
+	if err != nil {
+		return failure(stderr, c.fs.Name(), err)
+	}
+	defer st.close()
+	return fn(as)
+}
+
+// open opens the store at u and returns its admin interface.
+func (c *keysCommand) open(ctx context.Context, u storeURL) (*openedStore, admin.Store, error) {
+	st, err := openStore(ctx, u, newLogger(io.Discard, 0))
+	if err != nil {
+		return nil, nil, err
+	}
+	as, ok := st.store.(admin.Store)
+	if !ok {
+		st.close()
+		return nil, nil, fmt.Errorf("the store at %s offers no admin interface", u)
+	}
+	return st, as, nil
+}
+
+// parseKey reads --key as the middleware reads the header: bare, or an RFC 8941 string.
+func parseKey(raw string) (string, error) {
+	if raw == "" {
+		return "", errors.New("--key is required")
+	}
+	key, err := idem.ParseKey([]string{raw}, 1)
+	if err != nil {
+		return "", fmt.Errorf("--key %q: %v", raw, err)
+	}
+	return key, nil
+}
+
+const keysGetSynopsis = `--store URL (--scope SCOPE | --token TOKEN) --key KEY [--body] [--json]
+
+Shows one record: its state, record id, creation and expiry, the lease of an in-flight
+record, the stored response's status and size, the fingerprint and the recovery point.
+An expired record shows until it is deleted. The response's headers and body show only
+with --body. The lock token never shows.`
+
+func runKeysGet(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newKeysCommand("get", keysGetSynopsis)
+	rawKey := c.fs.String("key", "", "the idempotency `key`, as the client sent it in Idempotency-Key (required)")
+	body := c.fs.Bool("body", false, "also show the stored response's headers and body")
+	if code, done := parse(c.fs, args, stdout, stderr); done {
+		return code
+	}
+	u, scope, err := c.target(true)
+	key := ""
+	if err == nil {
+		key, err = parseKey(*rawKey)
+	}
+	return c.withStore(ctx, stderr, u, err, func(as admin.Store) int {
+		return c.get(ctx, as, scope, key, *body, stdout, stderr)
+	})
+}
+
+func (c *keysCommand) get(ctx context.Context, as admin.Store, scope, key string, body bool, stdout, stderr io.Writer) int {
+	res, err := as.RecordInspect(ctx, &admin.RecordInspectParams{Scope: scope, Key: key, Body: body})
+	if errors.Is(err, idem.ErrNotFound) {
+		return failure(stderr, c.fs.Name(), fmt.Errorf("no record of key %q in scope %s", key, showScope(scope)))
+	}
+	if err != nil {
+		return failure(stderr, c.fs.Name(), err)
+	}
+	if c.json {
+		return writeJSON(stdout, stderr, c.fs.Name(), recordJSON(res.Record, res.Now, body))
+	}
+	writeRecord(stdout, res.Record, res.Now, body)
+	return exitOK
+}
+
+const keysListSynopsis = `--store URL [--scope SCOPE | --token TOKEN] [--state in_flight|completed]
+                 [--limit 100] [--after CURSOR] [--json]
+
+Lists records in (scope, key) order, a page at a time: of one scope, or of every scope
+without --scope and --token; of one state with --state. Expired records that are not
+deleted yet are listed too, marked expired. When more follow, the last line gives the
+--after cursor of the next page. Response bodies never show.
+
+SQLite and PostgreSQL can list; Redis cannot (a record's Redis key is a digest of its
+scope and key): use get with a known key, or delete --all for a scope.`
+
+func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newKeysCommand("list", keysListSynopsis)
+	state := c.fs.String("state", "", "list only records in this `state`: in_flight or completed")
+	limit := c.fs.Int("limit", admin.DefaultListLimit, "records per page, 1 to 1000")
+	after := c.fs.String("after", "", "start after this `cursor`, printed at the end of the previous page")
+	if code, done := parse(c.fs, args, stdout, stderr); done {
+		return code
+	}
+	u, scope, err := c.target(false)
+	p := admin.RecordListParams{Scope: scope, State: idem.State(*state), Limit: *limit}
+	switch {
+	case err != nil:
+	case *state != "" && p.State != idem.StateInFlight && p.State != idem.StateCompleted:
+		err = fmt.Errorf("--state %q: want in_flight or completed", *state)
+	case *limit < 1 || *limit > admin.MaxListLimit:
+		err = fmt.Errorf("--limit must be between 1 and %d, got %d", admin.MaxListLimit, *limit)
+	case *after != "":
+		if p.AfterScope, p.AfterKey, err = decodeCursor(*after); err != nil {
+			err = fmt.Errorf("--after: %v", err)
+		}
+	}
+	return c.withStore(ctx, stderr, u, err, func(as admin.Store) int {
+		return c.list(ctx, as, &p, stdout, stderr)
+	})
+}
+
+func (c *keysCommand) list(ctx context.Context, as admin.Store, p *admin.RecordListParams, stdout, stderr io.Writer) int {
+	if !as.AdminCapabilities().List {
+		_, err := as.RecordList(ctx, p) // says why
+		return usageError(stderr, c.fs, err.Error())
+	}
+	res, err := as.RecordList(ctx, p)
+	if err != nil {
+		return failure(stderr, c.fs.Name(), err)
+	}
+	next := ""
+	if res.More {
+		last := res.Records[len(res.Records)-1]
+		next = encodeCursor(last.Scope, last.Key)
+	}
+	if c.json {
+		page := listJSON{Records: []keyRecordJSON{}, Now: res.Now}
+		for _, r := range res.Records {
+			page.Records = append(page.Records, recordJSON(r, res.Now, false))
+		}
+		if next != "" {
+			page.Next = &next
+		}
+		return writeJSON(stdout, stderr, c.fs.Name(), page)
+	}
+	writeList(stdout, res, next)
+	return exitOK
+}
+
+const keysDeleteSynopsis = `--store URL (--scope SCOPE | --token TOKEN) (--key KEY | --all) [--force] [--json]
+
+Deletes one key's record, or with --all every record of the scope (a customer's erasure
+request), in batches; other scopes are untouched. The next request with a deleted key
+executes afresh.
+
+A record in flight under a live lease is kept unless --force: its request is executing,
+and a retry sent after the delete would execute beside it. Forced, the holder cannot
+store its response (and its SPEC §7 transaction rolls back), but what it did outside
+the store stays done. Kept records make the command exit 1 after deleting the rest;
+run it again after their lease (--lock-timeout of the server) ends.`
+
+func runKeysDelete(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newKeysCommand("delete", keysDeleteSynopsis)
+	rawKey := c.fs.String("key", "", "the idempotency `key` to delete, as the client sent it")
+	all := c.fs.Bool("all", false, "delete every record of the scope instead of one key")
+	force := c.fs.Bool("force", false, "delete records in flight under a live lease too")
+	if code, done := parse(c.fs, args, stdout, stderr); done {
+		return code
+	}
+	u, scope, err := c.target(true)
+	key := ""
+	switch {
+	case err != nil:
+	case *all && *rawKey != "":
+		err = errors.New("--key and --all exclude each other")
+	case !*all && *rawKey == "":
+		err = errors.New("--key or --all is required")
+	case !*all:
+		key, err = parseKey(*rawKey)
+	}
+	return c.withStore(ctx, stderr, u, err, func(as admin.Store) int {
+		return c.delete(ctx, as, scope, key, *all, *force, stdout, stderr)
+	})
+}
+
+func (c *keysCommand) delete(ctx context.Context, as admin.Store, scope, key string, all, force bool, stdout, stderr io.Writer) int {
+	var res admin.RecordDeleteScopeResult
+	if all {
+		r, err := as.RecordDeleteScope(ctx, &admin.RecordDeleteScopeParams{Scope: scope, Force: force})
+		if err != nil {
+			deleted := 0
+			if r != nil {
+				deleted = r.Deleted
+			}
+			return failure(stderr, c.fs.Name(), fmt.Errorf("after deleting %d records of scope %s: %w", deleted, showScope(scope), err))
+		}
+		res = *r
+	} else {
+		err := as.RecordDelete(ctx, &admin.RecordDeleteParams{Scope: scope, Key: key, Force: force})
+		switch {
+		case errors.Is(err, idem.ErrNotFound):
+			return failure(stderr, c.fs.Name(), fmt.Errorf("no record of key %q in scope %s", key, showScope(scope)))
+		case errors.Is(err, admin.ErrLeaseLive):
+			res.Kept = 1
+		case err != nil:
+			return failure(stderr, c.fs.Name(), err)
+		default:
+			res.Deleted = 1
+		}
+	}
+	if c.json {
+		if code := writeJSON(stdout, stderr, c.fs.Name(), deleteJSON{Deleted: res.Deleted, Kept: res.Kept}); code != exitOK {
+			return code
+		}
+	} else if all || res.Deleted == 1 {
+		what := fmt.Sprintf("%d records", res.Deleted)
+		if !all {
+			what = fmt.Sprintf("key %q", key)
+		}
+		fmt.Fprintf(stdout, "deleted %s of scope %s\n", what, showScope(scope))
+	}
+	if res.Kept > 0 {
+		return failure(stderr, c.fs.Name(), fmt.Errorf("kept %d record(s) in flight under a live lease: the request is executing; run again once its lease ends, or add --force", res.Kept))
+	}
+	return exitOK
+}
+
+// showScope prints a scope as is when it is printable text, quoted otherwise.
+func showScope(scope string) string {
+	if scope != "" && strconv.CanBackquote(scope) && !strings.ContainsAny(scope, " `") {
+		return scope
+	}
+	return strconv.Quote(scope)
+}
+
+// encodeCursor and decodeCursor turn the last record of a page into the --after of
+// the next: base64url of the scope's length (uvarint), the scope and the key.
+func encodeCursor(scope, key string) string {
+	b := binary.AppendUvarint(nil, uint64(len(scope)))
+	return base64.RawURLEncoding.EncodeToString(append(append(b, scope...), key...))
+}
+
+func decodeCursor(c string) (scope, key string, err error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return "", "", errors.New("not a cursor printed by idem keys list")
+	}
+	n, w := binary.Uvarint(b)
+	if w <= 0 || n > uint64(len(b)-w) || len(b)-w-int(n) == 0 {
+		return "", "", errors.New("not a cursor printed by idem keys list")
+	}
+	b = b[w:]
+	return string(b[:n]), string(b[n:]), nil
+}
+
+// keyRecordJSON is a record in the JSON of get and list.
+type keyRecordJSON struct {
+	Scope             string      `json:"scope"`
+	Key               string      `json:"key"`
+	RecordID          string      `json:"record_id"`
+	State             idem.State  `json:"state"`
+	Expired           bool        `json:"expired"`
+	CreatedAt         time.Time   `json:"created_at"`
+	ExpiresAt         time.Time   `json:"expires_at"`
+	LeaseEnd          *time.Time  `json:"lease_end"`
+	LeaseLive         bool        `json:"lease_live"`
+	Status            *int        `json:"status"`
+	ResponseNotStored bool        `json:"response_not_stored"`
+	ResponseBytes     int         `json:"response_bytes"`
+	Fingerprint       string      `json:"fingerprint"`
+	RecoveryPoint     string      `json:"recovery_point"`
+	Headers           http.Header `json:"headers,omitempty"`
+	// Body is the body when it is UTF-8 text, BodyBase64 otherwise (--body only).
+	Body       *string `json:"body,omitempty"`
+	BodyBase64 []byte  `json:"body_base64,omitempty"`
+}
+
+type listJSON struct {
+	Records []keyRecordJSON `json:"records"`
+	// Next is the --after cursor of the next page; null on the last page.
+	Next *string   `json:"next"`
+	Now  time.Time `json:"now"`
+}
+
+type deleteJSON struct {
+	Deleted int `json:"deleted"`
+	Kept    int `json:"kept"`
+}
+
+func recordJSON(r *admin.Record, now time.Time, body bool) keyRecordJSON {
+	j := keyRecordJSON{
+		Scope: r.Scope, Key: r.Key, RecordID: r.ID, State: r.State, Expired: r.Expired(now),
+		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, LeaseLive: r.LeaseLive(now),
+		ResponseNotStored: r.NotStored, ResponseBytes: r.BodySize,
+		Fingerprint: fingerprint(r.Fingerprint), RecoveryPoint: r.RecoveryPoint,
+	}
+	if !r.LeaseEnd.IsZero() {
+		j.LeaseEnd = &r.LeaseEnd
+	}
+	if r.State == idem.StateCompleted {
+		j.Status = &r.Status
+	}
+	if body && r.State == idem.StateCompleted {
+		j.Headers = r.Header
+		if utf8.Valid(r.Body) {
+			s := string(r.Body)
+			j.Body = &s
+		} else {
+			j.BodyBase64 = r.Body
+		}
+	}
+	return j
+}
+
+func fingerprint(fp idem.Fingerprint) string { return fmt.Sprintf("v%d:%x", fp.Version, fp.Sum) }
+
+func writeJSON(stdout, stderr io.Writer, command string, v any) int {
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return failure(stderr, command, err)
+	}
+	return exitOK
+}
+
+// writeRecord writes get's text: one "name  value" line per field, then with body the
+// stored headers and body as they would be replayed.
+func writeRecord(w io.Writer, r *admin.Record, now time.Time, body bool) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "scope\t%s\n", showScope(r.Scope))
+	fmt.Fprintf(tw, "key\t%s\n", r.Key)
+	fmt.Fprintf(tw, "state\t%s\n", describeState(r, now))
+	fmt.Fprintf(tw, "record id\t%s\n", r.ID)
+	fmt.Fprintf(tw, "created\t%s\n", showTime(r.CreatedAt, now))
+	fmt.Fprintf(tw, "expires\t%s\n", showTime(r.ExpiresAt, now))
+	if !r.LeaseEnd.IsZero() {
+		fmt.Fprintf(tw, "lease end\t%s\n", showTime(r.LeaseEnd, now))
+	}
+	switch {
+	case r.State != idem.StateCompleted:
+		fmt.Fprintf(tw, "response\tnone yet\n")
+	case r.NotStored:
+		fmt.Fprintf(tw, "response\tnot stored (the handler flushed, or the body was over the storage limit): duplicates get 409 response_not_stored\n")
+	default:
+		fmt.Fprintf(tw, "response\t%d, %d bytes\n", r.Status, r.BodySize)
+	}
+	fmt.Fprintf(tw, "fingerprint\t%s\n", fingerprint(r.Fingerprint))
+	if r.RecoveryPoint != "" {
+		fmt.Fprintf(tw, "recovery point\t%s\n", r.RecoveryPoint)
+	}
+	tw.Flush()
+	if !body || r.State != idem.StateCompleted || r.NotStored {
+		return
+	}
+	fmt.Fprintln(w)
+	names := slices.Sorted(func(yield func(string) bool) {
+		for k := range r.Header {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	for _, k := range names {
+		for _, v := range r.Header[k] {
+			fmt.Fprintf(w, "%s: %s\n", k, v)
+		}
+	}
+	fmt.Fprintln(w)
+	w.Write(r.Body)
+	if len(r.Body) > 0 && r.Body[len(r.Body)-1] != '\n' {
+		fmt.Fprintln(w)
+	}
+}
+
+// describeState says what a request with the record's key would meet now.
+func describeState(r *admin.Record, now time.Time) string {
+	switch {
+	case r.Expired(now):
+		return string(r.State) + " (expired: the next request with this key executes afresh)"
+	case r.LeaseLive(now):
+		return string(r.State) + " (lease live: its request is executing; duplicates get 409 request_in_progress)"
+	case r.State == idem.StateInFlight:
+		return string(r.State) + " (lease lapsed: the next request with this key takes it over)"
+	}
+	return string(r.State)
+}
+
+// showTime is t in RFC 3339 and how far it is from now.
+func showTime(t, now time.Time) string {
+	d := t.Sub(now)
+	unit := time.Second
+	if d >= time.Hour || d <= -time.Hour {
+		unit = time.Minute
+	}
+	switch {
+	case d >= 0:
+		return fmt.Sprintf("%s (in %v)", t.UTC().Format(time.RFC3339Nano), d.Round(unit))
+	default:
+		return fmt.Sprintf("%s (%v ago)", t.UTC().Format(time.RFC3339Nano), (-d).Round(unit))
+	}
+}
+
+// writeList writes list's text: a table, then the next page's cursor when more follow.
+func writeList(w io.Writer, res *admin.RecordListResult, next string) {
+	if len(res.Records) == 0 {
+		fmt.Fprintln(w, "no records")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCOPE\tKEY\tSTATE\tSTATUS\tBYTES\tCREATED\tEXPIRES")
+	for _, r := range res.Records {
+		state := string(r.State)
+		switch {
+		case r.Expired(res.Now):
+			state += " (expired)"
+		case r.State == idem.StateInFlight && !r.LeaseLive(res.Now):
+			state += " (lapsed)"
+		}
+		status := "-"
+		switch {
+		case r.NotStored:
+			status = "not stored"
+		case r.State == idem.StateCompleted:
+			status = strconv.Itoa(r.Status)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", showScope(r.Scope), r.Key, state, status, r.BodySize,
+			r.CreatedAt.UTC().Format(time.RFC3339), r.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	tw.Flush()
+	if next != "" {
+		fmt.Fprintf(w, "more: --after %s\n", next)
+	}
+}

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/payments"
+	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/store/redis/redistest"
+)
+
+// keysStores are the stores `idem keys` is tested on, each a fresh one per test.
+var keysStores = []struct {
+	name string
+	url  func(t *testing.T) string
+}{
+	{"SQLite", func(t *testing.T) string { return "sqlite:" + filepath.Join(t.TempDir(), "idem.db") }},
+	{"PostgreSQL", func(t *testing.T) string {
+		dbURL, schema := pgtest.Schema(t)
+		return pgtest.SearchPathURL(t, dbURL, schema)
+	}},
+	{"Redis", func(t *testing.T) string { return redistest.StartServer(t).URL() }},
+}
+
+// keysFixture migrates the store at url and writes, through the command's own
+// openStore: in the scope of token tok_a, key-done (completed, 201) and key-live (in
+// flight under a live lease); in scope-b, key-done too.
+func keysFixture(t *testing.T, url string) {
+	t.Helper()
+	if code, _, stderr := runCmd(t, "migrate", "--store", url); code != exitOK {
+		t.Fatalf("migrate: exit %d: %s", code, stderr)
+	}
+	u, err := parseStoreURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testenv.Context(t)
+	st, err := openStore(ctx, u, newLogger(io.Discard, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	claim := func(scope, key string) string {
+		p := &idem.RecordClaimParams{Scope: scope, Key: key, Token: "tok-" + key, RecordID: "rec-" + key,
+			Fingerprint: idem.Fingerprint{Version: 1}, Lease: time.Hour, TTL: 2 * time.Hour}
+		if _, err := st.store.RecordClaim(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		return p.Token
+	}
+	for _, scope := range []string{payments.ScopeOfToken("tok_a"), "scope-b"} {
+		err := st.store.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: scope, Key: "key-done", Token: claim(scope, "key-done"), TTL: 2 * time.Hour,
+			Response: &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`), Header: map[string][]string{"Content-Type": {"application/json"}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim(payments.ScopeOfToken("tok_a"), "key-live")
+}
+
+// mustRun runs idem args and wants exit status want and, on failure, one line on stderr.
+func mustRun(t *testing.T, want int, args ...string) (stdout, stderr string) {
+	t.Helper()
+	code, stdout, stderr := runCmd(t, args...)
+	if code != want || want != exitOK && strings.Count(stderr, "\n") != 1 {
+		t.Fatalf("idem %s: exit %d (want %d), stdout %q, stderr %q", strings.Join(args, " "), code, want, stdout, stderr)
+	}
+	return stdout, stderr
+}
+
+func TestKeysGetListAndDeleteOnEveryStore(t *testing.T) {
+	t.Parallel()
+	for _, s := range keysStores {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			url := s.url(t)
+			keysFixture(t, url)
+			a := []string{"--store", url, "--token", "tok_a"}
+
+			// get: the record's summary, never the body unless asked.
+			out, _ := mustRun(t, exitOK, append([]string{"keys", "get", "--key", "key-done"}, a...)...)
+			for _, want := range []string{payments.ScopeOfToken("tok_a"), "completed", "rec-key-done", "201, 13 bytes"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("keys get says\n%s\nwant it to mention %q", out, want)
+				}
+			}
+			if strings.Contains(out, "ch_1") {
+				t.Errorf("keys get without --body shows the body:\n%s", out)
+			}
+			out, _ = mustRun(t, exitOK, append([]string{"keys", "get", "--key", "key-done", "--body"}, a...)...)
+			if !strings.Contains(out, "Content-Type: application/json\n\n{\"id\":\"ch_1\"}\n") {
+				t.Errorf("keys get --body says\n%s\nwant the stored headers and body", out)
+			}
+			out, _ = mustRun(t, exitOK, append([]string{"keys", "get", "--key", "key-live", "--json"}, a...)...)
+			var rec keyRecordJSON
+			if err := json.Unmarshal([]byte(out), &rec); err != nil {
+				t.Fatalf("keys get --json: %v\n%s", err, out)
+			}
+			if rec.State != idem.StateInFlight || !rec.LeaseLive || rec.LeaseEnd == nil || rec.Status != nil || rec.Body != nil {
+				t.Errorf("keys get --json of the live key: %+v", rec)
+			}
+			mustRun(t, exitFailure, append([]string{"keys", "get", "--key", "key-never"}, a...)...)
+
+			// list: SQL stores page through a scope; Redis says it cannot.
+			if strings.HasPrefix(url, "redis") {
+				_, stderr := mustRun(t, exitUsage, append([]string{"keys", "list"}, a...)...)
+				if !strings.Contains(stderr, "cannot list") {
+					t.Errorf("keys list on Redis says %q, want why it cannot list", stderr)
+				}
+			} else {
+				var page listJSON
+				out, _ = mustRun(t, exitOK, append([]string{"keys", "list", "--limit", "1", "--json"}, a...)...)
+				if err := json.Unmarshal([]byte(out), &page); err != nil || len(page.Records) != 1 || page.Records[0].Key != "key-done" || page.Next == nil {
+					t.Fatalf("keys list --limit 1: %v\n%s", err, out)
+				}
+				out, _ = mustRun(t, exitOK, append([]string{"keys", "list", "--limit", "1", "--after", *page.Next}, a...)...)
+				if !strings.Contains(out, "key-live") || strings.Contains(out, "key-done") || strings.Contains(out, "more:") {
+					t.Errorf("the second page says\n%s\nwant key-live alone, and no more", out)
+				}
+				out, _ = mustRun(t, exitOK, "keys", "list", "--store", url, "--state", "completed")
+				if strings.Count(out, "key-done") != 2 || strings.Contains(out, "key-live") {
+					t.Errorf("keys list --state completed says\n%s\nwant key-done of both scopes", out)
+				}
+			}
+
+			// delete: a live lease only when forced; then the whole scope, and only it.
+			_, stderr := mustRun(t, exitFailure, append([]string{"keys", "delete", "--key", "key-live"}, a...)...)
+			if !strings.Contains(stderr, "live lease") || !strings.Contains(stderr, "--force") {
+				t.Errorf("deleting a live key says %q", stderr)
+			}
+			out, _ = mustRun(t, exitOK, append([]string{"keys", "delete", "--key", "key-live", "--force"}, a...)...)
+			if !strings.Contains(out, `deleted key "key-live"`) {
+				t.Errorf("keys delete --force says %q", out)
+			}
+			out, _ = mustRun(t, exitOK, append([]string{"keys", "delete", "--all", "--json"}, a...)...)
+			var del deleteJSON
+			if err := json.Unmarshal([]byte(out), &del); err != nil || del.Deleted != 1 || del.Kept != 0 {
+				t.Fatalf("keys delete --all --json: %v %q", err, out)
+			}
+			mustRun(t, exitFailure, append([]string{"keys", "get", "--key", "key-done"}, a...)...)
+			mustRun(t, exitOK, "keys", "get", "--store", url, "--scope", "scope-b", "--key", "key-done")
+		})
+	}
+}
+
+func TestKeysBadFlagsAreOneLineErrors(t *testing.T) {
+	t.Parallel()
+	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"keys"}, "usage: idem keys"},
+		{[]string{"keys", "purge"}, "unknown command"},
+		{[]string{"keys", "get", "--scope", "s", "--key", "key-1234"}, "--store is required"},
+		{[]string{"keys", "get", "--store", store, "--key", "key-1234"}, "--scope or --token is required"},
+		{[]string{"keys", "get", "--store", store, "--scope", "s", "--token", "t", "--key", "key-1234"}, "exclude each other"},
+		{[]string{"keys", "get", "--store", store, "--scope", "s"}, "--key is required"},
+		{[]string{"keys", "get", "--store", store, "--scope", "s", "--key", "a,b"}, "--key"},
+		{[]string{"keys", "get", "--store", "mysql://x", "--scope", "s", "--key", "key-1234"}, "mysql"},
+		{[]string{"keys", "list", "--store", store, "--state", "done"}, "--state"},
+		{[]string{"keys", "list", "--store", store, "--limit", "0"}, "--limit"},
+		{[]string{"keys", "list", "--store", store, "--limit", "1001"}, "--limit"},
+		{[]string{"keys", "list", "--store", store, "--after", "%%%"}, "--after"},
+		{[]string{"keys", "delete", "--store", store, "--scope", "s"}, "--key or --all"},
+		{[]string{"keys", "delete", "--store", store, "--scope", "s", "--key", "key-1234", "--all"}, "exclude each other"},
+		{[]string{"keys", "delete", "--store", store, "--all"}, "--scope or --token is required"},
+		{[]string{"keys", "delete", "--bogus"}, "bogus"},
+	} {
+		code, _, stderr := runCmd(t, tc.args...)
+		if code != exitUsage || !strings.Contains(stderr, tc.want) || len(tc.args) > 1 && strings.Count(stderr, "\n") != 1 {
+			t.Errorf("idem %s: exit %d, stderr %q; want exit 2 and one line naming %q", strings.Join(tc.args, " "), code, stderr, tc.want)
+		}
+	}
+}
+
+func TestCursorRoundTrips(t *testing.T) {
+	t.Parallel()
+	for _, sk := range [][2]string{{"scope", "key-1"}, {"", "k"}, {"sc\x00ope", "key"}, {strings.Repeat("s", 300), "key"}} {
+		scope, key, err := decodeCursor(encodeCursor(sk[0], sk[1]))
+		if err != nil || scope != sk[0] || key != sk[1] {
+			t.Errorf("cursor of %q: got %q %q %v", sk, scope, key, err)
+		}
+	}
+	for _, bad := range []string{"", "!!", encodeCursor("scope", "")} {
+		if _, _, err := decodeCursor(bad); err == nil {
+			t.Errorf("decodeCursor(%q) succeeded", bad)
+		}
+	}
+}
