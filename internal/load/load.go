@@ -65,6 +65,8 @@ const (
 	DefaultRetryDeadline = 30 * time.Second
 	// DefaultRecentKeys is how many recent logical requests a duplicate picks from.
 	DefaultRecentKeys = 1024
+	// DefaultSettle is how long Verify waits before it lists the charges a second time.
+	DefaultSettle = time.Second
 )
 
 // Config configures a run. URL is required.
@@ -110,6 +112,12 @@ type Config struct {
 	// RetryDeadline bounds how long Verify retries the logical requests left without a
 	// final answer. Defaults to [DefaultRetryDeadline].
 	RetryDeadline time.Duration
+
+	// Settle is how long Verify waits after listing the charges before it lists them
+	// again: a charge that appears in between was made by an execution that ended
+	// after every key had its answer (a late re-execution), and is a discrepancy.
+	// Defaults to [DefaultSettle].
+	Settle time.Duration
 
 	// Progress, when set, receives a progress line every ProgressInterval.
 	// Defaults to nil (no progress).
@@ -171,6 +179,9 @@ func (c *Config) setDefaults() error {
 	if c.RetryDeadline <= 0 {
 		c.RetryDeadline = DefaultRetryDeadline
 	}
+	if c.Settle <= 0 {
+		c.Settle = DefaultSettle
+	}
 	if c.ProgressInterval <= 0 {
 		c.ProgressInterval = time.Second
 	}
@@ -202,9 +213,9 @@ type op struct {
 	body []byte
 
 	mu     sync.Mutex
-	final  int      // the first final status (0 while none)
-	code   string   // its error code, if any
-	ids    []string // distinct object ids answered with 2xx
+	first  Reply         // the first final answer (Status 0 while none)
+	later  map[Reply]int // final answers that contradict first, with how many came
+	ids    []string      // distinct object ids answered with 2xx
 	sends  int
 	lastRA time.Duration // the last Retry-After
 }
@@ -215,10 +226,19 @@ func (o *op) record(a answer) {
 	defer o.mu.Unlock()
 	o.sends++
 	o.lastRA = a.retryAfter
-	if a.final() && o.final == 0 {
-		o.final, o.code = a.status, a.code
+	if a.final() {
+		r := Reply{Status: a.status, Code: a.code, ID: a.id}
+		switch {
+		case o.first.Status == 0:
+			o.first = r
+		case r != o.first:
+			if o.later == nil {
+				o.later = map[Reply]int{}
+			}
+			o.later[r]++
+		}
 	}
-	if a.status >= 200 && a.status < 300 && a.id != "" && !containsString(o.ids, a.id) {
+	if ok2xx(a.status) && a.id != "" && !containsString(o.ids, a.id) {
 		o.ids = append(o.ids, a.id)
 	}
 }
@@ -226,7 +246,7 @@ func (o *op) record(a answer) {
 func (o *op) resolved() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.final != 0
+	return o.first.Status != 0
 }
 
 // answer is what one HTTP exchange returned.
@@ -240,9 +260,12 @@ type answer struct {
 }
 
 // final reports whether a holds the final outcome of its logical request: anything
-// but a transport error, 409 request_in_progress, 429 and 5xx (SPEC §12).
+// but a transport error, 409 request_in_progress, 429 and 5xx other than 500
+// outcome_unknown (SPEC §12).
 func (a answer) final() bool {
 	switch {
+	case a.status >= 500 && a.code == "outcome_unknown":
+		return true
 	case a.status == 0, a.status >= 500, a.status == http.StatusTooManyRequests:
 		return false
 	case a.status == http.StatusConflict && a.code == "request_in_progress":
@@ -491,7 +514,7 @@ func do(c *http.Client, req *http.Request) answer {
 		return answer{err: err}
 	}
 	a := answer{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true"}
-	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+	if ok2xx(resp.StatusCode) {
 		a.id = jsonString(body, `"id":`)
 	} else {
 		a.code = jsonString(body, `"code":`)
@@ -577,6 +600,8 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-t.C:
 	}
 }
+
+func ok2xx(status int) bool { return status >= 200 && status < 300 }
 
 func containsString(s []string, v string) bool {
 	for _, x := range s {

@@ -41,8 +41,17 @@ func TestPercentilesOfASkewedDistribution(t *testing.T) {
 	}
 }
 
-func created(key string, ids ...string) Outcome {
-	return Outcome{Key: key, Final: 201, IDs: ids}
+// requireLines fails t unless the discrepancies of fn are exactly want, in order.
+func requireLines(t *testing.T, fn string, got, want []string) {
+	t.Helper()
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("%s =\n%s\nwant\n%s", fn, strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// created is the outcome of a key whose first final answer was 201 with id.
+func created(key, id string) Outcome {
+	return Outcome{Key: key, Final: 201, ID: id, IDs: []string{id}}
 }
 
 func TestMatchAcceptsOneChargePerCreatedKey(t *testing.T) {
@@ -60,9 +69,7 @@ func TestMatchDetectsTwoChargesForOneKey(t *testing.T) {
 	objects := []Object{{ID: "ch_1", Key: "k1"}, {ID: "ch_2", Key: "k2"}, {ID: "ch_3", Key: "k1"}}
 	d := Match(outcomes, objects, true, "charges")
 	want := []string{"key k1 has 2 charges (ch_1, ch_3)"}
-	if strings.Join(d, "\n") != strings.Join(want, "\n") {
-		t.Fatalf("Match = %q, want %q", d, want)
-	}
+	requireLines(t, "Match", d, want)
 }
 
 func TestMatchDetectsAMissingCharge(t *testing.T) {
@@ -71,9 +78,7 @@ func TestMatchDetectsAMissingCharge(t *testing.T) {
 	objects := []Object{{ID: "ch_1", Key: "k1"}}
 	d := Match(outcomes, objects, true, "charges")
 	want := []string{"key k2 got 201 (ch_2) but has no charge"}
-	if strings.Join(d, "\n") != strings.Join(want, "\n") {
-		t.Fatalf("Match = %q, want %q", d, want)
-	}
+	requireLines(t, "Match", d, want)
 }
 
 func TestMatchDetectsAnUnexpectedCharge(t *testing.T) {
@@ -82,23 +87,43 @@ func TestMatchDetectsAnUnexpectedCharge(t *testing.T) {
 	objects := []Object{{ID: "ch_1", Key: "k1"}, {ID: "ch_2", Key: "k2"}, {ID: "ch_3", Key: "k9"}, {ID: "ch_4"}}
 	d := Match(outcomes, objects, true, "charges")
 	want := []string{
-		"1 charge without an idempotency key (ch_4)",
 		"key k2 was answered 400 parameter_invalid but has 1 charge (ch_2)",
+		"1 charge without an idempotency key (ch_4)",
 		"key k9, never sent by this run, has 1 charge (ch_3)",
 	}
-	if strings.Join(d, "\n") != strings.Join(want, "\n") {
-		t.Fatalf("Match =\n%s\nwant\n%s", strings.Join(d, "\n"), strings.Join(want, "\n"))
+	requireLines(t, "Match", d, want)
+}
+
+func TestMatchDetectsAnswersThatContradictTheFirst(t *testing.T) {
+	t.Parallel()
+	k1 := created("k1", "ch_1")
+	k1.Later = map[Reply]int{{Status: 201, ID: "ch_2"}: 1, {Status: 409, Code: "response_not_stored"}: 3}
+	k2 := Outcome{Key: "k2", Final: 409, Code: "key_reused", Later: map[Reply]int{{Status: 201, ID: "ch_3"}: 2}}
+	objects := []Object{{ID: "ch_1", Key: "k1"}}
+	d := Match([]Outcome{k2, k1}, objects, true, "charges")
+	want := []string{
+		"key k1: first answered 201 (ch_1), later 201 (ch_2) (1 time)",
+		"key k1: first answered 201 (ch_1), later 409 response_not_stored (3 times)",
+		"key k2: first answered 409 key_reused, later 201 (ch_3) (2 times)",
+	}
+	requireLines(t, "Match", d, want)
+}
+
+func TestMatchDetectsSeveralChargesOfAnUnresolvedKey(t *testing.T) {
+	t.Parallel()
+	d := Match([]Outcome{{Key: "k1"}}, []Object{{ID: "ch_1", Key: "k1"}, {ID: "ch_2", Key: "k1"}}, true, "charges")
+	if len(d) != 1 || d[0] != "key k1, without a final answer, has 2 charges (ch_1, ch_2)" {
+		t.Fatalf("Match = %q, want k1's two charges reported", d)
 	}
 }
 
-func TestMatchDetectsReplaysWithAnotherChargeID(t *testing.T) {
+func TestLateReportsObjectsThatAppearedAfterTheFirstListing(t *testing.T) {
 	t.Parallel()
-	outcomes := []Outcome{created("k1", "ch_1", "ch_2")}
-	objects := []Object{{ID: "ch_1", Key: "k1"}}
-	d := Match(outcomes, objects, true, "charges")
-	if len(d) != 1 || d[0] != "key k1: its answers carried different ids (ch_1, ch_2)" {
-		t.Fatalf("Match = %q, want the two ids of k1", d)
-	}
+	before := []Object{{ID: "ch_1", Key: "k1"}}
+	after := []Object{{ID: "ch_3"}, {ID: "ch_2", Key: "k1"}, {ID: "ch_1", Key: "k1"}}
+	d := Late(before, after, "charges")
+	want := []string{"charge ch_3 (no key) appeared after the first listing", "charge ch_2 (key k1) appeared after the first listing"}
+	requireLines(t, "Late", d, want)
 }
 
 func TestMatchDetectsAChargeOtherThanTheOneAnswered(t *testing.T) {
@@ -153,7 +178,7 @@ func TestAnswersThatAreNotFinal(t *testing.T) {
 			t.Errorf("%s is final, want a retry", a.describe())
 		}
 	}
-	final := []answer{{status: 201}, {status: 200}, {status: 400, code: "key_required"}, {status: 409, code: "key_reused"}, {status: 409, code: "response_not_stored"}, {status: 402}}
+	final := []answer{{status: 201}, {status: 200}, {status: 400, code: "key_required"}, {status: 409, code: "key_reused"}, {status: 409, code: "response_not_stored"}, {status: 402}, {status: 500, code: "outcome_unknown"}}
 	for _, a := range final {
 		if !a.final() {
 			t.Errorf("%s is not final", a.describe())

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -73,8 +74,20 @@ func (v *Verification) Line() string {
 // Verify resolves the logical requests of res that have no final answer (same key and
 // body, retried on connection errors, 409 request_in_progress honouring Retry-After,
 // 429 and 5xx, until res.Config.RetryDeadline), then lists the server's objects and
-// matches them against the answers ([Match]). It stores the verification in
-// res.Summary.Verification too. An error means the server's objects could not be read.
+// matches them against the answers ([Match]). For charges, which can be listed, it
+// lists them again res.Config.Settle later and reports every charge that appeared in
+// between ([Late]). It stores the verification in res.Summary.Verification too. An
+// error means the server's objects could not be read.
+//
+// The promises it checks, each of which a test breaks with a fake server:
+//   - every final answer of a key agrees with its first (status, error code and
+//     object id): a replay answers what the first answer did;
+//   - a key has at most one object, whether or not it got a final answer;
+//   - a key answered 2xx has the object it was answered, and a key answered with an
+//     error has none;
+//   - every charge belongs to a key this run sent (charges only: orders cannot be
+//     listed);
+//   - no charge appears after the first listing (charges only).
 func Verify(ctx context.Context, res *Result) (*Verification, error) {
 	cfg := &res.Config
 	v := &Verification{Logical: len(res.ops), OtherFinal: map[string]int{}}
@@ -111,6 +124,15 @@ func Verify(ctx context.Context, res *Result) (*Verification, error) {
 		v.Note = fmt.Sprintf("exactly-once cannot be checked without keys; %d requests answered 2xx, %d %s found", v.Created, v.Objects, objectNoun(cfg))
 	default:
 		v.Discrepancies = Match(outcomes, objects, listed, objectNoun(cfg))
+		if listed {
+			sleep(ctx, cfg.Settle)
+			again, err := listCharges(ctx, cfg)
+			if err != nil {
+				return nil, err
+			}
+			v.Discrepancies = appendNew(v.Discrepancies, Late(objects, again, objectNoun(cfg)))
+			v.Discrepancies = appendNew(v.Discrepancies, Match(outcomes, again, listed, objectNoun(cfg)))
+		}
 		switch {
 		case len(v.Discrepancies) > 0:
 			v.Result = ExactlyOnceFail
@@ -138,19 +160,49 @@ func objectNoun(cfg *Config) string {
 type Outcome struct {
 	// Key is its idempotency key.
 	Key string
-	// Final is its final status, 0 when it has none.
+	// Final is the status of its first final answer, 0 when it has none.
 	Final int
-	// Code is the error code of a final error.
+	// Code is the error code of that answer, if any.
 	Code string
+	// ID is the object id that answer carried (2xx answers).
+	ID string
 	// IDs are the distinct object ids its 2xx answers carried, in order.
 	IDs []string
+	// Later counts the final answers that contradict the first: another status, error
+	// code or object id.
+	Later map[Reply]int
+}
+
+// Reply is one final answer as the verifier compares them.
+type Reply struct {
+	// Status is the HTTP status.
+	Status int
+	// Code is the error code of an error answer.
+	Code string
+	// ID is the object id of a 2xx answer.
+	ID string
+}
+
+// String renders r as "201 (ch_1)", "201 without an id" or "409 key_reused".
+func (r Reply) String() string {
+	switch {
+	case ok2xx(r.Status) && r.ID != "":
+		return fmt.Sprintf("%d (%s)", r.Status, r.ID)
+	case ok2xx(r.Status):
+		return fmt.Sprintf("%d without an id", r.Status)
+	}
+	return strings.TrimSpace(fmt.Sprintf("%d %s", r.Status, r.Code))
 }
 
 func (o *op) outcome() Outcome {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return Outcome{Key: o.key, Final: o.final, Code: o.code, IDs: slices.Clone(o.ids)}
+	return Outcome{Key: o.key, Final: o.first.Status, Code: o.first.Code, ID: o.first.ID,
+		IDs: slices.Clone(o.ids), Later: maps.Clone(o.later)}
 }
+
+// first returns the outcome's first final answer.
+func (oc *Outcome) first() Reply { return Reply{Status: oc.Final, Code: oc.Code, ID: oc.ID} }
 
 // Object is a charge or an order the server has, with the key that created it ("" when
 // none).
@@ -160,12 +212,18 @@ type Object struct {
 }
 
 // Match compares the outcomes of keyed logical requests with the objects the server
-// has (noun names them: "charges" or "orders"), and returns one line per discrepancy, in a stable order:
-//   - the 2xx answers of one key carried different ids;
+// has (noun names them: "charges" or "orders"), and returns one line per discrepancy,
+// in a stable order:
+//   - a final answer of a key contradicts its first (status, code or object id);
+//   - a key answered 2xx without an object id;
+//   - a key has more than one object, resolved or not;
 //   - a key answered 2xx has no object, or an object other than the one answered;
-//   - a key has more than one object;
-//   - (when listed, i.e. objects are all the principal's) an object whose key was never
-//     answered 2xx, unless that key's outcome is unresolved (its fate is unknown).
+//   - a key answered with an error has an object;
+//   - (when listed, i.e. objects are all the principal's) an object without a key, or
+//     of a key this run never sent.
+//
+// A key without a final answer and with one object is no discrepancy: its fate is
+// unknown, and Verify reports it as unresolved.
 func Match(outcomes []Outcome, objects []Object, listed bool, noun string) []string {
 	var out []string
 	one := strings.TrimSuffix(noun, "s")
@@ -173,54 +231,103 @@ func Match(outcomes []Outcome, objects []Object, listed bool, noun string) []str
 	for _, ob := range objects {
 		byKey[ob.Key] = append(byKey[ob.Key], ob.ID)
 	}
-	known := map[string]Outcome{}
+	known := map[string]bool{}
 	for _, oc := range outcomes {
-		known[oc.Key] = oc
+		known[oc.Key] = true
 	}
 	sorted := slices.Clone(outcomes)
 	slices.SortFunc(sorted, func(a, b Outcome) int { return strings.Compare(a.Key, b.Key) })
 	for _, oc := range sorted {
-		if oc.Final < 200 || oc.Final >= 300 {
-			continue
+		first := oc.first()
+		for _, r := range slices.SortedFunc(maps.Keys(oc.Later), compareReplies) {
+			out = append(out, fmt.Sprintf("key %s: first answered %s, later %s (%s)", oc.Key, first, r, times(oc.Later[r])))
+		}
+		if ok2xx(oc.Final) && oc.ID == "" {
+			out = append(out, fmt.Sprintf("key %s: answered %s", oc.Key, first))
 		}
 		got := byKey[oc.Key]
 		switch {
-		case len(oc.IDs) > 1:
-			out = append(out, fmt.Sprintf("key %s: its answers carried different ids (%s)", oc.Key, strings.Join(oc.IDs, ", ")))
-		case len(oc.IDs) == 0:
-			out = append(out, fmt.Sprintf("key %s: answered %d without an id", oc.Key, oc.Final))
-		}
-		switch {
-		case len(got) == 0:
-			out = append(out, fmt.Sprintf("key %s got %d (%s) but has no %s", oc.Key, oc.Final, strings.Join(oc.IDs, ", "), one))
+		case len(got) > 1 && oc.Final == 0:
+			out = append(out, fmt.Sprintf("key %s, without a final answer, has %d %s (%s)", oc.Key, len(got), noun, strings.Join(got, ", ")))
 		case len(got) > 1:
 			out = append(out, fmt.Sprintf("key %s has %d %s (%s)", oc.Key, len(got), noun, strings.Join(got, ", ")))
-		case len(oc.IDs) == 1 && got[0] != oc.IDs[0]:
-			out = append(out, fmt.Sprintf("key %s got %s but its %s is %s", oc.Key, oc.IDs[0], one, got[0]))
+		case oc.Final == 0:
+			// Unresolved: its object may or may not exist.
+		case ok2xx(oc.Final) && len(got) == 0:
+			out = append(out, fmt.Sprintf("key %s got %s but has no %s", oc.Key, first, one))
+		case ok2xx(oc.Final) && oc.ID != "" && got[0] != oc.ID:
+			out = append(out, fmt.Sprintf("key %s got %s but its %s is %s", oc.Key, oc.ID, one, got[0]))
+		case !ok2xx(oc.Final) && len(got) == 1:
+			out = append(out, fmt.Sprintf("key %s was answered %s but has 1 %s (%s)", oc.Key, first, one, got[0]))
 		}
 	}
 	if !listed {
 		return out
 	}
-	keys := make([]string, 0, len(byKey))
-	for k := range byKey {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		oc, ok := known[k]
+	for _, k := range slices.Sorted(maps.Keys(byKey)) {
 		switch {
 		case k == "":
 			out = append(out, fmt.Sprintf("%s without an idempotency key (%s)", quantity(len(byKey[k]), noun), strings.Join(byKey[k], ", ")))
-		case !ok:
+		case !known[k]:
 			out = append(out, fmt.Sprintf("key %s, never sent by this run, has %s (%s)", k, quantity(len(byKey[k]), noun), strings.Join(byKey[k], ", ")))
-		case oc.Final == 0:
-			// Unresolved: its object may or may not exist; reported as unresolved.
-		case oc.Final < 200 || oc.Final >= 300:
-			out = append(out, fmt.Sprintf("key %s was answered %s but has %s (%s)", k, strings.TrimSpace(fmt.Sprintf("%d %s", oc.Final, oc.Code)), quantity(len(byKey[k]), noun), strings.Join(byKey[k], ", ")))
 		}
 	}
 	return out
+}
+
+// Late returns one line per object in after that before did not have: an object
+// made after the first listing, by an execution that ended after every logical
+// request had its answer.
+func Late(before, after []Object, noun string) []string {
+	seen := map[string]bool{}
+	for _, ob := range before {
+		seen[ob.ID] = true
+	}
+	var out []string
+	for _, ob := range after {
+		if seen[ob.ID] {
+			continue
+		}
+		key := "no key"
+		if ob.Key != "" {
+			key = "key " + ob.Key
+		}
+		out = append(out, fmt.Sprintf("%s %s (%s) appeared after the first listing", strings.TrimSuffix(noun, "s"), ob.ID, key))
+	}
+	return out
+}
+
+// appendNew appends the lines of add that dst does not hold yet.
+func appendNew(dst, add []string) []string {
+	have := make(map[string]bool, len(dst))
+	for _, l := range dst {
+		have[l] = true
+	}
+	for _, l := range add {
+		if !have[l] {
+			have[l] = true
+			dst = append(dst, l)
+		}
+	}
+	return dst
+}
+
+func compareReplies(a, b Reply) int {
+	if a.Status != b.Status {
+		return a.Status - b.Status
+	}
+	if c := strings.Compare(a.Code, b.Code); c != 0 {
+		return c
+	}
+	return strings.Compare(a.ID, b.ID)
+}
+
+// times renders "1 time" or "20 times".
+func times(n int) string {
+	if n == 1 {
+		return "1 time"
+	}
+	return fmt.Sprintf("%d times", n)
 }
 
 // quantity renders "1 charge" or "2 charges".
