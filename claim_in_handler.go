@@ -20,15 +20,8 @@ var ErrClaimDeferred = errors.New("idem: the key was not claimed in the handler'
 // [Handle.CompletionFailed]; the middleware answers 409 request_in_progress.
 var ErrKeyInProgress = errors.New("idem: a concurrent request holds the key")
 
-// reopener and handlerClaimer are what Reopen, PrepareClaim and DeferClaim find behind
-// a Handle's preparer.
+// reopener is a Responder that can discard a frozen response (Handle.Reopen).
 type reopener interface{ reopen() bool }
-
-type handlerClaimer interface {
-	handlerClaim() (*RecordClaimParams, bool)
-	deferClaim()
-	claimDeferred() bool
-}
 
 // Reopen is for a SPEC §7 helper whose transaction rolled back, having committed
 // nothing, after [Handle.PrepareCompletion] froze the response: a pipelined
@@ -37,19 +30,16 @@ type handlerClaimer interface {
 // so far and any failure reported, so that the next PrepareCompletion freezes the new
 // response. The lease is no longer renewed: the handler must finish within it (the
 // fenced completion refuses otherwise). It returns false, changing nothing, when there
-// is nothing to reopen: no completion was prepared, the response was streamed, or the
-// completion committed.
+// is nothing to reopen: no completion was prepared, the response was streamed (or was
+// not a capture's), or the completion committed.
 func (h *Handle) Reopen() bool {
 	h.mu.Lock()
-	r, _ := h.prepare.(reopener)
-	done := h.done
-	h.mu.Unlock()
-	if r == nil || done || !r.reopen() {
+	defer h.mu.Unlock()
+	r, _ := h.responder.(reopener)
+	if r == nil || h.done || !h.decided || !r.reopen() {
 		return false
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.failed = nil
+	h.decided, h.store, h.params, h.failed = false, false, nil, nil
 	return true
 }
 
@@ -57,16 +47,16 @@ func (h *Handle) Reopen() bool {
 // [RouteOptions.ClaimInHandler]. It returns the claim to make inside the handler's
 // transaction, which inserts the record already completed with the response of
 // [Handle.PrepareCompletion] (when that is ok; otherwise the transaction records
-// nothing). ok is false when the middleware claimed the key itself, as it does on
-// every other route.
+// nothing). ok is false when the key was claimed already, as it is on every other
+// route.
 func (h *Handle) PrepareClaim() (params *RecordClaimParams, ok bool) {
 	h.mu.Lock()
-	c, _ := h.prepare.(handlerClaimer)
-	h.mu.Unlock()
-	if c == nil {
+	defer h.mu.Unlock()
+	if !h.inTx || h.deferred {
 		return nil, false
 	}
-	return c.handlerClaim()
+	h.claimedInTx = true
+	return &h.claim, true
 }
 
 // DeferClaim is for store packages: the handler's transaction found the key of
@@ -76,24 +66,10 @@ func (h *Handle) PrepareClaim() (params *RecordClaimParams, ok bool) {
 // the request, or runs the handler once more holding a lease.
 func (h *Handle) DeferClaim() {
 	h.mu.Lock()
-	c, _ := h.prepare.(handlerClaimer)
-	h.mu.Unlock()
-	if c != nil {
-		c.deferClaim()
+	defer h.mu.Unlock()
+	if h.inTx {
+		h.deferred = true
 	}
-}
-
-// reopen discards a prepared completion whose transaction committed nothing, so that
-// the handler can write another response (Handle.Reopen).
-func (ex *execution) reopen() bool {
-	ex.mu.Lock()
-	defer ex.mu.Unlock()
-	if !ex.decided || ex.capture.passThrough {
-		return false
-	}
-	ex.decided, ex.store, ex.params = false, false, nil
-	ex.capture.reopen()
-	return true
 }
 
 // reopen empties a frozen capture for a new response.
@@ -103,83 +79,47 @@ func (c *capture) reopen() {
 	c.status, c.wroteHeader, c.frozen = 0, false, false
 }
 
-// claimingExecution is the run of a ClaimInHandler route's handler: no claim yet, no
-// lease and no heartbeat; the handler's transaction claims.
-type claimingExecution struct {
-	execution
-	claim    RecordClaimParams
-	claimed  bool // the handler asked for the claim
-	deferred bool // ... and its transaction found the key taken
-}
-
-func (ce *claimingExecution) handlerClaim() (*RecordClaimParams, bool) {
-	ce.mu.Lock()
-	defer ce.mu.Unlock()
-	if ce.deferred {
-		return nil, false
-	}
-	ce.claimed = true
-	return &ce.claim, true
-}
-
-func (ce *claimingExecution) deferClaim() {
-	ce.mu.Lock()
-	defer ce.mu.Unlock()
-	ce.deferred = true
-}
-
-func (ce *claimingExecution) claimDeferred() bool {
-	ce.mu.Lock()
-	defer ce.mu.Unlock()
-	return ce.deferred
-}
-
 // executeClaimingInHandler runs a ClaimInHandler route's handler, whose transaction
-// claims the key. It returns false, having sent nothing, when that transaction found
-// the key taken: the caller then claims the usual way.
+// claims the key: its claim has no lease and no heartbeat (the open transaction is the
+// lock). It returns false, having sent nothing, when that transaction found the key
+// taken: the caller then claims the usual way.
 func (x *request) executeClaimingInHandler(next http.Handler) bool {
 	m := x.m
-	token, id := newTokens()
-	ce := &claimingExecution{}
-	ex := &ce.execution
-	ex.request, ex.token = x, token
-	ex.hb.stopped = true // no lease to renew: the open transaction is the lock
-	ex.handleVal.scope, ex.handleVal.key, ex.handleVal.prepare = x.scope, x.key, ce
-	ex.handle = &ex.handleVal
+	h := &Handle{}
+	h.init(m.g, x.r.Context(), x.h.scope, x.h.key, x.h.fp, x.h.ttl)
+	h.describer, h.responder, h.inTx, h.managed = x, x, true, true
+	h.newClaim()
+	h.hb.stopped = true // no lease to renew
 	// As on the lease path, the handler's context outlives the client, so that its
 	// one transaction runs to an outcome the client's retry finds; with no lease to
 	// renew, the lease bounds it instead.
-	ctx, cancel := context.WithTimeout(x.detached(), m.cfg.Lease)
+	ctx, cancel := context.WithTimeout(&h.detached, m.g.cfg.Lease)
 	defer cancel()
-	ex.hctx = handleCtx{Context: ctx, h: ex.handle}
-	ex.capture = getCapture(x.w, x.keyValues, m.cfg.MaxResponseBytes)
-	ce.claim = RecordClaimParams{
-		Scope: x.scope, Key: x.key, Fingerprint: x.fp, Token: token, RecordID: id,
-		Lease: m.cfg.Lease, TTL: x.rt.ttl, Now: m.storeNow(),
-	}
+	h.hctx = handleCtx{Context: ctx, h: h}
+	x.capture = getCapture(x.w, x.keyValues, m.cfg.MaxResponseBytes)
 	// A panic needs no release: no record exists unless the transaction committed it.
-	next.ServeHTTP(ex.capture, x.handlerRequest(&ex.hctx))
-	defer putCapture(ex.capture)
-	completed, failed := ex.handle.outcome()
+	next.ServeHTTP(x.capture, x.handlerRequest(h.Context()))
+	defer putCapture(x.capture)
+	completed, failed := h.outcome()
+	h.mu.Lock()
+	deferred, claimed := h.deferred, h.claimedInTx
+	h.mu.Unlock()
 	switch {
 	case completed:
-		ex.capture.send()
-	case ce.claimDeferred():
+		x.capture.send()
+	case deferred:
 		return false
 	case errors.Is(failed, ErrKeyInProgress):
 		m.WriteError(x.w, x.r, CodeRequestInProgress, "")
 	case failed != nil:
 		m.cfg.Logger.WarnContext(x.r.Context(), "idem: the claiming transaction failed; answering 503",
 			x.attrs(slog.Any("error", failed))...)
-		ex.unavailable()
+		x.unavailable()
 	default:
-		ce.mu.Lock()
-		claimed := ce.claimed
-		ce.mu.Unlock()
-		if !claimed && x.rt.policy(ex.capture.status) && ex.capture.wroteHeader {
+		if !claimed && x.rt.policy(x.capture.status) && x.capture.wroteHeader {
 			m.cfg.Logger.ErrorContext(x.r.Context(), "idem: a ClaimInHandler route answered without claiming its key in its transaction; nothing was recorded", x.attrs()...)
 		}
-		ex.capture.send()
+		x.capture.send()
 	}
 	return true
 }

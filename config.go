@@ -91,7 +91,9 @@ func DefaultMethods() map[string]Requirement {
 }
 
 // Config configures a [Middleware]. Store and Scope are required; every other field
-// has a default.
+// has a default. Store, TTL, Lease, Heartbeat, InFlightWait, StoreTimeout, RetryAfter,
+// ReplayCacheSize, Logger and Clock configure the [Guard] the middleware runs on, as
+// the fields of [GuardConfig] do.
 type Config struct {
 	// Store keeps the records. Required.
 	Store Store
@@ -255,25 +257,15 @@ type config struct {
 	retryAfterHdr string // RetryAfter as the header's value
 }
 
-func newConfig(c Config) *config {
-	if c.Store == nil {
-		panic("idem: Config.Store is required")
-	}
+// newConfig validates c and applies its defaults, and builds the guard the middleware
+// runs on from the fields they share (validated as "Config.Field").
+func newConfig(c Config) (*config, *Guard) {
 	if c.Scope == nil {
 		panic("idem: Config.Scope is required")
 	}
-	nonNegative("TTL", c.TTL)
-	nonNegative("Retention", c.Retention)
-	nonNegative("Lease", c.Lease)
-	nonNegative("Heartbeat", c.Heartbeat)
-	nonNegative("RetryAfter", c.RetryAfter)
-	nonNegative("InFlightWait", c.InFlightWait)
-	nonNegative("StoreTimeout", c.StoreTimeout)
+	nonNegative("Config", "Retention", c.Retention)
 	if c.MinKeyLength < 0 || c.MinKeyLength > MaxKeyLength {
 		panic(fmt.Sprintf("idem: Config.MinKeyLength must be between 1 and %d, got %d", MaxKeyLength, c.MinKeyLength))
-	}
-	if c.ReplayCacheSize < 0 {
-		panic(fmt.Sprintf("idem: Config.ReplayCacheSize must not be negative, got %d", c.ReplayCacheSize))
 	}
 	if c.MaxBodyBytes < 0 {
 		panic(fmt.Sprintf("idem: Config.MaxBodyBytes must not be negative, got %d", c.MaxBodyBytes))
@@ -284,25 +276,20 @@ func newConfig(c Config) *config {
 	if !c.Profile.valid() {
 		panic(fmt.Sprintf("idem: Config.Profile is not a known profile: %v", c.Profile))
 	}
+	g := newGuard(GuardConfig{
+		Store: c.Store, TTL: c.TTL, Lease: c.Lease, Heartbeat: c.Heartbeat,
+		InFlightWait: c.InFlightWait, StoreTimeout: c.StoreTimeout, RetryAfter: c.RetryAfter,
+		ReplayCacheSize: c.ReplayCacheSize, Logger: c.Logger, Clock: c.Clock,
+	}, "Config")
+	c.TTL, c.Lease, c.Heartbeat = g.cfg.TTL, g.cfg.Lease, g.cfg.Heartbeat
+	c.StoreTimeout, c.RetryAfter, c.Logger = g.cfg.StoreTimeout, g.cfg.RetryAfter, g.cfg.Logger
 
 	setDefault(&c.MinKeyLength, DefaultMinKeyLength)
-	setDefault(&c.TTL, DefaultTTL)
-	setDefault(&c.Lease, DefaultLease)
-	setDefault(&c.Heartbeat, c.Lease/3)
-	setDefault(&c.RetryAfter, DefaultRetryAfter)
-	setDefault(&c.StoreTimeout, DefaultStoreTimeout)
 	setDefault(&c.MaxBodyBytes, DefaultMaxBodyBytes)
 	setDefault(&c.MaxResponseBytes, DefaultMaxResponseBytes)
 	setDefault(&c.ProblemTypeBase, DefaultProblemTypeBase)
-	if c.Heartbeat >= c.Lease {
-		panic(fmt.Sprintf("idem: Config.Heartbeat (%v) must be shorter than Config.Lease (%v)", c.Heartbeat, c.Lease))
-	}
-	checkTTL("Config.TTL", c.TTL, c.Lease)
 	if c.StorePolicy == nil {
 		c.StorePolicy = DefaultStorePolicy
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 
 	methods := DefaultMethods()
@@ -315,33 +302,7 @@ func newConfig(c Config) *config {
 	cfg := &config{Config: c, methods: methods, storedHeaders: storedHeaderSet(c.StoredHeaders)}
 	s := int64((c.RetryAfter + time.Second - 1) / time.Second)
 	cfg.retryAfterHdr = strconv.FormatInt(max(s, 1), 10)
-	return cfg
-}
-
-// checkTTL panics unless ttl outlives lease: a record that expires before its lease
-// can end would be completed already expired, and its retry would execute again.
-func checkTTL(field string, ttl, lease time.Duration) {
-	if ttl <= lease {
-		panic(fmt.Sprintf("idem: %s (%v) must be longer than Config.Lease (%v): a record completed after its TTL is expired at birth, and a retry executes again", field, ttl, lease))
-	}
-}
-
-// leaseMargin is how long before its lease ends a holder stops: Lease/10, at most
-// MaxLeaseMargin. It covers the timer's lateness, the cancellation reaching the
-// handler, and a bounded skew between this host's clock and the store's.
-func leaseMargin(lease time.Duration) time.Duration { return min(lease/10, MaxLeaseMargin) }
-
-func nonNegative(field string, d time.Duration) {
-	if d < 0 {
-		panic(fmt.Sprintf("idem: Config.%s must not be negative, got %v", field, d))
-	}
-}
-
-func setDefault[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
-	}
+	return cfg, g
 }
 
 // requirement returns the requirement of method under the route's override.

@@ -1,24 +1,39 @@
-// Package idem makes non-idempotent HTTP requests safe to retry: a client sends
-// `Idempotency-Key: <random id>` with a POST or PATCH, and the server executes the
-// operation at most once per (scope, key) and replays the same response to every retry,
-// across restarts, crashes and any number of processes sharing one [Store].
+// Package idem makes non-idempotent operations safe to retry: a client sends
+// `Idempotency-Key: <random id>` with a POST or PATCH (or a job carries its id), and the
+// server executes the operation at most once per (scope, key) and returns the same
+// result to every retry, across restarts, crashes and any number of processes sharing
+// one [Store].
 //
-// The package holds the pieces that do not depend on any database: the net/http
-// middleware, the record state machine ([Decide]), key parsing ([ParseKey]), request
-// fingerprinting ([FingerprintRequest]), the [Store] interface that every backend
-// implements, and the errors of SPEC §9. It imports the standard library only; the
-// stores live in their own packages (store/sqlite, store/postgres, store/redis,
-// store/memory) so that importing idem links none of their drivers.
+// The package holds the pieces that do not depend on any database, in two layers. It
+// imports the standard library only; the stores live in their own packages
+// (store/sqlite, store/postgres, store/redis, store/memory) so that importing idem
+// links none of their drivers.
 //
-// A request goes through these steps (see docs/state-machine.md):
+// The core, without HTTP (SPEC §5, §16; guard.go, handle.go, lease.go, do.go):
 //
-//  1. The key is parsed and the request fingerprinted (method, path, sorted query,
-//     canonical body).
-//  2. One atomic store operation claims (scope, key): it inserts an in-flight record
-//     with a fresh lock token and lease, or reports the record that is already there.
-//  3. The handler runs while a heartbeat renews the lease; its response is captured.
-//  4. The response is stored (completing the record) or the key is released, both
-//     fenced by the lock token. SQL stores can complete the record inside the
-//     application's own transaction (SPEC §7), so the business writes and the stored
-//     response commit together or not at all.
+//   - [Guard] runs the record state machine: [Guard.Begin] claims (scope, key) in one
+//     atomic store operation ([Decide] says what a claim finds), waits a bounded time
+//     for an operation in flight, takes over a lapsed lease, and answers a replay,
+//     [ErrKeyReused], [ErrKeyInProgress] or [ErrStoreUnavailable];
+//   - [Handle] is an acquired claim: the operation runs under its context while a
+//     heartbeat renews the lease (and cancels the operation with [ErrLeaseLost] when
+//     the lease ends), then [Handle.Complete] stores its result or [Handle.Release]
+//     frees the key, both fenced by the lock token. SQL stores complete the record
+//     inside the application's own transaction (SPEC §7) through the Handle, so the
+//     business writes and the stored result commit together or not at all;
+//   - [Do] and [DoTx] run a function at most once and return its stored result to
+//     every repeat; [FingerprintInput] fingerprints its input.
+//
+// The net/http middleware, an adapter of the core (middleware.go, config.go,
+// capture.go, key.go, fingerprint.go, errors.go): [New] builds a [Middleware] on a
+// Guard. A request goes through these steps (see docs/state-machine.md):
+//
+//  1. The key is parsed ([ParseKey]) and the request fingerprinted
+//     ([FingerprintRequest]: method, path, sorted query, canonical body).
+//  2. The guard claims (scope, key); a request that does not acquire it gets the
+//     stored response or a §9 error ([WriteError]).
+//  3. The handler runs under the claim, with the [Handle] in its context
+//     ([FromContext]); its response is captured.
+//  4. The response is stored (completing the record) or the key is released (SPEC
+//     §6), and only then sent.
 package idem

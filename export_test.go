@@ -99,7 +99,7 @@ func newManualTicker() (*ManualTicker, func(d time.Duration, f func()) beatTimer
 // UseManualTicker replaces m's heartbeat timers with ones a ManualTicker fires.
 func UseManualTicker(m *Middleware) *ManualTicker {
 	t, newTimer := newManualTicker()
-	m.newBeat = newTimer
+	m.g.newBeat = newTimer
 	return t
 }
 
@@ -107,23 +107,23 @@ func UseManualTicker(m *Middleware) *ManualTicker {
 // whose renewals failed is cancelled) with ones a ManualTicker fires.
 func UseManualLeaseTimers(m *Middleware) *ManualTicker {
 	t, newTimer := newManualTicker()
-	m.newLeaseTimer = newTimer
+	m.g.newLeaseTimer = newTimer
 	return t
 }
 
 // OnRenew calls f after each lease renewal of m's heartbeats.
-func OnRenew(m *Middleware, f func(err error)) { m.hooks.renewed = f }
+func OnRenew(m *Middleware, f func(err error)) { m.g.hooks.renewed = f }
 
 // OnWait calls f when a duplicate starts waiting for an in-flight request.
-func OnWait(m *Middleware, f func()) { m.hooks.waiting = f }
+func OnWait(m *Middleware, f func()) { m.g.hooks.waiting = f }
 
 // ErrCaptureFrozen is errCaptureFrozen, for tests.
 var ErrCaptureFrozen = errCaptureFrozen
 
 // ReplayCacheLen returns how many entries m's replay cache holds (0 when off).
 func ReplayCacheLen(m *Middleware) int {
-	if m.cache == nil {
+	if m.g.cache == nil {
 		return 0
 	}
-	return m.cache.len()
+	return m.g.cache.len()
 }

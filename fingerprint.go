@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"hash"
 	"mime"
 	"net/http"
@@ -62,7 +64,12 @@ func FingerprintRequest(r *http.Request, body []byte) Fingerprint {
 			tag, data, st.body = tagFormBody, canon, canon
 		}
 	}
-	// The body may be large: hash it where it lies instead of copying it into the frame.
+	return st.sum256(b, tag, data)
+}
+
+// sum256 hashes the framed fields b followed by the body field (tag, data). The body
+// may be large: it is hashed where it lies instead of being copied into the frame.
+func (st *fpState) sum256(b []byte, tag byte, data []byte) Fingerprint {
 	b = binary.AppendUvarint(append(b, tag), uint64(len(data)))
 	st.frame = b
 	st.h.Reset()
@@ -71,6 +78,37 @@ func FingerprintRequest(r *http.Request, body []byte) Fingerprint {
 	// Sum into the pooled state: a slice of a local would make the local escape.
 	st.h.Sum(st.sum[:0])
 	return Fingerprint{Version: FingerprintVersion, Sum: st.sum}
+}
+
+// FingerprintInput returns the fingerprint of a function's input (SPEC §16), version
+// [FingerprintVersion], for a [Call]: a SHA-256 over the version, op (the operation's
+// name, such as "charges.create" or a gRPC method's full name, so that one key used for
+// two operations is key_reused) and the input. An input that is valid I-JSON is
+// canonicalised as [CanonicalJSON] describes, so that a repeat that re-serialises the
+// same value matches; any other input (a protobuf message's deterministic encoding,
+// say) is hashed as its raw bytes. The framing differs from [FingerprintRequest]'s, so
+// a function's input never matches an HTTP request.
+func FingerprintInput(op string, input []byte) Fingerprint {
+	st := fpPool.Get().(*fpState)
+	defer st.release()
+	b := appendField(st.frame[:0], tagVersion, strconv.AppendInt(st.num[:0], FingerprintVersion, 10))
+	b = appendStringField(b, tagOperation, op)
+	tag, data := byte(tagRawBody), input
+	if canon, ok := st.canon.canonical(st.body[:0], input); ok {
+		tag, data, st.body = tagJSONBody, canon, canon
+	}
+	return st.sum256(b, tag, data)
+}
+
+// FingerprintJSON is [FingerprintInput] of v encoded with encoding/json: the
+// fingerprint of a function's input given as a Go value. It fails only when v cannot
+// be encoded.
+func FingerprintJSON(op string, v any) (Fingerprint, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return Fingerprint{}, fmt.Errorf("idem: fingerprinting the input of %q: %w", op, err)
+	}
+	return FingerprintInput(op, b), nil
 }
 
 // Field tags of the fingerprint's framing. Changing any of them, or the framing, is a
@@ -84,6 +122,9 @@ const (
 	tagJSONBody = 'J' // CanonicalJSON of the body
 	tagFormBody = 'F' // canonical parameters of a form body
 	tagRawBody  = 'R' // the body as sent
+	// tagOperation names a function's operation (FingerprintInput), in place of the
+	// method, path and query of a request.
+	tagOperation = 'O'
 )
 
 func appendField(b []byte, tag byte, data []byte) []byte {

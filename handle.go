@@ -2,39 +2,111 @@ package idem
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"sync"
+	"time"
 )
 
-// Handle is the claim that the current request holds on its (scope, key). The
-// middleware puts it in the handler's context; a handler reads it with [FromContext].
+// Handle is a claim on a (scope, key): the caller holds the key and runs the
+// operation, while a heartbeat renews the lease. [Guard.Begin] returns it; the
+// middleware puts it in the handler's context, where [FromContext] finds it.
 //
-// Handlers use Key, Scope and SetStore. Store packages use PrepareCompletion,
+// Operations use Context, Key, Scope and SetStore. Adapters (the middleware, [Do], a
+// gRPC interceptor) supply the result with SetResponse or SetResponder and end the
+// claim with Complete or Release, exactly once. Store packages use PrepareCompletion,
 // Completed and CompletionFailed to implement the SPEC §7 helper, which completes the
 // record inside the application's own transaction.
 type Handle struct {
+	g     *Guard
 	scope string
 	key   string
+	fp    Fingerprint
+	ttl   time.Duration
+
+	// The claim: its params, the token it installs, when it began (by the guard's
+	// clock and the host's), and the record it returned when acquired.
+	claim            RecordClaimParams
+	token            string
+	claimStarted     time.Time
+	claimStartedReal time.Time
+	claimed          *Record
+	// firstCall is the context of the first claim, the only store call of most
+	// calls; later calls make their own.
+	firstCall     callCtx
+	firstCallUsed bool
+
+	// detached is the caller's context without its cancellation: the parent of the
+	// renewals, the completion and the release, which must happen even when the
+	// caller went away.
+	detached detachedCtx
+	// hctx is the operation's context: the work's context carrying the handle
+	// without a context.WithValue. cancel ends it, with cause ErrLeaseLost when the
+	// lease is lost.
+	hctx   handleCtx
+	cancel context.CancelCauseFunc
+	hb     heartbeat
+	// describer adds the adapter's attributes to log lines (the middleware's method
+	// and path); nil adds none.
+	describer describer
+
+	complete RecordCompleteParams
 
 	mu       sync.Mutex
 	override *bool
-	// prepare freezes the captured response, stops the heartbeat and returns the fenced
-	// completion to run; set by the middleware.
-	prepare preparer
+	// responder or response supplies the result that the completion stores.
+	responder Responder
+	response  *Response
+	decided   bool                  // the result is frozen and the decision taken
+	store     bool                  // the decision: store (true) or release
+	params    *RecordCompleteParams // the completion, when store
 	// done and failed record how the §7 helper's transaction ended.
 	done   bool
 	failed error
+	// ended is set by Complete or Release. managed marks the claim of a middleware
+	// request, which the middleware ends when the handler returns.
+	ended, managed bool
+	// The claim of a [RouteOptions.ClaimInHandler] route: made in the handler's
+	// transaction (inTx), asked for by the helper (claimedInTx), or found taken
+	// (deferred).
+	inTx, claimedInTx, deferred bool
+}
+
+// A Responder supplies, once, the result a [Handle] stores: the handle asks for it when
+// the completion is prepared (by [Handle.PrepareCompletion] inside a SPEC §7
+// transaction, or by [Handle.Complete]). The middleware's response capture is one: it
+// freezes what the handler wrote.
+type Responder interface {
+	// Response returns the result to store and whether to store it (true) or release
+	// the key so that a repeat executes afresh (false; [Handle.SetStore] overrides it).
+	// The handle keeps resp until the claim ends; it must not change afterwards.
+	Response() (resp *Response, store bool)
+}
+
+// describer adds an adapter's log attributes.
+type describer interface {
+	attrs(extra ...any) []any
 }
 
 type handleKey struct{}
 
-// preparer is what the middleware's execution offers PrepareCompletion (an interface
-// rather than a func, so that setting it allocates nothing).
-type preparer interface {
-	prepareInTx(override *bool) (*RecordCompleteParams, bool)
+// handleCtx is the operation's context: ctx carrying the Handle, as NewContext would
+// return it.
+type handleCtx struct {
+	context.Context
+	h *Handle
 }
 
-// FromContext returns the claim of the request whose context is ctx, or nil when the
-// request carries no idempotency key (or the middleware is off for its route).
+func (c *handleCtx) Value(key any) any {
+	if key == (handleKey{}) {
+		return c.h
+	}
+	return c.Context.Value(key)
+}
+
+// FromContext returns the claim of the operation whose context is ctx, or nil when it
+// runs without one (a request without an idempotency key, or a route with the
+// middleware off).
 func FromContext(ctx context.Context) *Handle {
 	h, _ := ctx.Value(handleKey{}).(*Handle)
 	return h
@@ -45,13 +117,51 @@ func NewContext(ctx context.Context, h *Handle) context.Context {
 	return context.WithValue(ctx, handleKey{}, h)
 }
 
-// Key returns the request's idempotency key, as parsed (unquoted).
+// init readies h for a call of g under ctx.
+func (h *Handle) init(g *Guard, ctx context.Context, scope, key string, fp Fingerprint, ttl time.Duration) {
+	h.g, h.scope, h.key, h.fp, h.ttl = g, scope, key, fp, ttl
+	h.detached = detachedCtx{ctx}
+}
+
+// start begins the operation of an acquired claim: its context, a child of parent
+// that the lease's loss cancels, and the heartbeat.
+func (h *Handle) start(parent context.Context) {
+	g := h.g
+	ctx, cancel := context.WithCancelCause(parent)
+	h.cancel = cancel
+	h.hctx = handleCtx{Context: ctx, h: h}
+	h.hb.run = heartbeatRun{
+		h:            h,
+		params:       RecordRenewParams{Scope: h.scope, Key: h.key, Token: h.token, Lease: g.cfg.Lease, TTL: h.ttl},
+		deadline:     h.claimStarted.Add(g.cfg.Lease),
+		realDeadline: h.claimStartedReal.Add(g.cfg.Lease),
+		cancel:       cancel,
+	}
+	g.startHeartbeat(&h.hb)
+}
+
+// Context returns the operation's context: it carries the handle (for the store
+// packages' §7 helpers) and is cancelled with cause [ErrLeaseLost] when the lease is
+// lost, so that the operation never runs on beside a caller that took its key over.
+func (h *Handle) Context() context.Context { return &h.hctx }
+
+// Key returns the idempotency key, as parsed (unquoted).
 func (h *Handle) Key() string { return h.key }
 
 // Scope returns the principal the key belongs to.
 func (h *Handle) Scope() string { return h.scope }
 
-// SetStore overrides, for this response only, whether it is stored (true) or releases
+// RecordID returns the record's id: new at every claim of an absent or expired key and
+// kept across takeovers of a lapsed lease (SPEC §13). It is empty on a
+// [RouteOptions.ClaimInHandler] route, whose claim is not made yet.
+func (h *Handle) RecordID() string {
+	if h.claimed == nil {
+		return ""
+	}
+	return h.claimed.ID
+}
+
+// SetStore overrides, for this result only, whether it is stored (true) or releases
 // the key (false), whatever its status (SPEC §6).
 func (h *Handle) SetStore(store bool) {
 	h.mu.Lock()
@@ -59,23 +169,44 @@ func (h *Handle) SetStore(store bool) {
 	h.override = &store
 }
 
-// PrepareCompletion is for store packages implementing the SPEC §7 helper. Called
-// inside the application's transaction, after the handler wrote its response, it stops
-// the lease heartbeat, freezes the captured response and returns the fenced completion
-// to run in that transaction. ok is false when the response is not to be stored (its
-// status releases the key, SPEC §6); the helper then just commits the application's
-// writes and the middleware releases the key.
-func (h *Handle) PrepareCompletion() (params *RecordCompleteParams, ok bool) {
+// SetResponse sets the result the completion stores: resp, which must not change
+// afterwards. It replaces a Responder. Call it before the completion is prepared
+// ([Handle.Complete], or the §7 helper's [Handle.PrepareCompletion]); later calls
+// change nothing.
+func (h *Handle) SetResponse(resp *Response) {
 	h.mu.Lock()
-	override, prepare := h.override, h.prepare
-	h.mu.Unlock()
-	if prepare == nil {
-		return nil, false
+	defer h.mu.Unlock()
+	if !h.decided {
+		h.response, h.responder = resp, nil
 	}
-	return prepare.prepareInTx(override)
 }
 
-// Completed tells the middleware that the completion prepared by PrepareCompletion
+// SetResponder sets what supplies the result when the completion is prepared, for an
+// adapter whose result is known only then (the middleware's capture of what the
+// handler wrote). It replaces a response set by SetResponse.
+func (h *Handle) SetResponder(r Responder) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.decided {
+		h.responder, h.response = r, nil
+	}
+}
+
+// PrepareCompletion is for store packages implementing the SPEC §7 helper. Called
+// inside the application's transaction, after the operation produced its result, it
+// stops the lease heartbeat, freezes the result and returns the fenced completion to
+// run in that transaction. ok is false when the result is not to be stored (its status
+// releases the key, SPEC §6; or no result was set); the helper then just commits the
+// application's writes and the key is released. It is one-shot: a second transaction
+// of the same operation commits as a plain one.
+func (h *Handle) PrepareCompletion() (params *RecordCompleteParams, ok bool) {
+	if h.g == nil {
+		return nil, false
+	}
+	return h.decide(true)
+}
+
+// Completed tells the handle that the completion prepared by PrepareCompletion
 // committed with the application's writes: the record is completed and is never
 // released, whatever happens next.
 func (h *Handle) Completed() {
@@ -84,9 +215,10 @@ func (h *Handle) Completed() {
 	h.done = true
 }
 
-// CompletionFailed tells the middleware that the transaction holding the completion did
+// CompletionFailed tells the handle that the transaction holding the completion did
 // not commit (or the fenced completion found the key taken over, [ErrLeaseLost]). The
-// client then never receives the handler's response: it gets 503 store_unavailable.
+// caller then never receives the operation's result: the middleware answers 503
+// store_unavailable, and Complete returns the failure.
 func (h *Handle) CompletionFailed(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -100,9 +232,226 @@ func (h *Handle) outcome() (completed bool, err error) {
 	return h.done, h.failed
 }
 
-// storeOverride returns the handler's SetStore override, nil when there is none.
-func (h *Handle) storeOverride() *bool {
+// decide stops the heartbeat, freezes the result and applies the store policy, once;
+// later calls return the same decision (or nothing, for a §7 helper: forTx).
+func (h *Handle) decide(forTx bool) (*RecordCompleteParams, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.override
+	if h.decided {
+		if forTx {
+			return nil, false
+		}
+		return h.params, h.store
+	}
+	h.decided = true
+	h.hb.stopAndWait()
+	resp, store := h.response, h.response != nil
+	if h.responder != nil {
+		resp, store = h.responder.Response()
+	}
+	if h.override != nil {
+		store = *h.override
+	}
+	h.store = store && resp != nil
+	if h.store {
+		h.complete = RecordCompleteParams{
+			Scope: h.scope, Key: h.key, Token: h.token,
+			Response: resp, TTL: h.ttl, Now: h.g.storeNow(),
+		}
+		h.params = &h.complete
+	}
+	return h.params, h.store
+}
+
+// Complete ends the claim with its result: it stores the result set by SetResponse or
+// supplied by the Responder (unless it releases the key: no result, or the Responder
+// or SetStore said so), fenced by the lock token. It returns nil when the result is
+// stored, by it or by a §7 transaction, or the key released as decided;
+// [ErrLeaseLost] when another caller took the key over (the result must not be used:
+// the repeat gets the winner's outcome); the §7 transaction's failure as reported to
+// CompletionFailed (the key is released; nothing committed); or a [*StoreError] when
+// the store failed to record the result (logged: the result stands, and the key frees
+// when the lease lapses). The completion outlives ctx's cancellation and is bounded by
+// the lease. A second call returns nil and changes nothing. A handler behind the
+// middleware must not call it (it returns an error): the middleware ends the claim.
+func (h *Handle) Complete() error {
+	if ok, err := h.end(); !ok {
+		return err
+	}
+	defer h.cancel(nil)
+	_, err := h.finish()
+	return err
+}
+
+// Release ends the claim without a result: it deletes the in-flight record, fenced by
+// the lock token, so that a repeat executes afresh (SPEC §6). A record completed by a
+// §7 transaction is never released, and a key taken over is left to its new holder. A
+// store's failure is logged and returned as a [*StoreError]: the key frees when the
+// lease lapses. A second call, or a call after Complete, changes nothing. A handler
+// behind the middleware must not call it (it returns an error; see SetStore).
+func (h *Handle) Release() error {
+	if ok, err := h.end(); !ok {
+		return err
+	}
+	defer h.cancel(nil)
+	return h.abort()
+}
+
+// errManaged is the error of Complete and Release called by a handler behind the
+// middleware, which ends the claim itself.
+var errManaged = errors.New("idem: the middleware ends this claim when the handler returns; use SetStore to choose whether the response is stored")
+
+// end marks the claim ended and reports whether it was not already, or errManaged.
+func (h *Handle) end() (bool, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.managed:
+		return false, errManaged
+	case h.ended || h.g == nil:
+		return false, nil
+	}
+	h.ended = true
+	return true, nil
+}
+
+// ending is how a claim ended (Handle.finish).
+type ending int
+
+const (
+	// endStored: the result is stored, by the completion or a §7 transaction.
+	endStored ending = iota
+	// endReleased: the result is not to be stored; the key is released.
+	endReleased
+	// endUnstored: the store failed to record the result; the result stands (its
+	// effects happened) and the key frees when the lease lapses.
+	endUnstored
+	// endFailed: the result must not be used: the §7 transaction did not commit (the
+	// key is released), or the lease was lost before the completion.
+	endFailed
+)
+
+// finish stores the result or releases the key (SPEC §6, §7) and says how the claim
+// ended, with the error of endUnstored and endFailed.
+func (h *Handle) finish() (ending, error) {
+	g := h.g
+	h.hb.stopAndWait()
+	completed, failed := h.outcome()
+	switch {
+	case completed: // a §7 transaction committed the record with the application's writes
+		h.mu.Lock()
+		params := h.params
+		h.mu.Unlock()
+		if params != nil {
+			h.cacheCompleted(params.Response)
+		}
+		h.warnIfExpired()
+		return endStored, nil
+	case failed != nil: // ... or did not commit: neither effects nor record exist
+		g.cfg.Logger.WarnContext(&h.detached, "idem: the completing transaction failed; the result is not used",
+			h.attrs(slog.Any("error", failed))...)
+		_ = h.release() // harmless if the commit happened after all: the record is completed
+		return endFailed, failed
+	}
+	params, store := h.decide(false)
+	if !store {
+		_ = h.release()
+		return endReleased, nil
+	}
+	ctx, cancel := h.storeCtx()
+	err := g.cfg.Store.RecordComplete(ctx, params)
+	cancel()
+	switch {
+	case err == nil:
+		h.cacheCompleted(params.Response)
+		h.warnIfExpired()
+		return endStored, nil
+	case errors.Is(err, ErrLeaseLost):
+		// Another caller took the key over and executes (or executed) the operation;
+		// the repeat gets its outcome.
+		g.cfg.Logger.WarnContext(&h.detached, "idem: lease lost before the result was stored; the result is not used", h.attrs()...)
+		return endFailed, ErrLeaseLost
+	default:
+		// The operation's effects happened: its result stands, and the key frees when
+		// the lease lapses. Failing the call would make the client retry and execute
+		// the operation a second time.
+		g.cfg.Logger.ErrorContext(&h.detached, "idem: storing the result failed; it is used unstored",
+			h.attrs(slog.Any("error", err))...)
+		return endUnstored, &StoreError{Op: "complete", Err: err}
+	}
+}
+
+// abort releases the key after the operation failed or panicked, unless a §7
+// transaction completed it.
+func (h *Handle) abort() error {
+	h.mu.Lock()
+	h.decided = true // a Handle kept past the operation finds nothing more to complete
+	h.mu.Unlock()
+	h.hb.stopAndWait()
+	if completed, _ := h.outcome(); !completed {
+		return h.release()
+	}
+	return nil
+}
+
+// release deletes the in-flight record so that a repeat executes afresh. A failure is
+// logged and returned: the key frees when the lease lapses. A key no longer held is
+// not a failure.
+func (h *Handle) release() error {
+	g := h.g
+	ctx, cancel := h.storeCtx()
+	defer cancel()
+	err := g.cfg.Store.RecordRelease(ctx, &RecordReleaseParams{Scope: h.scope, Key: h.key, Token: h.token})
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		g.cfg.Logger.DebugContext(ctx, "idem: release found the key no longer held", h.attrs()...)
+	case err != nil:
+		g.cfg.Logger.WarnContext(ctx, "idem: releasing the key failed; it frees when the lease lapses",
+			h.attrs(slog.Any("error", err))...)
+		return &StoreError{Op: "release", Err: err}
+	}
+	return nil
+}
+
+// storeCtx is the context of the completion or release after the operation ran: they
+// must happen even when the caller went away, within a bound.
+func (h *Handle) storeCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(&h.detached, h.g.cfg.Lease)
+}
+
+// leaseLost reports whether the operation's context was cancelled because the lease
+// was lost.
+func (h *Handle) leaseLost() bool {
+	return errors.Is(context.Cause(h.hctx.Context), ErrLeaseLost)
+}
+
+// cacheCompleted puts the result this process just stored in the replay cache, when
+// there is one: it expires at the claimed record's created_at + TTL (SPEC §8).
+func (h *Handle) cacheCompleted(resp *Response) {
+	g := h.g
+	if g.cache == nil || h.claimed == nil {
+		return
+	}
+	expires := CompletedExpiresAt(h.claimed.CreatedAt, h.ttl)
+	g.cache.put(h.scope, h.key, h.claimed.Fingerprint, cloneResponse(resp), expires, g.localNow())
+}
+
+// warnIfExpired logs a record completed after its TTL ran out: it counts as absent
+// already, so a repeat executes the operation again (SPEC §8). The operation ran
+// longer than the TTL, which should be longer than the slowest operation.
+func (h *Handle) warnIfExpired() {
+	if h.claimed == nil || h.g.localNow().Before(CompletedExpiresAt(h.claimed.CreatedAt, h.ttl)) {
+		return
+	}
+	h.g.cfg.Logger.WarnContext(&h.detached, "idem: record completed after its TTL: it is expired already, and a retry executes again; make the TTL longer than the operation runs",
+		h.attrs(slog.Duration("ttl", h.ttl))...)
+}
+
+// attrs are the attributes of every log line about the call, then extra: a hash of
+// the key, never the key itself. They are built only when a line is logged.
+func (h *Handle) attrs(extra ...any) []any {
+	if h.describer != nil {
+		return h.describer.attrs(extra...)
+	}
+	return append([]any{slog.String("key_hash", keyHash(h.scope, h.key))}, extra...)
 }

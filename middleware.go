@@ -3,7 +3,6 @@ package idem
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -23,12 +22,13 @@ import (
 // middleware (the Scope function reads the principal) and inside any compression
 // middleware. It is safe for concurrent use.
 //
-// For a keyed request it parses the key, refuses an unauthenticated request, reads and
-// fingerprints the body, and claims (scope, key) in one store operation. The request
-// that acquires the key runs the handler, with the body re-readable and a [Handle] in
-// its context, while a heartbeat renews the lease; the response is captured, then
-// stored or the key released (SPEC §6), and only then sent. Duplicates get the stored
-// response with "Idempotent-Replayed: true", or a §9 error.
+// It is the HTTP adapter of a [Guard] (SPEC §16): for a keyed request it parses the
+// key, refuses an unauthenticated request, reads and fingerprints the body, and
+// begins the guard's claim of (scope, key). The request that acquires the key runs the
+// handler, with the body re-readable and the [Handle] in its context, while the
+// guard's heartbeat renews the lease; the response is captured, then stored or the key
+// released (SPEC §6), and only then sent. Duplicates get the stored response with
+// "Idempotent-Replayed: true", or a §9 error.
 //
 // When the store fails to complete the record after the handler ran (other than by
 // losing the lease), the client still gets the handler's response: its effects
@@ -36,21 +36,7 @@ import (
 // the lease lapses. The failure is logged at error level.
 type Middleware struct {
 	cfg *config
-
-	// newBeat arms a heartbeat's timer (time.AfterFunc), and newLeaseTimer the timer
-	// of a lease's end; tests fire them by hand.
-	newBeat, newLeaseTimer func(d time.Duration, f func()) beatTimer
-	// hooks signal tests; all nil in production.
-	hooks testHooks
-	// cache is the bounded cache of completed responses (Config.ReplayCacheSize); nil
-	// when off.
-	cache *replayCache
-}
-
-// testHooks let tests wait on events instead of sleeping.
-type testHooks struct {
-	renewed func(err error) // after each lease renewal
-	waiting func()          // when a duplicate starts waiting for an in-flight request
+	g   *Guard
 }
 
 // route is a RouteOptions resolved against the Config.
@@ -67,12 +53,13 @@ type route struct {
 // New returns a Middleware for cfg. It panics with a message naming the field when cfg
 // is invalid (a programmer's mistake): "idem: Config.Scope is required".
 func New(cfg Config) *Middleware {
-	m := &Middleware{cfg: newConfig(cfg), newBeat: newRealBeat, newLeaseTimer: newRealBeat}
-	if m.cfg.ReplayCacheSize > 0 {
-		m.cache = newReplayCache(m.cfg.ReplayCacheSize)
-	}
-	return m
+	c, g := newConfig(cfg)
+	return &Middleware{cfg: c, g: g}
 }
+
+// Guard returns the [Guard] the middleware runs on: the same store, lease, replay
+// cache and clock, for adapters and functions ([Do]) that share them.
+func (m *Middleware) Guard() *Guard { return m.g }
 
 // Handler wraps next with the middleware's default options: the key requirement comes
 // from the method table.
@@ -86,14 +73,8 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 	if !opts.Requirement.valid() {
 		panic(fmt.Sprintf("idem: RouteOptions.Requirement is not a known requirement: %v", opts.Requirement))
 	}
-	if opts.TTL < 0 {
-		panic(fmt.Sprintf("idem: RouteOptions.TTL must not be negative, got %v", opts.TTL))
-	}
-	if opts.TTL != 0 {
-		checkTTL("RouteOptions.TTL", opts.TTL, m.cfg.Lease)
-	}
-	rt := &route{requirement: opts.Requirement, ttl: opts.TTL, policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler}
-	setDefault(&rt.ttl, m.cfg.TTL)
+	rt := &route{requirement: opts.Requirement, ttl: m.g.callTTL(opts.TTL, "RouteOptions.TTL"),
+		policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler}
 	if rt.policy == nil {
 		rt.policy = m.cfg.StorePolicy
 	}
@@ -119,25 +100,8 @@ func (m *Middleware) CleanerConfig() CleanerConfig {
 	return CleanerConfig{Retention: m.cfg.Retention, Logger: m.cfg.Logger, Clock: m.cfg.Clock}
 }
 
-// storeNow is the Now of store parameters: zero, so that the store's clock decides,
-// unless a Clock is injected.
-func (m *Middleware) storeNow() time.Time {
-	if m.cfg.Clock != nil {
-		return m.cfg.Clock()
-	}
-	return time.Time{}
-}
-
-// localNow is the middleware's own reading of time.
-func (m *Middleware) localNow() time.Time {
-	if m.cfg.Clock != nil {
-		return m.cfg.Clock()
-	}
-	return time.Now()
-}
-
 // request is one keyed request on its way through the middleware. It is one
-// allocation: the execution, when the request acquires the key, lives in it too.
+// allocation: the guard's Handle, when the request acquires the key, lives in it too.
 type request struct {
 	m         *Middleware
 	rt        *route
@@ -145,18 +109,12 @@ type request struct {
 	r         *http.Request // as received; the handler gets a copy with the body re-readable
 	keyValues []string      // the Idempotency-Key header as received (a copy)
 	keyBuf    [1]string     // backs keyValues for the usual single header
-	scope     string
-	key       string
-	fp        Fingerprint
-	body      *[]byte // the request body, in a pooled buffer
-	claim     RecordClaimParams
-	ex        execution
-	// detachedCtx is the context of store calls that must outlive the client.
-	detachedCtx detachedCtx
-	// firstCall is the context of the first claim, the only store call of most
-	// requests; later calls make their own.
-	firstCall     callCtx
-	firstCallUsed bool
+	body      *[]byte       // the request body, in a pooled buffer
+	// h is the claim; capture records what the handler writes, and is the Responder
+	// that supplies the response the claim stores.
+	h          Handle
+	capture    *capture
+	bodyReader bodyReader
 }
 
 func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, r *http.Request) {
@@ -166,7 +124,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		next.ServeHTTP(w, r)
 		return
 	}
-	x := &request{m: m, rt: rt, w: w, r: r, detachedCtx: detachedCtx{r.Context()}}
+	x := &request{m: m, rt: rt, w: w, r: r}
 	if len(values) > 0 {
 		// A copy, so that the response's header never aliases the request's.
 		if len(values) == 1 {
@@ -187,12 +145,14 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		m.WriteError(w, r, CodeScopeRequired, "")
 		return
 	}
-	x.keyValues, x.scope, x.key = values, scope, key
+	x.keyValues = values
+	x.h.init(m.g, r.Context(), scope, key, Fingerprint{}, rt.ttl)
+	x.h.describer, x.h.managed = x, true
 	if !x.readBody(r) {
 		return
 	}
 	defer putBody(x.body)
-	x.fp = FingerprintRequest(r, *x.body)
+	x.h.fp = FingerprintRequest(r, *x.body)
 	x.run(next)
 }
 
@@ -209,7 +169,7 @@ func (m *Middleware) refuseKey(w http.ResponseWriter, r *http.Request, err error
 // attrs are the attributes of every log line about the request, then extra: a hash of
 // the key, never the key itself. They are built only when a line is logged.
 func (x *request) attrs(extra ...any) []any {
-	return append([]any{slog.String("key_hash", keyHash(x.scope, x.key)),
+	return append([]any{slog.String("key_hash", keyHash(x.h.scope, x.h.key)),
 		slog.String("method", x.r.Method), slog.String("path", x.r.URL.Path)}, extra...)
 }
 
@@ -305,188 +265,43 @@ func grow(full []byte, size int64) []byte {
 	return append(make([]byte, 0, c), full...)
 }
 
-// newTokens returns a fresh lock token and record id: 16 random bytes each, in hex,
-// from one read of crypto/rand and in one string.
-func newTokens() (token, id string) {
-	var b [32]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
-	var h [64]byte
-	hex.Encode(h[:], b[:])
-	s := string(h[:])
-	return s[:32], s[32:]
-}
-
-// run claims the key and acts on the outcome: execute, replay, or a §9 error.
+// run claims the key through the guard and acts on the outcome: execute, replay, or a
+// §9 error.
 func (x *request) run(next http.Handler) {
-	m, ctx := x.m, x.r.Context()
-	if m.cache != nil {
-		if resp, ok := m.cache.get(x.scope, x.key, x.fp, m.localNow()); ok {
-			x.replay(resp)
-			return
-		}
+	g, h := x.m.g, &x.h
+	if resp, err := g.cached(h); resp != nil || err != nil {
+		x.answer(resp, err)
+		return
 	}
 	if x.rt.claimInHandler && x.executeClaimingInHandler(next) {
 		return
 	}
-	// waitUntil is set when the key is first found in flight; every store call after
-	// that ends by waitUntil + StoreTimeout (stopAt).
-	var waitUntil, stopAt time.Time
-	backoff := waitPollMin
-	for {
-		token, id := newTokens()
-		started, startedReal := m.localNow(), time.Now()
-		x.claim = RecordClaimParams{
-			Scope: x.scope, Key: x.key, Fingerprint: x.fp, Token: token, RecordID: id,
-			Lease: m.cfg.Lease, TTL: x.rt.ttl, Now: m.storeNow(),
-		}
-		res, err := x.claimKey(ctx, stopAt)
-		if err != nil {
-			x.storeUnavailable(ctx, "claim", err)
-			return
-		}
-		switch res.Outcome {
-		case ClaimAcquired:
-			if res.TookOver {
-				m.cfg.Logger.InfoContext(ctx, "idem: took over a key whose holder's lease lapsed; executing again", x.attrs()...)
-			}
-			x.execute(next, token, started, startedReal, res.Record)
-			return
-		case ClaimCompleted:
-			x.cacheRecord(res.Record)
-			x.replay(res.Record.Response)
-			return
-		case ClaimMismatch:
-			m.WriteError(x.w, x.r, CodeKeyReused, "")
-			return
-		}
-		if waitUntil.IsZero() {
-			waitUntil = time.Now().Add(m.cfg.InFlightWait)
-			stopAt = waitUntil.Add(m.cfg.StoreTimeout)
-		}
-		rec, again, err := x.await(ctx, waitUntil, stopAt, &backoff)
-		switch {
-		case err != nil:
-			x.storeUnavailable(ctx, "wait", err)
-			return
-		case rec != nil && !x.fp.Matches(rec.Fingerprint):
-			m.WriteError(x.w, x.r, CodeKeyReused, "")
-			return
-		case rec != nil:
-			x.cacheRecord(rec)
-			x.replay(rec.Response)
-			return
-		case !again:
-			m.WriteError(x.w, x.r, CodeRequestInProgress, "")
-			return
-		}
-	}
-}
-
-// claimKey runs the claim x.claim under StoreTimeout, ending by stopAt at the latest
-// when that is set (SPEC §9, bounded time).
-func (x *request) claimKey(ctx context.Context, stopAt time.Time) (*RecordClaimResult, error) {
-	deadline := callDeadline(x.m.cfg.StoreTimeout, stopAt)
-	if !x.firstCallUsed {
-		x.firstCallUsed = true
-		x.firstCall.start(ctx, deadline)
-		defer x.firstCall.stop()
-		return x.m.cfg.Store.RecordClaim(&x.firstCall, &x.claim)
-	}
-	cctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	return x.m.cfg.Store.RecordClaim(cctx, &x.claim)
-}
-
-// callDeadline is the deadline of a store call starting now: timeout away, or stopAt
-// when that is earlier.
-func callDeadline(timeout time.Duration, stopAt time.Time) time.Time {
-	d := time.Now().Add(timeout)
-	if !stopAt.IsZero() && stopAt.Before(d) {
-		return stopAt
-	}
-	return d
-}
-
-// Backoff of a duplicate polling for the first request's outcome.
-const (
-	waitPollMin = 5 * time.Millisecond
-	waitPollMax = 200 * time.Millisecond
-)
-
-// await polls the record of an in-flight request until it completes (rec), goes away
-// or its lease lapses (again: claim once more), or until the wait ends (neither). Each
-// poll runs under StoreTimeout and ends by stopAt. The backoff carries over between
-// calls of one request, so that a lease that looks lapsed to this host but not to the
-// store does not make it claim in a tight loop.
-func (x *request) await(ctx context.Context, until, stopAt time.Time, backoff *time.Duration) (rec *Record, again bool, err error) {
-	if time.Until(until) <= 0 {
-		return nil, false, nil
-	}
-	if x.m.hooks.waiting != nil && *backoff == waitPollMin {
-		x.m.hooks.waiting()
-	}
-	for {
-		left := time.Until(until)
-		if left <= 0 {
-			return nil, false, nil
-		}
-		t := time.NewTimer(min(*backoff, left))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, false, ctx.Err()
-		case <-t.C:
-		}
-		*backoff = min(2**backoff, waitPollMax)
-		rec, err := x.poll(ctx, stopAt)
-		switch {
-		case errors.Is(err, ErrNotFound):
-			return nil, true, nil
-		case err != nil:
-			return nil, false, err
-		case rec.State == StateCompleted:
-			return rec, false, nil
-		case !x.m.localNow().Before(rec.LeaseEnd):
-			// Perhaps lapsed; the claim asks the store's clock.
-			return nil, true, nil
-		}
-	}
-}
-
-// poll reads the record of an in-flight request under StoreTimeout, ending by stopAt.
-func (x *request) poll(ctx context.Context, stopAt time.Time) (*Record, error) {
-	ctx, cancel := context.WithDeadline(ctx, callDeadline(x.m.cfg.StoreTimeout, stopAt))
-	defer cancel()
-	return x.m.cfg.Store.RecordGet(ctx, &RecordGetParams{Scope: x.scope, Key: x.key, Now: x.m.storeNow()})
-}
-
-// cacheRecord puts a completed record read from the store in the replay cache, when
-// there is one. The record is the caller's own copy (Store contract), so its response
-// is kept as is.
-func (x *request) cacheRecord(rec *Record) {
-	if x.m.cache == nil || rec == nil || rec.State != StateCompleted {
+	if resp, err := g.claim(x.r.Context(), h); resp != nil || err != nil {
+		x.answer(resp, err)
 		return
 	}
-	x.m.cache.put(x.scope, x.key, rec.Fingerprint, rec.Response, rec.ExpiresAt, x.m.localNow())
+	x.execute(next)
 }
 
-// cacheCompleted puts the response this process just stored in the replay cache, when
-// there is one: it expires at the claimed record's created_at + TTL (SPEC §8).
-func (ex *execution) cacheCompleted(resp *Response) {
-	m := ex.m
-	if m.cache == nil || ex.claimed == nil {
-		return
+// answer sends a replay, or the §9 error of a claim that did not acquire the key.
+func (x *request) answer(resp *Response, err error) {
+	m := x.m
+	switch {
+	case err == nil:
+		x.replay(resp)
+	case errors.Is(err, ErrKeyReused):
+		m.WriteError(x.w, x.r, CodeKeyReused, "")
+	case errors.Is(err, ErrResponseNotStored):
+		m.WriteError(x.w, x.r, CodeResponseNotStored, "")
+	case errors.Is(err, ErrKeyInProgress):
+		m.WriteError(x.w, x.r, CodeRequestInProgress, "")
+	default: // the guard logged the store's error (SPEC §9: fail closed)
+		m.WriteError(x.w, x.r, CodeStoreUnavailable, "")
 	}
-	expires := CompletedExpiresAt(ex.claimed.CreatedAt, ex.rt.ttl)
-	m.cache.put(ex.scope, ex.key, ex.claimed.Fingerprint, cloneResponse(resp), expires, m.localNow())
 }
 
 // replay answers with a stored response (SPEC §5.4).
 func (x *request) replay(resp *Response) {
-	if resp == nil || resp.NotStored {
-		x.m.WriteError(x.w, x.r, CodeResponseNotStored, "")
-		return
-	}
 	// The stored values are copied, all into one array: resp may be shared (the
 	// replay cache), and whoever holds the response's header may change it.
 	h := x.w.Header()
@@ -507,83 +322,68 @@ func (x *request) replay(resp *Response) {
 	}
 }
 
-// storeUnavailable answers 503 store_unavailable after a store error (SPEC §9): the
-// request fails closed and the process keeps serving.
-func (x *request) storeUnavailable(ctx context.Context, op string, err error) {
-	level := slog.LevelError
-	if ctx.Err() != nil {
-		level = slog.LevelInfo // the client went away; the store may be fine
-	}
-	x.m.cfg.Logger.Log(ctx, level, "idem: store "+op+" failed", x.attrs(slog.Any("error", err))...)
-	x.m.WriteError(x.w, x.r, CodeStoreUnavailable, "")
-}
-
-// storeCtx is the context of the completion or release after the handler ran: they
-// must happen even when the client went away, within a bound.
-func (x *request) storeCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(x.detached(), x.m.cfg.Lease)
-}
-
-// detached returns the request's context without its cancellation, as
-// context.WithoutCancel does, but without an allocation: it lives in the request.
-func (x *request) detached() context.Context { return &x.detachedCtx }
-
-// execution is the run of the handler by the request that acquired the key. It lives
-// in its request, and holds what the handler's run needs, so that a run costs few
-// allocations.
-type execution struct {
-	*request
-	token   string
-	claimed *Record // the record as the claim returned it
-	handle  *Handle // &handleVal
-	capture *capture
-	hb      heartbeat
-	// hctx is the handler's context: it carries the handle without a
-	// context.WithValue.
-	hctx       handleCtx
-	handleVal  Handle
-	complete   RecordCompleteParams
-	bodyReader bodyReader
-
-	mu      sync.Mutex
-	decided bool                  // the response is frozen and the policy applied
-	store   bool                  // the decision: store (true) or release
-	params  *RecordCompleteParams // the completion, when store
-}
-
-// execute runs the handler under the claim held by token (SPEC §5–§7).
-func (x *request) execute(next http.Handler, token string, claimStarted, claimStartedReal time.Time, claimed *Record) {
-	m := x.m
+// execute runs the handler under the acquired claim (SPEC §5–§7).
+func (x *request) execute(next http.Handler) {
+	h := &x.h
 	// The handler's context does not end when the client goes away: the operation runs
 	// to its outcome, which is stored, so the client's retry gets a replay rather than
 	// a key stuck in flight or half-done work to redo. It ends only with the lease
 	// (cause ErrLeaseLost).
-	ctx, cancel := context.WithCancelCause(x.detached())
-	defer cancel(nil)
-	ex := &x.ex
-	ex.request, ex.token, ex.claimed = x, token, claimed
-	ex.handleVal.scope, ex.handleVal.key, ex.handleVal.prepare = x.scope, x.key, ex
-	ex.handle = &ex.handleVal
-	ex.hctx = handleCtx{Context: ctx, h: ex.handle}
-	ex.capture = getCapture(x.w, x.keyValues, m.cfg.MaxResponseBytes)
-	ex.hb.run = heartbeatRun{
-		m:            m,
-		x:            x,
-		params:       RecordRenewParams{Scope: x.scope, Key: x.key, Token: token, Lease: m.cfg.Lease, TTL: x.rt.ttl},
-		deadline:     claimStarted.Add(m.cfg.Lease),
-		realDeadline: claimStartedReal.Add(m.cfg.Lease),
-		cancel:       cancel,
-	}
-	m.startHeartbeat(&ex.hb)
+	x.capture = getCapture(x.w, x.keyValues, x.m.cfg.MaxResponseBytes)
+	h.responder = x
+	h.start(&h.detached)
+	defer h.cancel(nil)
 	defer func() {
 		if p := recover(); p != nil {
-			ex.abort()
+			// The capture is not pooled again: the panic may have left it in use.
+			h.abort()
 			panic(p) // http.ErrAbortHandler included: net/http handles it
 		}
 	}()
-	next.ServeHTTP(ex.capture, x.handlerRequest(&ex.hctx))
-	ex.finish()
-	putCapture(ex.capture)
+	next.ServeHTTP(x.capture, x.handlerRequest(h.Context()))
+	x.finish()
+	putCapture(x.capture)
+}
+
+// Response freezes the captured response for the claim's completion and applies the
+// route's store policy (the Responder of the request's Handle).
+func (x *request) Response() (*Response, bool) {
+	resp := x.capture.freeze(x.m.cfg.storedHeaders)
+	return resp, x.rt.policy(resp.Status)
+}
+
+// reopen discards a frozen response whose transaction committed nothing, so that the
+// handler can write another (Handle.Reopen). A streamed response cannot be.
+func (x *request) reopen() bool {
+	if x.capture.passThrough {
+		return false
+	}
+	x.capture.reopen()
+	return true
+}
+
+// finish ends the claim, then sends the response (SPEC §6, §7). The client never gets
+// a response whose completion is known to have failed.
+func (x *request) finish() {
+	h := &x.h
+	switch end, _ := h.finish(); end {
+	case endStored, endUnstored:
+		// Unstored: the operation's effects happened, and the client gets its
+		// response (logged by the guard).
+		x.capture.send()
+	case endReleased:
+		if h.leaseLost() {
+			// The handler gave up because its lease was lost (the store went away, or
+			// another request took the key over): whatever it answered, the client is
+			// told to retry, and the retry meets the key's real outcome (SPEC §5, §9).
+			x.m.cfg.Logger.WarnContext(x.r.Context(), "idem: the handler answered after losing its lease; answering 503", x.attrs()...)
+			x.unavailable()
+			return
+		}
+		x.capture.send()
+	default: // the §7 transaction failed, or the lease was lost before the completion
+		x.unavailable()
+	}
 }
 
 // handlerRequest returns the request the handler gets: a copy of the request with
@@ -596,8 +396,8 @@ func (x *request) handlerRequest(ctx context.Context) *http.Request {
 		r.Body, r.GetBody = http.NoBody, noBody
 		return r
 	}
-	x.ex.bodyReader.Reset(body)
-	r.Body = &x.ex.bodyReader
+	x.bodyReader.Reset(body)
+	r.Body = &x.bodyReader
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	return r
 }
@@ -609,158 +409,12 @@ type bodyReader struct{ bytes.Reader }
 
 func (*bodyReader) Close() error { return nil }
 
-// handleCtx is the handler's context: ctx carrying the request's Handle, as
-// NewContext would return it.
-type handleCtx struct {
-	context.Context
-	h *Handle
-}
-
-func (c *handleCtx) Value(key any) any {
-	if key == (handleKey{}) {
-		return c.h
-	}
-	return c.Context.Value(key)
-}
-
-// prepareInTx implements Handle.PrepareCompletion. It is one-shot: a second
-// transaction of the same handler commits as a plain one.
-func (ex *execution) prepareInTx(override *bool) (*RecordCompleteParams, bool) {
-	return ex.decide(override, true)
-}
-
-// decide stops the heartbeat, freezes the response and applies the store policy, once;
-// later calls return the same decision (or nothing, for a §7 helper).
-func (ex *execution) decide(override *bool, forTx bool) (*RecordCompleteParams, bool) {
-	ex.mu.Lock()
-	defer ex.mu.Unlock()
-	if ex.decided {
-		if forTx {
-			return nil, false
-		}
-		return ex.params, ex.store
-	}
-	ex.decided = true
-	ex.hb.stopAndWait()
-	resp := ex.capture.freeze(ex.m.cfg.storedHeaders)
-	ex.store = ex.rt.policy(resp.Status)
-	if override != nil {
-		ex.store = *override
-	}
-	if ex.store {
-		ex.complete = RecordCompleteParams{
-			Scope: ex.scope, Key: ex.key, Token: ex.token,
-			Response: resp, TTL: ex.rt.ttl, Now: ex.m.storeNow(),
-		}
-		ex.params = &ex.complete
-	}
-	return ex.params, ex.store
-}
-
-// finish stores the response or releases the key, then sends the response (SPEC §6,
-// §7). The client never gets a response whose completion is known to have failed.
-func (ex *execution) finish() {
-	ex.hb.stopAndWait()
-	completed, failed := ex.handle.outcome()
-	switch {
-	case completed: // a §7 transaction committed the record with the application's writes
-		ex.mu.Lock()
-		params := ex.params
-		ex.mu.Unlock()
-		if params != nil {
-			ex.cacheCompleted(params.Response)
-		}
-		ex.warnIfExpired()
-		ex.capture.send()
-		return
-	case failed != nil: // ... or did not commit: neither effects nor record exist
-		ex.m.cfg.Logger.WarnContext(ex.r.Context(), "idem: the completing transaction failed; answering 503",
-			ex.attrs(slog.Any("error", failed))...)
-		ex.release() // harmless if the commit happened after all: the record is completed
-		ex.unavailable()
-		return
-	}
-	params, store := ex.decide(ex.handle.storeOverride(), false)
-	if !store {
-		ex.release()
-		if errors.Is(context.Cause(ex.hctx.Context), ErrLeaseLost) {
-			// The handler gave up because its lease was lost (the store went away, or
-			// another request took the key over): whatever it answered, the client is
-			// told to retry, and the retry meets the key's real outcome (SPEC §5, §9).
-			ex.m.cfg.Logger.WarnContext(ex.r.Context(), "idem: the handler answered after losing its lease; answering 503", ex.attrs()...)
-			ex.unavailable()
-			return
-		}
-		ex.capture.send()
-		return
-	}
-	ctx, cancel := ex.storeCtx()
-	err := ex.m.cfg.Store.RecordComplete(ctx, params)
-	cancel()
-	switch {
-	case err == nil:
-		ex.cacheCompleted(params.Response)
-		ex.warnIfExpired()
-		ex.capture.send()
-	case errors.Is(err, ErrLeaseLost):
-		// Another request took the key over and executes (or executed) the operation;
-		// the client's retry gets its outcome.
-		ex.m.cfg.Logger.WarnContext(ex.r.Context(), "idem: lease lost before the response was stored; answering 503", ex.attrs()...)
-		ex.unavailable()
-	default:
-		// The operation's effects happened: the client gets its response, and the key
-		// frees when the lease lapses. A 503 would make the client retry and execute
-		// the operation a second time.
-		ex.m.cfg.Logger.ErrorContext(ex.r.Context(), "idem: storing the response failed; sending it unstored",
-			ex.attrs(slog.Any("error", err))...)
-		ex.capture.send()
-	}
-}
-
-// warnIfExpired logs a record completed after its TTL ran out: it counts as absent
-// already, so a retry executes the operation again (SPEC §8). The handler ran longer
-// than the TTL; the route's TTL should be longer than its slowest handler.
-func (ex *execution) warnIfExpired() {
-	if ex.claimed == nil || ex.m.localNow().Before(CompletedExpiresAt(ex.claimed.CreatedAt, ex.rt.ttl)) {
-		return
-	}
-	ex.m.cfg.Logger.WarnContext(ex.r.Context(), "idem: record completed after its TTL: it is expired already, and a retry executes again; make the TTL longer than the handler runs",
-		ex.attrs(slog.Duration("ttl", ex.rt.ttl))...)
-}
-
-// abort releases the key after a handler panic, unless a §7 transaction completed it.
-// The capture is not pooled again: the panic may have left it in use.
-func (ex *execution) abort() {
-	ex.mu.Lock()
-	ex.decided = true // a Handle kept past the handler finds nothing more to complete
-	ex.mu.Unlock()
-	ex.hb.stopAndWait()
-	if completed, _ := ex.handle.outcome(); !completed {
-		ex.release()
-	}
-}
-
-// release deletes the in-flight record so that a retry executes afresh. A failure is
-// only logged: the key frees when the lease lapses.
-func (ex *execution) release() {
-	ctx, cancel := ex.storeCtx()
-	defer cancel()
-	err := ex.m.cfg.Store.RecordRelease(ctx, &RecordReleaseParams{Scope: ex.scope, Key: ex.key, Token: ex.token})
-	switch {
-	case errors.Is(err, ErrLeaseLost):
-		ex.m.cfg.Logger.DebugContext(ctx, "idem: release found the key no longer held", ex.attrs()...)
-	case err != nil:
-		ex.m.cfg.Logger.WarnContext(ctx, "idem: releasing the key failed; it frees when the lease lapses",
-			ex.attrs(slog.Any("error", err))...)
-	}
-}
-
 // unavailable answers 503 store_unavailable instead of the handler's response, unless
 // the handler already streamed it.
-func (ex *execution) unavailable() {
-	if ex.capture.passThrough {
-		ex.m.cfg.Logger.ErrorContext(ex.r.Context(), "idem: the response was already streamed; cannot answer 503", ex.attrs()...)
+func (x *request) unavailable() {
+	if x.capture.passThrough {
+		x.m.cfg.Logger.ErrorContext(x.r.Context(), "idem: the response was already streamed; cannot answer 503", x.attrs()...)
 		return
 	}
-	ex.m.WriteError(ex.w, ex.r, CodeStoreUnavailable, "")
+	x.m.WriteError(x.w, x.r, CodeStoreUnavailable, "")
 }

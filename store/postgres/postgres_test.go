@@ -84,3 +84,13 @@ func TestAdminConformance(t *testing.T) {
 		NewStore: func(t *testing.T) admintest.Store { return newStore(t) },
 	})
 }
+
+func (a appTable) InTx(ctx context.Context, st idem.Store, fn func(ctx context.Context, write func(marker string) error) error) error {
+	s := st.(schemaStore)
+	return s.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		return fn(ctx, func(marker string) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+s.table("app_marker")+` (name) VALUES ($1)`, marker)
+			return err
+		})
+	})
+}

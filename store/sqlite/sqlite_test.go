@@ -77,3 +77,12 @@ func (txHarness) MarkerCommitted(ctx context.Context, s idem.Store, marker strin
 	err := s.(*sqlite.Store).DB().QueryRowContext(ctx, `SELECT count(*) FROM app_marker WHERE name = ?`, marker).Scan(&n)
 	return n == 1, err
 }
+
+func (txHarness) InTx(ctx context.Context, s idem.Store, fn func(ctx context.Context, write func(marker string) error) error) error {
+	return s.(*sqlite.Store).InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		return fn(ctx, func(marker string) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO app_marker (name) VALUES (?)`, marker)
+			return err
+		})
+	})
+}

@@ -35,6 +35,11 @@ type TxHarness interface {
 	WriteAndComplete(ctx context.Context, s idem.Store, p *idem.RecordCompleteParams, marker string) error
 	// MarkerCommitted reports whether a row named marker is committed.
 	MarkerCommitted(ctx context.Context, s idem.Store, marker string) (bool, error)
+	// InTx runs fn in ONE transaction of s's database through the store's SPEC §7
+	// helper (its InTx), which completes the record of the idem.Handle that ctx
+	// carries once fn returns nil; write inserts an application row named marker in
+	// that transaction. The idem.DoTx cases pass it as DoTx's inTx.
+	InTx(ctx context.Context, s idem.Store, fn func(ctx context.Context, write func(marker string) error) error) error
 }
 
 // Run runs the conformance suite against the stores h hands out: one parallel subtest

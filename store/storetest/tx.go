@@ -1,10 +1,12 @@
 package storetest
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idem-go/idem"
@@ -16,6 +18,9 @@ func init() {
 		testCase{"TxCompletionAfterTakeoverCommitsNothing", testTxCompletionAfterTakeover},
 		testCase{"TxCompletionByNewHolderCommits", testTxCompletionByNewHolder},
 		testCase{"TxCompletionRaceWithTakeoverCommitsExactlyOne", testTxCompletionRace},
+		testCase{"DoTxCommitsTheWritesWithTheResult", testDoTxCommits},
+		testCase{"DoTxErrorRollsBackTheWritesAndReleases", testDoTxError},
+		testCase{"DoTxAfterATakeoverCommitsNothing", testDoTxAfterTakeover},
 	)
 }
 
@@ -166,3 +171,92 @@ func testTxCompletionRace(t *testing.T, h Harness) {
 
 // errNoTakeover marks a round whose takeover found the record already completed.
 var errNoTakeover = errors.New("no takeover: the old holder completed first")
+
+// writer is the transaction of the DoTx cases: it writes an application row.
+type writer = func(marker string) error
+
+// inTx is h.Tx.InTx over the bundle's store, as DoTx takes it.
+func (b *bundle) inTx(h Harness) func(context.Context, func(context.Context, writer) error) error {
+	return func(ctx context.Context, fn func(context.Context, writer) error) error {
+		return h.Tx.InTx(ctx, b.s, fn)
+	}
+}
+
+// writeCharge returns a DoTx function that writes marker and returns a charge,
+// counting its runs in n.
+func writeCharge(marker string, n *atomic.Int64) func(context.Context, writer) (charge, error) {
+	return func(ctx context.Context, write writer) (charge, error) {
+		n.Add(1)
+		if err := write(marker); err != nil {
+			return charge{}, err
+		}
+		return charge{ID: "ch_" + marker, Amount: 2000}, nil
+	}
+}
+
+func testDoTxCommits(t *testing.T, h Harness) {
+	b := setupTx(t, h)
+	g, _ := b.guard()
+	marker := newMarker()
+	var runs atomic.Int64
+	v, replayed, err := idem.DoTx(b.ctx, g, b.call(), b.inTx(h), writeCharge(marker, &runs))
+	if err != nil || replayed || v.ID != "ch_"+marker {
+		t.Fatalf("DoTx = %+v, replayed %v, err %v; want the charge executed", v, replayed, err)
+	}
+	b.wantMarker(h, marker, true)
+	if rec := b.mustGet(b.t0); rec.State != idem.StateCompleted {
+		t.Fatalf("record %v, want completed in the transaction", rec.State)
+	}
+	again, replayed, err := idem.DoTx(b.ctx, g, b.call(), b.inTx(h), writeCharge(newMarker(), &runs))
+	if err != nil || !replayed || again != v || runs.Load() != 1 {
+		t.Fatalf("repeat DoTx = %+v, replayed %v, err %v, %d runs; want %+v replayed", again, replayed, err, runs.Load(), v)
+	}
+}
+
+func testDoTxError(t *testing.T, h Harness) {
+	b := setupTx(t, h)
+	g, _ := b.guard()
+	marker := newMarker()
+	refused := errors.New("amount over the customer's limit")
+	_, _, err := idem.DoTx(b.ctx, g, b.call(), b.inTx(h), func(ctx context.Context, write writer) (charge, error) {
+		if err := write(marker); err != nil {
+			return charge{}, err
+		}
+		return charge{}, refused
+	})
+	if !errors.Is(err, refused) {
+		t.Fatalf("DoTx = %v, want the function's error", err)
+	}
+	b.wantMarker(h, marker, false)
+	if _, err := b.get(b.t0); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("record after the function failed: %v, want it released (ErrNotFound)", err)
+	}
+}
+
+// testDoTxAfterTakeover lets another caller take the key over after DoTx claimed it
+// and before its transaction begins: the fenced completion fails, the function's write
+// rolls back with it, and the new holder still holds the key.
+func testDoTxAfterTakeover(t *testing.T, h Harness) {
+	b := setupTx(t, h)
+	g, clock := b.guard()
+	var taker *idem.RecordClaimParams
+	takeOverFirst := func(ctx context.Context, fn func(context.Context, writer) error) error {
+		clock.Advance(lease + ms(1))
+		taker = b.claimParams(clock.Now())
+		if res := b.claimWant(taker, idem.ClaimAcquired); !res.TookOver {
+			t.Fatal("the claim after the lease lapsed did not take the key over")
+		}
+		return h.Tx.InTx(ctx, b.s, fn)
+	}
+	marker := newMarker()
+	var runs atomic.Int64
+	_, _, err := idem.DoTx(b.ctx, g, b.call(), takeOverFirst, writeCharge(marker, &runs))
+	if !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("DoTx whose key was taken over = %v, want ErrLeaseLost", err)
+	}
+	b.wantMarker(h, marker, false)
+	rec := b.mustGet(clock.Now())
+	if rec.State != idem.StateInFlight || !rec.HeldBy(taker.Token) {
+		t.Fatalf("record %v, want still in flight under the new holder", rec.State)
+	}
+}

@@ -17,16 +17,17 @@ type beatTimer interface {
 
 func newRealBeat(d time.Duration, f func()) beatTimer { return time.AfterFunc(d, f) }
 
-// heartbeat renews the lease of one claim while its handler runs (SPEC §5, Lease).
+// heartbeat renews the lease of one claim while its operation runs (SPEC §5, Lease).
 // When a renewal finds the token gone, or the lease reaches its end (less a margin,
-// [leaseMargin]) without a renewal having succeeded, it cancels the handler's context
-// with cause [ErrLeaseLost] and stops, so that the handler never runs on beside a
-// request that took its key over. Each renewal's context ends at that moment too.
+// [leaseMargin]) without a renewal having succeeded, it cancels the operation's
+// context with cause [ErrLeaseLost] and stops, so that the operation never runs on
+// beside a caller that took its key over. Each renewal's context ends at that moment
+// too.
 //
 // It is two timers rather than a goroutine with a ticker: the beat, armed for
 // Config.Heartbeat and re-armed after each renewal, and the lease's end, armed at the
 // first beat (or at once, when the heartbeat is not shorter than the lease less the
-// margin) and pushed back by each renewal that succeeds. Most handlers finish long
+// margin) and pushed back by each renewal that succeeds. Most operations finish long
 // before the first beat, and then the heartbeat cost one timer.
 type heartbeat struct {
 	run heartbeatRun
@@ -46,8 +47,7 @@ type heartbeat struct {
 
 // heartbeatRun is what one heartbeat needs.
 type heartbeatRun struct {
-	m      *Middleware
-	x      *request // for log attributes
+	h      *Handle
 	params RecordRenewParams
 	// deadline is when the lease ends at the latest, by the middleware's clock: the
 	// lease counted from a moment before the claim (or the last renewal) started, so
@@ -61,11 +61,11 @@ type heartbeatRun struct {
 
 // startHeartbeat arms hb, whose run is set: its first beat, and the end of the lease
 // granted at the claim unless the first beat comes before it.
-func (m *Middleware) startHeartbeat(hb *heartbeat) {
+func (g *Guard) startHeartbeat(hb *heartbeat) {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
-	hb.timer = m.newBeat(m.cfg.Heartbeat, hb.beat)
-	if m.cfg.Heartbeat >= hb.run.cutoff().Sub(m.localNow()) {
+	hb.timer = g.newBeat(g.cfg.Heartbeat, hb.beat)
+	if g.cfg.Heartbeat >= hb.run.cutoff().Sub(g.localNow()) {
 		hb.armLeaseEnd()
 	}
 }
@@ -73,27 +73,28 @@ func (m *Middleware) startHeartbeat(hb *heartbeat) {
 // armLeaseEnd arms the timer of the lease's end, once. The caller holds mu.
 func (hb *heartbeat) armLeaseEnd() {
 	if hb.leaseEnd == nil {
-		hb.leaseEnd = hb.run.m.newLeaseTimer(hb.run.cutoff().Sub(hb.run.m.localNow()), hb.leaseEnds)
+		g := hb.run.h.g
+		hb.leaseEnd = g.newLeaseTimer(hb.run.cutoff().Sub(g.localNow()), hb.leaseEnds)
 	}
 }
 
-// cutoff is when the handler is cancelled unless a renewal succeeds first: the
+// cutoff is when the operation is cancelled unless a renewal succeeds first: the
 // lease's end less the margin. The caller holds the heartbeat's mu (or owns it).
 func (run *heartbeatRun) cutoff() time.Time {
-	return run.deadline.Add(-leaseMargin(run.m.cfg.Lease))
+	return run.deadline.Add(-leaseMargin(run.h.g.cfg.Lease))
 }
 
 // leaseEnds runs when the lease reaches its end less the margin: unless a renewal
 // pushed the end back meanwhile, it stops the heartbeat, calls off a renewal in
-// progress and cancels the handler with cause ErrLeaseLost.
+// progress and cancels the operation with cause ErrLeaseLost.
 func (hb *heartbeat) leaseEnds() {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	if hb.stopped {
 		return
 	}
-	m := hb.run.m
-	if left := hb.run.cutoff().Sub(m.localNow()); left > 0 {
+	h := hb.run.h
+	if left := hb.run.cutoff().Sub(h.g.localNow()); left > 0 {
 		hb.leaseEnd.Reset(left) // a renewal succeeded meanwhile
 		return
 	}
@@ -102,8 +103,8 @@ func (hb *heartbeat) leaseEnds() {
 	if hb.abort != nil {
 		hb.abort()
 	}
-	m.cfg.Logger.ErrorContext(hb.run.x.detached(), "idem: the lease ends without a successful renewal; cancelling the handler",
-		hb.run.x.attrs()...)
+	h.g.cfg.Logger.ErrorContext(&h.detached, "idem: the lease ends without a successful renewal; cancelling the operation",
+		h.attrs()...)
 	hb.run.cancel(ErrLeaseLost)
 }
 
@@ -115,9 +116,9 @@ func (hb *heartbeat) beat() {
 		return
 	}
 	if hb.ctx == nil {
-		// The renewals must go on when the client goes away and the handler keeps
-		// working, so they do not inherit the request's cancellation.
-		hb.ctx, hb.abort = context.WithCancel(hb.run.x.detached())
+		// The renewals must go on when the caller goes away and the operation keeps
+		// working, so they do not inherit the caller's cancellation.
+		hb.ctx, hb.abort = context.WithCancel(&hb.run.h.detached)
 	}
 	hb.armLeaseEnd()
 	ctx := hb.ctx
@@ -131,7 +132,7 @@ func (hb *heartbeat) beat() {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	if !hb.stopped {
-		hb.timer.Reset(hb.run.m.cfg.Heartbeat)
+		hb.timer.Reset(hb.run.h.g.cfg.Heartbeat)
 	}
 }
 
@@ -143,25 +144,25 @@ func (hb *heartbeat) isStopped() bool {
 
 // renew renews the lease once and reports whether the heartbeat goes on. A renewal
 // that ends after the heartbeat was stopped changes nothing: the record is being
-// completed or released, and the handler must not be cancelled for it.
+// completed or released, and the operation must not be cancelled for it.
 func (run *heartbeatRun) renew(ctx context.Context, hb *heartbeat) bool {
-	m := run.m
-	started, realStarted := m.localNow(), time.Now()
+	g := run.h.g
+	started, realStarted := g.localNow(), time.Now()
 	p := run.params
-	p.Now = m.storeNow()
+	p.Now = g.storeNow()
 	// The renewal ends at the next beat, or at the lease's end less the margin when
-	// that is sooner: a renewal that answers later cannot save the handler.
+	// that is sooner: a renewal that answers later cannot save the operation.
 	hb.mu.Lock()
-	end := run.realDeadline.Add(-leaseMargin(m.cfg.Lease))
+	end := run.realDeadline.Add(-leaseMargin(g.cfg.Lease))
 	hb.mu.Unlock()
-	if next := realStarted.Add(m.cfg.Heartbeat); next.Before(end) {
+	if next := realStarted.Add(g.cfg.Heartbeat); next.Before(end) {
 		end = next
 	}
 	ctx, cancel := context.WithDeadline(ctx, end)
-	_, err := m.cfg.Store.RecordRenew(ctx, &p)
+	_, err := g.cfg.Store.RecordRenew(ctx, &p)
 	cancel()
-	if m.hooks.renewed != nil {
-		defer m.hooks.renewed(err)
+	if g.hooks.renewed != nil {
+		defer g.hooks.renewed(err)
 	}
 	if err == nil {
 		hb.mu.Lock()
@@ -169,8 +170,8 @@ func (run *heartbeatRun) renew(ctx context.Context, hb *heartbeat) bool {
 		if hb.stopped {
 			return false
 		}
-		run.deadline, run.realDeadline = started.Add(m.cfg.Lease), realStarted.Add(m.cfg.Lease)
-		hb.leaseEnd.Reset(run.cutoff().Sub(m.localNow()))
+		run.deadline, run.realDeadline = started.Add(g.cfg.Lease), realStarted.Add(g.cfg.Lease)
+		hb.leaseEnd.Reset(run.cutoff().Sub(g.localNow()))
 		return true
 	}
 	if hb.isStopped() {
@@ -181,17 +182,17 @@ func (run *heartbeatRun) renew(ctx context.Context, hb *heartbeat) bool {
 	hb.mu.Unlock()
 	switch {
 	case errors.Is(err, ErrLeaseLost):
-		m.cfg.Logger.WarnContext(ctx, "idem: lease lost while the handler runs; cancelling it", run.x.attrs()...)
+		g.cfg.Logger.WarnContext(ctx, "idem: lease lost while the operation runs; cancelling it", run.h.attrs()...)
 		run.cancel(ErrLeaseLost)
 		return false
-	case !m.localNow().Before(cutoff):
-		m.cfg.Logger.ErrorContext(ctx, "idem: lease ran out while renewals failed; cancelling the handler",
-			run.x.attrs(slog.Any("error", err))...)
+	case !g.localNow().Before(cutoff):
+		g.cfg.Logger.ErrorContext(ctx, "idem: lease ran out while renewals failed; cancelling the operation",
+			run.h.attrs(slog.Any("error", err))...)
 		run.cancel(ErrLeaseLost)
 		return false
 	default:
-		m.cfg.Logger.WarnContext(ctx, "idem: lease renewal failed; retrying at the next beat",
-			run.x.attrs(slog.Any("error", err))...)
+		g.cfg.Logger.WarnContext(ctx, "idem: lease renewal failed; retrying at the next beat",
+			run.h.attrs(slog.Any("error", err))...)
 		return true
 	}
 }

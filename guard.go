@@ -1,0 +1,477 @@
+package idem
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Guard runs operations at most once per (scope, key): the state machine of SPEC §5
+// (claim, bounded in-flight wait, takeover of a lapsed lease, replay, mismatch, the
+// lease and its heartbeat, fenced completion and release) without HTTP (SPEC §16). The
+// [Middleware] is built on it, and so are [Do] and [DoTx] for plain functions; other
+// adapters (a gRPC interceptor, a queue consumer) use [Guard.Begin].
+//
+// A Guard is safe for concurrent use. Build one with [NewGuard].
+type Guard struct {
+	cfg   GuardConfig // validated, defaults applied
+	name  string      // of the config, for panics: "GuardConfig" or "Config"
+	cache *replayCache
+
+	// newBeat arms a heartbeat's timer (time.AfterFunc), and newLeaseTimer the timer
+	// of a lease's end; tests fire them by hand.
+	newBeat, newLeaseTimer func(d time.Duration, f func()) beatTimer
+	// hooks signal tests; all nil in production.
+	hooks testHooks
+}
+
+// testHooks let tests wait on events instead of sleeping.
+type testHooks struct {
+	renewed func(err error) // after each lease renewal
+	waiting func()          // when a duplicate starts waiting for an in-flight request
+}
+
+// GuardConfig configures a [Guard]. Store is required; every other field has a
+// default. [Config] holds the same fields for the middleware.
+type GuardConfig struct {
+	// Store keeps the records. Required.
+	Store Store
+
+	// TTL is how long a record lives after its creation; a [Call] may override it. It
+	// must be longer than Lease (NewGuard panics otherwise): a record whose TTL ran out
+	// before its operation finished would be completed already expired, and a repeat
+	// would execute again. Defaults to [DefaultTTL].
+	TTL time.Duration
+
+	// Lease is how long a claim holds its key without renewal before another caller
+	// may take it over. The work's context is cancelled with cause [ErrLeaseLost] at
+	// the lease's end less a margin (Lease/10, at most [MaxLeaseMargin]) unless a
+	// renewal succeeded by then. Defaults to [DefaultLease].
+	Lease time.Duration
+
+	// Heartbeat is how often the lease is renewed while the work runs; it must be
+	// shorter than Lease. Defaults to Lease/3.
+	Heartbeat time.Duration
+
+	// InFlightWait is how long a repeat of an operation that is still executing waits
+	// for it to finish, polling the store with a short backoff, before it gets
+	// [ErrKeyInProgress]. The whole wait, store calls included, ends within
+	// InFlightWait + StoreTimeout. Defaults to [DefaultInFlightWait] (0: no wait).
+	InFlightWait time.Duration
+
+	// StoreTimeout bounds each store call made before the work runs: the claim and
+	// each poll of an in-flight wait. A call that does not answer in time fails with
+	// [ErrStoreUnavailable]. Defaults to [DefaultStoreTimeout].
+	StoreTimeout time.Duration
+
+	// RetryAfter is the wait suggested to a caller that finds its key in progress
+	// ([InProgressError.RetryAfter]). Defaults to [DefaultRetryAfter].
+	RetryAfter time.Duration
+
+	// ReplayCacheSize, when positive, keeps up to this many completed results in an
+	// in-process cache, so that a repeat served from it costs no store call; see
+	// [Config.ReplayCacheSize]. Defaults to [DefaultReplayCacheSize] (0, off).
+	ReplayCacheSize int
+
+	// Logger receives the guard's logs. Keys are logged as a short hash, never in
+	// full; results are never logged. Defaults to [slog.Default].
+	Logger *slog.Logger
+
+	// Clock, when set, replaces the store's clock for every lease and expiry decision
+	// (tests only; see [Config.Clock]). Defaults to nil: the store's clock decides.
+	Clock func() time.Time
+}
+
+// NewGuard returns a Guard for cfg. It panics with a message naming the field when cfg
+// is invalid (a programmer's mistake): "idem: GuardConfig.Store is required".
+func NewGuard(cfg GuardConfig) *Guard { return newGuard(cfg, "GuardConfig") }
+
+// newGuard validates c, whose fields are reported as name.Field, and applies defaults.
+func newGuard(c GuardConfig, name string) *Guard {
+	if c.Store == nil {
+		panic("idem: " + name + ".Store is required")
+	}
+	nonNegative(name, "TTL", c.TTL)
+	nonNegative(name, "Lease", c.Lease)
+	nonNegative(name, "Heartbeat", c.Heartbeat)
+	nonNegative(name, "RetryAfter", c.RetryAfter)
+	nonNegative(name, "InFlightWait", c.InFlightWait)
+	nonNegative(name, "StoreTimeout", c.StoreTimeout)
+	if c.ReplayCacheSize < 0 {
+		panic(fmt.Sprintf("idem: %s.ReplayCacheSize must not be negative, got %d", name, c.ReplayCacheSize))
+	}
+	setDefault(&c.TTL, DefaultTTL)
+	setDefault(&c.Lease, DefaultLease)
+	setDefault(&c.Heartbeat, c.Lease/3)
+	setDefault(&c.RetryAfter, DefaultRetryAfter)
+	setDefault(&c.StoreTimeout, DefaultStoreTimeout)
+	if c.Heartbeat >= c.Lease {
+		panic(fmt.Sprintf("idem: %s.Heartbeat (%v) must be shorter than %s.Lease (%v)", name, c.Heartbeat, name, c.Lease))
+	}
+	checkTTL(name+".TTL", c.TTL, name, c.Lease)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	g := &Guard{cfg: c, name: name, newBeat: newRealBeat, newLeaseTimer: newRealBeat}
+	if c.ReplayCacheSize > 0 {
+		g.cache = newReplayCache(c.ReplayCacheSize)
+	}
+	return g
+}
+
+// checkTTL panics unless ttl outlives lease: a record that expires before its lease
+// can end would be completed already expired, and its retry would execute again.
+func checkTTL(field string, ttl time.Duration, cfgName string, lease time.Duration) {
+	if ttl <= lease {
+		panic(fmt.Sprintf("idem: %s (%v) must be longer than %s.Lease (%v): a record completed after its TTL is expired at birth, and a retry executes again", field, ttl, cfgName, lease))
+	}
+}
+
+// leaseMargin is how long before its lease ends a holder stops: Lease/10, at most
+// MaxLeaseMargin. It covers the timer's lateness, the cancellation reaching the work,
+// and a bounded skew between this host's clock and the store's.
+func leaseMargin(lease time.Duration) time.Duration { return min(lease/10, MaxLeaseMargin) }
+
+func nonNegative(name, field string, d time.Duration) {
+	if d < 0 {
+		panic(fmt.Sprintf("idem: %s.%s must not be negative, got %v", name, field, d))
+	}
+}
+
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// Call is one operation for [Guard.Begin]: the key it runs under and the fingerprint
+// of its input.
+type Call struct {
+	// Scope is the principal the key belongs to (SPEC §3): nothing of one scope is
+	// ever replayed to another. Required.
+	Scope string
+	// Key is the idempotency key. Required.
+	Key string
+	// Fingerprint identifies the operation's input; a repeat with another fingerprint
+	// gets [ErrKeyReused]. Use [FingerprintInput] or [FingerprintJSON] for a
+	// function's input, [FingerprintRequest] for an HTTP request.
+	Fingerprint Fingerprint
+	// TTL overrides GuardConfig.TTL for this record; like it, it must be longer than
+	// the lease. Defaults to GuardConfig.TTL.
+	TTL time.Duration
+
+	// Later options (SPEC §13's recovery points and the policy "unknown" for keys
+	// whose holder died) will be added here as fields whose zero value keeps today's
+	// behaviour: a lapsed lease is taken over and the operation executes again.
+}
+
+// Begin claims c's key (SPEC §5) and returns exactly one of:
+//
+//   - an acquired claim (h): the caller runs the operation under h.Context(), then
+//     stores its result with [Handle.SetResponse] and [Handle.Complete], or releases
+//     the key with [Handle.Release] so that a repeat executes afresh;
+//   - a replay (replay): the stored result of an earlier execution;
+//   - an error: [ErrKeyReused] (another fingerprint), an [*InProgressError] matching
+//     [ErrKeyInProgress] (executing elsewhere; with InFlightWait, after waiting),
+//     [ErrResponseNotStored] (completed, result not kept), a [*StoreError] matching
+//     [ErrStoreUnavailable] (the store failed or did not answer within StoreTimeout),
+//     [ErrScopeRequired] or [ErrKeyRequired].
+//
+// The operation's context, h.Context(), is a child of ctx: it ends when ctx does, and
+// with cause [ErrLeaseLost] when the lease is lost. Pass context.WithoutCancel(ctx) to
+// let the operation run on when the caller goes away, as the middleware does. Begin
+// panics when c.TTL is not longer than the lease.
+func (g *Guard) Begin(ctx context.Context, c Call) (h *Handle, replay *Response, err error) {
+	switch {
+	case c.Scope == "":
+		return nil, nil, ErrScopeRequired
+	case c.Key == "":
+		return nil, nil, ErrKeyRequired
+	}
+	h = &Handle{}
+	h.init(g, ctx, c.Scope, c.Key, c.Fingerprint, g.callTTL(c.TTL, "Call.TTL"))
+	if replay, err = g.cached(h); replay != nil || err != nil {
+		return nil, replay, err
+	}
+	if replay, err = g.claim(ctx, h); replay != nil || err != nil {
+		return nil, replay, err
+	}
+	h.start(ctx)
+	return h, nil, nil
+}
+
+// callTTL is ttl, or the guard's TTL when zero; it panics, naming field, when ttl does
+// not outlive the lease.
+func (g *Guard) callTTL(ttl time.Duration, field string) time.Duration {
+	if ttl == 0 {
+		return g.cfg.TTL
+	}
+	if ttl < 0 {
+		panic(fmt.Sprintf("idem: %s must not be negative, got %v", field, ttl))
+	}
+	checkTTL(field, ttl, g.name, g.cfg.Lease)
+	return ttl
+}
+
+// storeNow is the Now of store parameters: zero, so that the store's clock decides,
+// unless a Clock is injected.
+func (g *Guard) storeNow() time.Time {
+	if g.cfg.Clock != nil {
+		return g.cfg.Clock()
+	}
+	return time.Time{}
+}
+
+// localNow is the guard's own reading of time.
+func (g *Guard) localNow() time.Time {
+	if g.cfg.Clock != nil {
+		return g.cfg.Clock()
+	}
+	return time.Now()
+}
+
+// cached answers h's call from the replay cache, when there is one and it holds a
+// completed record of the key with a matching fingerprint.
+func (g *Guard) cached(h *Handle) (*Response, error) {
+	if g.cache == nil {
+		return nil, nil
+	}
+	if resp, ok := g.cache.get(h.scope, h.key, h.fp, g.localNow()); ok {
+		return replayOf(resp)
+	}
+	return nil, nil
+}
+
+// replayOf is the answer of Begin for a completed record's response.
+func replayOf(resp *Response) (*Response, error) {
+	if resp == nil || resp.NotStored {
+		return nil, ErrResponseNotStored
+	}
+	return resp, nil
+}
+
+// claim runs the claim loop of SPEC §5 for h's call: it claims the key, and when the
+// key is in flight waits up to InFlightWait for its outcome, polling the store. It
+// returns a replay or an error, or neither when h acquired the key.
+func (g *Guard) claim(ctx context.Context, h *Handle) (*Response, error) {
+	// waitUntil is set when the key is first found in flight; every store call after
+	// that ends by waitUntil + StoreTimeout (stopAt).
+	var waitUntil, stopAt time.Time
+	backoff := waitPollMin
+	for {
+		res, err := h.claimKey(ctx, stopAt)
+		if err != nil {
+			return nil, g.storeError(ctx, h, "claim", err)
+		}
+		switch res.Outcome {
+		case ClaimAcquired:
+			if res.TookOver {
+				g.cfg.Logger.InfoContext(ctx, "idem: took over a key whose holder's lease lapsed; executing again", h.attrs()...)
+			}
+			h.claimed = res.Record
+			return nil, nil
+		case ClaimCompleted:
+			g.cacheRecord(h, res.Record)
+			return replayOf(res.Record.Response)
+		case ClaimMismatch:
+			return nil, ErrKeyReused
+		}
+		if waitUntil.IsZero() {
+			waitUntil = time.Now().Add(g.cfg.InFlightWait)
+			stopAt = waitUntil.Add(g.cfg.StoreTimeout)
+		}
+		rec, again, err := h.await(ctx, waitUntil, stopAt, &backoff)
+		switch {
+		case err != nil:
+			return nil, g.storeError(ctx, h, "wait", err)
+		case rec != nil && !h.fp.Matches(rec.Fingerprint):
+			return nil, ErrKeyReused
+		case rec != nil:
+			g.cacheRecord(h, rec)
+			return replayOf(rec.Response)
+		case !again:
+			return nil, &InProgressError{RetryAfter: g.cfg.RetryAfter}
+		}
+	}
+}
+
+// storeError logs a failed store call before the work and returns it as a
+// *StoreError: the call fails closed (SPEC §9).
+func (g *Guard) storeError(ctx context.Context, h *Handle, op string, err error) error {
+	level := slog.LevelError
+	if ctx.Err() != nil {
+		level = slog.LevelInfo // the caller went away; the store may be fine
+	}
+	g.cfg.Logger.Log(ctx, level, "idem: store "+op+" failed", h.attrs(slog.Any("error", err))...)
+	return &StoreError{Op: op, Err: err}
+}
+
+// cacheRecord puts a completed record read from the store in the replay cache, when
+// there is one. The record is the caller's own copy (Store contract), so its response
+// is kept as is.
+func (g *Guard) cacheRecord(h *Handle, rec *Record) {
+	if g.cache == nil || rec == nil || rec.State != StateCompleted {
+		return
+	}
+	g.cache.put(h.scope, h.key, rec.Fingerprint, rec.Response, rec.ExpiresAt, g.localNow())
+}
+
+// Backoff of a repeat polling for the first execution's outcome.
+const (
+	waitPollMin = 5 * time.Millisecond
+	waitPollMax = 200 * time.Millisecond
+)
+
+// claimKey claims h's key afresh (a new token and record id) under StoreTimeout,
+// ending by stopAt at the latest when that is set (SPEC §9, bounded time).
+func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*RecordClaimResult, error) {
+	g := h.g
+	h.newClaim()
+	deadline := callDeadline(g.cfg.StoreTimeout, stopAt)
+	if !h.firstCallUsed {
+		h.firstCallUsed = true
+		h.firstCall.start(ctx, deadline)
+		defer h.firstCall.stop()
+		return g.cfg.Store.RecordClaim(&h.firstCall, &h.claim)
+	}
+	cctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	return g.cfg.Store.RecordClaim(cctx, &h.claim)
+}
+
+// newClaim readies the params of a claim with a fresh token and record id.
+func (h *Handle) newClaim() {
+	g := h.g
+	token, id := newTokens()
+	h.token = token
+	h.claimStarted, h.claimStartedReal = g.localNow(), time.Now()
+	h.claim = RecordClaimParams{
+		Scope: h.scope, Key: h.key, Fingerprint: h.fp, Token: token, RecordID: id,
+		Lease: g.cfg.Lease, TTL: h.ttl, Now: g.storeNow(),
+	}
+}
+
+// callDeadline is the deadline of a store call starting now: timeout away, or stopAt
+// when that is earlier.
+func callDeadline(timeout time.Duration, stopAt time.Time) time.Time {
+	d := time.Now().Add(timeout)
+	if !stopAt.IsZero() && stopAt.Before(d) {
+		return stopAt
+	}
+	return d
+}
+
+// await polls the record of an in-flight operation until it completes (rec), goes
+// away or its lease lapses (again: claim once more), or until the wait ends (neither).
+// Each poll runs under StoreTimeout and ends by stopAt. The backoff carries over
+// between calls, so that a lease that looks lapsed to this host but not to the store
+// does not make it claim in a tight loop.
+func (h *Handle) await(ctx context.Context, until, stopAt time.Time, backoff *time.Duration) (rec *Record, again bool, err error) {
+	g := h.g
+	if time.Until(until) <= 0 {
+		return nil, false, nil
+	}
+	if g.hooks.waiting != nil && *backoff == waitPollMin {
+		g.hooks.waiting()
+	}
+	for {
+		left := time.Until(until)
+		if left <= 0 {
+			return nil, false, nil
+		}
+		t := time.NewTimer(min(*backoff, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, false, ctx.Err()
+		case <-t.C:
+		}
+		*backoff = min(2**backoff, waitPollMax)
+		rec, err := h.poll(ctx, stopAt)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return nil, true, nil
+		case err != nil:
+			return nil, false, err
+		case rec.State == StateCompleted:
+			return rec, false, nil
+		case !g.localNow().Before(rec.LeaseEnd):
+			// Perhaps lapsed; the claim asks the store's clock.
+			return nil, true, nil
+		}
+	}
+}
+
+// poll reads the record of an in-flight operation under StoreTimeout, ending by
+// stopAt.
+func (h *Handle) poll(ctx context.Context, stopAt time.Time) (*Record, error) {
+	g := h.g
+	ctx, cancel := context.WithDeadline(ctx, callDeadline(g.cfg.StoreTimeout, stopAt))
+	defer cancel()
+	return g.cfg.Store.RecordGet(ctx, &RecordGetParams{Scope: h.scope, Key: h.key, Now: g.storeNow()})
+}
+
+// newTokens returns a fresh lock token and record id: 16 random bytes each, in hex,
+// from one read of crypto/rand and in one string.
+func newTokens() (token, id string) {
+	var b [32]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
+	var h [64]byte
+	hex.Encode(h[:], b[:])
+	s := string(h[:])
+	return s[:32], s[32:]
+}
+
+// The errors of [Guard.Begin] and [Do] (SPEC §5, §9); the middleware answers each with
+// its §9 code.
+var (
+	// ErrKeyReused: the key was used with another fingerprint (another input). The
+	// record is untouched; retrying cannot succeed.
+	ErrKeyReused = errors.New("idem: idempotency key already used with a different input")
+	// ErrResponseNotStored: the operation completed, but its result was not kept
+	// (streamed, or too large), so it cannot be replayed; it is never executed again.
+	ErrResponseNotStored = errors.New("idem: the operation completed but its result was not stored")
+	// ErrStoreUnavailable: the store failed, or did not answer within StoreTimeout.
+	// Retry later. Errors matching it are [*StoreError]s carrying the cause.
+	ErrStoreUnavailable = errors.New("idem: store unavailable")
+	// ErrScopeRequired: a [Call] without a scope.
+	ErrScopeRequired = errors.New("idem: scope required")
+)
+
+// InProgressError is the error of a call whose key is held by an operation still
+// executing (SPEC §5.2). It matches [ErrKeyInProgress].
+type InProgressError struct {
+	// RetryAfter is how long the caller should wait before trying again
+	// (GuardConfig.RetryAfter).
+	RetryAfter time.Duration
+}
+
+func (e *InProgressError) Error() string {
+	return "idem: a request with this idempotency key is in progress; retry after " + e.RetryAfter.String()
+}
+
+// Is reports whether target is [ErrKeyInProgress].
+func (e *InProgressError) Is(target error) bool { return target == ErrKeyInProgress }
+
+// StoreError is a store call that failed (or timed out) on the way to running an
+// operation. It matches [ErrStoreUnavailable] and unwraps to the store's error.
+type StoreError struct {
+	// Op is the call that failed: "claim", "wait" (a poll of an in-flight wait),
+	// "complete" or "release".
+	Op string
+	// Err is the store's error.
+	Err error
+}
+
+func (e *StoreError) Error() string { return "idem: store " + e.Op + " failed: " + e.Err.Error() }
+
+// Unwrap returns the store's error.
+func (e *StoreError) Unwrap() error { return e.Err }
+
+// Is reports whether target is [ErrStoreUnavailable].
+func (e *StoreError) Is(target error) bool { return target == ErrStoreUnavailable }
