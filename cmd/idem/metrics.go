@@ -12,15 +12,15 @@ import (
 	"github.com/idem-go/idem/internal/payments"
 )
 
-// newMux serves the API, and its Prometheus metrics at GET /metrics.
-func newMux(api *payments.Server) http.Handler {
+// newHandlers returns the API, instrumented, and the handler of the metrics listener
+// (--metrics-addr), which serves its Prometheus metrics at GET /metrics.
+func newHandlers(api *payments.Server) (apiHandler, metricsHandler http.Handler) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newMetrics(reg)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.Handle("/", m.instrument(api.Pattern, api.Handler()))
-	return mux
+	return m.instrument(api.Pattern, api.Handler()), mux
 }
 
 // metrics count the API's requests by route, status and idempotency outcome.

@@ -16,15 +16,16 @@ import (
 
 const paymentsSynopsis = `[--addr 127.0.0.1:8080] [--store URL] [--db URL] [--ttl 24h]
                      [--lock-timeout 30s] [--processor-latency 0s] [--profile seed|ietf]
-                     [--disable-idempotency] [--replay-cache 0]
+                     [--disable-idempotency] [--replay-cache 0] [--metrics-addr ADDR]
                      [--log-format text|json] [--log-level info]
                      [--store-timeout 5s] [--read-header-timeout 10s] [--read-timeout 30s]
                      [--idle-timeout 60s] [--max-header-bytes 32768]
 
-Serves the reference payments API (POST/GET /v1/charges, /v1/orders, GET /healthz,
-GET /metrics). It migrates the store's and the payments schema on start (safe when
-several processes start at once), cleans expired records in the background, and shuts
-down gracefully on SIGINT/SIGTERM.
+Serves the reference payments API (POST/GET /v1/charges, /v1/orders, GET /healthz),
+and with --metrics-addr its Prometheus metrics (GET /metrics) on a listener of its own.
+It migrates the store's and the payments schema on start (safe when several processes
+start at once), cleans expired records in the background, and shuts down gracefully on
+SIGINT/SIGTERM.
 
 Store URLs: sqlite:PATH or sqlite://PATH (sqlite:///abs/path), postgres://… or
 postgresql://… (pgx's URL; pool_max_conns=N overrides the pool size),
@@ -67,6 +68,8 @@ type paymentsFlags struct {
 	storeTimeout                                time.Duration
 	readHeaderTimeout, readTimeout, idleTimeout time.Duration
 	maxHeaderBytes                              int
+	// metricsAddr is the metrics listener's address; empty: no metrics listener.
+	metricsAddr string
 }
 
 // Defaults of the server's bounds on clients (SPEC §15).
@@ -103,6 +106,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.DurationVar(&f.readTimeout, "read-timeout", defaultReadTimeout, "bound on reading a whole request, body included; past it the connection is closed and the request is not served (a keyed request is refused 400 body_unreadable, storing nothing)")
 	fs.DurationVar(&f.idleTimeout, "idle-timeout", defaultIdleTimeout, "how long a kept-alive connection may wait for its next request before it is closed")
 	fs.IntVar(&f.maxHeaderBytes, "max-header-bytes", defaultMaxHeaderBytes, "largest request header block, in `bytes`; a larger one is refused with 431")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "`host:port` of a listener of its own serving Prometheus metrics at GET /metrics, such as 127.0.0.1:9090 (default: none, no metrics are served). It has no authentication: keep it on loopback or a private network")
 	if code, done := parse(fs, args, stdout, stderr); done {
 		return code
 	}
@@ -143,18 +147,32 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		ProcessorLatency: f.latency, DisableIdempotency: f.disableIdempotency, Logger: libLogger,
 		ReplayCacheSize: f.replayCache, StoreTimeout: f.storeTimeout,
 	})
-	ln, err := net.Listen("tcp", f.addr)
-	if err != nil {
+	apiHandler, metricsHandler := newHandlers(api)
+	newServer := func(h http.Handler) *http.Server {
+		return &http.Server{
+			Handler:           h,
+			ReadHeaderTimeout: f.readHeaderTimeout,
+			ReadTimeout:       f.readTimeout,
+			IdleTimeout:       f.idleTimeout,
+			MaxHeaderBytes:    f.maxHeaderBytes,
+			ErrorLog:          slog.NewLogLogger(libLogger.Handler(), slog.LevelWarn),
+			BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		}
+	}
+	var listening []any // the start line's attributes of the listeners
+	apiL := listener{srv: newServer(apiHandler)}
+	if apiL.ln, err = net.Listen("tcp", f.addr); err != nil {
 		return failure(stderr, name, err)
 	}
-	srv := &http.Server{
-		Handler:           newMux(api),
-		ReadHeaderTimeout: f.readHeaderTimeout,
-		ReadTimeout:       f.readTimeout,
-		IdleTimeout:       f.idleTimeout,
-		MaxHeaderBytes:    f.maxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(libLogger.Handler(), slog.LevelWarn),
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	defer apiL.ln.Close()
+	listening = append(listening, "addr", apiL.ln.Addr().String())
+	var metrics listener
+	if f.metricsAddr != "" {
+		metrics.srv = newServer(metricsHandler)
+		if metrics.ln, err = net.Listen("tcp", f.metricsAddr); err != nil {
+			return failure(stderr, name, fmt.Errorf("--metrics-addr: %w", err))
+		}
+		defer metrics.ln.Close()
 	}
 
 	cleanCtx, stopCleaner := context.WithCancel(context.WithoutCancel(ctx))
@@ -167,33 +185,64 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if f.disableIdempotency {
 		idempotency = "off"
 	}
-	logger.Info("idem payments listening", "addr", ln.Addr().String(), "store", storeURL.String(),
-		"db", dbURL.String(), "profile", profile.String(), "idempotency", idempotency)
-	return serve(ctx, srv, ln, shutdownGrace+f.latency, logger, stderr)
+	listening = append(listening, "store", storeURL.String(), "db", dbURL.String(),
+		"profile", profile.String(), "idempotency", idempotency)
+	if metrics.ln != nil {
+		listening = append(listening, "metrics", metrics.ln.Addr().String())
+	}
+	logger.Info("idem payments listening", listening...)
+	return serve(ctx, apiL, metrics, shutdownGrace+f.latency, logger, stderr)
 }
 
-// serve serves on ln until ctx ends (SIGINT/SIGTERM), then stops accepting and lets
-// in-flight requests finish within grace.
-func serve(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration, logger *slog.Logger, stderr io.Writer) int {
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+// listener is a server and the listener it serves; a zero listener serves nothing.
+type listener struct {
+	srv *http.Server
+	ln  net.Listener
+}
+
+// serve serves the API on api, and the metrics on metrics when it is set, until ctx
+// ends (SIGINT/SIGTERM). Then the API stops accepting and lets in-flight requests
+// finish within grace, while metrics can still be scraped; the metrics listener stops
+// last. When either server fails, both stop.
+func serve(ctx context.Context, api, metrics listener, grace time.Duration, logger *slog.Logger, stderr io.Writer) int {
+	running := []listener{api}
+	if metrics.ln != nil {
+		running = append(running, metrics)
+	}
+	errc := make(chan error, len(running))
+	for _, l := range running {
+		go func() { errc <- l.srv.Serve(l.ln) }()
+	}
+	closeAll := func() {
+		for _, l := range running {
+			_ = l.srv.Close()
+		}
+	}
 	select {
 	case err := <-errc:
+		closeAll()
 		return failure(stderr, "idem payments", err)
 	case <-ctx.Done():
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		logger.Warn("idem payments: in-flight requests did not finish in time", "err", err)
-		_ = srv.Close()
-		return exitFailure
+	code := exitOK
+	for _, l := range running {
+		if err := l.srv.Shutdown(shutdownCtx); err != nil {
+			logger.Warn("idem payments: in-flight requests did not finish in time", "err", err)
+			closeAll()
+			return exitFailure
+		}
 	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return failure(stderr, "idem payments", err)
+	for range running {
+		if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			code = failure(stderr, "idem payments", err)
+		}
 	}
-	logger.Info("idem payments stopped")
-	return exitOK
+	if code == exitOK {
+		logger.Info("idem payments stopped")
+	}
+	return code
 }
 
 // validate checks the flags and parses the URLs; errors name the flag.
@@ -242,6 +291,9 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 		err = fmt.Errorf("--idle-timeout must be positive, got %v", f.idleTimeout)
 	case f.maxHeaderBytes < 1<<10:
 		err = fmt.Errorf("--max-header-bytes must be at least 1024, got %d", f.maxHeaderBytes)
+	}
+	if _, _, e := net.SplitHostPort(f.metricsAddr); err == nil && f.metricsAddr != "" && e != nil {
+		err = fmt.Errorf("--metrics-addr %q: want host:port, such as 127.0.0.1:9090", f.metricsAddr)
 	}
 	store.timeout, db.timeout = f.storeTimeout, f.storeTimeout
 	return store, db, profile, err
