@@ -28,9 +28,10 @@ var errCaptureFrozen = errors.New("idem: response already stored; write after th
 //
 // A capture is used by the handler's goroutine only, like any ResponseWriter.
 type capture struct {
-	w     http.ResponseWriter
-	key   []string // the Idempotency-Key values as received, set on the response
-	limit int64
+	w         http.ResponseWriter
+	keyHeader string   // the name of the key header (canonical)
+	key       []string // its values as received, set on the response
+	limit     int64
 
 	header      http.Header
 	status      int
@@ -56,9 +57,9 @@ const maxPooledResponse = 64 << 10
 
 // getCapture returns a capture for w from the pool; give it back with putCapture
 // once the response was sent and nothing refers to it any more.
-func getCapture(w http.ResponseWriter, key []string, limit int64) *capture {
+func getCapture(w http.ResponseWriter, keyHeader string, key []string, limit int64) *capture {
 	c := capturePool.Get().(*capture)
-	c.w, c.key, c.limit = w, key, limit
+	c.w, c.keyHeader, c.key, c.limit = w, keyHeader, key, limit
 	return c
 }
 
@@ -191,7 +192,7 @@ func (c *capture) sendHeader() {
 		dst[k] = v
 	}
 	if c.key != nil {
-		dst["Idempotency-Key"] = c.key
+		dst[c.keyHeader] = c.key
 	}
 	c.w.WriteHeader(c.status)
 }

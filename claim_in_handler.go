@@ -56,6 +56,7 @@ func (h *Handle) PrepareClaim() (params *RecordClaimParams, ok bool) {
 		return nil, false
 	}
 	h.claimedInTx = true
+	h.claim.TTL = h.ttl // as the handler may have set it
 	return &h.claim, true
 }
 
@@ -96,7 +97,7 @@ func (x *request) executeClaimingInHandler(next http.Handler) bool {
 	ctx, cancel := context.WithTimeout(&h.detached, m.g.cfg.Lease)
 	defer cancel()
 	h.hctx = handleCtx{Context: ctx, h: h}
-	x.capture = getCapture(x.w, x.keyValues, m.cfg.MaxResponseBytes)
+	x.capture = getCapture(x.w, x.rt.keyHeader, x.keyValues, m.cfg.MaxResponseBytes)
 	// A panic needs no release: no record exists unless the transaction committed it.
 	next.ServeHTTP(x.capture, x.handlerRequest(h.Context()))
 	defer putCapture(x.capture)
@@ -110,7 +111,7 @@ func (x *request) executeClaimingInHandler(next http.Handler) bool {
 	case deferred:
 		return false
 	case errors.Is(failed, ErrKeyInProgress):
-		m.WriteError(x.w, x.r, CodeRequestInProgress, "")
+		x.writeError(CodeRequestInProgress, "")
 	case failed != nil:
 		m.cfg.Logger.WarnContext(x.r.Context(), "idem: the claiming transaction failed; answering 503",
 			x.attrs(slog.Any("error", failed))...)

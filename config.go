@@ -31,6 +31,8 @@ const (
 	// DefaultReplayCacheSize is the number of completed responses the middleware
 	// keeps in memory: none, every replay reads the store.
 	DefaultReplayCacheSize = 0
+	// DefaultKeyHeader is the header that carries the idempotency key (SPEC §3).
+	DefaultKeyHeader = "Idempotency-Key"
 	// DefaultStoreTimeout bounds each store call made before the handler runs (the
 	// claim, each poll of an in-flight wait): a store that does not answer within it
 	// gets 503 store_unavailable, not a hung request (SPEC §9).
@@ -164,6 +166,25 @@ type Config struct {
 	// [DefaultMaxBodyBytes].
 	MaxBodyBytes int64
 
+	// KeyHeader is the name of the request header that carries the idempotency key;
+	// routes may override it. The key is echoed under the same name on every response
+	// to a keyed request. Defaults to [DefaultKeyHeader] ("Idempotency-Key").
+	KeyHeader string
+
+	// Fingerprint computes the fingerprint of a keyed request from the request and its
+	// body, read within MaxBodyBytes (the request's own Body must not be read); routes
+	// may override it. A retry must get the same fingerprint, another operation a
+	// different one. [FingerprintJSONFields] and [FingerprintJSONExcept] cover chosen
+	// members of a JSON body only. Defaults to [FingerprintRequest] (SPEC §4).
+	Fingerprint FingerprintFunc
+
+	// ErrorWriter writes the errors the middleware answers itself (SPEC §9); routes may
+	// override it. It gets a [Problem] with Code, Status (the profile's) and Detail set,
+	// after the middleware has set Retry-After (request_in_progress, store_unavailable)
+	// and echoed the key header, and must write the whole response. Defaults to
+	// [WriteProblem] in Profile's shape with ProblemTypeBase.
+	ErrorWriter ErrorWriter
+
 	// MaxResponseBytes bounds the response body that is stored. A larger response is
 	// streamed to the client and the record completed as not stored (SPEC §6).
 	// Defaults to [DefaultMaxResponseBytes].
@@ -227,6 +248,13 @@ type RouteOptions struct {
 	// StorePolicy overrides Config.StorePolicy. Defaults to Config.StorePolicy.
 	StorePolicy func(status int) bool
 
+	// KeyHeader overrides Config.KeyHeader. Defaults to Config.KeyHeader.
+	KeyHeader string
+	// Fingerprint overrides Config.Fingerprint. Defaults to Config.Fingerprint.
+	Fingerprint FingerprintFunc
+	// ErrorWriter overrides Config.ErrorWriter. Defaults to Config.ErrorWriter.
+	ErrorWriter ErrorWriter
+
 	// ClaimInHandler says that the route's handler claims its key itself, inside the
 	// one transaction that also holds its writes and its completion, through a store
 	// helper such as store/postgres's (*Store).InTxBatch: BEGIN, the claim, the
@@ -248,6 +276,16 @@ type RouteOptions struct {
 	// answers 500 outcome_unknown instead of executing again) will be added here as
 	// fields whose zero value keeps today's behaviour.
 }
+
+// FingerprintFunc computes the fingerprint of a keyed request from the request and its
+// body as the middleware read it ([Config.Fingerprint]). [FingerprintRequest] is the
+// default.
+type FingerprintFunc func(r *http.Request, body []byte) Fingerprint
+
+// ErrorWriter writes an error the middleware answers itself ([Config.ErrorWriter]):
+// p has Code, Status and Detail set. The default is [WriteProblem] in the profile's
+// shape.
+type ErrorWriter func(w http.ResponseWriter, r *http.Request, p *Problem)
 
 // config is a validated Config with defaults applied.
 type config struct {
@@ -288,8 +326,20 @@ func newConfig(c Config) (*config, *Guard) {
 	setDefault(&c.MaxBodyBytes, DefaultMaxBodyBytes)
 	setDefault(&c.MaxResponseBytes, DefaultMaxResponseBytes)
 	setDefault(&c.ProblemTypeBase, DefaultProblemTypeBase)
+	setDefault(&c.KeyHeader, DefaultKeyHeader)
+	c.KeyHeader = canonicalKeyHeader("Config.KeyHeader", c.KeyHeader)
 	if c.StorePolicy == nil {
 		c.StorePolicy = DefaultStorePolicy
+	}
+	if c.Fingerprint == nil {
+		c.Fingerprint = FingerprintRequest
+	}
+	if c.ErrorWriter == nil {
+		profile, base := c.Profile, c.ProblemTypeBase
+		c.ErrorWriter = func(w http.ResponseWriter, r *http.Request, p *Problem) {
+			p.TypeBase = base
+			WriteProblem(w, r, profile, p)
+		}
 	}
 
 	methods := DefaultMethods()
@@ -303,6 +353,17 @@ func newConfig(c Config) (*config, *Guard) {
 	s := int64((c.RetryAfter + time.Second - 1) / time.Second)
 	cfg.retryAfterHdr = strconv.FormatInt(max(s, 1), 10)
 	return cfg, g
+}
+
+// canonicalKeyHeader returns name in canonical form, panicking, naming field, when it
+// is not a header name.
+func canonicalKeyHeader(field, name string) string {
+	for i := 0; i < len(name); i++ {
+		if !isTokenByte(name[i]) {
+			panic(fmt.Sprintf("idem: %s is not a header name: %q", field, name))
+		}
+	}
+	return http.CanonicalHeaderKey(name)
 }
 
 // requirement returns the requirement of method under the route's override.

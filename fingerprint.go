@@ -39,20 +39,7 @@ import (
 func FingerprintRequest(r *http.Request, body []byte) Fingerprint {
 	st := fpPool.Get().(*fpState)
 	defer st.release()
-
-	b := appendField(st.frame[:0], tagVersion, strconv.AppendInt(st.num[:0], FingerprintVersion, 10))
-	b = appendStringField(b, tagMethod, r.Method)
-	var path, query string
-	if r.URL != nil {
-		path, query = r.URL.EscapedPath(), r.URL.RawQuery
-	}
-	b = appendStringField(b, tagPath, path)
-	if canon, ok := canonicalPairs(st, st.body[:0], query); ok {
-		b, st.body = appendField(b, tagQuery, canon), canon
-	} else {
-		b = appendStringField(b, tagRawQuery, query)
-	}
-
+	b := st.appendRequest(r)
 	tag, data := byte(tagRawBody), body
 	switch bodyKind(r.Header.Get("Content-Type")) {
 	case kindJSON:
@@ -65,6 +52,84 @@ func FingerprintRequest(r *http.Request, body []byte) Fingerprint {
 		}
 	}
 	return st.sum256(b, tag, data)
+}
+
+// appendRequest frames the fields of r before its body: the version, the method, the
+// path and the query (canonical, or as sent). The canonical query is in st.body.
+func (st *fpState) appendRequest(r *http.Request) []byte {
+	b := appendField(st.frame[:0], tagVersion, strconv.AppendInt(st.num[:0], FingerprintVersion, 10))
+	b = appendStringField(b, tagMethod, r.Method)
+	var path, query string
+	if r.URL != nil {
+		path, query = r.URL.EscapedPath(), r.URL.RawQuery
+	}
+	b = appendStringField(b, tagPath, path)
+	if canon, ok := canonicalPairs(st, st.body[:0], query); ok {
+		b, st.body = appendField(b, tagQuery, canon), canon
+	} else {
+		b = appendStringField(b, tagRawQuery, query)
+	}
+	return b
+}
+
+// FingerprintJSONFields returns a [FingerprintFunc] that covers, of a JSON body, only
+// the named top-level members (compared as CanonicalJSON writes them), with the
+// method, path and query as [FingerprintRequest] covers them: a retry that changes
+// other members (a client's trace id, a timestamp) is still the same operation. A
+// member named but absent differs from one present. A request whose body is not a
+// JSON object (by Content-Type and content) is fingerprinted as FingerprintRequest
+// does. Changing the list changes the fingerprints of requests already recorded (they
+// answer key_reused until their records expire).
+func FingerprintJSONFields(include ...string) FingerprintFunc { return jsonMembers(include, true) }
+
+// FingerprintJSONExcept is [FingerprintJSONFields] covering every top-level member of
+// a JSON body except the named ones.
+func FingerprintJSONExcept(exclude ...string) FingerprintFunc { return jsonMembers(exclude, false) }
+
+// jsonMembers fingerprints the members of a JSON object body whose name is in names
+// (keep) or not in names (!keep).
+func jsonMembers(names []string, keep bool) FingerprintFunc {
+	set := make(map[string]bool, len(names))
+	for _, n := range names {
+		set[n] = true
+	}
+	return func(r *http.Request, body []byte) Fingerprint {
+		selected, ok := selectMembers(r, body, set, keep)
+		if !ok {
+			return FingerprintRequest(r, body)
+		}
+		st := fpPool.Get().(*fpState)
+		defer st.release()
+		return st.sum256(st.appendRequest(r), tagSelectedJSON, selected)
+	}
+}
+
+// selectMembers returns the canonical JSON of the members of body, a JSON object, that
+// set selects, or false when body is not a JSON object.
+func selectMembers(r *http.Request, body []byte, set map[string]bool, keep bool) ([]byte, bool) {
+	if bodyKind(r.Header.Get("Content-Type")) != kindJSON {
+		return nil, false
+	}
+	canon, ok := CanonicalJSON(nil, body)
+	if !ok || len(canon) == 0 || canon[0] != '{' {
+		return nil, false
+	}
+	var members map[string]json.RawMessage // tokens kept as sent (canonical)
+	if err := json.Unmarshal(canon, &members); err != nil {
+		return nil, false
+	}
+	for name := range members {
+		if set[name] != keep {
+			delete(members, name)
+		}
+	}
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(members); err != nil { // sorted by name
+		return nil, false
+	}
+	return out.Bytes(), true
 }
 
 // sum256 hashes the framed fields b followed by the body field (tag, data). The body
@@ -125,6 +190,8 @@ const (
 	// tagOperation names a function's operation (FingerprintInput), in place of the
 	// method, path and query of a request.
 	tagOperation = 'O'
+	// tagSelectedJSON is the chosen members of a JSON body (FingerprintJSONFields).
+	tagSelectedJSON = 'S'
 )
 
 func appendField(b []byte, tag byte, data []byte) []byte {

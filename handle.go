@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -167,6 +168,34 @@ func (h *Handle) SetStore(store bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.override = &store
+}
+
+// SetTTL sets how long this record lives after its creation, for this operation only
+// (SPEC §8), in place of the route's or the Call's TTL: a handler that knows its
+// result is worth keeping longer, or shorter, says so. Like every TTL it must be
+// longer than the lease; otherwise SetTTL returns an error and changes nothing, as it
+// does once the result is frozen for the completion.
+func (h *Handle) SetTTL(d time.Duration) error {
+	if h.g == nil {
+		return errors.New("idem: Handle.SetTTL on a handle without a claim")
+	}
+	if lease := h.g.cfg.Lease; d <= lease {
+		return fmt.Errorf("idem: Handle.SetTTL(%v): a TTL must be longer than the lease (%v), or the record is completed already expired", d, lease)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.decided {
+		return errors.New("idem: Handle.SetTTL after the result was frozen for the completion")
+	}
+	h.ttl = d
+	return nil
+}
+
+// currentTTL is the record's TTL, as SetTTL may have changed it.
+func (h *Handle) currentTTL() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ttl
 }
 
 // SetResponse sets the result the completion stores: resp, which must not change

@@ -149,7 +149,7 @@ func (run *heartbeatRun) renew(ctx context.Context, hb *heartbeat) bool {
 	g := run.h.g
 	started, realStarted := g.localNow(), time.Now()
 	p := run.params
-	p.Now = g.storeNow()
+	p.Now, p.TTL = g.storeNow(), run.h.currentTTL()
 	// The renewal ends at the next beat, or at the lease's end less the margin when
 	// that is sooner: a renewal that answers later cannot save the operation.
 	hb.mu.Lock()

@@ -44,6 +44,9 @@ type route struct {
 	requirement Requirement
 	ttl         time.Duration
 	policy      func(status int) bool
+	keyHeader   string // canonical
+	fingerprint FingerprintFunc
+	errorWriter ErrorWriter
 	// claimInHandler is RouteOptions.ClaimInHandler.
 	claimInHandler bool
 	// A later policy for keys whose holder died (SPEC §5.3 "unknown") goes here; today
@@ -74,9 +77,19 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 		panic(fmt.Sprintf("idem: RouteOptions.Requirement is not a known requirement: %v", opts.Requirement))
 	}
 	rt := &route{requirement: opts.Requirement, ttl: m.g.callTTL(opts.TTL, "RouteOptions.TTL"),
-		policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler}
+		policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler,
+		keyHeader: m.cfg.KeyHeader, fingerprint: opts.Fingerprint, errorWriter: opts.ErrorWriter}
+	if opts.KeyHeader != "" {
+		rt.keyHeader = canonicalKeyHeader("RouteOptions.KeyHeader", opts.KeyHeader)
+	}
 	if rt.policy == nil {
 		rt.policy = m.cfg.StorePolicy
+	}
+	if rt.fingerprint == nil {
+		rt.fingerprint = m.cfg.Fingerprint
+	}
+	if rt.errorWriter == nil {
+		rt.errorWriter = m.cfg.ErrorWriter
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -85,13 +98,23 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 	}
 }
 
-// WriteError writes the idem error code with the middleware's profile and problem type
-// base, as [WriteError] does.
+// WriteError writes the idem error code with the middleware's ErrorWriter (by default
+// in its profile's shape with its problem type base, as [WriteError] does), after
+// setting Retry-After for request_in_progress and store_unavailable.
 func (m *Middleware) WriteError(w http.ResponseWriter, r *http.Request, code string, detail string) {
+	m.writeError(m.cfg.ErrorWriter, w, r, code, detail)
+}
+
+func (m *Middleware) writeError(write ErrorWriter, w http.ResponseWriter, r *http.Request, code string, detail string) {
 	if retryable(code) && w.Header().Get("Retry-After") == "" {
 		w.Header().Set("Retry-After", m.cfg.retryAfter())
 	}
-	WriteProblem(w, r, m.cfg.Profile, &Problem{Code: code, Detail: detail, TypeBase: m.cfg.ProblemTypeBase})
+	write(w, r, &Problem{Status: m.cfg.Profile.Status(code), Code: code, Detail: detail})
+}
+
+// writeError answers the request with the route's ErrorWriter.
+func (x *request) writeError(code string, detail string) {
+	x.m.writeError(x.rt.errorWriter, x.w, x.r, code, detail)
 }
 
 // CleanerConfig returns a [CleanerConfig] with the middleware's Retention, Logger and
@@ -107,7 +130,7 @@ type request struct {
 	rt        *route
 	w         http.ResponseWriter
 	r         *http.Request // as received; the handler gets a copy with the body re-readable
-	keyValues []string      // the Idempotency-Key header as received (a copy)
+	keyValues []string      // the key header as received (a copy)
 	keyBuf    [1]string     // backs keyValues for the usual single header
 	body      *[]byte       // the request body, in a pooled buffer
 	// h is the claim; capture records what the handler writes, and is the Responder
@@ -118,7 +141,7 @@ type request struct {
 }
 
 func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, r *http.Request) {
-	values := r.Header.Values("Idempotency-Key")
+	values := r.Header[rt.keyHeader]
 	q := m.cfg.requirement(rt.requirement, r.Method)
 	if q == KeyOff || (q == KeyOptional && len(values) == 0) {
 		next.ServeHTTP(w, r)
@@ -133,16 +156,16 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		} else {
 			values = slices.Clone(values)
 		}
-		w.Header()["Idempotency-Key"] = values
+		w.Header()[rt.keyHeader] = values
 	}
 	key, err := ParseKey(values, m.cfg.MinKeyLength)
 	if err != nil {
-		m.refuseKey(w, r, err)
+		x.refuseKey(err)
 		return
 	}
 	scope, err := m.cfg.Scope(r)
 	if err != nil || scope == "" {
-		m.WriteError(w, r, CodeScopeRequired, "")
+		x.writeError(CodeScopeRequired, "")
 		return
 	}
 	x.keyValues = values
@@ -152,17 +175,22 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		return
 	}
 	defer putBody(x.body)
-	x.h.fp = FingerprintRequest(r, *x.body)
+	x.h.fp = rt.fingerprint(r, *x.body)
 	x.run(next)
 }
 
-func (m *Middleware) refuseKey(w http.ResponseWriter, r *http.Request, err error) {
+func (x *request) refuseKey(err error) {
+	name := x.rt.keyHeader
 	if errors.Is(err, ErrKeyRequired) {
-		m.WriteError(w, r, CodeKeyRequired, "")
+		detail := ""
+		if name != DefaultKeyHeader {
+			detail = "An " + name + " header is required for this request."
+		}
+		x.writeError(CodeKeyRequired, detail)
 		return
 	}
 	// ParseKey's errors say what is wrong and never contain the key.
-	m.WriteError(w, r, CodeKeyInvalid, "The Idempotency-Key header is invalid: "+
+	x.writeError(CodeKeyInvalid, "The "+name+" header is invalid: "+
 		strings.TrimPrefix(err.Error(), ErrKeyInvalid.Error()+": ")+".")
 }
 
@@ -201,7 +229,7 @@ func putBody(b *[]byte) {
 func (x *request) readBody(r *http.Request) bool {
 	limit := x.m.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
-		x.m.WriteError(x.w, r, CodeBodyTooLarge, "")
+		x.writeError(CodeBodyTooLarge, "")
 		return false
 	}
 	x.body = bodyPool.Get().(*[]byte)
@@ -218,10 +246,10 @@ func (x *request) readBody(r *http.Request) bool {
 	case errors.As(err, &tooLarge):
 		// The rest of the body is unread: the connection cannot be reused.
 		x.w.Header().Set("Connection", "close")
-		x.m.WriteError(x.w, r, CodeBodyTooLarge, "")
+		x.writeError(CodeBodyTooLarge, "")
 	default:
 		x.m.cfg.Logger.InfoContext(r.Context(), "idem: reading the request body failed", x.attrs(slog.Any("error", err))...)
-		x.m.WriteError(x.w, r, CodeBodyUnreadable, "")
+		x.writeError(CodeBodyUnreadable, "")
 	}
 	putBody(x.body)
 	return false
@@ -285,18 +313,17 @@ func (x *request) run(next http.Handler) {
 
 // answer sends a replay, or the §9 error of a claim that did not acquire the key.
 func (x *request) answer(resp *Response, err error) {
-	m := x.m
 	switch {
 	case err == nil:
 		x.replay(resp)
 	case errors.Is(err, ErrKeyReused):
-		m.WriteError(x.w, x.r, CodeKeyReused, "")
+		x.writeError(CodeKeyReused, "")
 	case errors.Is(err, ErrResponseNotStored):
-		m.WriteError(x.w, x.r, CodeResponseNotStored, "")
+		x.writeError(CodeResponseNotStored, "")
 	case errors.Is(err, ErrKeyInProgress):
-		m.WriteError(x.w, x.r, CodeRequestInProgress, "")
+		x.writeError(CodeRequestInProgress, "")
 	default: // the guard logged the store's error (SPEC §9: fail closed)
-		m.WriteError(x.w, x.r, CodeStoreUnavailable, "")
+		x.writeError(CodeStoreUnavailable, "")
 	}
 }
 
@@ -329,7 +356,7 @@ func (x *request) execute(next http.Handler) {
 	// to its outcome, which is stored, so the client's retry gets a replay rather than
 	// a key stuck in flight or half-done work to redo. It ends only with the lease
 	// (cause ErrLeaseLost).
-	x.capture = getCapture(x.w, x.keyValues, x.m.cfg.MaxResponseBytes)
+	x.capture = getCapture(x.w, x.rt.keyHeader, x.keyValues, x.m.cfg.MaxResponseBytes)
 	h.responder = x
 	h.start(&h.detached)
 	defer h.cancel(nil)
@@ -416,5 +443,5 @@ func (x *request) unavailable() {
 		x.m.cfg.Logger.ErrorContext(x.r.Context(), "idem: the response was already streamed; cannot answer 503", x.attrs()...)
 		return
 	}
-	x.m.WriteError(x.w, x.r, CodeStoreUnavailable, "")
+	x.writeError(CodeStoreUnavailable, "")
 }
