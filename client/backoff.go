@@ -1,6 +1,8 @@
 package client
 
 import (
+	"context"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -64,6 +66,58 @@ func backoffBound(base, limit time.Duration, n int) time.Duration {
 		return limit
 	}
 	return min(limit, base<<n)
+}
+
+// Pacing is how a logical request waits between its attempts: what the server asked
+// for, capped, or else a backoff. [Transport] paces its retries with one, and so does
+// the gRPC client interceptor of package grpcidem, so that both wait alike. The zero
+// value uses the defaults.
+type Pacing struct {
+	// Backoff is the wait before a retry when the server asked for none. Defaults to
+	// [DefaultBackoff].
+	Backoff Backoff
+	// MaxRetryAfter caps the wait a server can ask for. Defaults to
+	// [DefaultMaxRetryAfter] when 0.
+	MaxRetryAfter time.Duration
+}
+
+// Delay returns the wait before retry n (from 0) of a logical request whose last
+// attempt produced resp (nil after a connection error, and outside HTTP): hint, capped
+// at MaxRetryAfter, when the server asked for a wait (hinted: HTTP's Retry-After,
+// gRPC's RetryInfo), and Backoff(n, resp) otherwise. It returns an error wrapping
+// [context.DeadlineExceeded] when the wait would end after ctx's deadline, since the
+// next attempt could not start in time.
+func (p Pacing) Delay(ctx context.Context, n int, resp *http.Response, hint time.Duration, hinted bool) (time.Duration, error) {
+	d := hint
+	switch {
+	case hinted && p.MaxRetryAfter > 0:
+		d = min(d, p.MaxRetryAfter)
+	case hinted:
+		d = min(d, DefaultMaxRetryAfter)
+	case p.Backoff != nil:
+		d = p.Backoff(n, resp)
+	default:
+		d = DefaultBackoff(n, resp)
+	}
+	if deadline, ok := ctx.Deadline(); ok && time.Now().Add(d).After(deadline) {
+		return d, fmt.Errorf("%w: the next attempt, in %v, would start after it", context.DeadlineExceeded, d.Round(time.Millisecond))
+	}
+	return d, nil
+}
+
+// Sleep waits d before the next attempt, or until ctx ends and then returns its cause.
+func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return context.Cause(ctx)
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-timer.C:
+		return nil
+	}
 }
 
 // retryAfter returns the wait a response asks for with Retry-After, in either of its

@@ -1,6 +1,8 @@
 package client
 
 import (
+	"context"
+	"errors"
 	"math"
 	"net/http"
 	"testing"
@@ -79,5 +81,38 @@ func TestBackoffBoundDoublesUpToTheCap(t *testing.T) {
 	}
 	if got := backoffBound(time.Duration(math.MaxInt64), time.Duration(math.MaxInt64), 1000); got != time.Duration(math.MaxInt64) {
 		t.Errorf("huge bound = %v", got)
+	}
+}
+
+// Pacing waits what the server asked for, capped, or else the backoff, and refuses a
+// wait that would end after the context's deadline.
+func TestPacingDelayTakesTheHintCappedOrTheBackoff(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fixed := Backoff(func(n int, _ *http.Response) time.Duration { return time.Duration(n+1) * time.Millisecond })
+	p := Pacing{Backoff: fixed, MaxRetryAfter: 2 * time.Second}
+	for _, tc := range []struct {
+		n      int
+		hint   time.Duration
+		hinted bool
+		want   time.Duration
+	}{
+		{0, 0, false, time.Millisecond},
+		{2, 0, false, 3 * time.Millisecond},
+		{2, 0, true, 0},
+		{0, time.Second, true, time.Second},
+		{0, time.Hour, true, 2 * time.Second},
+	} {
+		if got, err := p.Delay(ctx, tc.n, nil, tc.hint, tc.hinted); got != tc.want || err != nil {
+			t.Errorf("Delay(n=%d, hint=%v, %v) = %v, %v; want %v", tc.n, tc.hint, tc.hinted, got, err, tc.want)
+		}
+	}
+	if got, _ := (Pacing{}).Delay(ctx, 0, nil, time.Hour, true); got != DefaultMaxRetryAfter {
+		t.Errorf("zero Pacing capped a one-hour hint at %v, want DefaultMaxRetryAfter", got)
+	}
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, err := p.Delay(short, 0, nil, 2*time.Second, true); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a wait past the deadline: %v, want context.DeadlineExceeded", err)
 	}
 }

@@ -78,17 +78,19 @@ func (b *Budget) Tokens() float64 {
 	return b.tokens
 }
 
-// deposit credits the first attempt of a logical request.
-func (b *Budget) deposit() {
+// Deposit credits the first attempt of a logical request: call it once per logical
+// request, before its first attempt. [Transport] does; so does the gRPC client
+// interceptor of package grpcidem, which shares the budget's arithmetic.
+func (b *Budget) Deposit() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refillLocked()
 	b.tokens = min(b.burst, b.tokens+b.ratio)
 }
 
-// withdraw takes one token for a retry, and reports false, taking nothing, when the
-// budget holds less than one.
-func (b *Budget) withdraw() bool {
+// Withdraw takes one token for a retry, and reports false, taking nothing, when the
+// budget holds less than one: the retry must not happen.
+func (b *Budget) Withdraw() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refillLocked()

@@ -24,12 +24,12 @@ func TestBudgetArithmetic(t *testing.T) {
 		var elapsed time.Duration
 		t.Repeat(map[string]func(*rapid.T){
 			"first attempt": func(t *rapid.T) {
-				b.deposit()
+				b.Deposit()
 				requests++
 			},
 			"retry": func(t *rapid.T) {
 				before := b.Tokens()
-				if b.withdraw() {
+				if b.Withdraw() {
 					granted++
 					if b.Tokens() < -eps {
 						t.Fatalf("a granted retry left %v tokens", b.Tokens())
@@ -72,21 +72,21 @@ func TestBudgetRefillsAtFloorUpToBurst(t *testing.T) {
 	clock := newFrozenClock()
 	b := newBudget(DefaultBudgetRatio, DefaultBudgetFloor, DefaultBudgetBurst, clock.Now)
 	for range DefaultBudgetBurst {
-		if !b.withdraw() {
+		if !b.Withdraw() {
 			t.Fatalf("a new budget refused one of its first %d retries", DefaultBudgetBurst)
 		}
 	}
-	if b.withdraw() {
+	if b.Withdraw() {
 		t.Fatal("an empty budget granted a retry")
 	}
 	clock.Advance(time.Second)
-	if !b.withdraw() || b.withdraw() {
+	if !b.Withdraw() || b.Withdraw() {
 		t.Fatal("one second did not earn exactly one retry")
 	}
 	for range 10 {
-		b.deposit()
+		b.Deposit()
 	}
-	if !b.withdraw() {
+	if !b.Withdraw() {
 		t.Fatal("10 requests at ratio 0.1 did not earn a retry")
 	}
 	clock.Advance(time.Hour)

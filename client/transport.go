@@ -188,7 +188,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	budget := t.theBudget()
-	budget.deposit()
+	budget.Deposit()
 	ctx := req.Context()
 	gate := t.resendGate(ctx, l, budget)
 	retries := 0
@@ -240,7 +240,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			discard(resp)
 			return nil, l.fail(joinCause(err, last))
 		}
-		if !budget.withdraw() {
+		if !budget.Withdraw() {
 			discard(resp)
 			t.logger().WarnContext(ctx, "client: retry budget exhausted", "method", req.Method, "url", l.url,
 				"attempts", l.attempts.Load(), "tokens", budget.Tokens())
@@ -250,7 +250,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		retries++
 		t.logger().DebugContext(ctx, "client: retrying", "method", req.Method, "url", l.url,
 			"attempt", l.attempts.Load()+1, "wait", wait, "cause", last)
-		if err := sleep(ctx, wait); err != nil {
+		if err := Sleep(ctx, wait); err != nil {
 			return nil, l.fail(joinCause(err, last))
 		}
 	}
@@ -267,7 +267,7 @@ func (t *Transport) resendGate(ctx context.Context, l *logical, budget *Budget) 
 		if n := int(l.attempts.Load()); n >= t.maxAttempts() {
 			return nil, &resendRefusedError{cause: fmt.Errorf("it would be attempt %d of at most %d (MaxAttempts)", n+1, t.maxAttempts())}
 		}
-		if !budget.withdraw() {
+		if !budget.Withdraw() {
 			t.logger().WarnContext(ctx, "client: retry budget exhausted; the http.Transport's re-send is refused",
 				"method", l.req.Method, "url", l.url, "attempts", l.attempts.Load(), "tokens", budget.Tokens())
 			return nil, &resendRefusedError{cause: ErrBudgetExhausted}
@@ -292,36 +292,11 @@ func (e *resendRefusedError) Error() string {
 func (e *resendRefusedError) Unwrap() error { return e.cause }
 
 // wait returns the wait before the next attempt: the answer's Retry-After (capped
-// by MaxRetryAfter) or the backoff. It returns an error wrapping
-// context.DeadlineExceeded when the wait would end after the context's deadline,
-// since the attempt could not be made in time.
+// by MaxRetryAfter) or the backoff, or an error when it would end after the
+// context's deadline ([Pacing.Delay]).
 func (t *Transport) wait(ctx context.Context, retries int, resp *http.Response) (time.Duration, error) {
-	now := time.Now()
-	d, ok := retryAfter(resp, now)
-	if ok {
-		d = min(d, t.maxRetryAfter())
-	} else {
-		d = t.backoff()(retries, resp)
-	}
-	if deadline, ok := ctx.Deadline(); ok && now.Add(d).After(deadline) {
-		return d, fmt.Errorf("%w: the next attempt, in %v, would start after it", context.DeadlineExceeded, d.Round(time.Millisecond))
-	}
-	return d, nil
-}
-
-// sleep waits d or until ctx ends, and then returns its cause.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return context.Cause(ctx)
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-timer.C:
-		return nil
-	}
+	hint, hinted := retryAfter(resp, time.Now())
+	return Pacing{Backoff: t.Backoff, MaxRetryAfter: t.MaxRetryAfter}.Delay(ctx, retries, resp, hint, hinted)
 }
 
 // joinCause wraps why the retries ended together with the last attempt's outcome.
@@ -377,25 +352,11 @@ func (t *Transport) policy() RetryPolicy {
 	return DefaultRetryPolicy
 }
 
-func (t *Transport) backoff() Backoff {
-	if t.Backoff != nil {
-		return t.Backoff
-	}
-	return DefaultBackoff
-}
-
 func (t *Transport) maxAttempts() int {
 	if t.MaxAttempts > 0 {
 		return t.MaxAttempts
 	}
 	return DefaultMaxAttempts
-}
-
-func (t *Transport) maxRetryAfter() time.Duration {
-	if t.MaxRetryAfter > 0 {
-		return t.MaxRetryAfter
-	}
-	return DefaultMaxRetryAfter
 }
 
 func (t *Transport) logger() *slog.Logger {
