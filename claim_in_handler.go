@@ -88,7 +88,7 @@ func (x *request) executeClaimingInHandler(next http.Handler) bool {
 	m := x.m
 	h := &Handle{}
 	h.init(m.g, x.r.Context(), x.h.scope, x.h.key, x.h.fp, x.h.ttl)
-	h.describer, h.responder, h.inTx, h.managed = x, x, true, true
+	h.describer, h.responder, h.inTx, h.managed, h.route = x, x, true, true, x.h.route
 	h.newClaim()
 	h.hb.stopped = true // no lease to renew
 	// As on the lease path, the handler's context outlives the client, so that its
@@ -105,6 +105,9 @@ func (x *request) executeClaimingInHandler(next http.Handler) bool {
 	h.mu.Lock()
 	deferred, claimed := h.deferred, h.claimedInTx
 	h.mu.Unlock()
+	if !deferred && h.observing() {
+		h.observeClaimedInTx(claimed, completed, failed)
+	}
 	switch {
 	case completed:
 		x.capture.send()
@@ -123,4 +126,26 @@ func (x *request) executeClaimingInHandler(next http.Handler) bool {
 		x.capture.send()
 	}
 	return true
+}
+
+// observeClaimedInTx reports the claim made in the handler's transaction (not
+// deferred): its outcome, and its completion when the transaction ran one.
+func (h *Handle) observeClaimedInTx(claimed, completed bool, failed error) {
+	switch {
+	case errors.Is(failed, ErrKeyInProgress):
+		h.observeClaim(OutcomeInProgress, false, h.claimStartedReal, nil)
+	case claimed:
+		h.observeClaim(OutcomeAcquired, false, h.claimStartedReal, nil)
+		switch {
+		case completed:
+			h.mu.Lock()
+			params := h.params
+			h.mu.Unlock()
+			h.observeCompletion(completionResult(params), true, nil)
+		case failed != nil:
+			h.observeCompletion(CompletionFailed, true, failed)
+		default: // its response releases the key: the transaction recorded nothing
+			h.observeRelease(nil)
+		}
+	}
 }

@@ -234,11 +234,20 @@ type Config struct {
 	// of time. Tests use it; production leaves it nil so that the store's clock
 	// decides (SPEC §5). Defaults to nil.
 	Clock func() time.Time
+
+	// Observer is told of every claim's outcome, completion, release, failed renewal,
+	// lost lease and store call (SPEC §15), labelled with the route's name
+	// ([RouteOptions.Name]). Defaults to nil, which costs nothing.
+	Observer *Observer
 }
 
 // RouteOptions change the middleware's behaviour for the routes one
 // [Middleware.Route] wraps.
 type RouteOptions struct {
+	// Name names the route in the Observer's events (a metric label, such as
+	// "charges.create"). Defaults to the request's ServeMux pattern (http.Request's
+	// Pattern, such as "POST /v1/charges") when it has one, and to "" otherwise.
+	Name string
 	// Requirement overrides the method table for these routes. Defaults to
 	// [KeyByMethod].
 	Requirement Requirement
@@ -317,7 +326,7 @@ func newConfig(c Config) (*config, *Guard) {
 	g := newGuard(GuardConfig{
 		Store: c.Store, TTL: c.TTL, Lease: c.Lease, Heartbeat: c.Heartbeat,
 		InFlightWait: c.InFlightWait, StoreTimeout: c.StoreTimeout, RetryAfter: c.RetryAfter,
-		ReplayCacheSize: c.ReplayCacheSize, Logger: c.Logger, Clock: c.Clock,
+		ReplayCacheSize: c.ReplayCacheSize, Logger: c.Logger, Clock: c.Clock, Observer: c.Observer,
 	}, "Config")
 	c.TTL, c.Lease, c.Heartbeat = g.cfg.TTL, g.cfg.Lease, g.cfg.Heartbeat
 	c.StoreTimeout, c.RetryAfter, c.Logger = g.cfg.StoreTimeout, g.cfg.RetryAfter, g.cfg.Logger

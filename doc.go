@@ -22,7 +22,9 @@
 //     inside the application's own transaction (SPEC §7) through the Handle, so the
 //     business writes and the stored result commit together or not at all;
 //   - [Do] and [DoTx] run a function at most once and return its stored result to
-//     every repeat; [FingerprintInput] fingerprints its input.
+//     every repeat; [FingerprintInput] fingerprints its input;
+//   - an [Observer] (observer.go), when set, is told of every claim outcome,
+//     completion, release, failed renewal, lost lease and store call (SPEC §15).
 //
 // The net/http middleware, an adapter of the core (middleware.go, config.go,
 // capture.go, key.go, fingerprint.go, errors.go): [New] builds a [Middleware] on a

@@ -84,6 +84,10 @@ type GuardConfig struct {
 	// Clock, when set, replaces the store's clock for every lease and expiry decision
 	// (tests only; see [Config.Clock]). Defaults to nil: the store's clock decides.
 	Clock func() time.Time
+
+	// Observer is told of every claim's outcome, completion, release, failed renewal,
+	// lost lease and store call (SPEC §15). Defaults to nil, which costs nothing.
+	Observer *Observer
 }
 
 // NewGuard returns a Guard for cfg. It panics with a message naming the field when cfg
@@ -164,6 +168,9 @@ type Call struct {
 	// TTL overrides GuardConfig.TTL for this record; like it, it must be longer than
 	// the lease. Defaults to GuardConfig.TTL.
 	TTL time.Duration
+	// Name names the operation in the Observer's events (a metric label, such as
+	// "invoice.send"): keep it to a small set of values. Defaults to "".
+	Name string
 
 	// Later options (SPEC §13's recovery points and the policy "unknown" for keys
 	// whose holder died) will be added here as fields whose zero value keeps today's
@@ -193,7 +200,7 @@ func (g *Guard) Begin(ctx context.Context, c Call) (h *Handle, replay *Response,
 	case c.Key == "":
 		return nil, nil, ErrKeyRequired
 	}
-	h = &Handle{}
+	h = &Handle{route: c.Name}
 	h.init(g, ctx, c.Scope, c.Key, c.Fingerprint, g.callTTL(c.TTL, "Call.TTL"))
 	if replay, err = g.cached(h); replay != nil || err != nil {
 		return nil, replay, err
@@ -242,9 +249,21 @@ func (g *Guard) cached(h *Handle) (*Response, error) {
 		return nil, nil
 	}
 	if resp, ok := g.cache.get(h.scope, h.key, h.fp, g.localNow()); ok {
+		if h.observing() {
+			h.observeClaim(replayOutcome(resp, OutcomeReplayedFromCache), false, time.Now(), nil)
+		}
 		return replayOf(resp)
 	}
 	return nil, nil
+}
+
+// replayOutcome is the outcome of a claim that found resp stored: o, or
+// OutcomeNotStored.
+func replayOutcome(resp *Response, o Outcome) Outcome {
+	if resp == nil || resp.NotStored {
+		return OutcomeNotStored
+	}
+	return o
 }
 
 // replayOf is the answer of Begin for a completed record's response.
@@ -261,40 +280,55 @@ func replayOf(resp *Response) (*Response, error) {
 func (g *Guard) claim(ctx context.Context, h *Handle) (*Response, error) {
 	// waitUntil is set when the key is first found in flight; every store call after
 	// that ends by waitUntil + StoreTimeout (stopAt).
-	var waitUntil, stopAt time.Time
+	var waitUntil, stopAt, start time.Time
+	if h.observing() {
+		start = time.Now()
+	}
+	waited := false
 	backoff := waitPollMin
 	for {
 		res, err := h.claimKey(ctx, stopAt)
 		if err != nil {
+			h.observeClaim(OutcomeStoreError, waited, start, err)
 			return nil, g.storeError(ctx, h, "claim", err)
 		}
 		switch res.Outcome {
 		case ClaimAcquired:
+			o := OutcomeAcquired
 			if res.TookOver {
+				o = OutcomeTookOver
 				g.cfg.Logger.InfoContext(ctx, "idem: took over a key whose holder's lease lapsed; executing again", h.attrs()...)
 			}
 			h.claimed = res.Record
+			h.observeClaim(o, waited, start, nil)
 			return nil, nil
 		case ClaimCompleted:
 			g.cacheRecord(h, res.Record)
+			h.observeClaim(replayOutcome(res.Record.Response, OutcomeReplayed), waited, start, nil)
 			return replayOf(res.Record.Response)
 		case ClaimMismatch:
+			h.observeClaim(OutcomeKeyReused, waited, start, nil)
 			return nil, ErrKeyReused
 		}
 		if waitUntil.IsZero() {
 			waitUntil = time.Now().Add(g.cfg.InFlightWait)
 			stopAt = waitUntil.Add(g.cfg.StoreTimeout)
 		}
+		waited = waited || g.cfg.InFlightWait > 0
 		rec, again, err := h.await(ctx, waitUntil, stopAt, &backoff)
 		switch {
 		case err != nil:
+			h.observeClaim(OutcomeStoreError, waited, start, err)
 			return nil, g.storeError(ctx, h, "wait", err)
 		case rec != nil && !h.fp.Matches(rec.Fingerprint):
+			h.observeClaim(OutcomeKeyReused, waited, start, nil)
 			return nil, ErrKeyReused
 		case rec != nil:
 			g.cacheRecord(h, rec)
+			h.observeClaim(replayOutcome(rec.Response, OutcomeWaitedThenReplayed), waited, start, nil)
 			return replayOf(rec.Response)
 		case !again:
+			h.observeClaim(OutcomeInProgress, waited, start, nil)
 			return nil, &InProgressError{RetryAfter: g.cfg.RetryAfter}
 		}
 	}
@@ -333,15 +367,21 @@ func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*RecordClaimRe
 	g := h.g
 	h.newClaim()
 	deadline := callDeadline(g.cfg.StoreTimeout, stopAt)
+	start := h.storeCallStart()
+	var res *RecordClaimResult
+	var err error
 	if !h.firstCallUsed {
 		h.firstCallUsed = true
 		h.firstCall.start(ctx, deadline)
-		defer h.firstCall.stop()
-		return g.cfg.Store.RecordClaim(&h.firstCall, &h.claim)
+		res, err = g.cfg.Store.RecordClaim(&h.firstCall, &h.claim)
+		h.firstCall.stop()
+	} else {
+		cctx, cancel := context.WithDeadline(ctx, deadline)
+		res, err = g.cfg.Store.RecordClaim(cctx, &h.claim)
+		cancel()
 	}
-	cctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	return g.cfg.Store.RecordClaim(cctx, &h.claim)
+	h.observeStoreCall(StoreOpClaim, start, err)
+	return res, err
 }
 
 // newClaim readies the params of a claim with a fresh token and record id.
@@ -413,7 +453,10 @@ func (h *Handle) poll(ctx context.Context, stopAt time.Time) (*Record, error) {
 	g := h.g
 	ctx, cancel := context.WithDeadline(ctx, callDeadline(g.cfg.StoreTimeout, stopAt))
 	defer cancel()
-	return g.cfg.Store.RecordGet(ctx, &RecordGetParams{Scope: h.scope, Key: h.key, Now: g.storeNow()})
+	start := h.storeCallStart()
+	rec, err := g.cfg.Store.RecordGet(ctx, &RecordGetParams{Scope: h.scope, Key: h.key, Now: g.storeNow()})
+	h.observeStoreCall(StoreOpWait, start, err)
+	return rec, err
 }
 
 // newTokens returns a fresh lock token and record id: 16 random bytes each, in hex,

@@ -50,6 +50,9 @@ type Handle struct {
 	// describer adds the adapter's attributes to log lines (the middleware's method
 	// and path); nil adds none.
 	describer describer
+	// route names the operation in the Observer's events; keyHash is computed at the
+	// first event.
+	route, keyHash string
 
 	complete RecordCompleteParams
 
@@ -375,10 +378,14 @@ func (h *Handle) finish() (ending, error) {
 			h.cacheCompleted(params.Response)
 		}
 		h.warnIfExpired()
+		if h.observing() {
+			h.observeCompletion(completionResult(params), true, nil)
+		}
 		return endStored, nil
 	case failed != nil: // ... or did not commit: neither effects nor record exist
 		g.cfg.Logger.WarnContext(&h.detached, "idem: the completing transaction failed; the result is not used",
 			h.attrs(slog.Any("error", failed))...)
+		h.observeCompletion(CompletionFailed, true, failed)
 		_ = h.release() // harmless if the commit happened after all: the record is completed
 		return endFailed, failed
 	}
@@ -388,17 +395,23 @@ func (h *Handle) finish() (ending, error) {
 		return endReleased, nil
 	}
 	ctx, cancel := h.storeCtx()
+	start := h.storeCallStart()
 	err := g.cfg.Store.RecordComplete(ctx, params)
+	h.observeStoreCall(StoreOpComplete, start, err)
 	cancel()
 	switch {
 	case err == nil:
 		h.cacheCompleted(params.Response)
 		h.warnIfExpired()
+		if h.observing() {
+			h.observeCompletion(completionResult(params), false, nil)
+		}
 		return endStored, nil
 	case errors.Is(err, ErrLeaseLost):
 		// Another caller took the key over and executes (or executed) the operation;
 		// the repeat gets its outcome.
 		g.cfg.Logger.WarnContext(&h.detached, "idem: lease lost before the result was stored; the result is not used", h.attrs()...)
+		h.observeCompletion(CompletionLeaseLost, false, err)
 		return endFailed, ErrLeaseLost
 	default:
 		// The operation's effects happened: its result stands, and the key frees when
@@ -406,8 +419,18 @@ func (h *Handle) finish() (ending, error) {
 		// the operation a second time.
 		g.cfg.Logger.ErrorContext(&h.detached, "idem: storing the result failed; it is used unstored",
 			h.attrs(slog.Any("error", err))...)
+		h.observeCompletion(CompletionFailed, false, err)
 		return endUnstored, &StoreError{Op: "complete", Err: err}
 	}
+}
+
+// completionResult is the result of a completion that stored params (none: the §7
+// transaction committed without a prepared completion).
+func completionResult(params *RecordCompleteParams) CompletionResult {
+	if params != nil && params.Response != nil && params.Response.NotStored {
+		return CompletionNotStored
+	}
+	return CompletionStored
 }
 
 // abort releases the key after the operation failed or panicked, unless a §7
@@ -430,7 +453,10 @@ func (h *Handle) release() error {
 	g := h.g
 	ctx, cancel := h.storeCtx()
 	defer cancel()
+	start := h.storeCallStart()
 	err := g.cfg.Store.RecordRelease(ctx, &RecordReleaseParams{Scope: h.scope, Key: h.key, Token: h.token})
+	h.observeStoreCall(StoreOpRelease, start, err)
+	h.observeRelease(err)
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		g.cfg.Logger.DebugContext(ctx, "idem: release found the key no longer held", h.attrs()...)

@@ -70,11 +70,18 @@ func (g *Guard) startHeartbeat(hb *heartbeat) {
 	}
 }
 
-// armLeaseEnd arms the timer of the lease's end, once. The caller holds mu.
+// armLeaseEnd arms the timer of the lease's end, or re-arms it after a renewal. When
+// the end has passed already (a beat that came late), no timer is armed: the renewal
+// under way decides, and its failure cancels the operation. The caller holds mu.
 func (hb *heartbeat) armLeaseEnd() {
-	if hb.leaseEnd == nil {
-		g := hb.run.h.g
-		hb.leaseEnd = g.newLeaseTimer(hb.run.cutoff().Sub(g.localNow()), hb.leaseEnds)
+	g := hb.run.h.g
+	left := hb.run.cutoff().Sub(g.localNow())
+	switch {
+	case left <= 0:
+	case hb.leaseEnd == nil:
+		hb.leaseEnd = g.newLeaseTimer(left, hb.leaseEnds)
+	default:
+		hb.leaseEnd.Reset(left)
 	}
 }
 
@@ -98,14 +105,34 @@ func (hb *heartbeat) leaseEnds() {
 		hb.leaseEnd.Reset(left) // a renewal succeeded meanwhile
 		return
 	}
+	h.g.cfg.Logger.ErrorContext(&h.detached, "idem: the lease ends without a successful renewal; cancelling the operation",
+		h.attrs()...)
+	hb.loseLocked(LeaseExpired)
+}
+
+// loseLocked stops the heartbeat, calls off a renewal in progress and cancels the
+// operation with cause ErrLeaseLost, once. The caller holds mu.
+func (hb *heartbeat) loseLocked(cause LeaseLostCause) {
+	if hb.stopped {
+		return
+	}
 	hb.stopped = true
 	hb.timer.Stop()
+	if hb.leaseEnd != nil {
+		hb.leaseEnd.Stop()
+	}
+	hb.run.cancel(ErrLeaseLost)
+	hb.run.h.observeLeaseLost(cause)
 	if hb.abort != nil {
 		hb.abort()
 	}
-	h.g.cfg.Logger.ErrorContext(&h.detached, "idem: the lease ends without a successful renewal; cancelling the operation",
-		h.attrs()...)
-	hb.run.cancel(ErrLeaseLost)
+}
+
+// lose is loseLocked for a caller that does not hold mu.
+func (hb *heartbeat) lose(cause LeaseLostCause) {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	hb.loseLocked(cause)
 }
 
 // beat renews the lease once, then re-arms the timer unless the heartbeat is over.
@@ -120,7 +147,9 @@ func (hb *heartbeat) beat() {
 		// working, so they do not inherit the caller's cancellation.
 		hb.ctx, hb.abort = context.WithCancel(&hb.run.h.detached)
 	}
-	hb.armLeaseEnd()
+	if hb.leaseEnd == nil {
+		hb.armLeaseEnd()
+	}
 	ctx := hb.ctx
 	hb.running.Add(1) // before stopAndWait's Wait: stopped is set under mu
 	hb.mu.Unlock()
@@ -159,7 +188,9 @@ func (run *heartbeatRun) renew(ctx context.Context, hb *heartbeat) bool {
 		end = next
 	}
 	ctx, cancel := context.WithDeadline(ctx, end)
+	callStart := run.h.storeCallStart()
 	_, err := g.cfg.Store.RecordRenew(ctx, &p)
+	run.h.observeStoreCall(StoreOpRenew, callStart, err)
 	cancel()
 	if g.hooks.renewed != nil {
 		defer g.hooks.renewed(err)
@@ -171,24 +202,25 @@ func (run *heartbeatRun) renew(ctx context.Context, hb *heartbeat) bool {
 			return false
 		}
 		run.deadline, run.realDeadline = started.Add(g.cfg.Lease), realStarted.Add(g.cfg.Lease)
-		hb.leaseEnd.Reset(run.cutoff().Sub(g.localNow()))
+		hb.armLeaseEnd()
 		return true
 	}
 	if hb.isStopped() {
 		return false
 	}
+	run.h.observeRenewalFailed(err)
 	hb.mu.Lock()
 	cutoff := run.cutoff()
 	hb.mu.Unlock()
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		g.cfg.Logger.WarnContext(ctx, "idem: lease lost while the operation runs; cancelling it", run.h.attrs()...)
-		run.cancel(ErrLeaseLost)
+		hb.lose(LeaseTakenOver)
 		return false
 	case !g.localNow().Before(cutoff):
 		g.cfg.Logger.ErrorContext(ctx, "idem: lease ran out while renewals failed; cancelling the operation",
 			run.h.attrs(slog.Any("error", err))...)
-		run.cancel(ErrLeaseLost)
+		hb.lose(LeaseExpired)
 		return false
 	default:
 		g.cfg.Logger.WarnContext(ctx, "idem: lease renewal failed; retrying at the next beat",

@@ -44,6 +44,7 @@ type route struct {
 	requirement Requirement
 	ttl         time.Duration
 	policy      func(status int) bool
+	name        string
 	keyHeader   string // canonical
 	fingerprint FingerprintFunc
 	errorWriter ErrorWriter
@@ -77,7 +78,7 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 		panic(fmt.Sprintf("idem: RouteOptions.Requirement is not a known requirement: %v", opts.Requirement))
 	}
 	rt := &route{requirement: opts.Requirement, ttl: m.g.callTTL(opts.TTL, "RouteOptions.TTL"),
-		policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler,
+		policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler, name: opts.Name,
 		keyHeader: m.cfg.KeyHeader, fingerprint: opts.Fingerprint, errorWriter: opts.ErrorWriter}
 	if opts.KeyHeader != "" {
 		rt.keyHeader = canonicalKeyHeader("RouteOptions.KeyHeader", opts.KeyHeader)
@@ -170,7 +171,10 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	}
 	x.keyValues = values
 	x.h.init(m.g, r.Context(), scope, key, Fingerprint{}, rt.ttl)
-	x.h.describer, x.h.managed = x, true
+	x.h.describer, x.h.managed, x.h.route = x, true, rt.name
+	if rt.name == "" {
+		x.h.route = r.Pattern
+	}
 	if !x.readBody(r) {
 		return
 	}

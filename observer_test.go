@@ -1,0 +1,311 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// recorder is an Observer that keeps every event, in order, as "kind:detail".
+type recorder struct {
+	mu     sync.Mutex
+	events []any
+}
+
+func (r *recorder) add(e any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+func (r *recorder) observer() *idem.Observer {
+	return &idem.Observer{
+		Claimed:       func(e idem.ClaimEvent) { r.add(e) },
+		Completed:     func(e idem.CompletionEvent) { r.add(e) },
+		Released:      func(e idem.ReleaseEvent) { r.add(e) },
+		RenewalFailed: func(e idem.RenewalEvent) { r.add(e) },
+		LeaseLost:     func(e idem.LeaseLostEvent) { r.add(e) },
+		StoreCall:     func(e idem.StoreCallEvent) { r.add(e) },
+	}
+}
+
+// take returns the events recorded since the last take, each summarised as
+// "claimed:acquired", "completed:stored", "released", "renewal_failed",
+// "lease_lost:expired" or "store:claim" (with "!" when it carries an error).
+func (r *recorder) take() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, e := range r.events {
+		var s string
+		var err error
+		switch e := e.(type) {
+		case idem.ClaimEvent:
+			s, err = "claimed:"+string(e.Outcome), e.Err
+		case idem.CompletionEvent:
+			s, err = "completed:"+string(e.Result), e.Err
+			if e.InTx {
+				s += "(tx)"
+			}
+		case idem.ReleaseEvent:
+			s, err = "released", e.Err
+		case idem.RenewalEvent:
+			s, err = "renewal_failed", e.Err
+		case idem.LeaseLostEvent:
+			s = "lease_lost:" + string(e.Cause)
+		case idem.StoreCallEvent:
+			s, err = "store:"+string(e.Op), e.Err
+		}
+		if err != nil {
+			s += "!"
+		}
+		out = append(out, s)
+	}
+	r.events = nil
+	return out
+}
+
+// all returns every event recorded and not taken, as recorded.
+func (r *recorder) all() []any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]any(nil), r.events...)
+}
+
+func observed(t *testing.T, mod func(*idem.Config)) (*bundle, *recorder) {
+	t.Helper()
+	rec := &recorder{}
+	b := setup(t, func(c *idem.Config) {
+		c.Observer = rec.observer()
+		if mod != nil {
+			mod(c)
+		}
+	})
+	return b, rec
+}
+
+func wantEvents(t *testing.T, what string, rec *recorder, want ...string) {
+	t.Helper()
+	if got := rec.take(); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("%s: events\n  %s\nwant\n  %s", what, strings.Join(got, " "), strings.Join(want, " "))
+	}
+}
+
+func TestObserverSeesEachClaimOutcomeOnce(t *testing.T) {
+	t.Parallel()
+	b, rec := observed(t, nil)
+	mw := b.mw.Handler(&counter{})
+	serve(mw, req("POST", "/x", key, "{}"))
+	wantEvents(t, "new key", rec, "store:claim", "claimed:acquired", "store:complete", "completed:stored")
+	serve(mw, req("POST", "/x", key, "{}"))
+	wantEvents(t, "retry", rec, "store:claim", "claimed:replayed")
+	serve(mw, req("POST", "/x", key, `{"other":1}`))
+	wantEvents(t, "other body", rec, "store:claim", "claimed:key_reused")
+	b.store.down.Store(true)
+	serve(mw, req("POST", "/x", key, "{}"))
+	wantEvents(t, "store down", rec, "store:claim!", "claimed:store_error!")
+}
+
+func TestObserverSeesStoreCallsWithTheirDurations(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	ob := &idem.Observer{StoreCall: func(e idem.StoreCallEvent) { rec.add(e) }}
+	b := setup(t, func(c *idem.Config) { c.Observer = ob })
+	serve(b.mw.Handler(&counter{}), req("POST", "/x", key, "{}"))
+	events := rec.all()
+	if len(events) != 2 {
+		t.Fatalf("store calls %v, want the claim and the completion", rec.take())
+	}
+	for i, op := range []idem.StoreOp{idem.StoreOpClaim, idem.StoreOpComplete} {
+		e := events[i].(idem.StoreCallEvent)
+		if e.Op != op || e.Duration <= 0 || e.Err != nil {
+			t.Errorf("store call %d = %+v, want %s with a duration", i, e, op)
+		}
+	}
+}
+
+func TestObserverSeesReplaysFromTheCache(t *testing.T) {
+	t.Parallel()
+	b, rec := observed(t, func(c *idem.Config) { c.ReplayCacheSize = 4 })
+	mw := b.mw.Handler(&counter{})
+	serve(mw, req("POST", "/x", key, "{}"))
+	rec.take()
+	serve(mw, req("POST", "/x", key, "{}"))
+	wantEvents(t, "cached retry", rec, "claimed:replayed_cache")
+}
+
+func TestObserverSeesInProgressAndWaitedThenReplayed(t *testing.T) {
+	t.Parallel()
+	b, rec := observed(t, nil)
+	h := newHeld()
+	mw := b.mw.Handler(h)
+	done := make(chan struct{})
+	go func() { serve(mw, req("POST", "/x", key, "{}")); close(done) }()
+	<-h.entered
+	wantEvents(t, "first", rec, "store:claim", "claimed:acquired")
+	serve(mw, req("POST", "/x", key, "{}"))
+	wantEvents(t, "duplicate", rec, "store:claim", "claimed:in_progress")
+
+	// A middleware that waits for the first request over the same store.
+	waits := &recorder{}
+	waiting := make(chan struct{})
+	m := idem.New(idem.Config{Store: b.store, Scope: bearerScope, Clock: b.clock.Now,
+		InFlightWait: time.Hour, Observer: &idem.Observer{Claimed: func(e idem.ClaimEvent) { waits.add(e) }}})
+	idem.OnWait(m, func() { close(waiting) })
+	dup := make(chan struct{})
+	go func() { serve(m.Handler(&counter{}), req("POST", "/x", key, "{}")); close(dup) }()
+	<-waiting
+	close(h.gate)
+	<-done
+	<-dup
+	events := waits.all()
+	if len(events) != 1 {
+		t.Fatalf("waiting duplicate: %d claim events, want 1", len(events))
+	}
+	if e := events[0].(idem.ClaimEvent); e.Outcome != idem.OutcomeWaitedThenReplayed || !e.Waited || e.Duration <= 0 {
+		t.Errorf("waiting duplicate: %+v, want waited_replayed after a wait", e)
+	}
+}
+
+func TestObserverSeesATakeoverAndTheLostLease(t *testing.T) {
+	t.Parallel()
+	b, rec := observed(t, nil)
+	renewed := make(chan error, 1)
+	idem.OnRenew(b.mw, func(err error) { renewed <- err })
+	h := newHeld()
+	first := make(chan struct{})
+	go func() { serve(b.mw.Handler(h), req("POST", "/x", key, "{}")); close(first) }()
+	<-h.entered
+	rec.take()
+	b.clock.Advance(31 * time.Second)
+	serve(b.mw.Handler(&counter{}), req("POST", "/x", key, "{}"))
+	wantEvents(t, "takeover", rec, "store:claim", "claimed:took_over", "store:complete", "completed:stored")
+	b.ticker.Tick()
+	<-renewed
+	wantEvents(t, "the first holder's renewal", rec, "store:renew!", "renewal_failed!", "lease_lost:taken_over")
+	close(h.gate)
+	<-first
+	wantEvents(t, "the first holder's answer", rec, "store:complete!", "completed:lease_lost!")
+}
+
+func TestObserverSeesALeaseThatExpires(t *testing.T) {
+	t.Parallel()
+	b, rec := observed(t, nil)
+	b.store.renewBlocks = make(chan struct{})
+	leaseEnds := idem.UseManualLeaseTimers(b.mw)
+	renewed := make(chan error, 1)
+	idem.OnRenew(b.mw, func(err error) { renewed <- err })
+	h := newHeld()
+	done := make(chan struct{})
+	go func() { serve(b.mw.Handler(h), req("POST", "/x", key, "{}")); close(done) }()
+	ctx := <-h.entered
+	b.clock.Advance(10 * time.Second)
+	b.ticker.Tick()
+	<-b.store.renewBlocks
+	b.clock.Advance(leaseEnds.Armed())
+	leaseEnds.Tick()
+	<-ctx.Done()
+	<-renewed
+	close(h.gate)
+	<-done
+	// The handler answered 201 after its lease ended; nobody took the key over, so
+	// the fenced completion still stores it.
+	wantEvents(t, "stalled renewals", rec, "store:claim", "claimed:acquired", "lease_lost:expired", "store:renew!",
+		"store:complete", "completed:stored")
+}
+
+func TestObserverSeesReleasesAndTransactions(t *testing.T) {
+	t.Parallel()
+	b, rec := observed(t, nil)
+	serve(b.mw.Handler(&counter{status: 400}), req("POST", "/x", key, "{}"))
+	wantEvents(t, "a releasing status", rec, "store:claim", "claimed:acquired", "store:release", "released")
+
+	tx := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+		_ = inTx(r.Context(), b.store, nil, func() error { return nil })
+	}))
+	serve(tx, req("POST", "/tx", key, "{}"))
+	wantEvents(t, "a §7 completion", rec, "store:claim", "claimed:acquired", "completed:stored(tx)")
+
+	failing := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+		_ = inTx(r.Context(), b.store, errCommit, func() error { return nil })
+	}))
+	const other = "5d1c2b3a-4e5f-4a6b-9c7d-8e9f0a1b2c3d"
+	serve(failing, req("POST", "/tx", other, "{}"))
+	wantEvents(t, "a failed §7 commit", rec, "store:claim", "claimed:acquired", "completed:failed(tx)!", "store:release", "released")
+
+	flushing := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+	}))
+	const third = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+	serve(flushing, req("POST", "/f", third, "{}"))
+	serve(flushing, req("POST", "/f", third, "{}"))
+	wantEvents(t, "a streamed response", rec, "store:claim", "claimed:acquired", "store:complete", "completed:not_stored",
+		"store:claim", "claimed:not_stored")
+}
+
+func TestObserverEventsCarryTheRouteAndNoSecret(t *testing.T) {
+	t.Parallel()
+	b, rec := observed(t, nil)
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/charges", b.mw.Handler(&counter{}))
+	mux.Handle("POST /v1/orders", b.mw.Route(idem.RouteOptions{Name: "orders.create"})(&counter{}))
+	const body = `{"amount":2000,"card":"4242424242424242"}`
+	serve(mux, req("POST", "/v1/charges", key, body))
+	serve(mux, req("POST", "/v1/orders", "7f6e5d4c-3b2a-4190-8f7e-6d5c4b3a2918", body))
+	routes := map[string]int{}
+	hashRe := regexp.MustCompile(`^[0-9a-f]{12}$`)
+	for _, e := range rec.all() {
+		dump := fmt.Sprintf("%+v", e)
+		for _, secret := range []string{key, "4242424242424242", "alice"} {
+			if strings.Contains(dump, secret) {
+				t.Errorf("event %s reveals %q", dump, secret)
+			}
+		}
+		if c, ok := e.(idem.ClaimEvent); ok {
+			routes[c.Route]++
+			if !hashRe.MatchString(c.KeyHash) {
+				t.Errorf("key hash %q is not a short hex hash", c.KeyHash)
+			}
+		}
+	}
+	if routes["POST /v1/charges"] != 1 || routes["orders.create"] != 1 {
+		t.Errorf("claims by route %v, want the pattern and the route's name", routes)
+	}
+}
+
+func TestObserverSeesDoWithTheCallsName(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	g, _ := newGuard(t, func(c *idem.GuardConfig) { c.Observer = rec.observer() })
+	call := chargeCall(2000)
+	call.Name = "charges.create"
+	idem.Do(context.Background(), g, call, func(context.Context) (int, error) { return 1, nil })
+	idem.Do(context.Background(), g, call, func(context.Context) (int, error) { return 2, nil })
+	failing := chargeCall(3000)
+	failing.Key = "1e2d3c4b-5a69-4788-97a6-b5c4d3e2f1a0"
+	idem.Do(context.Background(), g, failing, func(context.Context) (int, error) { return 0, errors.New("declined") })
+	wantEvents(t, "Do", rec, "store:claim", "claimed:acquired", "store:complete", "completed:stored",
+		"store:claim", "claimed:replayed", "store:claim", "claimed:acquired", "store:release", "released")
+}
+
+func TestNilObserverAndNilFuncsSeeNothing(t *testing.T) {
+	t.Parallel()
+	// A nil Observer is the benchmarks' path; an Observer with no funcs must not fail.
+	b := setup(t, func(c *idem.Config) { c.Observer = &idem.Observer{} })
+	mw := b.mw.Handler(&counter{})
+	serve(mw, req("POST", "/x", key, "{}"))
+	if w := serve(mw, req("POST", "/x", key, "{}")); w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay with an empty observer: %d", w.Code)
+	}
+}
