@@ -1,0 +1,316 @@
+package consume_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/consume"
+	"github.com/idem-go/idem/internal/testkit"
+	"github.com/idem-go/idem/store/sqlite"
+)
+
+// The behaviour of a Processor for each case of the package documentation, over a
+// real SQLite store. The crash proofs against real brokers are in consume/jsconsume and
+// consume/amqpconsume.
+
+const (
+	scope      = "orders.billing"
+	retryDelay = 300 * time.Millisecond
+	lease      = 10 * time.Second
+)
+
+type bundle struct {
+	t     *testing.T
+	st    *sqlite.Store
+	guard *idem.Guard
+	clock *testkit.Clock
+	p     *consume.Processor[*sql.Tx]
+	logs  *testkit.Buffer
+}
+
+// setup opens a fresh SQLite store with an effects table, and a Processor over it
+// whose guard runs on a clock the test moves.
+func setup(t *testing.T, gcfg idem.GuardConfig) *bundle {
+	t.Helper()
+	ctx := t.Context()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "consume.db"), sqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.DB().ExecContext(ctx, `CREATE TABLE effects (id TEXT NOT NULL, payload TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{t: t, st: st, clock: testkit.NewClock(time.Now()), logs: &testkit.Buffer{}}
+	logger := slog.New(slog.NewTextHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	gcfg.Store, gcfg.Clock, gcfg.Logger = st, b.clock.Now, logger
+	if gcfg.Lease == 0 {
+		gcfg.Lease = lease
+	}
+	b.guard = idem.NewGuard(gcfg)
+	b.p = consume.New(consume.Config[*sql.Tx]{Guard: b.guard, InTx: st.InTx, RetryDelay: retryDelay, Logger: logger})
+	return b
+}
+
+func msg(id, payload string) consume.Message {
+	return consume.Message{Scope: scope, ID: id, Payload: []byte(payload)}
+}
+
+// insert is the effect of the tests: one row per run.
+func insert(m consume.Message) func(ctx context.Context, tx *sql.Tx) error {
+	return func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO effects (id, payload) VALUES (?, ?)`, m.ID, string(m.Payload))
+		return err
+	}
+}
+
+// process processes m with the insert effect.
+func (b *bundle) process(m consume.Message) consume.Result {
+	b.t.Helper()
+	return b.p.Process(b.t.Context(), m, insert(m))
+}
+
+// effects counts the rows the effect wrote for id.
+func (b *bundle) effects(id string) int {
+	b.t.Helper()
+	var n int
+	if err := b.st.DB().QueryRowContext(b.t.Context(), `SELECT count(*) FROM effects WHERE id = ?`, id).Scan(&n); err != nil {
+		b.t.Fatal(err)
+	}
+	return n
+}
+
+func wantResult(t *testing.T, got, want consume.Result) {
+	t.Helper()
+	if got.Action != want.Action || got.Delay != want.Delay || got.Replayed != want.Replayed {
+		t.Fatalf("result = %v (delay %v, replayed %v, err %v), want %v (delay %v, replayed %v)",
+			got.Action, got.Delay, got.Replayed, got.Err, want.Action, want.Delay, want.Replayed)
+	}
+}
+
+func TestNewMessageRunsTheEffectOnceAndIsAcked(t *testing.T) {
+	b := setup(t, idem.GuardConfig{})
+	res := b.process(msg("m-1", `{"amount":2000}`))
+	wantResult(t, res, consume.Result{Action: consume.Ack})
+	if res.Err != nil {
+		t.Fatalf("Err = %v on Ack", res.Err)
+	}
+	if n := b.effects("m-1"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+	rec, err := b.st.RecordGet(t.Context(), &idem.RecordGetParams{Scope: scope, Key: "m-1"})
+	if err != nil || rec.State != idem.StateCompleted {
+		t.Fatalf("record = %+v, %v; want completed with the effect", rec, err)
+	}
+}
+
+func TestRepeatOfAProcessedMessageIsAckedWithoutEffect(t *testing.T) {
+	b := setup(t, idem.GuardConfig{})
+	m := msg("m-1", `{"amount":2000}`)
+	b.process(m)
+	for range 3 {
+		wantResult(t, b.process(m), consume.Result{Action: consume.Ack, Replayed: true})
+	}
+	// The payload is fingerprinted as JSON: a re-serialised repeat is the same message.
+	wantResult(t, b.process(msg("m-1", `{ "amount": 2000 }`)), consume.Result{Action: consume.Ack, Replayed: true})
+	if n := b.effects("m-1"); n != 1 {
+		t.Fatalf("effects = %d after 5 deliveries, want 1", n)
+	}
+}
+
+func TestSameIDInAnotherScopeIsAnotherMessage(t *testing.T) {
+	b := setup(t, idem.GuardConfig{})
+	b.process(msg("m-1", "x"))
+	other := consume.Message{Scope: "orders.email", ID: "m-1", Payload: []byte("x")}
+	wantResult(t, b.p.Process(t.Context(), other, insert(other)), consume.Result{Action: consume.Ack})
+	if n := b.effects("m-1"); n != 2 {
+		t.Fatalf("effects = %d, want one per scope", n)
+	}
+}
+
+func TestRepeatWhileInFlightIsNakedWithDelay(t *testing.T) {
+	b := setup(t, idem.GuardConfig{RetryAfter: 700 * time.Millisecond})
+	m := msg("m-1", "x")
+	// Another consumer holds the message, its lease live.
+	h, _, err := b.guard.Begin(t.Context(), idem.Call{Scope: scope, Key: m.ID, Fingerprint: idem.FingerprintInput(scope, m.Payload)})
+	if err != nil || h == nil {
+		t.Fatalf("Begin = %v, %v", h, err)
+	}
+	defer h.Release()
+
+	res := b.process(m)
+	wantResult(t, res, consume.Result{Action: consume.Nak, Delay: 700 * time.Millisecond})
+	if !errors.Is(res.Err, idem.ErrKeyInProgress) {
+		t.Fatalf("Err = %v, want ErrKeyInProgress", res.Err)
+	}
+	if n := b.effects(m.ID); n != 0 {
+		t.Fatalf("effects = %d, want none while the other holds it", n)
+	}
+
+	// Config.InProgressDelay overrides the guard's RetryAfter.
+	p := consume.New(consume.Config[*sql.Tx]{Guard: b.guard, InTx: b.st.InTx, InProgressDelay: 5 * time.Second})
+	wantResult(t, p.Process(t.Context(), m, insert(m)), consume.Result{Action: consume.Nak, Delay: 5 * time.Second})
+}
+
+func TestMessageOfACrashedConsumerIsTakenOverWhenItsLeaseLapses(t *testing.T) {
+	b := setup(t, idem.GuardConfig{})
+	m := msg("m-1", "x")
+	// A consumer claimed the message and died: its record stays in flight.
+	h, _, err := b.guard.Begin(context.Background(), idem.Call{Scope: scope, Key: m.ID, Fingerprint: idem.FingerprintInput(scope, m.Payload)})
+	if err != nil || h == nil {
+		t.Fatalf("Begin = %v, %v", h, err)
+	}
+	t.Cleanup(func() { _ = h.Release() })
+	wantResult(t, b.process(m), consume.Result{Action: consume.Nak, Delay: idem.DefaultRetryAfter})
+
+	b.clock.Advance(lease + time.Second)
+	wantResult(t, b.process(m), consume.Result{Action: consume.Ack})
+	wantResult(t, b.process(m), consume.Result{Action: consume.Ack, Replayed: true})
+	if n := b.effects(m.ID); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+}
+
+func TestSameIDWithAnotherPayloadIsTerminatedAndLogged(t *testing.T) {
+	b := setup(t, idem.GuardConfig{})
+	b.process(msg("secret-id-1", `{"amount":2000}`))
+	res := b.process(msg("secret-id-1", `{"amount":9999}`))
+	wantResult(t, res, consume.Result{Action: consume.Term})
+	if !errors.Is(res.Err, consume.ErrIDReused) {
+		t.Fatalf("Err = %v, want ErrIDReused", res.Err)
+	}
+	if n := b.effects("secret-id-1"); n != 1 {
+		t.Fatalf("effects = %d, want the first message's only", n)
+	}
+	logs := b.logs.String()
+	if !strings.Contains(logs, "terminated") || !strings.Contains(logs, "id_hash=") {
+		t.Fatalf("no error line with the id's hash for the terminated message:\n%s", logs)
+	}
+	if strings.Contains(logs, "secret-id-1") || strings.Contains(logs, "9999") {
+		t.Fatalf("the logs show the message's id or payload:\n%s", logs)
+	}
+}
+
+func TestEffectErrorNaksReleasesTheKeyAndCommitsNothing(t *testing.T) {
+	b := setup(t, idem.GuardConfig{})
+	m := msg("m-1", "x")
+	boom := errors.New("downstream refused")
+	res := b.p.Process(t.Context(), m, func(ctx context.Context, tx *sql.Tx) error {
+		if err := insert(m)(ctx, tx); err != nil {
+			return err
+		}
+		return boom
+	})
+	wantResult(t, res, consume.Result{Action: consume.Nak, Delay: retryDelay})
+	if !errors.Is(res.Err, boom) {
+		t.Fatalf("Err = %v, want the effect's", res.Err)
+	}
+	if n := b.effects(m.ID); n != 0 {
+		t.Fatalf("effects = %d, want the failed transaction's write rolled back", n)
+	}
+	// The redelivery runs the effect afresh.
+	wantResult(t, b.process(m), consume.Result{Action: consume.Ack})
+	if n := b.effects(m.ID); n != 1 {
+		t.Fatalf("effects = %d after the redelivery, want 1", n)
+	}
+}
+
+func TestPermanentEffectErrorTerminatesTheMessage(t *testing.T) {
+	b := setup(t, idem.GuardConfig{})
+	m := msg("m-1", "not json")
+	bad := errors.New("payload does not parse")
+	res := b.p.Process(t.Context(), m, func(context.Context, *sql.Tx) error { return consume.Permanent(bad) })
+	wantResult(t, res, consume.Result{Action: consume.Term})
+	if !errors.Is(res.Err, bad) || !consume.IsPermanent(res.Err) {
+		t.Fatalf("Err = %v, want the permanent error", res.Err)
+	}
+	// The key is released: were the message published again and fixed, it would run.
+	wantResult(t, b.process(m), consume.Result{Action: consume.Ack})
+}
+
+func TestStoreOutageNaksWithoutRunningTheEffect(t *testing.T) {
+	b := setup(t, idem.GuardConfig{StoreTimeout: 200 * time.Millisecond})
+	// Another connection holds SQLite's write lock: the claim cannot be made in time.
+	conn, err := b.st.DB().Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(t.Context(), "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	m := msg("m-1", "x")
+	ran := false
+	res := b.p.Process(t.Context(), m, func(context.Context, *sql.Tx) error { ran = true; return nil })
+	wantResult(t, res, consume.Result{Action: consume.Nak, Delay: retryDelay})
+	if !errors.Is(res.Err, idem.ErrStoreUnavailable) || ran {
+		t.Fatalf("Err = %v, effect ran %v; want ErrStoreUnavailable and no effect", res.Err, ran)
+	}
+	if _, err := conn.ExecContext(t.Context(), "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	wantResult(t, b.process(m), consume.Result{Action: consume.Ack})
+}
+
+func TestMessageWithoutAUsableIDIsTerminated(t *testing.T) {
+	b := setup(t, idem.GuardConfig{})
+	for _, tc := range []struct {
+		id   string
+		want error
+	}{
+		{"", consume.ErrNoID},
+		{strings.Repeat("x", consume.MaxIDLength+1), consume.ErrIDTooLong},
+	} {
+		res := b.process(msg(tc.id, "x"))
+		wantResult(t, res, consume.Result{Action: consume.Term})
+		if !errors.Is(res.Err, tc.want) {
+			t.Fatalf("id of %d bytes: Err = %v, want %v", len(tc.id), res.Err, tc.want)
+		}
+	}
+	wantResult(t, b.process(msg(strings.Repeat("x", consume.MaxIDLength), "x")), consume.Result{Action: consume.Ack})
+}
+
+func TestCancelledContextNaksAtOnce(t *testing.T) {
+	b := setup(t, idem.GuardConfig{})
+	ctx, cancel := context.WithCancel(t.Context())
+	m := msg("m-1", "x")
+	res := b.p.Process(ctx, m, func(ctx context.Context, tx *sql.Tx) error {
+		cancel() // the consumer shuts down while the effect runs
+		return ctx.Err()
+	})
+	wantResult(t, res, consume.Result{Action: consume.Nak})
+	if !errors.Is(res.Err, context.Canceled) {
+		t.Fatalf("Err = %v, want context.Canceled", res.Err)
+	}
+	wantResult(t, b.process(m), consume.Result{Action: consume.Ack})
+}
+
+func TestProcessorRefusesAnIncompleteConfig(t *testing.T) {
+	st := setup(t, idem.GuardConfig{})
+	for name, f := range map[string]func(){
+		"consume: Config.Guard is required": func() { consume.New(consume.Config[*sql.Tx]{InTx: st.st.InTx}) },
+		"consume: Config.InTx is required":  func() { consume.New(consume.Config[*sql.Tx]{Guard: st.guard}) },
+		"consume: Message.Scope is required": func() {
+			st.p.Process(t.Context(), consume.Message{ID: "m-1"}, insert(msg("m-1", "")))
+		},
+	} {
+		func() {
+			defer func() {
+				if p := recover(); p == nil || !strings.HasPrefix(p.(string), name) {
+					t.Errorf("panic = %v, want %q", p, name)
+				}
+			}()
+			f()
+		}()
+	}
+}
