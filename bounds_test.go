@@ -175,7 +175,11 @@ func TestTTLMustOutliveTheLease(t *testing.T) {
 
 func TestCompletingAnExpiredRecordIsLogged(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(c *idem.Config) { c.TTL = 31 * time.Second })
+	var completions []idem.CompletionEvent
+	b := setup(t, func(c *idem.Config) {
+		c.TTL = 31 * time.Second
+		c.Observer = &idem.Observer{Completed: func(e idem.CompletionEvent) { completions = append(completions, e) }}
+	})
 	h := newHeld()
 	mw := b.mw.Handler(h)
 	done := make(chan struct{})
@@ -186,6 +190,9 @@ func TestCompletingAnExpiredRecordIsLogged(t *testing.T) {
 	<-done
 	if !strings.Contains(b.logs.String(), "completed after its TTL") {
 		t.Errorf("no warning for a record completed already expired; logs:\n%s", b.logs)
+	}
+	if len(completions) != 1 || !completions[0].Expired || completions[0].Result != idem.CompletionStored {
+		t.Errorf("observer told %+v, want one stored completion marked Expired", completions)
 	}
 	// The record is absent already: a retry executes again, which is what the
 	// warning is about.

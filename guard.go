@@ -299,7 +299,7 @@ func (g *Guard) claim(ctx context.Context, h *Handle) (*Response, error) {
 				o = OutcomeTookOver
 				g.cfg.Logger.InfoContext(ctx, "idem: took over a key whose holder's lease lapsed; executing again", h.attrs()...)
 			}
-			h.claimed = res.Record
+			h.claimed, h.tookOver = res.Record, res.TookOver
 			h.observeClaim(o, waited, start, nil)
 			return nil, nil
 		case ClaimCompleted:

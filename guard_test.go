@@ -259,3 +259,32 @@ func TestAHandlerCannotEndTheMiddlewaresClaim(t *testing.T) {
 		t.Errorf("retry: %d, want the response the middleware stored", w.Code)
 	}
 }
+
+func TestBeginAfterALapsedLeaseTakesOverKeepingTheRecordID(t *testing.T) {
+	t.Parallel()
+	clock := newClock()
+	g, _ := newGuard(t, func(c *idem.GuardConfig) { c.Clock = clock.Now })
+	dead, _, err := g.Begin(context.Background(), chargeCall(2000)) // a holder that stops renewing
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dead.TookOver() {
+		t.Error("the first claim of a key reports a takeover")
+	}
+	clock.Advance(idem.DefaultLease + time.Millisecond)
+	h, _, err := g.Begin(context.Background(), chargeCall(2000))
+	if err != nil || h == nil || !h.TookOver() || h.RecordID() != dead.RecordID() {
+		t.Fatalf("Begin after the lease lapsed = %v, %v; want a takeover keeping record id %q", h, err, dead.RecordID())
+	}
+	h.SetResponse(&idem.Response{Status: 201})
+	if err := h.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	dead.SetResponse(&idem.Response{Status: 201, Body: []byte("late")})
+	if err := dead.Complete(); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("the old holder's Complete = %v, want ErrLeaseLost (fenced)", err)
+	}
+	if err := dead.Release(); err != nil {
+		t.Errorf("Release after Complete = %v, want nil (already ended)", err)
+	}
+}

@@ -32,6 +32,7 @@ type Handle struct {
 	claimStarted     time.Time
 	claimStartedReal time.Time
 	claimed          *Record
+	tookOver         bool
 	// firstCall is the context of the first claim, the only store call of most
 	// calls; later calls make their own.
 	firstCall     callCtx
@@ -154,6 +155,10 @@ func (h *Handle) Key() string { return h.key }
 
 // Scope returns the principal the key belongs to.
 func (h *Handle) Scope() string { return h.scope }
+
+// TookOver reports whether this claim took the key over from a holder whose lease
+// lapsed (SPEC §5.3): the operation may have run before, in part.
+func (h *Handle) TookOver() bool { return h.tookOver }
 
 // RecordID returns the record's id: new at every claim of an absent or expired key and
 // kept across takeovers of a lapsed lease (SPEC §13). It is empty on a
@@ -377,9 +382,9 @@ func (h *Handle) finish() (ending, error) {
 		if params != nil {
 			h.cacheCompleted(params.Response)
 		}
-		h.warnIfExpired()
+		expired := h.warnIfExpired()
 		if h.observing() {
-			h.observeCompletion(completionResult(params), true, nil)
+			h.observeCompletionExpired(completionResult(params), true, expired, nil)
 		}
 		return endStored, nil
 	case failed != nil: // ... or did not commit: neither effects nor record exist
@@ -402,9 +407,9 @@ func (h *Handle) finish() (ending, error) {
 	switch {
 	case err == nil:
 		h.cacheCompleted(params.Response)
-		h.warnIfExpired()
+		expired := h.warnIfExpired()
 		if h.observing() {
-			h.observeCompletion(completionResult(params), false, nil)
+			h.observeCompletionExpired(completionResult(params), false, expired, nil)
 		}
 		return endStored, nil
 	case errors.Is(err, ErrLeaseLost):
@@ -493,13 +498,15 @@ func (h *Handle) cacheCompleted(resp *Response) {
 
 // warnIfExpired logs a record completed after its TTL ran out: it counts as absent
 // already, so a repeat executes the operation again (SPEC §8). The operation ran
-// longer than the TTL, which should be longer than the slowest operation.
-func (h *Handle) warnIfExpired() {
+// longer than the TTL, which should be longer than the slowest operation. It reports
+// whether it did.
+func (h *Handle) warnIfExpired() bool {
 	if h.claimed == nil || h.g.localNow().Before(CompletedExpiresAt(h.claimed.CreatedAt, h.ttl)) {
-		return
+		return false
 	}
 	h.g.cfg.Logger.WarnContext(&h.detached, "idem: record completed after its TTL: it is expired already, and a retry executes again; make the TTL longer than the operation runs",
 		h.attrs(slog.Duration("ttl", h.ttl))...)
+	return true
 }
 
 // attrs are the attributes of every log line about the call, then extra: a hash of

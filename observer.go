@@ -125,6 +125,10 @@ type CompletionEvent struct {
 	// InTx is true when the completion ran inside the application's transaction
 	// (SPEC §7).
 	InTx bool
+	// Expired is true when the record was stored after its TTL ran out (the operation
+	// ran longer than the TTL): it counts as absent already, and a repeat executes
+	// again.
+	Expired bool
 	// Duration is the operation's time, from its claim to the end of its completion.
 	Duration time.Duration
 	// Err is the failure of CompletionLeaseLost and CompletionFailed.
@@ -223,9 +227,13 @@ func (h *Handle) observeClaim(o Outcome, waited bool, start time.Time, err error
 }
 
 func (h *Handle) observeCompletion(r CompletionResult, inTx bool, err error) {
+	h.observeCompletionExpired(r, inTx, false, err)
+}
+
+func (h *Handle) observeCompletionExpired(r CompletionResult, inTx, expired bool, err error) {
 	if ob := h.g.cfg.Observer; ob != nil && ob.Completed != nil {
 		ob.Completed(CompletionEvent{Route: h.route, KeyHash: h.keyHashOnce(), Result: r, InTx: inTx,
-			Duration: time.Since(h.claimStartedReal), Err: err})
+			Expired: expired, Duration: time.Since(h.claimStartedReal), Err: err})
 	}
 }
 
