@@ -56,6 +56,12 @@ func errUnavailable() *apiError {
 	return &apiError{status: http.StatusServiceUnavailable, code: "db_unavailable", message: "The database is unavailable; retry the request."}
 }
 
+// errOrderDeleted answers the retry of a keyed request whose order has since been
+// deleted, when its first answer was recorded before order_keys kept answers.
+func errOrderDeleted() *apiError {
+	return &apiError{status: http.StatusConflict, code: "order_deleted", message: "The order this idempotency key wrote has since been deleted, and its first answer was not kept; use a new key to create another."}
+}
+
 func errNotFound(kind, id string) *apiError {
 	return &apiError{status: http.StatusNotFound, code: "resource_missing", message: "No such " + kind + ": '" + id + "'", param: "id"}
 }

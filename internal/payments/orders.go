@@ -119,10 +119,16 @@ func (s *Server) createOrder(w http.ResponseWriter, r *http.Request) {
 	id, sc, now := newID("ord_"), scope(r), s.now().Unix()
 	o := &order{ID: id, Amount: in.Amount, Currency: in.Currency, Description: in.Description, Status: in.Status,
 		Created: now, Updated: now, IdempotencyKey: k.key, Fingerprint: k.fingerprint, KeyExpiresAt: k.expiresAt}
-	if s.batch != nil && s.mutateBatch(w, r, jsonReply(http.StatusCreated, o.render(), "Location", orderLocation(id)), func(b *pgx.Batch) {
-		b.Queue(s.db.queries["order_insert_strict"], sc, id, in.Amount, in.Currency, in.Description, in.Status, now, k.key, k.fingerprint, k.expiresAt)
-	}) {
-		return
+	if s.batch != nil {
+		body := o.render()
+		if s.mutateBatch(w, r, orderReply(http.StatusCreated, id, body), func(b *pgx.Batch) {
+			b.Queue(s.db.queries["order_insert_strict"], sc, id, in.Amount, in.Currency, in.Description, in.Status, now, k.key, k.fingerprint, k.expiresAt)
+			if k.key != nil {
+				b.Queue(s.db.queries["order_key_insert"], sc, *k.key, id, k.fingerprint, *k.expiresAt, http.StatusCreated, body)
+			}
+		}) {
+			return
+		}
 	}
 	s.mutate(w, r, func(ctx context.Context, q querier) (reply, error) {
 		if out, err := s.orderBackstop(ctx, r, q, sc, k); out != nil || err != nil {
@@ -132,7 +138,10 @@ func (s *Server) createOrder(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return nil, err
 		}
-		return jsonReply(http.StatusCreated, o.render(), "Location", orderLocation(o.ID)), nil
+		if err := recordOrderKey(ctx, q, sc, k, o, http.StatusCreated); err != nil {
+			return nil, err
+		}
+		return orderReply(http.StatusCreated, o.ID, o.render()), nil
 	})
 }
 
@@ -158,52 +167,89 @@ func (s *Server) putOrder(w http.ResponseWriter, r *http.Request) {
 		// Replace first; when there is nothing to replace insert, and when a
 		// concurrent PUT inserted it meanwhile (the insert does nothing), replace that.
 		for range 2 {
+			status := http.StatusOK
 			o, err := scanOrder(q.queryRow(ctx, "order_replace", sc, id, in.Amount, in.Currency, in.Description, in.Status, now, k.key, k.fingerprint, k.expiresAt))
-			if err == nil {
-				return jsonReply(http.StatusOK, o.render()), nil
+			if errors.Is(err, errNoRows) {
+				status = http.StatusCreated
+				o, err = scanOrder(q.queryRow(ctx, "order_insert", sc, id, in.Amount, in.Currency, in.Description, in.Status, now, k.key, k.fingerprint, k.expiresAt))
 			}
-			if !errors.Is(err, errNoRows) {
+			switch {
+			case errors.Is(err, errNoRows):
+				continue // a concurrent PUT created it meanwhile: replace that
+			case err != nil:
 				return nil, err
 			}
-			o, err = scanOrder(q.queryRow(ctx, "order_insert", sc, id, in.Amount, in.Currency, in.Description, in.Status, now, k.key, k.fingerprint, k.expiresAt))
-			if err == nil {
-				return jsonReply(http.StatusCreated, o.render(), "Location", orderLocation(id)), nil
-			}
-			if !errors.Is(err, errNoRows) {
+			if err := recordOrderKey(ctx, q, sc, k, o, status); err != nil {
 				return nil, err
 			}
+			return orderReply(status, id, o.render()), nil
 		}
 		return nil, errKeyConflict // the order kept appearing and disappearing: retry
 	})
 }
 
-// orderBackstop answers a keyed request whose key already wrote a live order although
-// the idempotency record did not know it (a store without §7 lost it, or a lapsed lease
-// was taken over): the same request gets that order as it is now, another request
-// key_reused. It returns a nil reply when the key wrote nothing live, retiring the key
-// of an order whose record expired.
+// orderKey is a row of order_keys: a key that wrote an order, and what it answered.
+type orderKey struct {
+	OrderID     string
+	Fingerprint *string
+	ExpiresAt   int64
+	Status      int
+	Body        []byte // nil for a key recorded before order_keys kept responses
+}
+
+// recordOrderKey queues, in the write's transaction, the row of order_keys of a keyed
+// request that wrote the order o and answers status with o as it is now.
+func recordOrderKey(ctx context.Context, q querier, sc string, k keyInfo, o *order, status int) error {
+	if k.key == nil {
+		return nil
+	}
+	_, err := q.exec(ctx, "order_key_insert", sc, *k.key, o.ID, k.fingerprint, *k.expiresAt, status, o.render())
+	return err
+}
+
+// orderReply is the answer of a write of order id: 201 + Location when it created the
+// order, 200 when it replaced it.
+func orderReply(status int, id string, body []byte) reply {
+	if status == http.StatusCreated {
+		return jsonReply(status, body, "Location", orderLocation(id))
+	}
+	return jsonReply(status, body)
+}
+
+// orderBackstop answers a keyed request whose key already wrote an order although the
+// idempotency record did not know it (a store without §7 lost it, or a lapsed lease
+// was taken over): the same request gets its first answer, kept in order_keys whatever
+// became of the order since (replaced, deleted); another request gets key_reused. It
+// returns a nil reply when the key wrote nothing, retiring a key whose record expired.
 func (s *Server) orderBackstop(ctx context.Context, r *http.Request, q querier, sc string, k keyInfo) (reply, error) {
 	if k.key == nil {
 		return nil, nil
 	}
-	prev, err := scanOrder(q.queryRow(ctx, "order_get_by_key", sc, *k.key))
+	var prev orderKey
+	err := q.queryRow(ctx, "order_key_get", sc, *k.key).Scan(&prev.OrderID, &prev.Fingerprint, &prev.ExpiresAt, &prev.Status, &prev.Body)
 	switch {
 	case errors.Is(err, errNoRows):
 		return nil, nil
 	case err != nil:
 		return nil, err
-	case keyExpired(prev.KeyExpiresAt, s.now()):
+	case keyExpired(&prev.ExpiresAt, s.now()):
 		// The key's record expired: the key starts a new operation (SPEC §8).
-		_, err := q.exec(ctx, "order_retire_key", sc, prev.ID)
+		_, err := q.exec(ctx, "order_key_retire", sc, *k.key)
 		return nil, err
 	case !sameRequest(prev.Fingerprint, *k.fingerprint):
 		return s.keyReused(r), nil
-	case !prev.KeyCreated:
-		// The key's PUT replaced the order: it answered 200, however soon after the
-		// creation it ran (created and updated may be the same second).
-		return jsonReply(http.StatusOK, prev.render()), nil
+	case prev.Body != nil:
+		return orderReply(prev.Status, prev.OrderID, prev.Body), nil
 	}
-	return jsonReply(http.StatusCreated, prev.render(), "Location", orderLocation(prev.ID)), nil
+	// A key recorded before order_keys kept responses: the order as it is now.
+	o, err := scanOrder(q.queryRow(ctx, "order_get", sc, prev.OrderID))
+	switch {
+	case errors.Is(err, errNoRows):
+		return func(w http.ResponseWriter) { writeAPIError(w, errOrderDeleted()) }, nil
+	case err != nil:
+		return nil, err
+	}
+	return orderReply(prev.Status, o.ID, o.render()), nil
 }
 
 // getOrder is GET /v1/orders/{id}: 200, or 404 (also for a malformed id, which cannot

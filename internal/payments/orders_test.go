@@ -187,3 +187,28 @@ func TestExpiredKeyStartsANewOrder(t *testing.T) {
 		}
 	})
 }
+
+// A key recorded before order_keys kept answers (its body NULL, as migration 003 fills
+// it from the orders) is answered with its order as it is now, and once the order is
+// deleted with a clear 409 order_deleted, never with a second order.
+func TestOrderKeyRecordedWithoutItsAnswerRendersTheOrderOrSaysItIsDeleted(t *testing.T) {
+	eachDB(t, func(t *testing.T, newBundle func(...option) *bundle) {
+		b := newBundle()
+		r := req{method: "POST", path: "/v1/orders", token: "tok_a", key: newKey(), body: `{"amount": 100, "currency": "usd"}`}
+		first := b.do(r)
+		wantStatus(t, first, http.StatusCreated)
+		b.exec("UPDATE order_keys SET body = NULL")
+		b.exec("DELETE FROM idem_records")
+		again := b.do(r)
+		if again.Code != http.StatusCreated || !bytes.Equal(again.Body.Bytes(), first.Body.Bytes()) || again.Header().Get("Location") != first.Header().Get("Location") {
+			t.Fatalf("retry answers %d %s, want the order as it is, %s", again.Code, again.Body, first.Body)
+		}
+		wantStatus(t, b.do(req{method: "DELETE", path: first.Header().Get("Location"), token: "tok_a"}), http.StatusNoContent)
+		b.exec("DELETE FROM idem_records")
+		gone := b.do(r)
+		wantStatus(t, gone, http.StatusConflict)
+		if apiErr(t, gone)["code"] != "order_deleted" {
+			t.Fatalf("retry after the DELETE: %s", gone.Body)
+		}
+	})
+}

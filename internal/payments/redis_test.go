@@ -174,3 +174,62 @@ func TestPutOrderOnRedisAnswersItsFirstStatusWhenRedisLosesTheRecord(t *testing.
 		}
 	}, withClock(sameSecond))
 }
+
+// The key that created an order stays recorded however the order changes after: a PUT
+// without a key (which writes no key on the order) or a DELETE. When Redis then loses
+// the key's record, the retried POST is answered its first response and creates no
+// second order; the same holds for a keyed PUT, whose retry does not replace the order
+// again (issue 9, item 5).
+func TestOrderKeysOutliveAPutOrDeleteOfTheirOrderWhenRedisLosesTheRecord(t *testing.T) {
+	eachRedisDB(t, func(t *testing.T, b *redisBundle) {
+		post := req{method: "POST", path: "/v1/orders", token: "tok_a", key: newKey(), body: `{"amount": 100, "currency": "usd"}`}
+		first := b.do(post)
+		wantStatus(t, first, http.StatusCreated)
+		path := first.Header().Get("Location")
+		keyedPut := req{method: "PUT", path: path, token: "tok_a", key: newKey(), body: `{"amount": 200, "currency": "usd"}`}
+		putFirst := b.do(keyedPut)
+		wantStatus(t, putFirst, http.StatusOK)
+		wantStatus(t, b.do(req{method: "PUT", path: path, token: "tok_a", body: `{"amount": 300, "currency": "usd"}`}), http.StatusOK)
+
+		wantFirstAnswer := func(when string, r req, want *httptest.ResponseRecorder) {
+			t.Helper()
+			b.forget()
+			again := b.do(r)
+			if again.Code != want.Code || again.Header().Get("Location") != want.Header().Get("Location") || !bytes.Equal(again.Body.Bytes(), want.Body.Bytes()) {
+				t.Fatalf("%s, the retried %s %s answers %d Location %q\n%s\nwant its first answer, %d Location %q\n%s", when, r.method, r.path,
+					again.Code, again.Header().Get("Location"), again.Body, want.Code, want.Header().Get("Location"), want.Body)
+			}
+			if n := b.countOrders(); n > 1 {
+				t.Fatalf("%s, the retried %s %s made %d orders, want at most 1", when, r.method, r.path, n)
+			}
+		}
+		wantFirstAnswer("after a PUT without a key", post, first)
+		wantFirstAnswer("after a PUT without a key", keyedPut, putFirst)
+		if got := decode(t, b.do(req{method: "GET", path: path, token: "tok_a"})); got["amount"] != 300.0 {
+			t.Fatalf("the retried keyed PUT executed again: the order is now %v", got)
+		}
+
+		wantStatus(t, b.do(req{method: "DELETE", path: path, token: "tok_a"}), http.StatusNoContent)
+		wantFirstAnswer("after a DELETE", post, first)
+		wantFirstAnswer("after a DELETE", keyedPut, putFirst)
+		if n := b.countOrders(); n != 0 {
+			t.Fatalf("%d orders after the DELETE and the retries, want none", n)
+		}
+	})
+}
+
+// countOrders counts every order in the bundle's database.
+func (b *bundle) countOrders() int {
+	b.t.Helper()
+	var n int
+	var err error
+	if b.db.dialect == dialectPostgres {
+		err = b.db.pool.QueryRow(testenv.Context(b.t), "SELECT count(*) FROM orders").Scan(&n)
+	} else {
+		err = b.db.sqlDB.QueryRowContext(testenv.Context(b.t), "SELECT count(*) FROM orders").Scan(&n)
+	}
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return n
+}

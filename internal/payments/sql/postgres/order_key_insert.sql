@@ -1,0 +1,4 @@
+-- Records the key that wrote an order and the response it answered. A live key is
+-- unique per principal: a second execution of one key raises unique_violation.
+INSERT INTO order_keys (scope, idempotency_key, order_id, request_fingerprint, key_expires_at, status, body)
+VALUES ($1, $2, $3, $4, $5, $6, $7);

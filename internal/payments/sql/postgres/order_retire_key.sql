@@ -1,4 +1,0 @@
--- The key's record expired: the key may start a new operation (SPEC §8).
-UPDATE orders
-SET key_retired = true
-WHERE scope = $1 AND id = $2;
