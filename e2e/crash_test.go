@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	_ "modernc.org/sqlite"
 )
 
@@ -144,11 +145,16 @@ func waitInFlight(t testing.TB, dbPath, key string) {
 	})
 }
 
-// waitInFlightPG is waitInFlight for the PostgreSQL store at url.
+// waitInFlightPG is waitInFlight for the PostgreSQL store at url (a pool's URL: its
+// pool_ parameters are the pool's, not the connection's).
 func waitInFlightPG(t testing.TB, url, key string) {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/url"
 	"path/filepath"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,12 +60,43 @@ func sqliteStore(t testing.TB) string {
 	return "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
 }
 
+// The e2e tests' share of the shared PostgreSQL server. The README's test command must
+// pass against a stock server (max_connections = 100) with other clients on it (say
+// 40 connections), whatever -parallel is: each `idem payments` process pools at most
+// pgPoolSize connections (pool_max_conns in its URL), a test runs at most three
+// processes, and at most pgTestSlots tests use the server at once, so that the e2e
+// tests hold at most pgTestSlots × (3 × pgPoolSize + 2) = 42 connections.
+const (
+	pgPoolSize  = 4
+	pgTestSlots = 3
+)
+
+var (
+	pgSlots   = make(chan struct{}, pgTestSlots)
+	pgHolders sync.Map // testing.TB → struct{}: the tests that hold a slot
+)
+
+// holdPostgresSlot waits for one of the pgTestSlots and holds it until t ends; a test
+// that holds one already keeps it.
+func holdPostgresSlot(t testing.TB) {
+	if _, held := pgHolders.LoadOrStore(t, struct{}{}); held {
+		return
+	}
+	pgSlots <- struct{}{}
+	t.Cleanup(func() {
+		pgHolders.Delete(t)
+		<-pgSlots
+	})
+}
+
 // postgresStore creates a database of its own on the shared PostgreSQL server and
-// returns its URL; the database is dropped at cleanup. A separate process can't be handed
-// a transaction or a search_path as simply as a fresh database.
+// returns its URL, with pool_max_conns=pgPoolSize; the database is dropped at cleanup.
+// A separate process can't be handed a transaction or a search_path as simply as a
+// fresh database. The test holds one of the pgTestSlots until it ends.
 func postgresStore(t testing.TB) string {
 	t.Helper()
 	base := testenv.PostgresURL(t)
+	holdPostgresSlot(t)
 	name := testenv.Name("e2e_")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -93,5 +126,8 @@ func postgresStore(t testing.TB) string {
 		t.Fatal(err)
 	}
 	u.Path = "/" + name
+	q := u.Query()
+	q.Set("pool_max_conns", strconv.Itoa(pgPoolSize))
+	u.RawQuery = q.Encode()
 	return u.String()
 }
