@@ -205,6 +205,20 @@ func (s *server) wait(d time.Duration) error {
 	}
 }
 
+// output returns what the current incarnation has logged so far.
+func (s *server) output() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.logs[len(s.logs)-1].String()
+}
+
+// pid returns the process id of the current incarnation.
+func (s *server) pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd.Process.Pid
+}
+
 // exited reports whether the current incarnation has exited.
 func (s *server) exited() bool {
 	s.mu.Lock()
