@@ -366,7 +366,7 @@ const (
 func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*RecordClaimResult, error) {
 	g := h.g
 	h.newClaim()
-	deadline := callDeadline(g.cfg.StoreTimeout, stopAt)
+	deadline := callDeadlineFrom(h.claimStartedReal, g.cfg.StoreTimeout, stopAt)
 	start := h.storeCallStart()
 	var res *RecordClaimResult
 	var err error
@@ -389,7 +389,11 @@ func (h *Handle) newClaim() {
 	g := h.g
 	token, id := newTokens()
 	h.token = token
-	h.claimStarted, h.claimStartedReal = g.localNow(), time.Now()
+	h.claimStartedReal = time.Now()
+	h.claimStarted = h.claimStartedReal
+	if g.cfg.Clock != nil {
+		h.claimStarted = g.cfg.Clock()
+	}
 	h.claim = RecordClaimParams{
 		Scope: h.scope, Key: h.key, Fingerprint: h.fp, Token: token, RecordID: id,
 		Lease: g.cfg.Lease, TTL: h.ttl, Now: g.storeNow(),
@@ -399,7 +403,12 @@ func (h *Handle) newClaim() {
 // callDeadline is the deadline of a store call starting now: timeout away, or stopAt
 // when that is earlier.
 func callDeadline(timeout time.Duration, stopAt time.Time) time.Time {
-	d := time.Now().Add(timeout)
+	return callDeadlineFrom(time.Now(), timeout, stopAt)
+}
+
+// callDeadlineFrom is callDeadline for a call starting at now.
+func callDeadlineFrom(now time.Time, timeout time.Duration, stopAt time.Time) time.Time {
+	d := now.Add(timeout)
 	if !stopAt.IsZero() && stopAt.Before(d) {
 		return stopAt
 	}
