@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -211,4 +212,38 @@ func TestDefaultKeyRequiredNamesIdempotencyKey(t *testing.T) {
 	if !strings.Contains(w.Body.String(), `"message":"An Idempotency-Key header is required for this request."`) {
 		t.Errorf("default key_required: %s", w.Body)
 	}
+}
+
+func TestRenewalsKeepTheTTLTheHandlerSet(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *idem.Config) { c.TTL = time.Hour })
+	renewed := make(chan error, 1)
+	idem.OnRenew(b.mw, func(err error) { renewed <- err })
+	set, gate := make(chan struct{}), make(chan struct{})
+	mw := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := idem.FromContext(r.Context()).SetTTL(3 * time.Hour); err != nil {
+			t.Errorf("SetTTL: %v", err)
+		}
+		close(set)
+		<-gate
+		w.WriteHeader(201)
+	}))
+	created := b.clock.Now()
+	done := make(chan struct{})
+	go func() { serve(mw, req("POST", "/x", key, "{}")); close(done) }()
+	<-set
+	b.clock.Advance(10 * time.Second)
+	b.ticker.Tick()
+	if err := <-renewed; err != nil {
+		t.Fatalf("renewal: %v", err)
+	}
+	rec, err := b.store.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "alice", Key: key, Now: b.clock.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := created.Add(3 * time.Hour); !rec.ExpiresAt.Equal(want) {
+		t.Errorf("in flight after a renewal, expires_at = %v, want created + the handler's 3h (%v)", rec.ExpiresAt, want)
+	}
+	close(gate)
+	<-done
 }

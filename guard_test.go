@@ -249,14 +249,15 @@ func TestAHandlerCannotEndTheMiddlewaresClaim(t *testing.T) {
 	mw := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := idem.FromContext(r.Context())
 		completeErr, releaseErr = h.Complete(), h.Release()
+		h.SetResponse(&idem.Response{Status: 200, Body: []byte("not what the handler wrote")})
 		w.WriteHeader(201)
 	}))
 	serve(mw, req("POST", "/x", key, "{}"))
 	if completeErr == nil || releaseErr == nil {
 		t.Errorf("Complete = %v, Release = %v from a handler; want errors", completeErr, releaseErr)
 	}
-	if w := serve(mw, req("POST", "/x", key, "{}")); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" {
-		t.Errorf("retry: %d, want the response the middleware stored", w.Code)
+	if w := serve(mw, req("POST", "/x", key, "{}")); w.Code != 201 || w.Header().Get("Idempotent-Replayed") != "true" || w.Body.Len() != 0 {
+		t.Errorf("retry: %d %q, want the response the handler wrote, replayed", w.Code, w.Body)
 	}
 }
 

@@ -51,8 +51,8 @@ type Handle struct {
 	// describer adds the adapter's attributes to log lines (the middleware's method
 	// and path); nil adds none.
 	describer describer
-	// route names the operation in the Observer's events; keyHash is computed at the
-	// first event.
+	// route names the operation in the Observer's events; keyHash is set when there
+	// is an Observer.
 	route, keyHash string
 
 	complete RecordCompleteParams
@@ -126,6 +126,10 @@ func NewContext(ctx context.Context, h *Handle) context.Context {
 func (h *Handle) init(g *Guard, ctx context.Context, scope, key string, fp Fingerprint, ttl time.Duration) {
 	h.g, h.scope, h.key, h.fp, h.ttl = g, scope, key, fp, ttl
 	h.detached = detachedCtx{ctx}
+	if g.cfg.Observer != nil {
+		// Before any event, which timers may send from other goroutines.
+		h.keyHash = keyHash(scope, key)
+	}
 }
 
 // start begins the operation of an acquired claim: its context, a child of parent
@@ -196,35 +200,34 @@ func (h *Handle) SetTTL(d time.Duration) error {
 		return errors.New("idem: Handle.SetTTL after the result was frozen for the completion")
 	}
 	h.ttl = d
+	// The renewals keep expires_at = max(created_at + TTL, lease end) with it.
+	h.hb.mu.Lock()
+	h.hb.run.params.TTL = d
+	h.hb.mu.Unlock()
 	return nil
-}
-
-// currentTTL is the record's TTL, as SetTTL may have changed it.
-func (h *Handle) currentTTL() time.Duration {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.ttl
 }
 
 // SetResponse sets the result the completion stores: resp, which must not change
 // afterwards. It replaces a Responder. Call it before the completion is prepared
 // ([Handle.Complete], or the §7 helper's [Handle.PrepareCompletion]); later calls
-// change nothing.
+// change nothing, and so do calls by a handler behind the middleware, which stores
+// what the handler writes.
 func (h *Handle) SetResponse(resp *Response) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.decided {
+	if !h.decided && !h.managed {
 		h.response, h.responder = resp, nil
 	}
 }
 
 // SetResponder sets what supplies the result when the completion is prepared, for an
 // adapter whose result is known only then (the middleware's capture of what the
-// handler wrote). It replaces a response set by SetResponse.
+// handler wrote). It replaces a response set by SetResponse. Like SetResponse, it
+// changes nothing once the completion is prepared, or behind the middleware.
 func (h *Handle) SetResponder(r Responder) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.decided {
+	if !h.decided && !h.managed {
 		h.responder, h.response = r, nil
 	}
 }

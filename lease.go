@@ -177,13 +177,13 @@ func (hb *heartbeat) isStopped() bool {
 func (run *heartbeatRun) renew(ctx context.Context, hb *heartbeat) bool {
 	g := run.h.g
 	started, realStarted := g.localNow(), time.Now()
-	p := run.params
-	p.Now, p.TTL = g.storeNow(), run.h.currentTTL()
 	// The renewal ends at the next beat, or at the lease's end less the margin when
 	// that is sooner: a renewal that answers later cannot save the operation.
 	hb.mu.Lock()
+	p := run.params // its TTL as Handle.SetTTL may have changed it
 	end := run.realDeadline.Add(-leaseMargin(g.cfg.Lease))
 	hb.mu.Unlock()
+	p.Now = g.storeNow()
 	if next := realStarted.Add(g.cfg.Heartbeat); next.Before(end) {
 		end = next
 	}

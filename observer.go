@@ -210,18 +210,10 @@ type StoreCallEvent struct {
 
 func (h *Handle) observing() bool { return h.g.cfg.Observer != nil }
 
-// keyHashOnce is the handle's KeyHash, computed at its first event.
-func (h *Handle) keyHashOnce() string {
-	if h.keyHash == "" {
-		h.keyHash = keyHash(h.scope, h.key)
-	}
-	return h.keyHash
-}
-
 // observeClaim reports the claim's outcome, begun at start.
 func (h *Handle) observeClaim(o Outcome, waited bool, start time.Time, err error) {
 	if ob := h.g.cfg.Observer; ob != nil && ob.Claimed != nil {
-		ob.Claimed(ClaimEvent{Route: h.route, KeyHash: h.keyHashOnce(), Outcome: o, Waited: waited,
+		ob.Claimed(ClaimEvent{Route: h.route, KeyHash: h.keyHash, Outcome: o, Waited: waited,
 			Duration: time.Since(start), Err: err})
 	}
 }
@@ -232,27 +224,27 @@ func (h *Handle) observeCompletion(r CompletionResult, inTx bool, err error) {
 
 func (h *Handle) observeCompletionExpired(r CompletionResult, inTx, expired bool, err error) {
 	if ob := h.g.cfg.Observer; ob != nil && ob.Completed != nil {
-		ob.Completed(CompletionEvent{Route: h.route, KeyHash: h.keyHashOnce(), Result: r, InTx: inTx,
+		ob.Completed(CompletionEvent{Route: h.route, KeyHash: h.keyHash, Result: r, InTx: inTx,
 			Expired: expired, Duration: time.Since(h.claimStartedReal), Err: err})
 	}
 }
 
 func (h *Handle) observeRelease(err error) {
 	if ob := h.g.cfg.Observer; ob != nil && ob.Released != nil {
-		ob.Released(ReleaseEvent{Route: h.route, KeyHash: h.keyHashOnce(),
+		ob.Released(ReleaseEvent{Route: h.route, KeyHash: h.keyHash,
 			Duration: time.Since(h.claimStartedReal), Err: err})
 	}
 }
 
 func (h *Handle) observeRenewalFailed(err error) {
 	if ob := h.g.cfg.Observer; ob != nil && ob.RenewalFailed != nil {
-		ob.RenewalFailed(RenewalEvent{Route: h.route, KeyHash: h.keyHashOnce(), Err: err})
+		ob.RenewalFailed(RenewalEvent{Route: h.route, KeyHash: h.keyHash, Err: err})
 	}
 }
 
 func (h *Handle) observeLeaseLost(cause LeaseLostCause) {
 	if ob := h.g.cfg.Observer; ob != nil && ob.LeaseLost != nil {
-		ob.LeaseLost(LeaseLostEvent{Route: h.route, KeyHash: h.keyHashOnce(), Cause: cause})
+		ob.LeaseLost(LeaseLostEvent{Route: h.route, KeyHash: h.keyHash, Cause: cause})
 	}
 }
 
