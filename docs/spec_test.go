@@ -3,6 +3,7 @@
 package docs
 
 import (
+	"bytes"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -62,6 +63,9 @@ func TestEveryCitationResolvesToSpec(t *testing.T) {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return err
+		}
+		if bytes.IndexByte(b, 0) >= 0 {
+			return nil // a binary (a built idem at the root), not a document
 		}
 		text := string(b)
 		for _, m := range citation.FindAllStringSubmatch(text, -1) {
