@@ -83,7 +83,7 @@ func (c *Cleaner) Run(ctx context.Context) {
 		c.cfg.Logger.DebugContext(ctx, "idem: the store expires records itself; cleaner not running")
 		return
 	}
-	for {
+	runPasses(ctx, c.cfg.Interval, func() {
 		n, err := c.Pass(ctx)
 		if err != nil && ctx.Err() == nil {
 			c.cfg.Logger.WarnContext(ctx, "idem: cleaning expired records failed; retrying at the next pass",
@@ -91,17 +91,31 @@ func (c *Cleaner) Run(ctx context.Context) {
 		} else if n > 0 {
 			c.cfg.Logger.DebugContext(ctx, "idem: deleted expired records", slog.Int("deleted", n))
 		}
-		select {
-		case c.passes <- n:
-		default:
-		}
-		t := time.NewTimer(c.jittered())
+		signal(c.passes, n)
+	})
+}
+
+// runPasses runs pass at once, then again after every jittered interval, until ctx
+// ends: the loop of the background workers (Cleaner, Completer).
+func runPasses(ctx context.Context, interval time.Duration, pass func()) {
+	for {
+		pass()
+		t := time.NewTimer(jitter(interval))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// signal sends v to a test signal channel unless it is full: nothing needs to read
+// it in production.
+func signal[T any](ch chan T, v T) {
+	select {
+	case ch <- v:
+	default:
 	}
 }
 
@@ -132,8 +146,5 @@ func (c *Cleaner) batch(ctx context.Context) (int, error) {
 	return c.store.RecordDeleteExpired(ctx, p)
 }
 
-// jittered is Interval ±10%.
-func (c *Cleaner) jittered() time.Duration {
-	d := c.cfg.Interval
-	return d - d/10 + rand.N(d/5+1)
-}
+// jitter is d ±10%, so that the background passes of several processes drift apart.
+func jitter(d time.Duration) time.Duration { return d - d/10 + rand.N(d/5+1) }

@@ -244,9 +244,12 @@ type Config struct {
 // RouteOptions change the middleware's behaviour for the routes one
 // [Middleware.Route] wraps.
 type RouteOptions struct {
-	// Name names the route in the Observer's events (a metric label, such as
-	// "charges.create"). Defaults to the request's ServeMux pattern (http.Request's
-	// Pattern, such as "POST /v1/charges") when it has one, and to "" otherwise.
+	// Name names the routes' operation. The Observer's events carry it (a metric
+	// label, such as "charges.create"; there it defaults to the request's ServeMux
+	// pattern, http.Request's Pattern such as "POST /v1/charges", when it has one), and
+	// the record's steps keep it (SPEC §13), as [Call.Name] does, so that the
+	// [Completer] finds the operation's resume function; the pattern is never kept.
+	// Defaults to "".
 	Name string
 	// Requirement overrides the method table for these routes. Defaults to
 	// [KeyByMethod].
@@ -281,9 +284,15 @@ type RouteOptions struct {
 	// using the helper records nothing. Defaults to false.
 	ClaimInHandler bool
 
-	// Later options (SPEC §5.3's policy "unknown" for keys whose holder died, which
-	// answers 500 outcome_unknown instead of executing again) will be added here as
-	// fields whose zero value keeps today's behaviour.
+	// Resume, when set, is the function that finishes the operation of a record whose
+	// holder died after one of its steps committed, for the [Completer] (SPEC §13).
+	// Route registers it with the middleware's guard under Name ([Guard.RegisterResume]),
+	// and panics when Name is empty or has a resume function already. Defaults to nil.
+	Resume ResumeFunc
+
+	// A later option (SPEC §5.3's policy "unknown" for keys whose holder died, which
+	// answers 500 outcome_unknown instead of executing again) will be added here as a
+	// field whose zero value keeps today's behaviour.
 }
 
 // FingerprintFunc computes the fingerprint of a keyed request from the request and its

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 )
 
@@ -27,6 +28,10 @@ type Guard struct {
 	newBeat, newLeaseTimer func(d time.Duration, f func()) beatTimer
 	// hooks signal tests; all nil in production.
 	hooks testHooks
+
+	// resumes are the resume functions of named operations, for Completers.
+	resumeMu sync.RWMutex
+	resumes  map[string]ResumeFunc
 }
 
 // testHooks let tests wait on events instead of sleeping.
@@ -168,13 +173,18 @@ type Call struct {
 	// TTL overrides GuardConfig.TTL for this record; like it, it must be longer than
 	// the lease. Defaults to GuardConfig.TTL.
 	TTL time.Duration
-	// Name names the operation in the Observer's events (a metric label, such as
-	// "invoice.send"): keep it to a small set of values. Defaults to "".
+	// Name names the operation, in the Observer's events (a metric label, such as
+	// "invoice.send": keep it to a small set of values) and in the record's steps
+	// (SPEC §13), which keep it so that the [Completer] finds the operation's resume
+	// function ([Guard.RegisterResume]) when its holder died after a step committed.
+	// Defaults to "": the record's steps are resumed only by a repeat of the call,
+	// never by the completer.
 	Name string
 
-	// Later options (SPEC §13's recovery points and the policy "unknown" for keys
-	// whose holder died) will be added here as fields whose zero value keeps today's
-	// behaviour: a lapsed lease is taken over and the operation executes again.
+	// A later option (the policy "unknown" of SPEC §13 for keys whose holder died)
+	// will be added here as a field whose zero value keeps today's behaviour: a lapsed
+	// lease is taken over and the operation executes again, resuming after its last
+	// committed step.
 }
 
 // Begin claims c's key (SPEC §5) and returns exactly one of:
@@ -200,7 +210,7 @@ func (g *Guard) Begin(ctx context.Context, c Call) (h *Handle, replay *Response,
 	case c.Key == "":
 		return nil, nil, ErrKeyRequired
 	}
-	h = &Handle{route: c.Name}
+	h = &Handle{route: c.Name, operation: c.Name}
 	h.init(g, ctx, c.Scope, c.Key, c.Fingerprint, g.callTTL(c.TTL, "Call.TTL"))
 	if replay, err = g.cached(h); replay != nil || err != nil {
 		return nil, replay, err
@@ -295,11 +305,17 @@ func (g *Guard) claim(ctx context.Context, h *Handle) (*Response, error) {
 		switch res.Outcome {
 		case ClaimAcquired:
 			o := OutcomeAcquired
-			if res.TookOver {
+			switch {
+			case res.TookOver && res.Record.RecoveryPoint != "":
+				o = OutcomeTookOver
+				g.cfg.Logger.InfoContext(ctx, "idem: took over a key whose lease lapsed; resuming after its last committed step",
+					h.attrs(slog.String("recovery_point", res.Record.RecoveryPoint))...)
+			case res.TookOver:
 				o = OutcomeTookOver
 				g.cfg.Logger.InfoContext(ctx, "idem: took over a key whose holder's lease lapsed; executing again", h.attrs()...)
 			}
-			h.claimed, h.tookOver = res.Record, res.TookOver
+			h.acquired(res.Record)
+			h.tookOver = res.TookOver
 			h.observeClaim(o, waited, start, nil)
 			return nil, nil
 		case ClaimCompleted:

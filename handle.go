@@ -13,7 +13,9 @@ import (
 // operation, while a heartbeat renews the lease. [Guard.Begin] returns it; the
 // middleware puts it in the handler's context, where [FromContext] finds it.
 //
-// Operations use Context, Key, Scope and SetStore. Adapters (the middleware, [Do], a
+// Operations use Context, Key, Scope and SetStore, and run resumable steps with
+// [Step] (or a store package's step helper), RecoveryPoint and ForeignKey (SPEC §13).
+// Adapters (the middleware, [Do], a
 // gRPC interceptor) supply the result with SetResponse or SetResponder and end the
 // claim with Complete or Release, exactly once. Store packages use PrepareCompletion,
 // Completed and CompletionFailed to implement the SPEC §7 helper, which completes the
@@ -75,6 +77,11 @@ type Handle struct {
 	// transaction (inTx), asked for by the helper (claimedInTx), or found taken
 	// (deferred).
 	inTx, claimedInTx, deferred bool
+
+	// operation names the operation for the record's steps (Call.Name,
+	// RouteOptions.Name). steps is the operation's progress (SPEC §13), guarded by mu.
+	operation string
+	steps     stepState
 }
 
 // A Responder supplies, once, the result a [Handle] stores: the handle asks for it when
@@ -324,8 +331,11 @@ func (h *Handle) Complete() error {
 }
 
 // Release ends the claim without a result: it deletes the in-flight record, fenced by
-// the lock token, so that a repeat executes afresh (SPEC §6). A record completed by a
-// §7 transaction is never released, and a key taken over is left to its new holder. A
+// the lock token, so that a repeat executes afresh (SPEC §6). A record whose recovery
+// point advanced (a step committed, SPEC §13) is kept with its lease ended instead, so
+// that a repeat or the [Completer] resumes it after its last committed step at once. A
+// record completed by a §7 transaction is never released, and a key taken over is left
+// to its new holder. A
 // store's failure is logged and returned as a [*StoreError]: the key frees when the
 // lease lapses. A second call, or a call after Complete, changes nothing. A handler
 // behind the middleware must not call it (it returns an error; see SetStore).
@@ -462,7 +472,7 @@ func (h *Handle) release() error {
 	ctx, cancel := h.storeCtx()
 	defer cancel()
 	start := h.storeCallStart()
-	err := g.cfg.Store.RecordRelease(ctx, &RecordReleaseParams{Scope: h.scope, Key: h.key, Token: h.token})
+	err := g.cfg.Store.RecordRelease(ctx, &RecordReleaseParams{Scope: h.scope, Key: h.key, Token: h.token, Now: g.storeNow()})
 	h.observeStoreCall(StoreOpRelease, start, err)
 	h.observeRelease(err)
 	switch {

@@ -77,6 +77,12 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 	if !opts.Requirement.valid() {
 		panic(fmt.Sprintf("idem: RouteOptions.Requirement is not a known requirement: %v", opts.Requirement))
 	}
+	if opts.Resume != nil {
+		if opts.Name == "" {
+			panic("idem: RouteOptions.Resume needs a RouteOptions.Name to register it under")
+		}
+		m.g.RegisterResume(opts.Name, opts.Resume)
+	}
 	rt := &route{requirement: opts.Requirement, ttl: m.g.callTTL(opts.TTL, "RouteOptions.TTL"),
 		policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler, name: opts.Name,
 		keyHeader: m.cfg.KeyHeader, fingerprint: opts.Fingerprint, errorWriter: opts.ErrorWriter}
@@ -171,7 +177,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	}
 	x.keyValues = values
 	x.h.init(m.g, r.Context(), scope, key, Fingerprint{}, rt.ttl)
-	x.h.describer, x.h.managed, x.h.route = x, true, rt.name
+	x.h.describer, x.h.managed, x.h.route, x.h.operation = x, true, rt.name, rt.name
 	if rt.name == "" {
 		x.h.route = r.Pattern
 	}

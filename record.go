@@ -83,20 +83,34 @@ type Record struct {
 	// Key is the idempotency key as parsed (unquoted).
 	Key string
 	// ID is new at every claim of an absent or expired key and kept across takeovers of
-	// a lapsed lease. It is reserved for resumable handlers (SPEC §13).
+	// a lapsed lease. Foreign keys derive from it ([Handle.ForeignKey], SPEC §13).
 	ID string
 	// Fingerprint identifies the request that created the record.
 	Fingerprint Fingerprint
 	// State is in flight or completed.
 	State State
-	// Token is the lock token of the current holder; empty once completed.
+	// Token is the lock token of the current holder; empty once completed, and empty
+	// in flight when the holder released a record whose recovery point advanced: the
+	// record then waits, with its lease ended, for a retry or the [Completer] to resume
+	// it (SPEC §13).
 	Token string
 	// LeaseEnd is when the holder's lease lapses (in flight only).
 	LeaseEnd time.Time
 	// Response is the stored response (completed only).
 	Response *Response
-	// RecoveryPoint is reserved for resumable handlers (SPEC §13); empty for now.
+	// RecoveryPoint is the name of the last step of the operation that committed
+	// (SPEC §13); empty until a step commits. A record whose recovery point advanced is
+	// never deleted by a release: its lease is ended instead, so that the operation
+	// resumes after its last committed step.
 	RecoveryPoint string
+	// Steps holds the results saved by the committed steps, as the [Handle] encodes
+	// them (a JSON array of {"step", "result"} objects, in commit order); empty until a
+	// step commits. Stores keep it byte for byte.
+	Steps []byte
+	// Operation names the operation that wrote the record's steps ([Call.Name],
+	// [RouteOptions.Name]), so that the [Completer] finds its resume function; empty
+	// until a step commits, or when the operation has no name.
+	Operation string
 	// CreatedAt is when the key was claimed (kept across takeovers).
 	CreatedAt time.Time
 	// ExpiresAt is when the record stops existing, whether or not it was deleted yet:

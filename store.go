@@ -41,7 +41,11 @@ type Store interface {
 	RecordComplete(ctx context.Context, params *RecordCompleteParams) error
 
 	// RecordRelease deletes the in-flight record held by params.Token, so that a retry
-	// executes afresh. Fenced like RecordComplete ([ErrLeaseLost]).
+	// executes afresh. Fenced like RecordComplete ([ErrLeaseLost]). A record whose
+	// recovery point advanced (SPEC §13) is never deleted: its committed steps must not
+	// run again. RecordRelease ends its lease instead (lease end = now, no holder: the
+	// token is emptied), so that a retry or the [Completer] takes it over at once and
+	// resumes after its last committed step.
 	RecordRelease(ctx context.Context, params *RecordReleaseParams) error
 
 	// RecordRenew extends the lease of the holder of params.Token to now + Lease and
@@ -57,6 +61,23 @@ type Store interface {
 	// in-flight record whose lease is live. Stores that expire records themselves
 	// (Capabilities.BatchedCleanup false) return 0, nil.
 	RecordDeleteExpired(ctx context.Context, params *RecordDeleteExpiredParams) (int, error)
+
+	// RecordStep commits one step of the operation of the holder of params.Token (SPEC
+	// §13): it sets the record's recovery point, saved step results and operation name.
+	// Fenced like RecordComplete ([ErrLeaseLost]). A SQL store's package also runs it
+	// inside the application's transaction, so that the step's writes and the recovery
+	// point commit together (sqlite.Step, postgres.Step). A store whose
+	// Capabilities().RecoveryPoints is false returns an error wrapping
+	// [errors.ErrUnsupported].
+	RecordStep(ctx context.Context, params *RecordStepParams) error
+
+	// RecordListResumable returns up to params.Limit records that the [Completer] may
+	// resume: in flight, their recovery point advanced, their lease lapsed (or ended by
+	// a release) and not expired, in (scope, key) order after (params.AfterScope,
+	// params.AfterKey). It never returns responses. SQL stores answer it from an index
+	// of such records. A store whose Capabilities().RecoveryPoints is false returns an
+	// error wrapping [errors.ErrUnsupported].
+	RecordListResumable(ctx context.Context, params *RecordListResumableParams) ([]*Record, error)
 
 	// Ping reports whether the store answers; /healthz uses it.
 	Ping(ctx context.Context) error
@@ -77,6 +98,10 @@ type Capabilities struct {
 	// MultiProcess is true when several processes may share the store (false for the
 	// in-memory store).
 	MultiProcess bool
+	// RecoveryPoints is true when records carry recovery points and step results
+	// (SPEC §13): RecordStep and RecordListResumable work, and a release keeps a record
+	// whose recovery point advanced. False for Redis.
+	RecoveryPoints bool
 }
 
 // RecordClaimParams are the parameters of [Store.RecordClaim].
@@ -156,6 +181,37 @@ type RecordReleaseParams struct {
 	Key   string
 	// Token is the holder's lock token.
 	Token string
+	// Now, when non-zero, replaces the store's clock (tests only): it is the lease end
+	// of a record kept because its recovery point advanced.
+	Now time.Time
+}
+
+// RecordStepParams are the parameters of [Store.RecordStep]: what one committed step
+// writes. [Handle.PrepareStep] makes them.
+type RecordStepParams struct {
+	Scope string
+	Key   string
+	// Token is the holder's lock token.
+	Token string
+	// RecoveryPoint is the step's name, the record's new recovery point.
+	RecoveryPoint string
+	// Steps is the record's step results after this step: the earlier ones and this
+	// one's. The store keeps it byte for byte.
+	Steps []byte
+	// Operation is the name of the operation, kept for the [Completer]; may be empty.
+	Operation string
+}
+
+// RecordListResumableParams are the parameters of [Store.RecordListResumable].
+type RecordListResumableParams struct {
+	// AfterScope and AfterKey, when AfterKey is not empty, start the list after that
+	// record (a cursor: the last record of the previous batch).
+	AfterScope string
+	AfterKey   string
+	// Limit bounds how many records one call returns; it must be positive.
+	Limit int
+	// Now, when non-zero, replaces the store's clock (tests only).
+	Now time.Time
 }
 
 // RecordRenewParams are the parameters of [Store.RecordRenew].

@@ -120,11 +120,67 @@ func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.held(p.Scope, p.Key, p.Token); !ok {
+	rec, ok := s.held(p.Scope, p.Key, p.Token)
+	if !ok {
 		return idem.ErrLeaseLost
+	}
+	if rec.RecoveryPoint != "" {
+		// Committed steps must not run again: keep the record for a resume, with
+		// no holder and its lease ended (SPEC §13).
+		rec.Token = ""
+		rec.LeaseEnd = now(p.Now)
+		return nil
 	}
 	delete(s.records, recordKey{p.Scope, p.Key})
 	return nil
+}
+
+// RecordStep implements [idem.Store.RecordStep]. The in-memory store has no
+// transactions: only the step's result and recovery point are kept.
+func (s *Store) RecordStep(ctx context.Context, p *idem.RecordStepParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, ok := s.held(p.Scope, p.Key, p.Token)
+	if !ok {
+		return idem.ErrLeaseLost
+	}
+	rec.RecoveryPoint = p.RecoveryPoint
+	rec.Steps = bytes.Clone(p.Steps)
+	rec.Operation = p.Operation
+	return nil
+}
+
+// RecordListResumable implements [idem.Store.RecordListResumable].
+func (s *Store) RecordListResumable(ctx context.Context, p *idem.RecordListResumableParams) ([]*idem.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if p.Limit <= 0 {
+		return nil, fmt.Errorf("memory: RecordListResumableParams.Limit must be positive, got %d", p.Limit)
+	}
+	t := now(p.Now)
+	after := recordKey{p.AfterScope, p.AfterKey}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*idem.Record
+	for k, rec := range s.records {
+		if rec.State == idem.StateInFlight && rec.RecoveryPoint != "" && !rec.LeaseLive(t) && !rec.Expired(t) &&
+			(p.AfterKey == "" || compareKeys(k, after) > 0) {
+			out = append(out, rec)
+		}
+	}
+	slices.SortFunc(out, func(a, b *idem.Record) int {
+		return compareKeys(recordKey{a.Scope, a.Key}, recordKey{b.Scope, b.Key})
+	})
+	out = out[:min(len(out), p.Limit)]
+	for i, rec := range out {
+		out[i] = copyRecord(rec)
+		out[i].Response = nil
+	}
+	return out, nil
 }
 
 // RecordRenew implements [idem.Store.RecordRenew].
@@ -201,9 +257,10 @@ func (s *Store) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExp
 func (s *Store) Ping(ctx context.Context) error { return ctx.Err() }
 
 // Capabilities implements [idem.Store.Capabilities]: no SPEC §7 transactions, cleanup
-// by RecordDeleteExpired, and a single process.
+// by RecordDeleteExpired, a single process, and recovery points (steps save their
+// results; with no transaction, nothing else commits with them).
 func (s *Store) Capabilities() idem.Capabilities {
-	return idem.Capabilities{Transactions: false, BatchedCleanup: true, MultiProcess: false}
+	return idem.Capabilities{Transactions: false, BatchedCleanup: true, MultiProcess: false, RecoveryPoints: true}
 }
 
 // Len returns how many records the store holds, expired or not. Tests use it to see
@@ -217,6 +274,7 @@ func (s *Store) Len() int {
 func copyRecord(r *idem.Record) *idem.Record {
 	c := *r
 	c.Response = copyResponse(r.Response)
+	c.Steps = bytes.Clone(r.Steps)
 	return &c
 }
 

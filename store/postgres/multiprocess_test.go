@@ -65,6 +65,13 @@ func TestClaimIsExclusiveAcrossProcesses(t *testing.T) {
 	storetest.RunMultiProcess(t, multiProcess())
 }
 
+func TestCompletersInManyProcessesResumeEachRecordOnce(t *testing.T) {
+	if !storetest.IsChild() {
+		t.Parallel()
+	}
+	storetest.RunCompleterMultiProcess(t, multiProcess())
+}
+
 func TestMigrateConcurrentlyAcrossProcesses(t *testing.T) {
 	if !storetest.IsChild() {
 		t.Parallel()

@@ -156,5 +156,5 @@ func (s *Store) Ping(ctx context.Context) error {
 // Capabilities reports that this store offers the §7 transaction helper, needs the
 // cleaner, and may be shared by any number of processes.
 func (s *Store) Capabilities() idem.Capabilities {
-	return idem.Capabilities{Transactions: true, BatchedCleanup: true, MultiProcess: true}
+	return idem.Capabilities{Transactions: true, BatchedCleanup: true, MultiProcess: true, RecoveryPoints: true}
 }

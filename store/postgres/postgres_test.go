@@ -94,3 +94,13 @@ func (a appTable) InTx(ctx context.Context, st idem.Store, fn func(ctx context.C
 		})
 	})
 }
+
+func (a appTable) Step(ctx context.Context, st idem.Store, step string, fn func(ctx context.Context, write func(marker string) error) (string, error)) (string, error) {
+	s := st.(schemaStore)
+	return postgres.Step(ctx, s.Store, step, func(ctx context.Context, tx pgx.Tx) (string, error) {
+		return fn(ctx, func(marker string) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+s.table("app_marker")+` (name) VALUES ($1)`, marker)
+			return err
+		})
+	})
+}

@@ -11,6 +11,8 @@ package postgres
 //   - in-flight duplicate: 1 (RecordClaim returns the in-flight record; nothing written)
 //   - key reused:          1 (as a replay)
 //   - takeover:            2 (RecordClaim, then the fenced RecordTakeOver update)
+//   - step (Step):         1 (BEGIN) + the step's statements + 1 (the fenced
+//     RecordStepTx and COMMIT, pipelined in one batch)
 //   - expired record:      2 (RecordClaim, then the fenced RecordClaimExpired update)
 //   - §7 InTx:             1 (BEGIN) + the handler's statements + 1 (the fenced
 //     completion and COMMIT, pipelined in one batch); a replay of it is 1 as above
@@ -48,6 +50,9 @@ type queries struct {
 	recordCompleteTx    string
 	recordInsertDone    string
 	recordRelease       string
+	recordStep          string
+	recordStepTx        string
+	recordListResumable string
 	recordRenew         string
 	recordGet           string
 	recordDeleteExpired string
@@ -84,6 +89,9 @@ func newQueries(schema string) *queries {
 		recordCompleteTx:    q("RecordCompleteTx"),
 		recordInsertDone:    q("RecordInsertCompleted"),
 		recordRelease:       q("RecordRelease"),
+		recordStep:          q("RecordStep"),
+		recordStepTx:        q("RecordStepTx"),
+		recordListResumable: q("RecordListResumable"),
 		recordRenew:         q("RecordRenew"),
 		recordGet:           q("RecordGet"),
 		recordDeleteExpired: q("RecordDeleteExpired"),

@@ -162,10 +162,38 @@ func complete(ctx context.Context, pool *pgxpool.Pool, q *queries, p *idem.Recor
 	return nil
 }
 
-// RecordRelease deletes the holder's in-flight record, fenced by its token.
+// RecordRelease deletes the holder's in-flight record, fenced by its token, or, when
+// its recovery point advanced, keeps it with its lease ended (SPEC §13), in one
+// statement.
 func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) error {
 	return interpretError(s.withRetry(ctx, "release", func() error {
-		tag, err := s.pool.Exec(ctx, s.q.recordRelease, []byte(p.Scope), []byte(p.Key), p.Token)
+		var n int64
+		err := s.pool.QueryRow(ctx, s.q.recordRelease, []byte(p.Scope), []byte(p.Key), p.Token, nowParam(p.Now)).Scan(&n)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return idem.ErrLeaseLost
+		}
+		return nil
+	}))
+}
+
+// stepArgs are the arguments of RecordStep and RecordStepTx.
+func stepArgs(p *idem.RecordStepParams) []any {
+	var operation any
+	if p.Operation != "" {
+		operation = p.Operation
+	}
+	return []any{[]byte(p.Scope), []byte(p.Key), p.Token, p.RecoveryPoint, p.Steps, operation}
+}
+
+// RecordStep commits one step's result and recovery point, fenced by the holder's
+// token, in a statement of its own. To commit the application's writes with them, use
+// [Step] (or [Store.StepTx]).
+func (s *Store) RecordStep(ctx context.Context, p *idem.RecordStepParams) error {
+	return interpretError(s.withRetry(ctx, "step", func() error {
+		tag, err := s.pool.Exec(ctx, s.q.recordStep, stepArgs(p)...)
 		if err != nil {
 			return err
 		}
@@ -174,6 +202,42 @@ func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) 
 		}
 		return nil
 	}))
+}
+
+// RecordListResumable returns one batch of the records the completer may resume,
+// along the partial index of resumable records.
+func (s *Store) RecordListResumable(ctx context.Context, p *idem.RecordListResumableParams) ([]*idem.Record, error) {
+	if p.Limit <= 0 {
+		return nil, fmt.Errorf("postgres: RecordListResumableParams.Limit must be positive, got %d", p.Limit)
+	}
+	var recs []*idem.Record
+	err := s.withRetry(ctx, "list_resumable", func() error {
+		recs = recs[:0]
+		rows, err := s.pool.Query(ctx, s.q.recordListResumable,
+			[]byte(p.AfterScope), []byte(p.AfterKey), p.Limit, nowParam(p.Now))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var scope, key []byte
+			blk := newScannedRecord("", "", nil)
+			if err := rows.Scan(append([]any{&scope, &key}, blk.row.dest()...)...); err != nil {
+				return err
+			}
+			rec, _, err := blk.record()
+			if err != nil {
+				return err
+			}
+			rec.Scope, rec.Key = string(scope), string(key)
+			recs = append(recs, rec)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	return recs, nil
 }
 
 // RecordRenew extends the holder's lease to now + Lease, fenced by its token, and
@@ -228,11 +292,22 @@ func (s *Store) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExp
 // queries/records.sql lists them. claimed, when non-nil, receives the leading column of
 // the claim statement.
 func scanRecord(row pgx.Row, scope, key string, claimed *bool) (*idem.Record, time.Time, error) {
-	blk := &scannedRecord{rec: idem.Record{Scope: scope, Key: key}}
-	blk.row = recordRow{claimed: claimed, raw: rawRecord{rec: &blk.rec}}
+	blk := newScannedRecord(scope, key, claimed)
 	if err := row.Scan(&blk.row); err != nil {
 		return nil, time.Time{}, err
 	}
+	return blk.record()
+}
+
+// newScannedRecord readies the scan of one record of (scope, key).
+func newScannedRecord(scope, key string, claimed *bool) *scannedRecord {
+	blk := &scannedRecord{rec: idem.Record{Scope: scope, Key: key}}
+	blk.row = recordRow{claimed: claimed, raw: rawRecord{rec: &blk.rec}}
+	return blk
+}
+
+// record is the scanned record, and the store's time of the row.
+func (blk *scannedRecord) record() (*idem.Record, time.Time, error) {
 	r := &blk.row.raw
 	rec := r.rec
 	if len(r.fp) != len(rec.Fingerprint.Sum) {
@@ -249,6 +324,10 @@ func scanRecord(row pgx.Row, scope, key string, claimed *bool) (*idem.Record, ti
 	}
 	if r.recovery != nil {
 		rec.RecoveryPoint = *r.recovery
+	}
+	rec.Steps = r.steps
+	if r.operation != nil {
+		rec.Operation = *r.operation
 	}
 	if rec.State == idem.StateCompleted {
 		resp := &blk.resp

@@ -28,6 +28,8 @@ var recordColumns = [...]uint32{
 	pgtype.ByteaOID,       // response_body
 	pgtype.BoolOID,        // response_not_stored
 	pgtype.TextOID,        // recovery_point
+	pgtype.ByteaOID,       // steps
+	pgtype.TextOID,        // operation
 	pgtype.TimestamptzOID, // created_at
 	pgtype.TimestamptzOID, // expires_at
 	pgtype.TimestamptzOID, // now
@@ -59,6 +61,8 @@ type rawRecord struct {
 	body          []byte
 	notStored     bool
 	recovery      *string
+	steps         []byte
+	operation     *string
 	now           time.Time
 }
 
@@ -102,7 +106,7 @@ func (s *recordRow) binaryForm(fields []pgconn.FieldDescription) bool {
 func (s *recordRow) dest() []any {
 	r := &s.raw
 	dest := []any{&r.rec.ID, &r.rec.Fingerprint.Version, &r.fp, &r.state, &r.token, &r.leaseEnd,
-		&r.status, &r.headers, &r.body, &r.notStored, &r.recovery, &r.rec.CreatedAt, &r.rec.ExpiresAt, &r.now}
+		&r.status, &r.headers, &r.body, &r.notStored, &r.recovery, &r.steps, &r.operation, &r.rec.CreatedAt, &r.rec.ExpiresAt, &r.now}
 	if s.claimed != nil {
 		dest = append([]any{s.claimed}, dest...)
 	}
@@ -167,13 +171,19 @@ func (r *rawRecord) decode(v [][]byte) error {
 	if r.recovery, err = nullText(v[10]); err != nil {
 		return err
 	}
-	if r.rec.CreatedAt, err = decodeTimestamptz(v[11]); err != nil {
+	if v[11] != nil {
+		r.steps = append([]byte{}, v[11]...)
+	}
+	if r.operation, err = nullText(v[12]); err != nil {
 		return err
 	}
-	if r.rec.ExpiresAt, err = decodeTimestamptz(v[12]); err != nil {
+	if r.rec.CreatedAt, err = decodeTimestamptz(v[13]); err != nil {
 		return err
 	}
-	r.now, err = decodeTimestamptz(v[13])
+	if r.rec.ExpiresAt, err = decodeTimestamptz(v[14]); err != nil {
+		return err
+	}
+	r.now, err = decodeTimestamptz(v[15])
 	return err
 }
 

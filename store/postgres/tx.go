@@ -26,24 +26,12 @@ import (
 // InTx never retries: a failed COMMIT's outcome may be unknown, and fn has written a
 // response. A panic in fn rolls back and is re-raised.
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	// A connection of its own rather than pool.BeginTx: after the pipelined COMMIT the
-	// transaction is over on the server, and the connection goes back to the pool
-	// without another round trip.
-	conn, err := s.pool.Acquire(ctx)
+	conn, tx, err := s.beginApp(ctx)
 	if err != nil {
-		return interpretError(err)
+		return err
 	}
 	defer conn.Release() // a connection left inside a transaction is closed, not reused
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		return interpretError(err)
-	}
-	defer func() {
-		if p := recover(); p != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-			panic(p)
-		}
-	}()
+	defer rollbackOnPanic(ctx, tx)
 	if err := fn(ctx, tx); err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return err
@@ -59,6 +47,32 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 		return s.commit(ctx, tx, h)
 	}
 	return s.completeAndCommit(ctx, conn, tx, h, params)
+}
+
+// beginApp begins the READ COMMITTED transaction of an application's function (InTx,
+// Step) on a connection of its own rather than with pool.BeginTx: after a pipelined
+// COMMIT the transaction is over on the server, and the connection goes back to the
+// pool without another round trip. The caller releases conn.
+func (s *Store) beginApp(ctx context.Context) (*pgxpool.Conn, pgx.Tx, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, interpretError(err)
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		conn.Release()
+		return nil, nil, interpretError(err)
+	}
+	return conn, tx, nil
+}
+
+// rollbackOnPanic rolls tx back when the application's function panicked, and raises
+// the panic again.
+func rollbackOnPanic(ctx context.Context, tx pgx.Tx) {
+	if p := recover(); p != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		panic(p)
+	}
 }
 
 // commit commits a transaction that holds no completion.
@@ -82,8 +96,20 @@ func (s *Store) completeAndCommit(ctx context.Context, conn *pgxpool.Conn, tx pg
 		h.CompletionFailed(err)
 		return err
 	}
+	if err := fenceAndCommit(ctx, conn, tx, s.q.recordCompleteTx, args); err != nil {
+		h.CompletionFailed(err)
+		return err
+	}
+	h.Completed()
+	return nil
+}
+
+// fenceAndCommit sends a fenced statement (one that raises through idem_fence when
+// the lease is lost) and COMMIT in one batch, and rolls tx back when they fail. After
+// a failed fence the server skips the COMMIT: nothing commits.
+func fenceAndCommit(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, fenced string, args []any) error {
 	batch := &pgx.Batch{}
-	batch.Queue(s.q.recordCompleteTx, args...)
+	batch.Queue(fenced, args...)
 	batch.Queue("COMMIT")
 	br := tx.SendBatch(ctx, batch)
 	_, fenceErr := br.Exec()
@@ -91,7 +117,7 @@ func (s *Store) completeAndCommit(ctx context.Context, conn *pgxpool.Conn, tx pg
 	closeErr := br.Close()
 	// The first error is the cause: after a failed fence the server skipped the COMMIT,
 	// and Close repeats the error of the statement that failed.
-	err = cmp.Or(fenceErr, commitErr, closeErr)
+	err := cmp.Or(fenceErr, commitErr, closeErr)
 	if err == nil && tag.String() != "COMMIT" {
 		err = pgx.ErrTxCommitRollback // the transaction had failed before: nothing committed
 	}
@@ -100,11 +126,8 @@ func (s *Store) completeAndCommit(ctx context.Context, conn *pgxpool.Conn, tx pg
 		if conn.Conn().PgConn().TxStatus() != 'I' {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
-		h.CompletionFailed(err)
-		return err
 	}
-	h.Completed()
-	return nil
+	return err
 }
 
 // CompleteTx runs the fenced completion of the record described by p inside the

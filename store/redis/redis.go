@@ -124,7 +124,8 @@ func (s *Store) Close() error {
 }
 
 // Capabilities reports that Redis has no SPEC §7 transaction helper, expires records
-// by key TTL rather than in batches, and may be shared by many processes.
+// by key TTL rather than in batches, may be shared by many processes, and keeps no
+// recovery points (SPEC §13).
 func (s *Store) Capabilities() idem.Capabilities {
 	return idem.Capabilities{Transactions: false, BatchedCleanup: false, MultiProcess: true}
 }
@@ -348,6 +349,23 @@ func (s *Store) get(ctx context.Context, scope, key string, now time.Time) (*ide
 // (expires_at plus Config.TTLMargin) runs out.
 func (s *Store) RecordDeleteExpired(context.Context, *idem.RecordDeleteExpiredParams) (int, error) {
 	return 0, nil
+}
+
+// errNoRecoveryPoints says why the Redis store keeps no recovery points.
+var errNoRecoveryPoints = fmt.Errorf("redis store: %w: recovery points (SPEC §13) need a step's writes to commit with the record, "+
+	"which Redis cannot do with the application's database, and a query for resumable records, which digests of keys cannot answer",
+	errors.ErrUnsupported)
+
+// RecordStep returns an error wrapping [errors.ErrUnsupported]: the Redis store keeps
+// no recovery points (Capabilities.RecoveryPoints is false).
+func (s *Store) RecordStep(context.Context, *idem.RecordStepParams) error {
+	return errNoRecoveryPoints
+}
+
+// RecordListResumable returns an error wrapping [errors.ErrUnsupported]: the Redis
+// store keeps no recovery points, so no record is ever resumable.
+func (s *Store) RecordListResumable(context.Context, *idem.RecordListResumableParams) ([]*idem.Record, error) {
+	return nil, errNoRecoveryPoints
 }
 
 // interpretError normalises go-redis errors at the store's edge.

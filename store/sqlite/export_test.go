@@ -11,3 +11,13 @@ func ClaimSynchronous(t *testing.T, s *Store) int {
 	}
 	return n
 }
+
+// MigrationCount is the number of embedded migrations.
+func MigrationCount(t testing.TB) int {
+	t.Helper()
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ms)
+}

@@ -10,17 +10,20 @@ var queryFS embed.FS
 
 // The store's SQL, one statement per file in queries/.
 var (
-	queryMigrationsCreate  = mustQuery("migrations_create")
-	queryMigrationsApplied = mustQuery("migrations_applied")
-	queryMigrationsInsert  = mustQuery("migrations_insert")
-	queryPing              = mustQuery("ping")
-	queryRecordGet         = mustQuery("record_get")
-	queryRecordClaimInsert = mustQuery("record_claim_insert")
-	queryRecordTakeOver    = mustQuery("record_take_over")
-	queryRecordComplete    = mustQuery("record_complete")
-	queryRecordRelease     = mustQuery("record_release")
-	queryRecordRenew       = mustQuery("record_renew")
-	queryRecordDeleteExp   = mustQuery("record_delete_expired")
+	queryMigrationsCreate    = mustQuery("migrations_create")
+	queryMigrationsApplied   = mustQuery("migrations_applied")
+	queryMigrationsInsert    = mustQuery("migrations_insert")
+	queryPing                = mustQuery("ping")
+	queryRecordGet           = mustQuery("record_get")
+	queryRecordClaimInsert   = mustQuery("record_claim_insert")
+	queryRecordTakeOver      = mustQuery("record_take_over")
+	queryRecordComplete      = mustQuery("record_complete")
+	queryRecordRelease       = mustQuery("record_release")
+	queryRecordReleaseKeep   = mustQuery("record_release_keep")
+	queryRecordStep          = mustQuery("record_step")
+	queryRecordListResumable = mustQuery("record_list_resumable")
+	queryRecordRenew         = mustQuery("record_renew")
+	queryRecordDeleteExp     = mustQuery("record_delete_expired")
 
 	// The operator's interface (admin.go).
 	queryAdminListScope   = mustQuery("admin_list_scope")

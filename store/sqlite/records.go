@@ -32,6 +32,18 @@ type queryer interface {
 // getRecord reads the record of (scope, key), or nil when there is none (expired or
 // not).
 func getRecord(ctx context.Context, q queryer, scope, key string) (*idem.Record, error) {
+	rec, err := scanRecord(q.QueryRowContext(ctx, queryRecordGet, sql.Named("scope", scope), sql.Named("key", key)))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	return rec, err
+}
+
+// rowScanner is a *sql.Row or *sql.Rows.
+type rowScanner interface{ Scan(dest ...any) error }
+
+// scanRecord reads one record in the columns of record_get.sql.
+func scanRecord(row rowScanner) (*idem.Record, error) {
 	var (
 		rec       idem.Record
 		fpSum     []byte
@@ -45,12 +57,9 @@ func getRecord(ctx context.Context, q queryer, scope, key string) (*idem.Record,
 		created   int64
 		expires   int64
 	)
-	err := q.QueryRowContext(ctx, queryRecordGet, sql.Named("scope", scope), sql.Named("key", key)).Scan(
+	err := row.Scan(
 		&rec.Scope, &rec.Key, &rec.ID, &rec.Fingerprint.Version, &fpSum, &state, &token, &leaseEnd,
-		&status, &headers, &body, &notStored, &rec.RecoveryPoint, &created, &expires)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil
-	}
+		&status, &headers, &body, &notStored, &rec.RecoveryPoint, &rec.Steps, &rec.Operation, &created, &expires)
 	if err != nil {
 		return nil, err
 	}
@@ -241,11 +250,16 @@ func completeTx(ctx context.Context, tx *sql.Tx, p *idem.RecordCompleteParams) e
 	return nil
 }
 
-// RecordRelease implements [idem.Store.RecordRelease].
+// RecordRelease implements [idem.Store.RecordRelease]: it deletes the held record, or,
+// when its recovery point advanced, ends its lease and keeps it.
 func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) error {
+	args := []any{sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.Token)}
 	return interpretError(s.writeTx(ctx, "release", func(tx *sql.Tx) error {
-		n, err := execRows(ctx, tx, queryRecordRelease,
-			sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.Token))
+		n, err := execRows(ctx, tx, queryRecordRelease, args...)
+		if err != nil || n > 0 {
+			return err
+		}
+		n, err = execRows(ctx, tx, queryRecordReleaseKeep, append(args, sql.Named("now", nanos(now(p.Now))))...)
 		if err != nil {
 			return err
 		}
@@ -254,6 +268,61 @@ func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) 
 		}
 		return nil
 	}))
+}
+
+// RecordStep implements [idem.Store.RecordStep] in a transaction of its own: the
+// step's result and recovery point only. To commit the application's writes with
+// them, use [Step] (or [Store.StepTx]).
+func (s *Store) RecordStep(ctx context.Context, p *idem.RecordStepParams) error {
+	return interpretError(s.writeTx(ctx, "step", func(tx *sql.Tx) error {
+		return stepTx(ctx, tx, p)
+	}))
+}
+
+// stepTx runs the fenced step in tx; no row changed is [idem.ErrLeaseLost].
+func stepTx(ctx context.Context, tx *sql.Tx, p *idem.RecordStepParams) error {
+	n, err := execRows(ctx, tx, queryRecordStep,
+		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.Token),
+		sql.Named("recovery_point", p.RecoveryPoint), sql.Named("steps", p.Steps),
+		sql.Named("operation", p.Operation))
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return idem.ErrLeaseLost
+	}
+	return nil
+}
+
+// RecordListResumable implements [idem.Store.RecordListResumable] with a plain read
+// along the partial index of resumable records.
+func (s *Store) RecordListResumable(ctx context.Context, p *idem.RecordListResumableParams) ([]*idem.Record, error) {
+	if p.Limit <= 0 {
+		return nil, fmt.Errorf("sqlite: RecordListResumableParams.Limit must be positive, got %d", p.Limit)
+	}
+	t := nanos(now(p.Now))
+	var recs []*idem.Record
+	err := s.retryBusy(ctx, "list resumable", func() error {
+		recs = recs[:0]
+		rows, err := s.db.QueryContext(ctx, queryRecordListResumable, sql.Named("now", t),
+			sql.Named("after_scope", p.AfterScope), sql.Named("after_key", p.AfterKey), sql.Named("limit", p.Limit))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			rec, err := scanRecord(rows)
+			if err != nil {
+				return err
+			}
+			recs = append(recs, rec)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	return recs, nil
 }
 
 // RecordRenew implements [idem.Store.RecordRenew].

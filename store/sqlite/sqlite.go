@@ -260,7 +260,8 @@ func (s *Store) ping(ctx context.Context) error {
 }
 
 // Capabilities implements [idem.Store.Capabilities]: SQLite offers the §7 helper,
-// needs batched cleanup, and serves any number of processes on one host.
+// needs batched cleanup, serves any number of processes on one host, and keeps
+// recovery points (SPEC §13, [Step]).
 func (s *Store) Capabilities() idem.Capabilities {
-	return idem.Capabilities{Transactions: true, BatchedCleanup: true, MultiProcess: true}
+	return idem.Capabilities{Transactions: true, BatchedCleanup: true, MultiProcess: true, RecoveryPoints: true}
 }

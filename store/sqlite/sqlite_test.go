@@ -86,3 +86,12 @@ func (txHarness) InTx(ctx context.Context, s idem.Store, fn func(ctx context.Con
 		})
 	})
 }
+
+func (txHarness) Step(ctx context.Context, s idem.Store, step string, fn func(ctx context.Context, write func(marker string) error) (string, error)) (string, error) {
+	return sqlite.Step(ctx, s.(*sqlite.Store), step, func(ctx context.Context, tx *sql.Tx) (string, error) {
+		return fn(ctx, func(marker string) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO app_marker (name) VALUES (?)`, marker)
+			return err
+		})
+	})
+}

@@ -40,25 +40,11 @@ import (
 // which waits for the lock meanwhile, is aborted when the completion begins.
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	h := idem.FromContext(ctx)
-	if err := s.lockWrites(ctx, "InTx"); err != nil {
-		return err
-	}
-	defer s.unlockWrites()
-
-	var tx *sql.Tx
-	err := s.retryBusy(ctx, "begin", func() (err error) {
-		tx, err = s.db.BeginTx(ctx, nil)
-		return err
-	})
+	tx, end, err := s.beginApp(ctx, "InTx")
 	if err != nil {
-		return interpretError(err)
+		return err
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback() // also when fn panics
-		}
-	}()
+	defer end()
 
 	claimed, err := s.claimInTx(ctx, tx, h)
 	if err != nil {
@@ -89,11 +75,32 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 		}
 		return err
 	}
-	committed = true
 	if completing {
 		h.Completed()
 	}
 	return nil
+}
+
+// beginApp begins the transaction of an application's function (InTx, Step): it takes
+// this process's write turn, then BEGIN IMMEDIATE, retried while another process holds
+// the write lock. end rolls the transaction back unless it committed (also when the
+// function panics) and gives the write turn back.
+func (s *Store) beginApp(ctx context.Context, what string) (tx *sql.Tx, end func(), err error) {
+	if err := s.lockWrites(ctx, what); err != nil {
+		return nil, nil, err
+	}
+	err = s.retryBusy(ctx, "begin", func() (err error) {
+		tx, err = s.db.BeginTx(ctx, nil)
+		return err
+	})
+	if err != nil {
+		s.unlockWrites()
+		return nil, nil, interpretError(err)
+	}
+	return tx, func() {
+		_ = tx.Rollback() // sql.ErrTxDone after a commit
+		s.unlockWrites()
+	}, nil
 }
 
 // CompleteTx runs the fenced completion of p inside tx, a transaction the application

@@ -50,6 +50,12 @@ func diffRecords(got, want *idem.Record) string {
 	if got.RecoveryPoint != want.RecoveryPoint {
 		add("RecoveryPoint", got.RecoveryPoint, want.RecoveryPoint)
 	}
+	if !bytes.Equal(got.Steps, want.Steps) {
+		add("Steps", short(got.Steps), short(want.Steps))
+	}
+	if got.Operation != want.Operation {
+		add("Operation", got.Operation, want.Operation)
+	}
 	if !got.CreatedAt.Equal(want.CreatedAt) {
 		add("CreatedAt", got.CreatedAt, want.CreatedAt)
 	}

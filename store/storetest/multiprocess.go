@@ -91,9 +91,11 @@ const (
 	envKeys   = "IDEM_STORETEST_KEYS"   // key prefix
 	envNKeys  = "IDEM_STORETEST_NKEYS"  // number of keys
 	envClaims = "IDEM_STORETEST_CLAIMS" // claims per key
+	envChild  = "IDEM_STORETEST_CHILD"  // the child's index, from 0
 
-	roleClaim   = "claim"
-	roleMigrate = "migrate"
+	roleClaim    = "claim"
+	roleMigrate  = "migrate"
+	roleComplete = "complete"
 )
 
 // Lines of the protocol a child writes to its stdout, among the testing package's own.
@@ -101,6 +103,7 @@ const (
 	lineReady    = "storetest-ready"
 	lineAcquired = "storetest-acquired " // followed by "<key index> <token>"
 	lineMigrated = "storetest-migrated"
+	lineResumed  = "storetest-resumed " // followed by "<key index>"
 )
 
 // IsChild reports whether this process is a child started by [RunMultiProcess] or
@@ -126,8 +129,8 @@ func RunMultiProcess(t *testing.T, p MultiProcess) {
 		childForTest(t)
 		claimChild(t, p)
 		return
-	case roleMigrate:
-		t.Skip("storetest: child process of RunMigrateConcurrently; nothing to claim")
+	case roleMigrate, roleComplete:
+		t.Skip("storetest: child process of another multi-process run; nothing to claim")
 	}
 	if p.NewDSN == nil || p.Open == nil {
 		t.Fatal("storetest: RunMultiProcess needs MultiProcess.NewDSN and MultiProcess.Open")
@@ -194,8 +197,8 @@ func RunMigrateConcurrently(t *testing.T, p MultiProcess) {
 		childForTest(t)
 		migrateChild(t, p)
 		return
-	case roleClaim:
-		t.Skip("storetest: child process of RunMultiProcess; nothing to migrate")
+	case roleClaim, roleComplete:
+		t.Skip("storetest: child process of another multi-process run; nothing to migrate")
 	}
 	if p.NewDSN == nil || p.Migrate == nil {
 		t.Fatal("storetest: RunMigrateConcurrently needs MultiProcess.NewDSN and MultiProcess.Migrate")
@@ -331,7 +334,8 @@ func runChildren(t *testing.T, p MultiProcess, role string, env ...string) []chi
 	for i := range children {
 		c := &child{ready: make(chan struct{}), done: make(chan struct{})}
 		c.cmd = exec.CommandContext(ctx, os.Args[0], "-test.run="+runPattern(t.Name()), "-test.count=1")
-		c.cmd.Env = append(os.Environ(), append([]string{envRole + "=" + role, envTest + "=" + t.Name()}, env...)...)
+		c.cmd.Env = append(os.Environ(), append([]string{envRole + "=" + role, envTest + "=" + t.Name(),
+			envChild + "=" + strconv.Itoa(i)}, env...)...)
 		c.cmd.Stderr = &c.stderr
 		stdin, err := c.cmd.StdinPipe()
 		if err != nil {

@@ -40,6 +40,12 @@ type TxHarness interface {
 	// carries once fn returns nil; write inserts an application row named marker in
 	// that transaction. The idem.DoTx cases pass it as DoTx's inTx.
 	InTx(ctx context.Context, s idem.Store, fn func(ctx context.Context, write func(marker string) error) error) error
+	// Step runs fn through the store package's step helper (its Step) as the step
+	// named step of the operation whose idem.Handle ctx carries (SPEC §13); write
+	// inserts an application row named marker in the step's transaction. It returns
+	// what the helper returns: fn's result once committed with the step, or the saved
+	// result without running fn when the step committed before.
+	Step(ctx context.Context, s idem.Store, step string, fn func(ctx context.Context, write func(marker string) error) (string, error)) (string, error)
 }
 
 // Run runs the conformance suite against the stores h hands out: one parallel subtest

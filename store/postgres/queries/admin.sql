@@ -9,7 +9,7 @@ WITH clock AS MATERIALIZED (
 )
 SELECT r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
        r.response_status, r.response_headers, r.response_body, r.response_not_stored,
-       r.recovery_point, r.created_at, r.expires_at, clock.now
+       r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now
 FROM {{schema}}idem_records r, clock
 WHERE r.scope = $1 AND r.key = $2;
 

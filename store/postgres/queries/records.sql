@@ -44,12 +44,14 @@ SET id = $3,
     response_headers = NULL,
     response_body = NULL,
     response_not_stored = false,
-    recovery_point = NULL
+    recovery_point = NULL,
+    steps = NULL,
+    operation = NULL
 FROM clock
 WHERE r.scope = $1 AND r.key = $2 AND r.expires_at <= clock.now
 RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
           r.response_status, r.response_headers, r.response_body, r.response_not_stored,
-          r.recovery_point, r.created_at, r.expires_at, clock.now;
+          r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now;
 
 -- name: RecordTakeOver
 -- Takes over an in-flight record whose lease lapsed (SPEC §5.3), keeping its id and
@@ -70,7 +72,7 @@ WHERE r.scope = $1 AND r.key = $2
   AND r.lease_end <= clock.now AND r.expires_at > clock.now
 RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
           r.response_status, r.response_headers, r.response_body, r.response_not_stored,
-          r.recovery_point, r.created_at, r.expires_at, clock.now;
+          r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now;
 
 -- name: RecordComplete
 -- Stores the final response, fenced by the token and the in-flight state (SPEC §5).
@@ -109,10 +111,72 @@ WITH done AS (
 SELECT {{schema}}idem_fence(EXISTS (SELECT 1 FROM done));
 
 -- name: RecordRelease
--- Deletes the holder's in-flight record so that a retry executes afresh (SPEC §6).
--- $1 scope, $2 key, $3 token.
-DELETE FROM {{schema}}idem_records
+-- Deletes the holder's in-flight record so that a retry executes afresh (SPEC §6), or,
+-- when its recovery point advanced, keeps it with no holder and its lease ended now, so
+-- that a retry or the completer resumes it at once: its committed steps must not run
+-- again (SPEC §13). Both are fenced by the token; at most one matches. Answers how
+-- many records it released (0: lease lost).
+-- $1 scope, $2 key, $3 token, $4 injected now.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($4::timestamptz, clock_timestamp()) AS now
+), deleted AS (
+    DELETE FROM {{schema}}idem_records
+    WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight'
+      AND recovery_point IS NULL
+    RETURNING 1
+), kept AS (
+    UPDATE {{schema}}idem_records AS r
+    SET lock_token = '',
+        lease_end = clock.now
+    FROM clock
+    WHERE r.scope = $1 AND r.key = $2 AND r.lock_token = $3 AND r.state = 'in_flight'
+      AND r.recovery_point IS NOT NULL
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM deleted) + (SELECT count(*) FROM kept);
+
+-- name: RecordStep
+-- Commits one step of the holder's operation (SPEC §13): the new recovery point, the
+-- saved results and the operation's name; fenced by the token and the in-flight state.
+-- No rows: lease lost. $1 scope, $2 key, $3 token, $4 recovery point, $5 steps,
+-- $6 operation.
+UPDATE {{schema}}idem_records
+SET recovery_point = $4,
+    steps = $5,
+    operation = $6
 WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight';
+
+-- name: RecordStepTx
+-- RecordStep inside the application's transaction: a lost lease raises IDL01
+-- (idem_fence), aborting the transaction, so that a COMMIT pipelined behind this
+-- statement cannot commit the step's writes. $1–$6 as RecordStep.
+WITH done AS (
+    UPDATE {{schema}}idem_records
+    SET recovery_point = $4,
+        steps = $5,
+        operation = $6
+    WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight'
+    RETURNING 1
+)
+SELECT {{schema}}idem_fence(EXISTS (SELECT 1 FROM done));
+
+-- name: RecordListResumable
+-- One batch of the records the completer may resume (SPEC §13): in flight, recovery
+-- point advanced, lease lapsed or ended, not expired; in (scope, key) order after the
+-- cursor, along the partial index idem_records_resumable_idx. No response columns.
+-- $1 after scope, $2 after key, $3 limit, $4 injected now.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($4::timestamptz, clock_timestamp()) AS now
+)
+SELECT r.scope, r.key, r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token,
+       r.lease_end, NULL::integer, NULL::bytea, NULL::bytea, false,
+       r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now
+FROM {{schema}}idem_records r, clock
+WHERE r.state = 'in_flight' AND r.recovery_point IS NOT NULL
+  AND r.lease_end <= clock.now AND r.expires_at > clock.now
+  AND (r.scope, r.key) > ($1, $2)
+ORDER BY r.scope, r.key
+LIMIT $3;
 
 -- name: RecordRenew
 -- Extends the holder's lease to now + lease, keeping expires_at = max(created_at + ttl,
@@ -137,7 +201,7 @@ WITH clock AS MATERIALIZED (
 )
 SELECT r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
        r.response_status, r.response_headers, r.response_body, r.response_not_stored,
-       r.recovery_point, r.created_at, r.expires_at, clock.now
+       r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now
 FROM {{schema}}idem_records r, clock
 WHERE r.scope = $1 AND r.key = $2 AND r.expires_at > clock.now;
 

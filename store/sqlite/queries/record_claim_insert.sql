@@ -22,5 +22,7 @@ ON CONFLICT (scope, key) DO UPDATE SET
     response_body       = NULL,
     response_not_stored = 0,
     recovery_point      = '',
+    steps               = NULL,
+    operation           = '',
     created_at          = excluded.created_at,
     expires_at          = excluded.expires_at

@@ -1,0 +1,274 @@
+package idem
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"unicode/utf8"
+)
+
+// Resumable operations (SPEC §13). An operation that calls a foreign system (a card
+// processor) runs as named steps. Each step commits its own writes together with the
+// record's new recovery point and a small result, in one transaction fenced by the
+// lock token; the foreign call between two steps carries a key derived from the
+// record id and the step ([Handle.ForeignKey]), so that the foreign system
+// deduplicates a call repeated after a crash. A holder that takes a lapsed key over
+// (a retry, or the [Completer]) runs the operation again from the top: every step
+// that committed returns its saved result without running, so the operation resumes
+// after its last committed step and no committed step is ever redone.
+//
+// The steps of SQL stores run in the application's transaction:
+// store/sqlite's Step and store/postgres's Step. [Step] here saves a result alone,
+// on any store with Capabilities.RecoveryPoints.
+
+// Limits of steps.
+const (
+	// MaxStepNameLength is the longest step name, in bytes.
+	MaxStepNameLength = 255
+	// MaxStepResultsBytes bounds the encoded results of all the steps of one record:
+	// steps save small results (an id, an amount), not documents.
+	MaxStepResultsBytes = 64 << 10
+)
+
+// ErrStepCommitted is returned by [Handle.PrepareStep] for a step that already
+// committed: its result is saved and it must not run again ([Handle.StepResult]).
+var ErrStepCommitted = errors.New("idem: step already committed")
+
+// stepState is a Handle's view of its record's steps: the recovery point and the
+// encoded results as the claim read them, or as the last step committed them.
+type stepState struct {
+	point string
+	raw   []byte
+	// saved is raw decoded, when decoded.
+	saved   []savedStep
+	decoded bool
+}
+
+// savedStep is one committed step in the record's encoding of its steps.
+type savedStep struct {
+	Step   string          `json:"step"`
+	Result json.RawMessage `json:"result"`
+}
+
+// acquired records the claim's record: the key is held, and its steps are those the
+// record carries (none for a fresh claim; a takeover's committed ones).
+func (h *Handle) acquired(rec *Record) {
+	h.claimed = rec
+	h.mu.Lock()
+	h.steps = stepState{point: rec.RecoveryPoint, raw: rec.Steps}
+	h.mu.Unlock()
+}
+
+// RecoveryPoint returns the name of the operation's last committed step, or "" when
+// no step has committed (SPEC §13). After a takeover it is the step the operation
+// resumes after.
+func (h *Handle) RecoveryPoint() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.steps.point
+}
+
+// Operation returns the name of the operation ([Call.Name], [RouteOptions.Name]), or
+// "" when it has none.
+func (h *Handle) Operation() string { return h.operation }
+
+// ForeignKey returns the idempotency key of the foreign call made at step: hex
+// SHA-256(record id ‖ step) (SPEC §13). It is the same for every holder of the record
+// (a takeover keeps the record id), so that the foreign system deduplicates a call
+// repeated after a crash, and new once the record expired and the key starts a new
+// operation. It panics on a handle without a record id (a [RouteOptions.ClaimInHandler]
+// route, whose claim is not made yet): a key derived from nothing would be the same for
+// every operation.
+func (h *Handle) ForeignKey(step string) string {
+	id := h.RecordID()
+	if id == "" {
+		panic("idem: Handle.ForeignKey needs the record id of an acquired claim; a ClaimInHandler route has none")
+	}
+	return ForeignKey(id, step)
+}
+
+// ForeignKey returns hex SHA-256(recordID ‖ step), the key of the foreign call made at
+// step by the operation of the record recordID ([Handle.ForeignKey]). An operator
+// uses it to find that call in the foreign system's records.
+func ForeignKey(recordID, step string) string {
+	sum := sha256.Sum256([]byte(recordID + step))
+	return hex.EncodeToString(sum[:])
+}
+
+// StepResult reports whether step committed, and when it did decodes the result it
+// saved into v (a pointer, as for [json.Unmarshal]). Store packages' step helpers call
+// it first, and return the saved result instead of running a step again.
+func (h *Handle) StepResult(step string, v any) (committed bool, err error) {
+	h.mu.Lock()
+	saved, err := h.steps.decode()
+	h.mu.Unlock()
+	if err != nil {
+		return false, err
+	}
+	for _, s := range saved {
+		if s.Step == step {
+			if err := json.Unmarshal(s.Result, v); err != nil {
+				return true, fmt.Errorf("idem: decoding the saved result of step %q: %w", step, err)
+			}
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// decode returns the saved steps, decoding them once. The caller holds the handle's mu.
+func (st *stepState) decode() ([]savedStep, error) {
+	if st.decoded || len(st.raw) == 0 {
+		return st.saved, nil
+	}
+	var saved []savedStep
+	if err := json.Unmarshal(st.raw, &saved); err != nil {
+		return nil, fmt.Errorf("idem: the record's step results are malformed: %w", err)
+	}
+	st.saved, st.decoded = saved, true
+	return saved, nil
+}
+
+// PrepareStep is for store packages implementing a step helper. Called inside the
+// step's transaction, after the step's function returned result, it returns the fenced
+// step to run in that transaction: the record's recovery point becomes step and its
+// results gain result, JSON-encoded. It fails without a held claim (a
+// [RouteOptions.ClaimInHandler] route), once the result is frozen for the completion,
+// for a step that already committed ([ErrStepCommitted]), for an invalid step name, a
+// result that cannot be encoded, or results over [MaxStepResultsBytes]. After the
+// transaction commits, call [Handle.StepCommitted]; when it does not, call
+// [Handle.StepFailed].
+func (h *Handle) PrepareStep(step string, result any) (*RecordStepParams, error) {
+	if h.g == nil || h.claimed == nil {
+		return nil, errors.New("idem: a step needs a claim held under a lease (not a ClaimInHandler route)")
+	}
+	if err := checkStepName(step); err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(result)
+	if err != nil {
+		return nil, fmt.Errorf("idem: encoding the result of step %q: %w", step, err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.decided {
+		return nil, fmt.Errorf("idem: step %q after the result was frozen for the completion", step)
+	}
+	saved, err := h.steps.decode()
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range saved {
+		if s.Step == step {
+			return nil, fmt.Errorf("%w: %q", ErrStepCommitted, step)
+		}
+	}
+	raw, err := json.Marshal(append(saved[:len(saved):len(saved)], savedStep{Step: step, Result: b}))
+	if err != nil {
+		return nil, err
+	}
+	if len(raw) > MaxStepResultsBytes {
+		return nil, fmt.Errorf("idem: step %q: the results of the record's steps would take %d bytes, more than MaxStepResultsBytes (%d): save ids, not documents",
+			step, len(raw), MaxStepResultsBytes)
+	}
+	return &RecordStepParams{
+		Scope: h.scope, Key: h.key, Token: h.token,
+		RecoveryPoint: step, Steps: raw, Operation: h.operation,
+	}, nil
+}
+
+// checkStepName refuses a step name that is empty, too long, not UTF-8 or holds
+// control characters.
+func checkStepName(step string) error {
+	if step == "" || len(step) > MaxStepNameLength || !utf8.ValidString(step) {
+		return fmt.Errorf("idem: a step name must be 1 to %d bytes of UTF-8, got %q", MaxStepNameLength, step)
+	}
+	for _, r := range step {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("idem: a step name must not hold control characters, got %q", step)
+		}
+	}
+	return nil
+}
+
+// StepCommitted tells the handle that the step p, prepared by PrepareStep, committed:
+// the record's recovery point is p's step, and its result is saved.
+func (h *Handle) StepCommitted(p *RecordStepParams) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.steps = stepState{point: p.RecoveryPoint, raw: p.Steps}
+}
+
+// StepFailed tells the handle that the transaction of a step prepared by PrepareStep
+// did not commit. When err is [ErrLeaseLost] (the fenced step found the key taken
+// over) the operation's context is cancelled with that cause: another holder runs the
+// operation now, and this one must stop.
+func (h *Handle) StepFailed(err error) {
+	if !errors.Is(err, ErrLeaseLost) || h.cancel == nil {
+		return
+	}
+	h.g.cfg.Logger.WarnContext(&h.detached, "idem: a step found its key taken over; cancelling the operation", h.attrs()...)
+	h.cancel(ErrLeaseLost)
+}
+
+// Step runs fn as the step named step of the operation whose context is ctx, and saves
+// its result in the record (SPEC §13): when the step committed already (before a
+// crash, or in an earlier run of the operation) it returns the saved result without
+// running fn; otherwise it runs fn, then records the result and advances the record's
+// recovery point, fenced by the lock token ([ErrLeaseLost] when the key was taken
+// over: the operation's context is then cancelled).
+//
+// Only the result is saved, not fn's other effects: use Step for a foreign call whose
+// answer the operation needs later, with a key from [Handle.ForeignKey] so that a call
+// repeated after a crash between the call and the save is deduplicated. To commit
+// database writes with the step, use the store package's step helper (store/sqlite's
+// Step, store/postgres's Step). The result must survive a JSON round trip.
+//
+// Without a claim in ctx (a request without a key) Step just runs fn. A store without
+// Capabilities.RecoveryPoints (Redis) makes Step fail before fn runs; a failure to
+// record the result returns a [*StoreError].
+func Step[T any](ctx context.Context, step string, fn func(ctx context.Context) (T, error)) (T, error) {
+	var v T
+	h := FromContext(ctx)
+	if h == nil {
+		return fn(ctx)
+	}
+	if done, err := h.StepResult(step, &v); done || err != nil {
+		return v, err
+	}
+	if h.g == nil || !h.g.cfg.Store.Capabilities().RecoveryPoints {
+		return v, fmt.Errorf("idem: step %q: %w: the store keeps no recovery points (Capabilities.RecoveryPoints)", step, errors.ErrUnsupported)
+	}
+	v, err := fn(ctx)
+	if err != nil {
+		return v, err
+	}
+	p, err := h.PrepareStep(step, v)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, h.g.cfg.Lease)
+	err = h.g.cfg.Store.RecordStep(sctx, p)
+	cancel()
+	if err != nil {
+		h.StepFailed(err)
+		var zero T
+		if errors.Is(err, ErrLeaseLost) {
+			return zero, err
+		}
+		h.g.cfg.Logger.WarnContext(ctx, "idem: saving a step's result failed", h.attrs(slog.String("step", step), slog.Any("error", err))...)
+		return zero, &StoreError{Op: "step", Err: err}
+	}
+	h.StepCommitted(p)
+	return v, nil
+}
+
+// SetResult sets the result the completion stores to v, JSON-encoded with status 200,
+// as [Do] stores its function's result; a repeat of the Do call decodes it. A
+// [ResumeFunc] of an operation run with Do or DoTx sets its result with it.
+func (h *Handle) SetResult(v any) error { return h.setResult(v) }

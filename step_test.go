@@ -1,0 +1,176 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idem-go/idem"
+)
+
+// Resumable operations (SPEC §13) through the middleware and the guard, on the
+// in-memory store; store/storetest runs the store-generic cases on every store.
+
+// TestAHandlerThatFailsAfterAStepIsResumedByTheRetry: the processor fails after the
+// charge was recorded pending; the handler answers 503, which releases the key, but
+// the record is kept (its lease ended) and the client's retry resumes after the
+// committed step instead of recording a second pending charge.
+func TestAHandlerThatFailsAfterAStepIsResumedByTheRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var pending, processor atomic.Int64
+	var down atomic.Bool
+	down.Store(true)
+	var points []string
+	h := b.mw.Route(idem.RouteOptions{Name: "charges.create"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		points = append(points, idem.FromContext(r.Context()).RecoveryPoint())
+		id, err := idem.Step(r.Context(), "charge_pending", func(context.Context) (string, error) {
+			pending.Add(1)
+			return "ch_" + itoa(pending.Load()), nil
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		processor.Add(1)
+		if down.Load() {
+			http.Error(w, "processor down", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, id)
+	}))
+
+	wantCode(t, serve(h, req("POST", "/v1/charges", key, `{"amount":1}`)), http.StatusServiceUnavailable, "")
+	down.Store(false)
+	w := serve(h, req("POST", "/v1/charges", key, `{"amount":1}`))
+	if w.Code != http.StatusCreated || w.Body.String() != "ch_1" {
+		t.Fatalf("retry = %d %q, want 201 ch_1 from the saved step", w.Code, w.Body)
+	}
+	if pending.Load() != 1 || processor.Load() != 2 || strings.Join(points, ",") != ",charge_pending" {
+		t.Fatalf("pending step ran %d times, processor %d, recovery points seen %q; want 1, 2, \",charge_pending\"",
+			pending.Load(), processor.Load(), points)
+	}
+	if !strings.Contains(b.logs.String(), "resuming after its last committed step") {
+		t.Errorf("the takeover at a recovery point was not logged:\n%s", b.logs)
+	}
+	w = serve(h, req("POST", "/v1/charges", key, `{"amount":1}`))
+	if w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != "ch_1" {
+		t.Fatalf("third request = %d %q, want the replay", w.Code, w.Body)
+	}
+}
+
+func TestStepNamesAndResultsAreChecked(t *testing.T) {
+	t.Parallel()
+	g, _ := newGuard(t, nil)
+	h, _, err := g.Begin(t.Context(), chargeCall(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	for _, name := range []string{"", strings.Repeat("s", idem.MaxStepNameLength+1), "tab\there", "\xff"} {
+		if _, err := h.PrepareStep(name, 1); err == nil {
+			t.Errorf("PrepareStep(%q) succeeded; want the name refused", name)
+		}
+	}
+	if _, err := h.PrepareStep("big", strings.Repeat("x", idem.MaxStepResultsBytes)); err == nil || !strings.Contains(err.Error(), "MaxStepResultsBytes") {
+		t.Errorf("PrepareStep of a result over the limit = %v, want it refused naming MaxStepResultsBytes", err)
+	}
+	if _, err := h.PrepareStep("chan", make(chan int)); err == nil {
+		t.Error("PrepareStep of a result that JSON cannot encode succeeded")
+	}
+	if _, err := idem.Step(h.Context(), "a", func(context.Context) (int, error) { return 1, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.PrepareStep("a", 2); !errors.Is(err, idem.ErrStepCommitted) {
+		t.Errorf("PrepareStep of a committed step = %v, want ErrStepCommitted", err)
+	}
+	var v int
+	if done, err := h.StepResult("a", &v); !done || err != nil || v != 1 {
+		t.Errorf("StepResult(a) = %v, %v, %d; want committed with 1", done, err, v)
+	}
+	if done, err := h.StepResult("b", &v); done || err != nil {
+		t.Errorf("StepResult(b) = %v, %v; want not committed", done, err)
+	}
+}
+
+func TestStepWithoutAClaimJustRuns(t *testing.T) {
+	t.Parallel()
+	v, err := idem.Step(context.Background(), "a", func(context.Context) (int, error) { return 7, nil })
+	if err != nil || v != 7 {
+		t.Fatalf("Step without a claim = %d, %v; want 7", v, err)
+	}
+}
+
+func TestForeignKeyNeedsARecordID(t *testing.T) {
+	t.Parallel()
+	defer func() {
+		if p := recover(); p == nil || !strings.Contains(p.(string), "record id") {
+			t.Fatalf("ForeignKey on a handle without a record id: panic %v, want one naming the record id", p)
+		}
+	}()
+	new(idem.Handle).ForeignKey("processor")
+}
+
+func TestResumeFunctionsRegisterOncePerName(t *testing.T) {
+	t.Parallel()
+	g, _ := newGuard(t, nil)
+	fn := func(context.Context, *idem.Handle) error { return nil }
+	g.RegisterResume("charges.create", fn)
+	for name, register := range map[string]func(){
+		"twice":           func() { g.RegisterResume("charges.create", fn) },
+		"no name":         func() { g.RegisterResume("", fn) },
+		"no function":     func() { g.RegisterResume("refunds.create", nil) },
+		"route with none": func() { setup(t, nil).mw.Route(idem.RouteOptions{Resume: fn}) },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: no panic", name)
+				}
+			}()
+			register()
+		}()
+	}
+}
+
+func TestCompleterConfigIsChecked(t *testing.T) {
+	t.Parallel()
+	g, _ := newGuard(t, nil)
+	for name, cfg := range map[string]idem.CompleterConfig{
+		"Interval":     {Interval: -1},
+		"BatchSize":    {BatchSize: -1},
+		"RetryBackoff": {RetryBackoff: -1},
+	} {
+		func() {
+			defer func() {
+				if p := recover(); p == nil || !strings.Contains(p.(string), "CompleterConfig."+name) {
+					t.Errorf("NewCompleter with a negative %s: panic %v, want one naming the field", name, p)
+				}
+			}()
+			idem.NewCompleter(g, cfg)
+		}()
+	}
+}
+
+// TestCompleterRunsPassesAndSignalsThem: Run passes at once, then after each interval,
+// reporting each pass, and returns when its context ends.
+func TestCompleterRunsPassesAndSignalsThem(t *testing.T) {
+	t.Parallel()
+	g, _ := newGuard(t, nil)
+	c := idem.NewCompleter(g, idem.CompleterConfig{Interval: 1})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(ctx) }()
+	for range 3 {
+		if p := <-c.Passes(); p != (idem.CompleterPass{}) {
+			t.Fatalf("pass over an empty store = %+v", p)
+		}
+	}
+	cancel()
+	<-done
+}
