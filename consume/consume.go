@@ -113,7 +113,8 @@ type Message struct {
 	// Scope names what processes the message: the queue, or the stream and consumer,
 	// whose effect this is. A message processed by two consumers with two effects
 	// needs two scopes; nothing of one scope is ever taken for a repeat in another.
-	// Required (Process panics without it).
+	// It also names the operation in the guard's Observer events (Call.Name), so keep
+	// it to a small set of values. Required (Process panics without it).
 	Scope string
 	// ID identifies the message across its redeliveries and its publisher's retries:
 	// JetStream's Nats-Msg-Id header, AMQP's message-id property, or a key taken from
@@ -227,7 +228,8 @@ func (p *Processor[Tx]) Process(ctx context.Context, m Message, effect func(ctx 
 	case len(m.ID) > MaxIDLength:
 		return p.term(ctx, m, ErrIDTooLong)
 	}
-	call := idem.Call{Scope: m.Scope, Key: m.ID, Fingerprint: idem.FingerprintInput(m.Scope, m.Payload), TTL: p.cfg.TTL}
+	call := idem.Call{Scope: m.Scope, Key: m.ID, Fingerprint: idem.FingerprintInput(m.Scope, m.Payload),
+		TTL: p.cfg.TTL, Name: m.Scope}
 	var effectErr error
 	_, replayed, err := idem.DoTx(ctx, p.cfg.Guard, call, p.cfg.InTx, func(ctx context.Context, tx Tx) (noResult, error) {
 		effectErr = effect(ctx, tx)
@@ -274,7 +276,7 @@ func (p *Processor[Tx]) term(ctx context.Context, m Message, err error) Result {
 	return Result{Action: Term, Err: err}
 }
 
-// idHash identifies m in logs without revealing its id.
+// idHash identifies m in logs without revealing its id: the guard's key_hash of it.
 func idHash(m Message) slog.Attr {
 	sum := sha256.Sum256([]byte(m.Scope + "\x00" + m.ID))
 	return slog.String("id_hash", hex.EncodeToString(sum[:6]))

@@ -1,6 +1,7 @@
 // Package testenv finds the services that tests talk to over real connections:
-// PostgreSQL and Redis at their default addresses, or where IDEM_TEST_POSTGRES_URL and
-// IDEM_TEST_REDIS_URL say. When a service is absent a test skips with a clear message,
+// PostgreSQL, Redis, NATS (with JetStream) and RabbitMQ at their default addresses, or
+// where IDEM_TEST_POSTGRES_URL, IDEM_TEST_REDIS_URL, IDEM_TEST_NATS_URL and
+// IDEM_TEST_AMQP_URL say. When a service is absent a test skips with a clear message,
 // except under CI=true, where it fails: CI must never pass by skipping.
 package testenv
 
@@ -20,6 +21,8 @@ import (
 const (
 	DefaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	DefaultRedisURL    = "redis://127.0.0.1:6379/0"
+	DefaultNATSURL     = "nats://127.0.0.1:4222"
+	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
 )
 
 // CI reports whether tests run under CI=true, where absent services fail tests.
@@ -47,6 +50,21 @@ func PostgresURL(t testing.TB) string {
 func RedisURL(t testing.TB) string {
 	t.Helper()
 	return reachable(t, "IDEM_TEST_REDIS_URL", DefaultRedisURL, "6379", "Redis")
+}
+
+// NATSURL returns the URL of the test NATS server, which must have JetStream enabled
+// (IDEM_TEST_NATS_URL or DefaultNATSURL), after checking that it accepts TCP
+// connections.
+func NATSURL(t testing.TB) string {
+	t.Helper()
+	return reachable(t, "IDEM_TEST_NATS_URL", DefaultNATSURL, "4222", "NATS")
+}
+
+// AMQPURL returns the URL of the test RabbitMQ server (IDEM_TEST_AMQP_URL or
+// DefaultAMQPURL) after checking that it accepts TCP connections.
+func AMQPURL(t testing.TB) string {
+	t.Helper()
+	return reachable(t, "IDEM_TEST_AMQP_URL", DefaultAMQPURL, "5672", "RabbitMQ")
 }
 
 func reachable(t testing.TB, env, def, defPort, name string) string {

@@ -1,0 +1,447 @@
+package jsconsume_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/consume"
+	"github.com/idem-go/idem/consume/internal/killtest"
+	"github.com/idem-go/idem/consume/jsconsume"
+	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/store/sqlite"
+)
+
+func TestMain(m *testing.M) {
+	killtest.Main(m, killtest.Children{SQLite: consumer[*sql.Tx], Postgres: consumer[pgx.Tx]})
+}
+
+// connect connects to the test NATS server and checks that it has JetStream.
+func connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	url := testenv.NATSURL(t)
+	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+	if err != nil {
+		testenv.Unavailable(t, "NATS at %s refused the connection: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.AccountInfo(t.Context()); err != nil {
+		testenv.Unavailable(t, "NATS at %s has no JetStream (start nats-server with -js): %v", url, err)
+	}
+	return nc, js
+}
+
+// newStream creates a stream private to t on one subject, deleted when t ends, and
+// returns its name and subject.
+func newStream(t testing.TB, js jetstream.JetStream) (name, subject string) {
+	t.Helper()
+	name = testenv.Name("IDEMTEST_")
+	subject = "idemtest." + name
+	_, err := js.CreateStream(t.Context(), jetstream.StreamConfig{
+		Name: name, Subjects: []string{subject}, Storage: jetstream.MemoryStorage,
+	})
+	if err != nil {
+		t.Fatalf("creating stream %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := js.DeleteStream(ctx, name); err != nil {
+			t.Errorf("deleting stream %s: %v", name, err)
+		}
+	})
+	return name, subject
+}
+
+// newConsumer creates the durable pull consumer "billing" of stream.
+func newConsumer(t testing.TB, js jetstream.JetStream, stream string, ackWait time.Duration) jetstream.Consumer {
+	t.Helper()
+	cons, err := js.CreateOrUpdateConsumer(t.Context(), stream, jetstream.ConsumerConfig{
+		Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait, MaxDeliver: -1,
+	})
+	if err != nil {
+		t.Fatalf("creating the consumer of %s: %v", stream, err)
+	}
+	return cons
+}
+
+// The behaviour of Handle against a real JetStream server, each case with its own
+// stream and a fresh SQLite store.
+
+type bundle struct {
+	t     *testing.T
+	js    jetstream.JetStream
+	subj  string
+	cons  jetstream.Consumer
+	st    *sqlite.Store
+	guard *idem.Guard
+	p     *consume.Processor[*sql.Tx]
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	_, js := connect(t)
+	stream, subj := newStream(t, js)
+	b := &bundle{t: t, js: js, subj: subj, cons: newConsumer(t, js, stream, 30*time.Second)}
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "js.db"), sqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.DB().ExecContext(t.Context(), `CREATE TABLE invoices (msg TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	b.st = st
+	b.guard = idem.NewGuard(idem.GuardConfig{Store: st})
+	b.p = consume.New(consume.Config[*sql.Tx]{Guard: b.guard, InTx: st.InTx, RetryDelay: 50 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler)})
+	return b
+}
+
+// handler returns a Handler of the bundle's Processor whose effect inserts an invoice.
+func (b *bundle) handler(cfg jsconsume.Config) *jsconsume.Handler[*sql.Tx] {
+	if cfg.Scope == "" {
+		cfg.Scope = "billing"
+	}
+	return jsconsume.New(b.p, cfg, func(ctx context.Context, tx *sql.Tx, msg jetstream.Msg) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO invoices (msg) VALUES (?)`, string(msg.Data()))
+		return err
+	})
+}
+
+// publish publishes payload with the headers hdr (name, value, ...).
+func (b *bundle) publish(payload string, hdr ...string) {
+	b.t.Helper()
+	m := nats.NewMsg(b.subj)
+	m.Data = []byte(payload)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		m.Header.Set(hdr[i], hdr[i+1])
+	}
+	if _, err := b.js.PublishMsg(b.t.Context(), m); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// next fetches the next delivery, waiting up to 10 s for it.
+func (b *bundle) next() jetstream.Msg {
+	b.t.Helper()
+	msg, err := b.cons.Next(jetstream.FetchMaxWait(10 * time.Second))
+	if err != nil {
+		b.t.Fatalf("no delivery: %v", err)
+	}
+	return msg
+}
+
+// redelivery fetches the next delivery, which must be a message's second.
+func (b *bundle) redelivery() jetstream.Msg {
+	b.t.Helper()
+	msg := b.next()
+	md, err := msg.Metadata()
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if md.NumDelivered != 2 {
+		b.t.Fatalf("NumDelivered = %d, want the redelivery", md.NumDelivered)
+	}
+	return msg
+}
+
+// settledWith waits until the server holds nothing for the consumer (every message
+// was acknowledged or terminated; acknowledgements are asynchronous), then checks that
+// the effects wrote the invoices they should have.
+func (b *bundle) settledWith(invoices int) {
+	b.t.Helper()
+	b.settled()
+	var n int
+	if err := b.st.DB().QueryRowContext(b.t.Context(), `SELECT count(*) FROM invoices`).Scan(&n); err != nil {
+		b.t.Fatal(err)
+	}
+	if n != invoices {
+		b.t.Fatalf("invoices = %d, want %d", n, invoices)
+	}
+}
+
+// settled waits until the server holds nothing for the consumer.
+func (b *bundle) settled() {
+	b.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := b.cons.Info(b.t.Context())
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("consumer not settled: %d pending, %d awaiting acknowledgement", info.NumPending, info.NumAckPending)
+		}
+		if _, err := b.cons.Next(jetstream.FetchMaxWait(20 * time.Millisecond)); err == nil {
+			b.t.Fatal("a message was delivered again after it was settled")
+		}
+	}
+}
+
+func wantAction(t *testing.T, res consume.Result, want consume.Action, replayed bool) {
+	t.Helper()
+	if res.Action != want || res.Replayed != replayed {
+		t.Fatalf("result = %v (replayed %v, err %v), want %v (replayed %v)", res.Action, res.Replayed, res.Err, want, replayed)
+	}
+}
+
+func TestRedeliveryOfAProcessedMessageIsAckedWithoutEffect(t *testing.T) {
+	b := setup(t)
+	h := b.handler(jsconsume.Config{})
+	b.publish(`{"order":1}`, jetstream.MsgIDHeader, "order-1-created")
+
+	// The first delivery commits, but its acknowledgement never reaches the server: the
+	// server delivers the message again (at once here, instead of after AckWait).
+	first := b.next()
+	wantAction(t, h.Process(t.Context(), first), consume.Ack, false)
+	if err := first.Nak(); err != nil {
+		t.Fatal(err)
+	}
+	again := b.redelivery()
+	wantAction(t, h.Handle(t.Context(), again), consume.Ack, true)
+	b.settledWith(1)
+}
+
+func TestMessageInFlightElsewhereIsNakedAndRedelivered(t *testing.T) {
+	b := setup(t)
+	h := b.handler(jsconsume.Config{})
+	payload := `{"order":2}`
+	b.publish(payload, jetstream.MsgIDHeader, "order-2-created")
+	// Another consumer holds the message, its lease live.
+	other, _, err := b.guard.Begin(t.Context(), idem.Call{Scope: "billing", Key: "order-2-created",
+		Fingerprint: idem.FingerprintInput("billing", []byte(payload))})
+	if err != nil || other == nil {
+		t.Fatalf("Begin = %v, %v", other, err)
+	}
+
+	res := h.Handle(t.Context(), b.next())
+	wantAction(t, res, consume.Nak, false)
+	if res.Delay != idem.DefaultRetryAfter || !errors.Is(res.Err, idem.ErrKeyInProgress) {
+		t.Fatalf("Nak after %v (%v), want after the guard's RetryAfter, in progress", res.Delay, res.Err)
+	}
+	// The other consumer gives up its claim; the redelivery runs the effect.
+	if err := other.Release(); err != nil {
+		t.Fatal(err)
+	}
+	again := b.redelivery()
+	wantAction(t, h.Handle(t.Context(), again), consume.Ack, false)
+	b.settledWith(1)
+}
+
+func TestIDFromAnotherHeaderReusedWithAnotherPayloadIsTerminated(t *testing.T) {
+	b := setup(t)
+	// JetStream would drop a second publish with the same Nats-Msg-Id; an id of the
+	// application's own header reaches the consumer twice.
+	h := b.handler(jsconsume.Config{KeyHeader: "Event-Id"})
+	b.publish(`{"order":3,"amount":2000}`, "Event-Id", "evt-3")
+	b.publish(`{"order":3,"amount":9999}`, "Event-Id", "evt-3")
+
+	wantAction(t, h.Handle(t.Context(), b.next()), consume.Ack, false)
+	res := h.Handle(t.Context(), b.next())
+	wantAction(t, res, consume.Term, false)
+	if !errors.Is(res.Err, consume.ErrIDReused) {
+		t.Fatalf("Err = %v, want ErrIDReused", res.Err)
+	}
+	b.settledWith(1) // terminated: not redelivered
+}
+
+func TestMessageWithoutIDIsTerminated(t *testing.T) {
+	b := setup(t)
+	h := b.handler(jsconsume.Config{})
+	b.publish(`{"order":4}`)
+	res := h.Handle(t.Context(), b.next())
+	wantAction(t, res, consume.Term, false)
+	if !errors.Is(res.Err, consume.ErrNoID) {
+		t.Fatalf("Err = %v, want ErrNoID", res.Err)
+	}
+	b.settledWith(0)
+}
+
+func TestEffectErrorIsNakedAndTheRedeliveryRunsIt(t *testing.T) {
+	b := setup(t)
+	fail := true
+	h := jsconsume.New(b.p, jsconsume.Config{Scope: "billing"}, func(ctx context.Context, tx *sql.Tx, msg jetstream.Msg) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO invoices (msg) VALUES (?)`, string(msg.Data())); err != nil {
+			return err
+		}
+		if fail {
+			fail = false
+			return errors.New("the ledger is down")
+		}
+		return nil
+	})
+	b.publish(`{"order":5}`, jetstream.MsgIDHeader, "order-5-created")
+	wantAction(t, h.Handle(t.Context(), b.next()), consume.Nak, false)
+	wantAction(t, h.Handle(t.Context(), b.next()), consume.Ack, false)
+	b.settledWith(1) // the failed attempt's write rolled back
+}
+
+func TestMessageHandlerConsumesAStream(t *testing.T) {
+	b := setup(t)
+	const n = 20
+	for i := range n {
+		b.publish(string(killtest.Payload(i)), jetstream.MsgIDHeader, killtest.ID(i))
+	}
+	cc, err := b.cons.Consume(b.handler(jsconsume.Config{}).MessageHandler(t.Context()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	b.settledWith(n)
+}
+
+func TestNewRefusesAnIncompleteConfig(t *testing.T) {
+	defer func() {
+		if p := recover(); p != "jsconsume: Config.Scope is required" {
+			t.Fatalf("panic = %v", p)
+		}
+	}()
+	jsconsume.New(&consume.Processor[*sql.Tx]{}, jsconsume.Config{}, func(context.Context, *sql.Tx, jetstream.Msg) error { return nil })
+}
+
+// The crash proof (issue 15 item 2): 200 messages, consumer processes killed with
+// SIGKILL inside the effect's transaction, between the commit and the
+// acknowledgement, and wherever they are, the server redelivering after AckWait.
+
+// jsBroker is the kill tests' broker: a private stream with a durable consumer whose
+// AckWait is shorter than the consumers' lease, so that redeliveries meet messages
+// still in flight under a killed consumer's claim.
+type jsBroker struct {
+	js   jetstream.JetStream
+	cons jetstream.Consumer
+}
+
+// The environment of the kill tests' consumer processes.
+const (
+	envURL      = "IDEM_KILLTEST_NATS_URL"
+	envStream   = "IDEM_KILLTEST_NATS_STREAM"
+	envConsumer = "IDEM_KILLTEST_NATS_CONSUMER"
+)
+
+func (b *jsBroker) Prepare(t *testing.T, n int) []string {
+	_, b.js = connect(t)
+	stream, subj := newStream(t, b.js)
+	for i := range n {
+		if _, err := b.js.Publish(t.Context(), subj, killtest.Payload(i), jetstream.WithMsgID(killtest.ID(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.cons = newConsumer(t, b.js, stream, time.Second)
+	return []string{envURL + "=" + testenv.NATSURL(t), envStream + "=" + stream, envConsumer + "=billing"}
+}
+
+func (b *jsBroker) Outstanding(t *testing.T) int {
+	info, err := b.cons.Info(t.Context())
+	if err != nil {
+		t.Fatalf("consumer info: %v", err)
+	}
+	return int(info.NumPending) + info.NumAckPending
+}
+
+// consumer is the kill tests' consumer process: it handles the stream's messages one by
+// one until the parent stops it.
+func consumer[Tx any](ctx context.Context, c *killtest.Child[Tx]) error {
+	nc, err := nats.Connect(os.Getenv(envURL))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cons, err := js.Consumer(ctx, os.Getenv(envStream), os.Getenv(envConsumer))
+	if err != nil {
+		return err
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(20), jetstream.WithMessagesErrOnMissingHeartbeat(false))
+	if err != nil {
+		return err
+	}
+	go func() {
+		<-c.Stopping()
+		it.Stop()
+	}()
+	var h *jsconsume.Handler[Tx]
+	if c.Processor != nil {
+		h = jsconsume.New(c.Processor, jsconsume.Config{Scope: killtest.Scope}, func(ctx context.Context, tx Tx, msg jetstream.Msg) error {
+			return c.Effect(ctx, tx, msg.Headers().Get(jetstream.MsgIDHeader))
+		})
+	}
+	for {
+		msg, err := it.Next()
+		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			return nc.Flush()
+		}
+		if err != nil {
+			return err
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return err
+		}
+		res := c.Handle(ctx, msg.Headers().Get(jetstream.MsgIDHeader), int(md.NumDelivered),
+			func(ctx context.Context) consume.Result { return h.Process(ctx, msg) })
+		if err := jsconsume.Settle(msg, res); err != nil {
+			return err
+		}
+	}
+}
+
+// kills is where the kill tests kill their consumers.
+var kills = []killtest.Kill{
+	killtest.KillAnywhere, killtest.KillInEffect, killtest.KillAfterCommit,
+	killtest.KillAnywhere, killtest.KillAfterCommit, killtest.KillInEffect,
+}
+
+func TestKilledConsumersApplyEveryMessageOnce(t *testing.T) {
+	for _, db := range []string{"sqlite", "postgres"} {
+		t.Run(db, func(t *testing.T) {
+			rep := killtest.Run(t, killtest.Plan{Broker: &jsBroker{}, DB: db, Helper: true, N: 200, Kills: kills})
+			t.Log(rep)
+			if rep.Duplicates() != 0 || rep.Lost() != 0 {
+				t.Fatalf("with the helper: %v; want every message's effect exactly once", rep)
+			}
+			if rep.Replays == 0 || rep.Takeovers == 0 {
+				t.Fatalf("%v: want replays (kills after commits) and takeovers (kills in effects), or the kills proved nothing", rep)
+			}
+		})
+	}
+}
+
+func TestKilledConsumersWithoutTheHelperApplyMessagesTwice(t *testing.T) {
+	for _, db := range []string{"sqlite", "postgres"} {
+		t.Run(db, func(t *testing.T) {
+			rep := killtest.Run(t, killtest.Plan{Broker: &jsBroker{}, DB: db, Helper: false, N: 200, Kills: kills})
+			t.Log(rep)
+			if rep.Lost() != 0 {
+				t.Fatalf("without the helper: %v; want no message lost", rep)
+			}
+			// Each kill after a commit leaves a committed, unacknowledged message.
+			if rep.Duplicates() < 2 {
+				t.Fatalf("without the helper: %v; want a duplicate for each kill after a commit", rep)
+			}
+		})
+	}
+}
