@@ -141,11 +141,11 @@ func (h *Handle) observeClaimedInTx(claimed, completed bool, failed error) {
 			h.mu.Lock()
 			params := h.params
 			h.mu.Unlock()
-			h.observeCompletion(completionResult(params), true, nil)
+			h.observeCompletion(completionResult(params), true, false, 0, nil)
 		case failed != nil:
-			h.observeCompletion(CompletionFailed, true, failed)
+			h.observeCompletion(CompletionFailed, true, false, 0, failed)
 		default: // its response releases the key: the transaction recorded nothing
-			h.observeRelease(nil)
+			h.observeRelease(0, nil)
 		}
 	}
 }

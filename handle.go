@@ -397,13 +397,13 @@ func (h *Handle) finish() (ending, error) {
 		}
 		expired := h.warnIfExpired()
 		if h.observing() {
-			h.observeCompletionExpired(completionResult(params), true, expired, nil)
+			h.observeCompletion(completionResult(params), true, expired, 0, nil)
 		}
 		return endStored, nil
 	case failed != nil: // ... or did not commit: neither effects nor record exist
 		g.cfg.Logger.WarnContext(&h.detached, "idem: the completing transaction failed; the result is not used",
 			h.attrs(slog.Any("error", failed))...)
-		h.observeCompletion(CompletionFailed, true, failed)
+		h.observeCompletion(CompletionFailed, true, false, 0, failed)
 		_ = h.release() // harmless if the commit happened after all: the record is completed
 		return endFailed, failed
 	}
@@ -415,21 +415,21 @@ func (h *Handle) finish() (ending, error) {
 	ctx, cancel := h.storeCtx()
 	start := h.storeCallStart()
 	err := g.cfg.Store.RecordComplete(ctx, params)
-	h.observeStoreCall(StoreOpComplete, start, err)
+	took := h.observeStoreCall(StoreOpComplete, start, err)
 	cancel()
 	switch {
 	case err == nil:
 		h.cacheCompleted(params.Response)
 		expired := h.warnIfExpired()
 		if h.observing() {
-			h.observeCompletionExpired(completionResult(params), false, expired, nil)
+			h.observeCompletion(completionResult(params), false, expired, took, nil)
 		}
 		return endStored, nil
 	case errors.Is(err, ErrLeaseLost):
 		// Another caller took the key over and executes (or executed) the operation;
 		// the repeat gets its outcome.
 		g.cfg.Logger.WarnContext(&h.detached, "idem: lease lost before the result was stored; the result is not used", h.attrs()...)
-		h.observeCompletion(CompletionLeaseLost, false, err)
+		h.observeCompletion(CompletionLeaseLost, false, false, took, err)
 		return endFailed, ErrLeaseLost
 	default:
 		// The operation's effects happened: its result stands, and the key frees when
@@ -437,7 +437,7 @@ func (h *Handle) finish() (ending, error) {
 		// the operation a second time.
 		g.cfg.Logger.ErrorContext(&h.detached, "idem: storing the result failed; it is used unstored",
 			h.attrs(slog.Any("error", err))...)
-		h.observeCompletion(CompletionFailed, false, err)
+		h.observeCompletion(CompletionFailed, false, false, took, err)
 		return endUnstored, &StoreError{Op: "complete", Err: err}
 	}
 }
@@ -473,8 +473,7 @@ func (h *Handle) release() error {
 	defer cancel()
 	start := h.storeCallStart()
 	err := g.cfg.Store.RecordRelease(ctx, &RecordReleaseParams{Scope: h.scope, Key: h.key, Token: h.token, Now: g.storeNow()})
-	h.observeStoreCall(StoreOpRelease, start, err)
-	h.observeRelease(err)
+	h.observeRelease(h.observeStoreCall(StoreOpRelease, start, err), err)
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		g.cfg.Logger.DebugContext(ctx, "idem: release found the key no longer held", h.attrs()...)

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"context"
 	"time"
 )
 
@@ -17,10 +18,11 @@ import (
 // Events carry what metrics and traces need for labels and attributes — an outcome,
 // a store operation, a route name, a duration, an error — and never a key, a body or
 // a lock token; KeyHash is a short hash of (scope, key), for correlating logs and
-// traces, never for a metric label. Adapters such as a Prometheus collector map them
-// to, say, idem_claims_total{route, outcome}, idem_completions_total{route, result},
-// idem_releases_total{route}, idem_lease_lost_total{route, cause} and
-// idem_store_duration_seconds{op} (with an error label from Err).
+// traces, never for a metric label. Each event's Context is the caller's, for an
+// adapter's parent span. The adapters of package idemprom (Prometheus:
+// idem_claims_total{route, outcome}, idem_store_duration_seconds{op}, ...) and
+// idemotel (OpenTelemetry spans and metrics) are built on it; [MultiObserver] tells
+// several observers, such as one of them and the application's own.
 type Observer struct {
 	// Claimed is called once for every keyed request or [Guard.Begin] that reaches the
 	// claim, with its outcome.
@@ -78,6 +80,10 @@ const (
 
 // ClaimEvent is a claim's outcome (Observer.Claimed).
 type ClaimEvent struct {
+	// Context is the caller's context (the request's, or the one given to
+	// [Guard.Begin] or [Do]) without its cancellation: its values, such as a trace's
+	// span for an adapter's parent span. It is not for deadlines, nor to keep.
+	Context context.Context
 	// Route names the operation: the middleware route's [RouteOptions.Name] (or the
 	// request's ServeMux pattern), or [Call.Name].
 	Route string
@@ -117,6 +123,10 @@ const (
 // CompletionEvent is the end of a claim that stored its result, or failed to
 // (Observer.Completed).
 type CompletionEvent struct {
+	// Context is the caller's context (the request's, or the one given to
+	// [Guard.Begin] or [Do]) without its cancellation: its values, such as a trace's
+	// span for an adapter's parent span. It is not for deadlines, nor to keep.
+	Context context.Context
 	// Route and KeyHash are as in [ClaimEvent].
 	Route   string
 	KeyHash string
@@ -131,17 +141,28 @@ type CompletionEvent struct {
 	Expired bool
 	// Duration is the operation's time, from its claim to the end of its completion.
 	Duration time.Duration
+	// StoreDuration is the time of the completion's store call; zero when InTx (the
+	// application's transaction made it).
+	StoreDuration time.Duration
 	// Err is the failure of CompletionLeaseLost and CompletionFailed.
 	Err error
 }
 
 // ReleaseEvent is a release of a key (Observer.Released).
 type ReleaseEvent struct {
+	// Context is the caller's context (the request's, or the one given to
+	// [Guard.Begin] or [Do]) without its cancellation: its values, such as a trace's
+	// span for an adapter's parent span. It is not for deadlines, nor to keep.
+	Context context.Context
 	// Route and KeyHash are as in [ClaimEvent].
 	Route   string
 	KeyHash string
 	// Duration is the operation's time, from its claim to the end of the release.
 	Duration time.Duration
+	// StoreDuration is the time of the release's store call; zero when the
+	// application's transaction released the key (a [RouteOptions.ClaimInHandler]
+	// route whose response releases it).
+	StoreDuration time.Duration
 	// Err is the release's failure: [ErrLeaseLost] when the key was no longer held
 	// (taken over, or completed by a §7 transaction), or the store's error (the key
 	// frees when the lease lapses).
@@ -150,6 +171,10 @@ type ReleaseEvent struct {
 
 // RenewalEvent is a lease renewal that failed (Observer.RenewalFailed).
 type RenewalEvent struct {
+	// Context is the caller's context (the request's, or the one given to
+	// [Guard.Begin] or [Do]) without its cancellation: its values, such as a trace's
+	// span for an adapter's parent span. It is not for deadlines, nor to keep.
+	Context context.Context
 	// Route and KeyHash are as in [ClaimEvent].
 	Route   string
 	KeyHash string
@@ -173,6 +198,10 @@ const (
 // LeaseLostEvent is an operation cancelled because its lease was lost
 // (Observer.LeaseLost).
 type LeaseLostEvent struct {
+	// Context is the caller's context (the request's, or the one given to
+	// [Guard.Begin] or [Do]) without its cancellation: its values, such as a trace's
+	// span for an adapter's parent span. It is not for deadlines, nor to keep.
+	Context context.Context
 	// Route and KeyHash are as in [ClaimEvent].
 	Route   string
 	KeyHash string
@@ -195,6 +224,10 @@ const (
 
 // StoreCallEvent is one store call (Observer.StoreCall).
 type StoreCallEvent struct {
+	// Context is the caller's context (the request's, or the one given to
+	// [Guard.Begin] or [Do]) without its cancellation: its values, such as a trace's
+	// span for an adapter's parent span. It is not for deadlines, nor to keep.
+	Context context.Context
 	// Route is as in [ClaimEvent].
 	Route string
 	// Op is the call.
@@ -213,54 +246,101 @@ func (h *Handle) observing() bool { return h.g.cfg.Observer != nil }
 // observeClaim reports the claim's outcome, begun at start.
 func (h *Handle) observeClaim(o Outcome, waited bool, start time.Time, err error) {
 	if ob := h.g.cfg.Observer; ob != nil && ob.Claimed != nil {
-		ob.Claimed(ClaimEvent{Route: h.route, KeyHash: h.keyHash, Outcome: o, Waited: waited,
-			Duration: time.Since(start), Err: err})
+		ob.Claimed(ClaimEvent{Context: &h.detached, Route: h.route, KeyHash: h.keyHash, Outcome: o,
+			Waited: waited, Duration: time.Since(start), Err: err})
 	}
 }
 
-func (h *Handle) observeCompletion(r CompletionResult, inTx bool, err error) {
-	h.observeCompletionExpired(r, inTx, false, err)
-}
-
-func (h *Handle) observeCompletionExpired(r CompletionResult, inTx, expired bool, err error) {
+// observeCompletion reports a completion whose store call took storeDur (zero in a
+// SPEC §7 transaction).
+func (h *Handle) observeCompletion(r CompletionResult, inTx, expired bool, storeDur time.Duration, err error) {
 	if ob := h.g.cfg.Observer; ob != nil && ob.Completed != nil {
-		ob.Completed(CompletionEvent{Route: h.route, KeyHash: h.keyHash, Result: r, InTx: inTx,
-			Expired: expired, Duration: time.Since(h.claimStartedReal), Err: err})
+		ob.Completed(CompletionEvent{Context: &h.detached, Route: h.route, KeyHash: h.keyHash,
+			Result: r, InTx: inTx, Expired: expired, Duration: time.Since(h.claimStartedReal),
+			StoreDuration: storeDur, Err: err})
 	}
 }
 
-func (h *Handle) observeRelease(err error) {
+// observeRelease reports a release whose store call took storeDur.
+func (h *Handle) observeRelease(storeDur time.Duration, err error) {
 	if ob := h.g.cfg.Observer; ob != nil && ob.Released != nil {
-		ob.Released(ReleaseEvent{Route: h.route, KeyHash: h.keyHash,
-			Duration: time.Since(h.claimStartedReal), Err: err})
+		ob.Released(ReleaseEvent{Context: &h.detached, Route: h.route, KeyHash: h.keyHash,
+			Duration: time.Since(h.claimStartedReal), StoreDuration: storeDur, Err: err})
 	}
 }
 
 func (h *Handle) observeRenewalFailed(err error) {
 	if ob := h.g.cfg.Observer; ob != nil && ob.RenewalFailed != nil {
-		ob.RenewalFailed(RenewalEvent{Route: h.route, KeyHash: h.keyHash, Err: err})
+		ob.RenewalFailed(RenewalEvent{Context: &h.detached, Route: h.route, KeyHash: h.keyHash, Err: err})
 	}
 }
 
 func (h *Handle) observeLeaseLost(cause LeaseLostCause) {
 	if ob := h.g.cfg.Observer; ob != nil && ob.LeaseLost != nil {
-		ob.LeaseLost(LeaseLostEvent{Route: h.route, KeyHash: h.keyHash, Cause: cause})
+		ob.LeaseLost(LeaseLostEvent{Context: &h.detached, Route: h.route, KeyHash: h.keyHash, Cause: cause})
 	}
 }
 
-// storeCallStart returns the time a store call starts when StoreCall is observed, and
+// storeCallStart returns the time a store call starts when there is an observer, and
 // the zero time otherwise (no clock read).
 func (h *Handle) storeCallStart() time.Time {
-	if ob := h.g.cfg.Observer; ob != nil && ob.StoreCall != nil {
+	if h.g.cfg.Observer != nil {
 		return time.Now()
 	}
 	return time.Time{}
 }
 
-// observeStoreCall reports a store call that began at start (zero: not observed).
-func (h *Handle) observeStoreCall(op StoreOp, start time.Time, err error) {
+// observeStoreCall reports a store call that began at start (zero: not observed) and
+// returns its duration.
+func (h *Handle) observeStoreCall(op StoreOp, start time.Time, err error) time.Duration {
 	if start.IsZero() {
-		return
+		return 0
 	}
-	h.g.cfg.Observer.StoreCall(StoreCallEvent{Route: h.route, Op: op, Duration: time.Since(start), Err: err})
+	d := time.Since(start)
+	if ob := h.g.cfg.Observer; ob.StoreCall != nil {
+		ob.StoreCall(StoreCallEvent{Context: &h.detached, Route: h.route, Op: op, Duration: d, Err: err})
+	}
+	return d
+}
+
+// MultiObserver returns an Observer that tells each of observers of every event, in
+// their order: say, a metrics adapter's and the application's own. Nil observers and
+// nil funcs are skipped; it returns nil when no func is left, so that it costs
+// nothing then either.
+func MultiObserver(observers ...*Observer) *Observer {
+	m := &Observer{
+		Claimed:       fanOut(observers, func(o *Observer) func(ClaimEvent) { return o.Claimed }),
+		Completed:     fanOut(observers, func(o *Observer) func(CompletionEvent) { return o.Completed }),
+		Released:      fanOut(observers, func(o *Observer) func(ReleaseEvent) { return o.Released }),
+		RenewalFailed: fanOut(observers, func(o *Observer) func(RenewalEvent) { return o.RenewalFailed }),
+		LeaseLost:     fanOut(observers, func(o *Observer) func(LeaseLostEvent) { return o.LeaseLost }),
+		StoreCall:     fanOut(observers, func(o *Observer) func(StoreCallEvent) { return o.StoreCall }),
+	}
+	if m.Claimed == nil && m.Completed == nil && m.Released == nil && m.RenewalFailed == nil &&
+		m.LeaseLost == nil && m.StoreCall == nil {
+		return nil
+	}
+	return m
+}
+
+// fanOut returns a func calling field of each observer that has it, or nil when none
+// has.
+func fanOut[E any](observers []*Observer, field func(*Observer) func(E)) func(E) {
+	var fs []func(E)
+	for _, o := range observers {
+		if o != nil && field(o) != nil {
+			fs = append(fs, field(o))
+		}
+	}
+	switch len(fs) {
+	case 0:
+		return nil
+	case 1:
+		return fs[0]
+	}
+	return func(e E) {
+		for _, f := range fs {
+			f(e)
+		}
+	}
 }

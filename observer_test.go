@@ -309,3 +309,125 @@ func TestNilObserverAndNilFuncsSeeNothing(t *testing.T) {
 		t.Fatalf("replay with an empty observer: %d", w.Code)
 	}
 }
+
+type traceKey struct{}
+
+// eventContext returns the Context of any event.
+func eventContext(e any) context.Context {
+	switch e := e.(type) {
+	case idem.ClaimEvent:
+		return e.Context
+	case idem.CompletionEvent:
+		return e.Context
+	case idem.ReleaseEvent:
+		return e.Context
+	case idem.RenewalEvent:
+		return e.Context
+	case idem.LeaseLostEvent:
+		return e.Context
+	case idem.StoreCallEvent:
+		return e.Context
+	}
+	panic(fmt.Sprintf("not an event: %T", e))
+}
+
+// Every event carries the caller's context (for an adapter's parent span), without
+// its cancellation: also the renewals' and the lost lease's, sent from timers.
+func TestObserverEventsCarryTheCallersContext(t *testing.T) {
+	t.Parallel()
+	b, rec := observed(t, nil)
+	renewed := make(chan error, 1)
+	idem.OnRenew(b.mw, func(err error) { renewed <- err })
+	h := newHeld()
+	first := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), traceKey{}, "first"))
+	go func() { serve(b.mw.Handler(h), req("POST", "/x", key, "{}").WithContext(ctx)); close(first) }()
+	<-h.entered
+	cancel() // the client went away; the operation runs on
+	b.clock.Advance(31 * time.Second)
+	second := context.WithValue(context.Background(), traceKey{}, "second")
+	serve(b.mw.Handler(&counter{}), req("POST", "/x", key, "{}").WithContext(second))
+	b.ticker.Tick()
+	<-renewed
+	close(h.gate)
+	<-first
+	serve(b.mw.Handler(&counter{status: 400}), req("POST", "/x", "5d1c2b3a-4e5f-4a6b-9c7d-8e9f0a1b2c3d", "{}").WithContext(second))
+
+	events := rec.all()
+	got := map[string]int{}
+	for _, e := range events {
+		c := eventContext(e)
+		if c == nil || c.Err() != nil {
+			t.Fatalf("event %+v: context %v, want one without cancellation", e, c)
+		}
+		v, _ := c.Value(traceKey{}).(string)
+		got[v]++
+	}
+	// first: claim (store call, event), renewal (store call, failure), lost lease,
+	// completion (store call, event); second: the takeover's 4, the release's 4.
+	if got["first"] != 7 || got["second"] != 8 || len(got) != 2 {
+		t.Errorf("events by the caller's context value %v, want first: 7, second: 8\n%s", got, strings.Join(rec.take(), " "))
+	}
+}
+
+// A completion's and a release's StoreDuration is their store call's duration; zero
+// in a SPEC §7 transaction.
+func TestObserverCompletionAndReleaseCarryTheirStoreCallsDuration(t *testing.T) {
+	t.Parallel()
+	b, rec := observed(t, nil)
+	serve(b.mw.Handler(&counter{}), req("POST", "/x", key, "{}"))
+	serve(b.mw.Handler(&counter{status: 400}), req("POST", "/x", "5d1c2b3a-4e5f-4a6b-9c7d-8e9f0a1b2c3d", "{}"))
+	tx := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+		_ = inTx(r.Context(), b.store, nil, func() error { return nil })
+	}))
+	serve(tx, req("POST", "/tx", "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d", "{}"))
+	var last time.Duration // of the store call before each event
+	n := 0
+	for _, e := range rec.all() {
+		switch e := e.(type) {
+		case idem.StoreCallEvent:
+			last = e.Duration
+		case idem.CompletionEvent:
+			n++
+			if want := map[bool]time.Duration{false: last, true: 0}[e.InTx]; e.StoreDuration != want || (!e.InTx && want <= 0) {
+				t.Errorf("completion (in tx: %v): StoreDuration %v, want %v", e.InTx, e.StoreDuration, want)
+			}
+		case idem.ReleaseEvent:
+			n++
+			if e.StoreDuration != last || last <= 0 {
+				t.Errorf("release: StoreDuration %v, want its store call's %v", e.StoreDuration, last)
+			}
+		}
+	}
+	if n != 3 {
+		t.Fatalf("%d completions and releases, want 3: %s", n, strings.Join(rec.take(), " "))
+	}
+}
+
+func TestMultiObserverTellsEachObserverInOrder(t *testing.T) {
+	t.Parallel()
+	var order []string
+	var mu sync.Mutex
+	note := func(s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, s)
+	}
+	first := &idem.Observer{Claimed: func(e idem.ClaimEvent) { note("first:" + string(e.Outcome)) }}
+	second := &idem.Observer{
+		Claimed:   func(e idem.ClaimEvent) { note("second:" + string(e.Outcome)) },
+		Completed: func(e idem.CompletionEvent) { note("second:" + string(e.Result)) },
+	}
+	b := setup(t, func(c *idem.Config) { c.Observer = idem.MultiObserver(first, nil, &idem.Observer{}, second) })
+	serve(b.mw.Handler(&counter{}), req("POST", "/x", key, "{}"))
+	if got := strings.Join(order, " "); got != "first:acquired second:acquired second:stored" {
+		t.Errorf("events %q, want each observer told in order", got)
+	}
+	if m := idem.MultiObserver(nil, &idem.Observer{}); m != nil {
+		t.Errorf("MultiObserver of nothing = %+v, want nil (costs nothing)", m)
+	}
+	if m := idem.MultiObserver(second); m.Claimed == nil || m.Completed == nil || m.StoreCall != nil {
+		t.Errorf("MultiObserver of one: %+v, want its funcs only", m)
+	}
+}
