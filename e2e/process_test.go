@@ -29,10 +29,11 @@ const (
 )
 
 // listeningRe finds the address in the server's start line, in slog text form:
-// level=INFO msg="idem payments listening" addr=127.0.0.1:41234 store=...
+// level=INFO msg="idem payments listening" addr=127.0.0.1:41234 store=... (or
+// "idem processor listening").
 // The first addr= after the message is the listening address: a Redis Cluster store URL
 // logged later on the line has addr= parameters of its own.
-var listeningRe = regexp.MustCompile(`msg="?idem payments listening"?.*?\baddr="?([^"\s]+)"?`)
+var listeningRe = regexp.MustCompile(`msg="?idem (?:payments|processor) listening"?.*?\baddr="?([^"\s]+)"?`)
 
 // logBuffer is the combined stdout and stderr of a process, safe for concurrent use.
 type logBuffer struct {
@@ -52,14 +53,15 @@ func (b *logBuffer) String() string {
 	return b.buf.String()
 }
 
-// server is one running `idem payments` process. It can be killed and restarted on the
-// same address with the same arguments; its output (of every incarnation) is logged when
-// the test fails.
+// server is one running `idem payments` (or `idem processor`) process. It can be killed
+// and restarted on the same address with the same arguments; its output (of every
+// incarnation) is logged when the test fails.
 type server struct {
-	t    testing.TB
-	name string
-	args []string // without --addr
-	addr string   // host:port once listening
+	t       testing.TB
+	name    string
+	command string   // payments or processor
+	args    []string // without --addr
+	addr    string   // host:port once listening
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -79,9 +81,21 @@ func startServer(t testing.TB, args ...string) *server {
 	return s
 }
 
-// newServer prepares a server with args (not yet started) and its cleanup.
-func newServer(t testing.TB, args ...string) *server {
-	s := &server{t: t, name: fmt.Sprintf("idem payments %s", strings.Join(args, " ")), args: args}
+// startProcessor starts `idem processor --addr 127.0.0.1:0 args...` like startServer.
+func startProcessor(t testing.TB, args ...string) *server {
+	t.Helper()
+	s := newCommand(t, "processor", args...)
+	s.start("127.0.0.1:0")
+	return s
+}
+
+// newServer prepares an `idem payments` server with args (not yet started) and its
+// cleanup.
+func newServer(t testing.TB, args ...string) *server { return newCommand(t, "payments", args...) }
+
+// newCommand prepares a server running `idem command args...`.
+func newCommand(t testing.TB, command string, args ...string) *server {
+	s := &server{t: t, name: fmt.Sprintf("idem %s %s", command, strings.Join(args, " ")), command: command, args: args}
 	t.Cleanup(func() {
 		s.kill()
 		if t.Failed() {
@@ -112,7 +126,7 @@ func (s *server) launch(addr string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(bin, append([]string{"payments", "--addr", addr}, s.args...)...)
+	cmd := exec.Command(bin, append([]string{s.command, "--addr", addr}, s.args...)...)
 	logs := &logBuffer{}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

@@ -4,6 +4,8 @@
 //	idem payments [--addr 127.0.0.1:8080] [--store URL] [--db URL] [--ttl 24h]
 //	              [--lock-timeout 30s] [--processor-latency 0s] [--profile seed|ietf]
 //	              [--disable-idempotency]
+//	idem processor [--addr 127.0.0.1:8090] [--store URL] [--latency D] [--fail-rate F]
+//	              [--lost-reply-rate F]
 //	idem migrate  --store URL
 //	idem purge    --store URL [--older-than DURATION]
 //	idem load     --url URL [--concurrency N] [--duration D | --requests N] ...
@@ -38,6 +40,7 @@ const usage = `usage: idem <command> [flags]
 
 commands:
   payments   serve the reference payments API (SPEC §11)
+  processor  serve a fake card processor for payments --processor-url (SPEC §13)
   migrate    create or upgrade an idempotency store's schema
   purge      delete expired idempotency records
   load       load and verify the payments API (exactly-once)
@@ -65,6 +68,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "payments":
 		return runPayments(ctx, args[1:], stdout, stderr)
+	case "processor":
+		return runProcessor(ctx, args[1:], stdout, stderr)
 	case "migrate":
 		return runMigrate(ctx, args[1:], stdout, stderr)
 	case "purge":

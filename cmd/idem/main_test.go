@@ -25,13 +25,31 @@ import (
 // (stderr) and, once it has returned, its exit status. Read the lines to the end: the
 // command blocks on a full pipe.
 func startPayments(ctx context.Context, args ...string) (lines *bufio.Scanner, exit <-chan int) {
+	return startCommand(ctx, append([]string{"payments"}, args...)...)
+}
+
+// startCommand runs `idem args…` as startPayments does.
+func startCommand(ctx context.Context, args ...string) (lines *bufio.Scanner, exit <-chan int) {
 	pr, pw := io.Pipe()
 	code := make(chan int, 1)
 	go func() {
-		code <- run(ctx, append([]string{"payments"}, args...), io.Discard, pw)
+		code <- run(ctx, args, io.Discard, pw)
 		pw.Close()
 	}()
 	return bufio.NewScanner(pr), code
+}
+
+// restOfLines collects the lines after the first, until the command's stderr closes.
+func restOfLines(lines *bufio.Scanner) <-chan []string {
+	rest := make(chan []string, 1)
+	go func() {
+		var more []string
+		for lines.Scan() {
+			more = append(more, lines.Text())
+		}
+		rest <- more
+	}()
+	return rest
 }
 
 // postCharge creates a charge with key at the payments API at base, and wants 201.
@@ -99,6 +117,13 @@ func TestBadFlagsAndURLsAreOneLineErrorsWithExitStatus2(t *testing.T) {
 		{[]string{"payments", "--store", store, "--idle-timeout", "0s"}, "--idle-timeout"},
 		{[]string{"payments", "--store", store, "--max-header-bytes", "100"}, "--max-header-bytes"},
 		{[]string{"payments", "--store", store, "stray"}, "stray"},
+		{[]string{"processor", "--store", "redis://127.0.0.1:6379"}, "SQL database"},
+		{[]string{"processor", "--store", store, "--fail-rate", "1.5"}, "--fail-rate"},
+		{[]string{"processor", "--store", store, "--lost-reply-rate", "-0.1"}, "--lost-reply-rate"},
+		{[]string{"processor", "--store", store, "--lost-reply-rate", "NaN"}, "--lost-reply-rate"},
+		{[]string{"processor", "--store", store, "--latency", "-1s"}, "--latency"},
+		{[]string{"processor", "--store", store, "--ttl", "1s", "--lock-timeout", "1s"}, "--ttl"},
+		{[]string{"processor", "--store", store, "stray"}, "stray"},
 		{[]string{"migrate"}, "--store is required"},
 		{[]string{"migrate", "--store", "mysql://x"}, "mysql"},
 		{[]string{"migrate", "--bogus"}, "bogus"},
@@ -137,6 +162,7 @@ func TestHelpExplainsEveryFlag(t *testing.T) {
 	for cmd, flags := range map[string][]string{
 		"payments": {"addr", "store", "db", "ttl", "lock-timeout", "processor-latency", "profile", "disable-idempotency", "log-format", "log-level",
 			"store-timeout", "read-header-timeout", "read-timeout", "idle-timeout", "max-header-bytes", "metrics-addr"},
+		"processor":   {"addr", "store", "latency", "fail-rate", "lost-reply-rate", "ttl", "lock-timeout", "store-timeout", "log-format", "log-level"},
 		"migrate":     {"store"},
 		"purge":       {"store", "older-than"},
 		"keys get":    {"store", "scope", "token", "key", "body", "json"},
@@ -283,14 +309,7 @@ func TestPaymentsLogsOneLineServesAndStopsGracefully(t *testing.T) {
 	if m == nil || m[2] != store || m[3] != store {
 		t.Fatalf("start line %q", lines.Text())
 	}
-	rest := make(chan []string, 1)
-	go func() {
-		var more []string
-		for lines.Scan() {
-			more = append(more, lines.Text())
-		}
-		rest <- more
-	}()
+	rest := restOfLines(lines)
 
 	base := "http://" + m[1]
 	postCharge(t, base, "key-start-test-1")

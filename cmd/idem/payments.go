@@ -191,7 +191,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		listening = append(listening, "metrics", metrics.ln.Addr().String())
 	}
 	logger.Info("idem payments listening", listening...)
-	return serve(ctx, apiL, metrics, shutdownGrace+f.latency, logger, stderr)
+	return serve(ctx, name, apiL, metrics, shutdownGrace+f.latency, logger, stderr)
 }
 
 // listener is a server and the listener it serves; a zero listener serves nothing.
@@ -200,11 +200,11 @@ type listener struct {
 	ln  net.Listener
 }
 
-// serve serves the API on api, and the metrics on metrics when it is set, until ctx
-// ends (SIGINT/SIGTERM). Then the API stops accepting and lets in-flight requests
+// serve serves the API of the command name ("idem payments") on api, and the metrics
+// on metrics when it is set, until ctx ends (SIGINT/SIGTERM). Then the API stops accepting and lets in-flight requests
 // finish within grace, while metrics can still be scraped; the metrics listener stops
 // last. When either server fails, both stop.
-func serve(ctx context.Context, api, metrics listener, grace time.Duration, logger *slog.Logger, stderr io.Writer) int {
+func serve(ctx context.Context, name string, api, metrics listener, grace time.Duration, logger *slog.Logger, stderr io.Writer) int {
 	running := []listener{api}
 	if metrics.ln != nil {
 		running = append(running, metrics)
@@ -221,7 +221,7 @@ func serve(ctx context.Context, api, metrics listener, grace time.Duration, logg
 	select {
 	case err := <-errc:
 		closeAll()
-		return failure(stderr, "idem payments", err)
+		return failure(stderr, name, err)
 	case <-ctx.Done():
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), grace)
@@ -229,18 +229,18 @@ func serve(ctx context.Context, api, metrics listener, grace time.Duration, logg
 	code := exitOK
 	for _, l := range running {
 		if err := l.srv.Shutdown(shutdownCtx); err != nil {
-			logger.Warn("idem payments: in-flight requests did not finish in time", "err", err)
+			logger.Warn(name+": in-flight requests did not finish in time", "err", err)
 			closeAll()
 			return exitFailure
 		}
 	}
 	for range running {
 		if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-			code = failure(stderr, "idem payments", err)
+			code = failure(stderr, name, err)
 		}
 	}
 	if code == exitOK {
-		logger.Info("idem payments stopped")
+		logger.Info(name + " stopped")
 	}
 	return code
 }

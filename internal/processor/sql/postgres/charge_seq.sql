@@ -1,0 +1,1 @@
+SELECT seq FROM processor_charges WHERE id = $1;
