@@ -1,0 +1,52 @@
+package idem_test
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// deps returns the packages outside the standard library that pkgs import, directly
+// or not (themselves included), as `go list -deps` finds them.
+func deps(t *testing.T, pkgs ...string) []string {
+	t.Helper()
+	args := append([]string{"list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}"}, pkgs...)
+	out, err := exec.Command("go", args...).Output()
+	if err != nil {
+		t.Fatalf("go %s: %v", strings.Join(args, " "), err)
+	}
+	return strings.Fields(string(out))
+}
+
+// telemetry returns the Prometheus and OpenTelemetry packages among pkgs.
+func telemetry(pkgs []string) []string {
+	var out []string
+	for _, p := range pkgs {
+		if strings.Contains(p, "prometheus") || strings.Contains(p, "opentelemetry") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// The root package imports the standard library only, and a user of it and one store
+// compiles neither Prometheus nor OpenTelemetry (SPEC §15): they come with idemprom
+// and idemotel only.
+func TestImportGraphs(t *testing.T) {
+	t.Parallel()
+	if got := deps(t, "."); !slices.Equal(got, []string{"github.com/idem-go/idem"}) {
+		t.Errorf("the root package imports %v beside the standard library", got)
+	}
+	for _, store := range []string{"./store/sqlite", "./store/postgres", "./store/redis", "./store/memory"} {
+		if got := telemetry(deps(t, ".", store)); len(got) > 0 {
+			t.Errorf("idem and %s import %v", store, got)
+		}
+	}
+	// The check sees them where they are.
+	for _, adapter := range []string{"./idemprom", "./idemotel"} {
+		if got := telemetry(deps(t, adapter)); len(got) == 0 {
+			t.Errorf("%s imports no telemetry package: the check above proves nothing", adapter)
+		}
+	}
+}
