@@ -290,9 +290,13 @@ type RouteOptions struct {
 	// and panics when Name is empty or has a resume function already. Defaults to nil.
 	Resume ResumeFunc
 
-	// A later option (SPEC §5.3's policy "unknown" for keys whose holder died, which
-	// answers 500 outcome_unknown instead of executing again) will be added here as a
-	// field whose zero value keeps today's behaviour.
+	// OnLapse says what a request does that finds its key in flight with the holder's
+	// lease lapsed (SPEC §5.3, §13): take it over and run the handler again, resuming
+	// after its last committed step ([LapseTakeOver]), or answer 500 outcome_unknown,
+	// stored so that every retry gets it, until an operator resolves the key
+	// ([LapseUnknown]: for handlers whose foreign effects cannot be deduplicated).
+	// Defaults to [LapseTakeOver].
+	OnLapse LapsePolicy
 }
 
 // FingerprintFunc computes the fingerprint of a keyed request from the request and its

@@ -26,6 +26,18 @@
 //   - an [Observer] (observer.go), when set, is told of every claim outcome,
 //     completion, release, failed renewal, lost lease and store call (SPEC §15).
 //
+// Foreign side effects (SPEC §13; step.go, completer.go, policy.go): an operation that
+// calls a foreign system runs as named steps, each committing its writes with the
+// record's recovery point and a saved result (store/sqlite's Step, store/postgres's
+// Step, or [Step] for a result alone); a holder that takes the key over runs it again
+// and every committed step returns its saved result instead of running. The foreign
+// call carries [Handle.ForeignKey], the same for every holder of the record. A
+// [Completer] finishes, in the background, operations whose holder died after a step,
+// through the resume function their name registered ([Guard.RegisterResume]). Under the
+// policy [LapseUnknown] a key whose holder died answers [ErrOutcomeUnknown] (500
+// outcome_unknown) until an operator resolves it. docs/foreign-effects.md walks
+// through a payment.
+//
 // The net/http middleware, an adapter of the core (middleware.go, config.go,
 // capture.go, key.go, fingerprint.go, errors.go): [New] builds a [Middleware] on a
 // Guard. A request goes through these steps (see docs/state-machine.md):

@@ -74,9 +74,10 @@ const (
 	// CodeStoreUnavailable (503 with Retry-After): the store could not be reached, or
 	// the completion of the record did not commit. Retry later.
 	CodeStoreUnavailable = "store_unavailable"
-	// CodeOutcomeUnknown (500) is reserved for a later route policy that refuses to
-	// re-execute an operation whose holder died (SPEC §5.3). The middleware does not
-	// produce it yet.
+	// CodeOutcomeUnknown (500): the request's holder died under the route policy
+	// [LapseUnknown], so whether its operation's effects happened is unknown (SPEC
+	// §5.3, §13). Stored: every retry gets it until an operator resolves the key.
+	// Final: clients do not retry it.
 	CodeOutcomeUnknown = "outcome_unknown"
 )
 
@@ -105,7 +106,7 @@ var codes = map[string]codeInfo{
 	CodeBodyTooLarge:      {http.StatusRequestEntityTooLarge, "Request body too large", "The request body is too large."},
 	CodeBodyUnreadable:    {http.StatusBadRequest, "Request body unreadable", "The request body could not be read."},
 	CodeStoreUnavailable:  {http.StatusServiceUnavailable, "Idempotency store unavailable", "The idempotency store is unavailable; retry later."},
-	CodeOutcomeUnknown:    {http.StatusInternalServerError, "Outcome unknown", "The outcome of the request with this idempotency key is unknown."},
+	CodeOutcomeUnknown:    {http.StatusInternalServerError, "Outcome unknown", "The outcome of the request with this idempotency key is unknown; it will not be executed again until it is resolved. Contact support."},
 }
 
 // Status returns the HTTP status of an idem error code in profile p (SPEC §9), or 500

@@ -181,10 +181,12 @@ type Call struct {
 	// never by the completer.
 	Name string
 
-	// A later option (the policy "unknown" of SPEC §13 for keys whose holder died)
-	// will be added here as a field whose zero value keeps today's behaviour: a lapsed
-	// lease is taken over and the operation executes again, resuming after its last
-	// committed step.
+	// OnLapse says what a call does that finds the key in flight with its holder's
+	// lease lapsed: take it over and run the operation again, resuming after its last
+	// committed step ([LapseTakeOver]), or get [ErrOutcomeUnknown] until an operator
+	// resolves the key ([LapseUnknown], for foreign effects that cannot be
+	// deduplicated; SPEC §13). Defaults to [LapseTakeOver].
+	OnLapse LapsePolicy
 }
 
 // Begin claims c's key (SPEC §5) and returns exactly one of:
@@ -210,7 +212,10 @@ func (g *Guard) Begin(ctx context.Context, c Call) (h *Handle, replay *Response,
 	case c.Key == "":
 		return nil, nil, ErrKeyRequired
 	}
-	h = &Handle{route: c.Name, operation: c.Name}
+	if !c.OnLapse.valid() {
+		panic(fmt.Sprintf("idem: Call.OnLapse is not a known policy: %v", c.OnLapse))
+	}
+	h = &Handle{route: c.Name, operation: c.Name, onLapse: c.OnLapse}
 	h.init(g, ctx, c.Scope, c.Key, c.Fingerprint, g.callTTL(c.TTL, "Call.TTL"))
 	if replay, err = g.cached(h); replay != nil || err != nil {
 		return nil, replay, err
@@ -270,16 +275,22 @@ func (g *Guard) cached(h *Handle) (*Response, error) {
 // replayOutcome is the outcome of a claim that found resp stored: o, or
 // OutcomeNotStored.
 func replayOutcome(resp *Response, o Outcome) Outcome {
-	if resp == nil || resp.NotStored {
+	switch {
+	case resp == nil || resp.NotStored:
 		return OutcomeNotStored
+	case resp.OutcomeUnknown:
+		return OutcomeUnknown
 	}
 	return o
 }
 
 // replayOf is the answer of Begin for a completed record's response.
 func replayOf(resp *Response) (*Response, error) {
-	if resp == nil || resp.NotStored {
+	switch {
+	case resp == nil || resp.NotStored:
 		return nil, ErrResponseNotStored
+	case resp.OutcomeUnknown:
+		return nil, ErrOutcomeUnknown
 	}
 	return resp, nil
 }
@@ -319,6 +330,10 @@ func (g *Guard) claim(ctx context.Context, h *Handle) (*Response, error) {
 			h.observeClaim(o, waited, start, nil)
 			return nil, nil
 		case ClaimCompleted:
+			if res.MarkedUnknown {
+				g.cfg.Logger.WarnContext(ctx, "idem: the key's holder died and its operation cannot be repeated safely (policy unknown); "+
+					"answering outcome_unknown until an operator resolves the key (idem keys resolve)", h.attrs()...)
+			}
 			g.cacheRecord(h, res.Record)
 			h.observeClaim(replayOutcome(res.Record.Response, OutcomeReplayed), waited, start, nil)
 			return replayOf(res.Record.Response)
@@ -365,7 +380,9 @@ func (g *Guard) storeError(ctx context.Context, h *Handle, op string, err error)
 // there is one. The record is the caller's own copy (Store contract), so its response
 // is kept as is.
 func (g *Guard) cacheRecord(h *Handle, rec *Record) {
-	if g.cache == nil || rec == nil || rec.State != StateCompleted {
+	// An outcome_unknown answer is never cached: an operator's resolution must reach
+	// every process at once.
+	if g.cache == nil || rec == nil || rec.State != StateCompleted || rec.Response == nil || rec.Response.OutcomeUnknown {
 		return
 	}
 	g.cache.put(h.scope, h.key, rec.Fingerprint, rec.Response, rec.ExpiresAt, g.localNow())
@@ -412,7 +429,7 @@ func (h *Handle) newClaim() {
 	}
 	h.claim = RecordClaimParams{
 		Scope: h.scope, Key: h.key, Fingerprint: h.fp, Token: token, RecordID: id,
-		Lease: g.cfg.Lease, TTL: h.ttl, Now: g.storeNow(),
+		Lease: g.cfg.Lease, TTL: h.ttl, OnLapse: h.onLapse, Now: g.storeNow(),
 	}
 }
 
@@ -509,6 +526,11 @@ var (
 	ErrStoreUnavailable = errors.New("idem: store unavailable")
 	// ErrScopeRequired: a [Call] without a scope.
 	ErrScopeRequired = errors.New("idem: scope required")
+	// ErrOutcomeUnknown: the key's holder died while the operation ran under the
+	// policy [LapseUnknown], so whether its effects happened is unknown; every repeat
+	// gets this error (the middleware answers 500 outcome_unknown) until an operator
+	// resolves the key (SPEC §13). Retrying cannot help.
+	ErrOutcomeUnknown = errors.New("idem: the outcome of the operation with this idempotency key is unknown")
 )
 
 // InProgressError is the error of a call whose key is held by an operation still

@@ -82,6 +82,9 @@ type Handle struct {
 	// RouteOptions.Name). steps is the operation's progress (SPEC §13), guarded by mu.
 	operation string
 	steps     stepState
+	// onLapse is the call's policy for a key whose holder died (Call.OnLapse,
+	// RouteOptions.OnLapse).
+	onLapse LapsePolicy
 }
 
 // A Responder supplies, once, the result a [Handle] stores: the handle asks for it when

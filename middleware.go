@@ -50,8 +50,8 @@ type route struct {
 	errorWriter ErrorWriter
 	// claimInHandler is RouteOptions.ClaimInHandler.
 	claimInHandler bool
-	// A later policy for keys whose holder died (SPEC §5.3 "unknown") goes here; today
-	// a lapsed lease is always taken over and the operation executes again.
+	// onLapse is RouteOptions.OnLapse (SPEC §5.3, §13).
+	onLapse LapsePolicy
 }
 
 // New returns a Middleware for cfg. It panics with a message naming the field when cfg
@@ -77,6 +77,9 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 	if !opts.Requirement.valid() {
 		panic(fmt.Sprintf("idem: RouteOptions.Requirement is not a known requirement: %v", opts.Requirement))
 	}
+	if !opts.OnLapse.valid() {
+		panic(fmt.Sprintf("idem: RouteOptions.OnLapse is not a known policy: %v", opts.OnLapse))
+	}
 	if opts.Resume != nil {
 		if opts.Name == "" {
 			panic("idem: RouteOptions.Resume needs a RouteOptions.Name to register it under")
@@ -84,7 +87,7 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 		m.g.RegisterResume(opts.Name, opts.Resume)
 	}
 	rt := &route{requirement: opts.Requirement, ttl: m.g.callTTL(opts.TTL, "RouteOptions.TTL"),
-		policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler, name: opts.Name,
+		policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler, name: opts.Name, onLapse: opts.OnLapse,
 		keyHeader: m.cfg.KeyHeader, fingerprint: opts.Fingerprint, errorWriter: opts.ErrorWriter}
 	if opts.KeyHeader != "" {
 		rt.keyHeader = canonicalKeyHeader("RouteOptions.KeyHeader", opts.KeyHeader)
@@ -177,7 +180,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	}
 	x.keyValues = values
 	x.h.init(m.g, r.Context(), scope, key, Fingerprint{}, rt.ttl)
-	x.h.describer, x.h.managed, x.h.route, x.h.operation = x, true, rt.name, rt.name
+	x.h.describer, x.h.managed, x.h.route, x.h.operation, x.h.onLapse = x, true, rt.name, rt.name, rt.onLapse
 	if rt.name == "" {
 		x.h.route = r.Pattern
 	}
@@ -330,6 +333,8 @@ func (x *request) answer(resp *Response, err error) {
 		x.writeError(CodeKeyReused, "")
 	case errors.Is(err, ErrResponseNotStored):
 		x.writeError(CodeResponseNotStored, "")
+	case errors.Is(err, ErrOutcomeUnknown):
+		x.writeError(CodeOutcomeUnknown, "")
 	case errors.Is(err, ErrKeyInProgress):
 		x.writeError(CodeRequestInProgress, "")
 	default: // the guard logged the store's error (SPEC §9: fail closed)

@@ -76,6 +76,10 @@ const (
 	OutcomeInProgress Outcome = "in_progress"
 	// OutcomeStoreError: a store call failed or timed out (store_unavailable).
 	OutcomeStoreError Outcome = "store_error"
+	// OutcomeUnknown: the key's holder died under the policy [LapseUnknown]; the
+	// record answers outcome_unknown until an operator resolves it (SPEC §13). The
+	// claim that found the lease lapsed stored that answer.
+	OutcomeUnknown Outcome = "outcome_unknown"
 )
 
 // ClaimEvent is a claim's outcome (Observer.Claimed).

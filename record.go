@@ -52,6 +52,12 @@ type Response struct {
 	// (the handler flushed, or the body exceeded the storage limit). Duplicates then get
 	// 409 response_not_stored, and the operation is never executed again.
 	NotStored bool
+	// OutcomeUnknown is true when the record was completed by a claim under the policy
+	// [LapseUnknown] (SPEC §13): its holder died, and whether its operation's foreign
+	// effects happened is unknown. Repeats get 500 outcome_unknown
+	// ([ErrOutcomeUnknown]) until an operator resolves the key. Status is 500; there is
+	// no header or body: the answer is written by whoever replays it.
+	OutcomeUnknown bool
 }
 
 // Equal reports whether two responses are the same, byte for byte.
@@ -59,7 +65,8 @@ func (r *Response) Equal(o *Response) bool {
 	if r == nil || o == nil {
 		return r == o
 	}
-	if r.Status != o.Status || r.NotStored != o.NotStored || !bytes.Equal(r.Body, o.Body) || len(r.Header) != len(o.Header) {
+	if r.Status != o.Status || r.NotStored != o.NotStored || r.OutcomeUnknown != o.OutcomeUnknown ||
+		!bytes.Equal(r.Body, o.Body) || len(r.Header) != len(o.Header) {
 		return false
 	}
 	for k, v := range r.Header {

@@ -22,15 +22,33 @@ const (
 	// DecideMismatch: a live record with a different fingerprint (SPEC §5.5): key_reused;
 	// the record is untouched.
 	DecideMismatch
+	// DecideUnknown: in flight, its holder's lease lapsed, and the claim's policy is
+	// [LapseUnknown] (SPEC §13): complete the record as outcome_unknown, fenced by the
+	// old token, instead of taking it over, and answer it. [RecordClaimParams.Decide]
+	// returns it; [Decide] never does.
+	DecideUnknown
 )
 
-var decisionNames = [...]string{"claim", "take_over", "in_flight", "replay", "mismatch"}
+var decisionNames = [...]string{"claim", "take_over", "in_flight", "replay", "mismatch", "unknown"}
 
 func (d Decision) String() string {
 	if int(d) < len(decisionNames) {
 		return decisionNames[d]
 	}
 	return "unknown"
+}
+
+// Decide says what this claim must do about rec (nil when absent) at the store's time
+// now: [Decide]'s decision, except that under the policy [LapseUnknown] a lapsed lease
+// whose holder died is [DecideUnknown]. A record whose holder released it after a step
+// committed (no holder, its lease ended: SPEC §13) is taken over whatever the policy:
+// its holder stopped knowing where it was, and the operation resumes.
+func (p *RecordClaimParams) Decide(rec *Record, now time.Time) Decision {
+	d := Decide(rec, p.Fingerprint, now)
+	if d == DecideTakeOver && p.OnLapse == LapseUnknown && rec.Token != "" {
+		return DecideUnknown
+	}
+	return d
 }
 
 // Decide says what a request fingerprinted fp finds in rec (nil when absent) at the

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin"
 )
 
 // Resumable operations (SPEC §13) through the middleware and the guard, on the
@@ -173,4 +176,61 @@ func TestCompleterRunsPassesAndSignalsThem(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestPolicyUnknownAnswersOutcomeUnknownUntilResolved: a handler whose foreign effects
+// cannot be deduplicated stalls past its lease; the retry that finds the lease lapsed
+// gets 500 outcome_unknown instead of running it again, and so does every later retry
+// (never from the replay cache), until an operator resolves the key.
+func TestPolicyUnknownAnswersOutcomeUnknownUntilResolved(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *idem.Config) { c.ReplayCacheSize = 16 })
+	var runs atomic.Int64
+	started, finish := make(chan struct{}), make(chan struct{})
+	h := b.mw.Route(idem.RouteOptions{OnLapse: idem.LapseUnknown})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			close(started)
+			<-finish // the card network hangs; the process is as good as dead
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	first := make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- serve(h, req("POST", "/v1/charges", key, `{"amount":1}`)) }()
+	<-started
+	b.clock.Advance(idem.DefaultLease + time.Second)
+
+	retry := serve(h, req("POST", "/v1/charges", key, `{"amount":1}`))
+	wantCode(t, retry, http.StatusInternalServerError, idem.CodeOutcomeUnknown)
+	close(finish)
+	wantCode(t, <-first, http.StatusServiceUnavailable, idem.CodeStoreUnavailable)
+	again := serve(h, req("POST", "/v1/charges", key, `{"amount":1}`))
+	if again.Code != retry.Code || again.Body.String() != retry.Body.String() {
+		t.Fatalf("second retry = %d %s, want the same answer %d %s", again.Code, again.Body, retry.Code, retry.Body)
+	}
+	if !strings.Contains(b.logs.String(), "policy unknown") {
+		t.Errorf("marking the outcome unknown was not logged:\n%s", b.logs)
+	}
+
+	// The operator found the charge at the card network: the key answers it.
+	resolved := &idem.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_1"}`)}
+	if err := b.store.Store.RecordResolve(t.Context(), &admin.RecordResolveParams{Scope: "alice", Key: key, Response: resolved, Now: b.clock.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	w := serve(h, req("POST", "/v1/charges", key, `{"amount":1}`))
+	if w.Code != http.StatusCreated || w.Body.String() != `{"id":"ch_1"}` || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("after the resolution = %d %s, want the resolved response replayed", w.Code, w.Body)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("the handler ran %d times, want once", runs.Load())
+	}
+}
+
+func TestPolicyIsChecked(t *testing.T) {
+	t.Parallel()
+	defer func() {
+		if p := recover(); p == nil || !strings.Contains(p.(string), "RouteOptions.OnLapse") {
+			t.Fatalf("Route with an unknown policy: panic %v, want one naming RouteOptions.OnLapse", p)
+		}
+	}()
+	setup(t, nil).mw.Route(idem.RouteOptions{OnLapse: 7})
 }

@@ -30,8 +30,10 @@ type Store interface {
 	// expired), or an in-flight record's lease lapsed and the fingerprint matches, it
 	// installs an in-flight record held by params.Token and answers ClaimAcquired.
 	// Otherwise it answers ClaimCompleted, ClaimInFlight or ClaimMismatch with the
-	// existing record, which it leaves untouched. Of any number of concurrent claims of
-	// one key, across goroutines and processes, exactly one is acquired.
+	// existing record, which it leaves untouched, except that under params.OnLapse
+	// [LapseUnknown] a lapsed lease is completed as outcome unknown instead of taken
+	// over ([RecordClaimParams.Decide]). Of any number of concurrent claims of one
+	// key, across goroutines and processes, exactly one is acquired (or marks it).
 	RecordClaim(ctx context.Context, params *RecordClaimParams) (*RecordClaimResult, error)
 
 	// RecordComplete stores the final response of the holder of params.Token and marks
@@ -121,6 +123,12 @@ type RecordClaimParams struct {
 	Lease time.Duration
 	// TTL is how long after creation the record lives (SPEC §8).
 	TTL time.Duration
+	// OnLapse is the operation's policy for a record in flight whose holder's lease
+	// lapsed ([RecordClaimParams.Decide]): take it over, or, with [LapseUnknown],
+	// complete it in the same atomic operation as outcome unknown (status 500,
+	// Response.OutcomeUnknown, expiring at created_at + TTL) and answer ClaimCompleted
+	// with it and MarkedUnknown.
+	OnLapse LapsePolicy
 	// Now, when non-zero, replaces the store's clock (tests only).
 	Now time.Time
 }
@@ -157,6 +165,9 @@ type RecordClaimResult struct {
 	Record *Record
 	// TookOver is true when the claim acquired the key from a holder whose lease lapsed.
 	TookOver bool
+	// MarkedUnknown is true when this claim completed the record as outcome unknown
+	// (OnLapse [LapseUnknown]); the outcome is ClaimCompleted.
+	MarkedUnknown bool
 	// Now is the store's time at the claim.
 	Now time.Time
 }

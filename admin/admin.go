@@ -1,7 +1,7 @@
 // Package admin is what an operator's tool needs of an idempotency store beyond
-// [idem.Store] (SPEC §15): read one record whatever its state, list records, and
-// delete one key or every key of a scope — a customer's erasure request. The `idem
-// keys` command is built on it.
+// [idem.Store] (SPEC §15): read one record whatever its state, list records, delete
+// one key or every key of a scope — a customer's erasure request — and resolve a key
+// whose outcome is unknown (SPEC §13). The `idem keys` command is built on it.
 //
 // Every store package (store/sqlite, store/postgres, store/redis, store/memory)
 // implements [Store], and runs the one conformance suite in admin/admintest. A store
@@ -53,6 +53,16 @@ type Store interface {
 	// error it returns what it deleted so far with the error.
 	RecordDeleteScope(ctx context.Context, params *RecordDeleteScopeParams) (*RecordDeleteScopeResult, error)
 
+	// RecordResolve resolves the record of (Scope, Key) that a claim under the policy
+	// [idem.LapseUnknown] completed as outcome unknown (SPEC §13), once the operator
+	// knows what its operation did: with params.Response nil it releases the key
+	// (deletes the record: the next request with the key executes afresh); otherwise
+	// it completes the record with params.Response, which every repeat then gets, its
+	// expiry unchanged. It checks and changes the record in one atomic step. An absent
+	// or expired record is [idem.ErrNotFound]; any other record is
+	// [ErrNotOutcomeUnknown] and stays untouched (RecordDelete removes those).
+	RecordResolve(ctx context.Context, params *RecordResolveParams) error
+
 	// AdminCapabilities declares what this store can and cannot do.
 	AdminCapabilities() Capabilities
 }
@@ -68,6 +78,16 @@ type Capabilities struct {
 // ErrLeaseLive is returned by [Store.RecordDelete] for a record in flight under a
 // live lease, which it deletes only when forced.
 var ErrLeaseLive = errors.New("idem admin: record is in flight under a live lease")
+
+// ErrNotOutcomeUnknown is returned by [Store.RecordResolve] for a record whose
+// outcome is known (in flight, or completed with a response): there is nothing to
+// resolve, and the record is untouched.
+var ErrNotOutcomeUnknown = errors.New("idem admin: the record's outcome is not unknown")
+
+// StateOutcomeUnknown, as [RecordListParams.State], lists the completed records
+// whose outcome is unknown (SPEC §13): those [Store.RecordResolve] resolves. It is not
+// a state of its own: such records are completed, with [Record.OutcomeUnknown] set.
+const StateOutcomeUnknown idem.State = "outcome_unknown"
 
 // Limits of [RecordListParams.Limit].
 const (
@@ -103,6 +123,14 @@ type Record struct {
 	LeaseEnd time.Time
 	// RecoveryPoint is the last committed step of a resumable handler (SPEC §13).
 	RecoveryPoint string
+	// Operation names the operation whose steps wrote the record (SPEC §13).
+	Operation string
+	// Steps are the results the committed steps saved, in the encoding of
+	// [idem.Record.Steps]: only from RecordInspect.
+	Steps []byte
+	// OutcomeUnknown is true when the record was completed as outcome unknown (SPEC
+	// §13): repeats get 500 outcome_unknown until RecordResolve.
+	OutcomeUnknown bool
 	// Status is the stored response's status (completed only).
 	Status int
 	// NotStored is true when the operation completed but its response was not kept
@@ -130,13 +158,13 @@ func FromRecord(rec *idem.Record, body bool) *Record {
 	r := &Record{
 		Scope: rec.Scope, Key: rec.Key, ID: rec.ID, State: rec.State,
 		Fingerprint: rec.Fingerprint, CreatedAt: rec.CreatedAt, ExpiresAt: rec.ExpiresAt,
-		RecoveryPoint: rec.RecoveryPoint,
+		RecoveryPoint: rec.RecoveryPoint, Operation: rec.Operation, Steps: rec.Steps,
 	}
 	if rec.State == idem.StateInFlight {
 		r.LeaseEnd = rec.LeaseEnd
 	}
 	if resp := rec.Response; resp != nil {
-		r.Status, r.NotStored, r.BodySize = resp.Status, resp.NotStored, len(resp.Body)
+		r.Status, r.NotStored, r.BodySize, r.OutcomeUnknown = resp.Status, resp.NotStored, len(resp.Body), resp.OutcomeUnknown
 		if body {
 			r.Header, r.Body = resp.Header, resp.Body
 		}
@@ -165,7 +193,8 @@ type RecordInspectResult struct {
 type RecordListParams struct {
 	// Scope, when not empty, lists that scope's records only.
 	Scope string
-	// State, when not empty, lists records in that state only.
+	// State, when not empty, lists records in that state only: [idem.StateInFlight],
+	// [idem.StateCompleted] (outcome unknown or not), or [StateOutcomeUnknown].
 	State idem.State
 	// AfterScope and AfterKey, when AfterKey is not empty, start the list after that
 	// record (a cursor: the last record of the previous page).
@@ -211,6 +240,17 @@ type RecordDeleteScopeParams struct {
 	Now time.Time
 }
 
+// RecordResolveParams are the parameters of [Store.RecordResolve].
+type RecordResolveParams struct {
+	Scope string
+	Key   string
+	// Response, when set, completes the record with it (status, stored headers,
+	// body); nil releases the key.
+	Response *idem.Response
+	// Now, when non-zero, replaces the store's clock (tests only).
+	Now time.Time
+}
+
 // RecordDeleteScopeResult is the answer of [Store.RecordDeleteScope].
 type RecordDeleteScopeResult struct {
 	// Deleted is the number of records deleted.
@@ -229,6 +269,30 @@ func (p *RecordListParams) ListLimit() (int, error) {
 		return 0, errors.New("idem admin: RecordListParams.Limit must be between 1 and 1000")
 	}
 	return p.Limit, nil
+}
+
+// ResolveError is the error of a [Store.RecordResolve] that found nothing to resolve,
+// given the record as read (nil when absent) at now: [idem.ErrNotFound] for an absent
+// or expired record, [ErrNotOutcomeUnknown] for any other, nil for a record whose
+// outcome is unknown.
+func ResolveError(rec *idem.Record, now time.Time) error {
+	switch {
+	case rec == nil || rec.Expired(now):
+		return idem.ErrNotFound
+	case rec.Response == nil || !rec.Response.OutcomeUnknown:
+		return ErrNotOutcomeUnknown
+	}
+	return nil
+}
+
+// Filter returns the list's filter as a store applies it: the state to match ("" for
+// any) and whether only records whose outcome is unknown match
+// ([StateOutcomeUnknown]).
+func (p *RecordListParams) Filter() (state idem.State, outcomeUnknown bool) {
+	if p.State == StateOutcomeUnknown {
+		return idem.StateCompleted, true
+	}
+	return p.State, false
 }
 
 // Batch returns p.BatchSize with its default applied.

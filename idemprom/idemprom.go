@@ -78,7 +78,7 @@ type Config struct {
 var (
 	outcomes = []idem.Outcome{idem.OutcomeAcquired, idem.OutcomeTookOver, idem.OutcomeReplayed,
 		idem.OutcomeReplayedFromCache, idem.OutcomeWaitedThenReplayed, idem.OutcomeNotStored,
-		idem.OutcomeKeyReused, idem.OutcomeInProgress, idem.OutcomeStoreError}
+		idem.OutcomeKeyReused, idem.OutcomeInProgress, idem.OutcomeStoreError, idem.OutcomeUnknown}
 	results = []idem.CompletionResult{idem.CompletionStored, idem.CompletionNotStored,
 		idem.CompletionLeaseLost, idem.CompletionFailed}
 	releaseResults = []string{telemetry.ReleaseReleased, telemetry.ReleaseNotHeld, telemetry.ReleaseError}

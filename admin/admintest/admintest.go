@@ -155,6 +155,10 @@ var cases = []testCase{
 	{"ListPagesThroughAScopeInKeyOrder", listPages},
 	{"ListFiltersByStateAndAcrossScopes", listFilters},
 	{"ListSaysWhyWhenTheStoreCannotList", listUnsupported},
+	{"ResolveReleasesAnOutcomeUnknownKey", resolveRelease},
+	{"ResolveCompletesAnOutcomeUnknownKeyWithTheGivenResponse", resolveComplete},
+	{"ResolveRefusesKeysWhoseOutcomeIsKnown", resolveRefuses},
+	{"ListFindsTheKeysWhoseOutcomeIsUnknown", listUnknown},
 }
 
 func inspectInFlight(t *testing.T, b *bundle) {
@@ -424,5 +428,119 @@ func listUnsupported(t *testing.T, b *bundle) {
 	_, err := b.s.RecordList(b.ctx, &admin.RecordListParams{Scope: b.scope, Now: b.t0})
 	if !errors.Is(err, errors.ErrUnsupported) || err.Error() == errors.ErrUnsupported.Error() {
 		t.Fatalf("RecordList on a store that cannot list: %v, want an error wrapping errors.ErrUnsupported that says why", err)
+	}
+}
+
+// unknown leaves (scope, key) completed as outcome unknown: its holder claimed it at
+// t0 and died, and a claim under the policy unknown found its lease lapsed.
+func (b *bundle) unknown(scope, key string) *idem.RecordClaimParams {
+	b.t.Helper()
+	dead := b.claim(scope, key, b.t0)
+	p := *dead
+	p.Token, p.OnLapse, p.Now = "tok-"+rand.Text(), idem.LapseUnknown, b.at(lease+time.Second)
+	res, err := b.s.RecordClaim(b.ctx, &p)
+	if err != nil || res.Outcome != idem.ClaimCompleted || !res.MarkedUnknown {
+		b.t.Fatalf("claim under the policy unknown after the lease lapsed = %+v, %v; want the record marked outcome unknown", res, err)
+	}
+	return dead
+}
+
+// resolve resolves (scope, key) with resp (nil: release) at now.
+func (b *bundle) resolve(scope, key string, resp *idem.Response, now time.Time) error {
+	return b.s.RecordResolve(b.ctx, &admin.RecordResolveParams{Scope: scope, Key: key, Response: resp, Now: now})
+}
+
+func resolveRelease(t *testing.T, b *bundle) {
+	dead := b.unknown(b.scope, "key")
+	now := b.at(lease + 2*time.Second)
+	res, err := b.inspect(b.scope, "key", now, false)
+	if err != nil || !res.Record.OutcomeUnknown || res.Record.State != idem.StateCompleted || res.Record.Status != 500 {
+		t.Fatalf("inspected %+v, %v; want completed, 500, outcome unknown", res, err)
+	}
+	if err := b.resolve(b.scope, "key", nil, now); err != nil {
+		t.Fatalf("RecordResolve (release): %v", err)
+	}
+	if _, err := b.inspect(b.scope, "key", now, false); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("record after the release: %v, want gone", err)
+	}
+	// The next request executes afresh: a new record.
+	retry := *dead
+	retry.Token, retry.RecordID, retry.Now = "tok-"+rand.Text(), "rec-"+rand.Text(), now
+	got, err := b.s.RecordClaim(b.ctx, &retry)
+	if err != nil || got.Outcome != idem.ClaimAcquired || got.TookOver || got.Record.ID != retry.RecordID {
+		t.Fatalf("claim after the release = %+v, %v; want a fresh claim", got, err)
+	}
+}
+
+func resolveComplete(t *testing.T, b *bundle) {
+	dead := b.unknown(b.scope, "key")
+	now := b.at(lease + 2*time.Second)
+	resp := okResponse(`{"id":"ch_1","status":"succeeded"}`)
+	if err := b.resolve(b.scope, "key", resp, now); err != nil {
+		t.Fatalf("RecordResolve (complete): %v", err)
+	}
+	// Every repeat gets the operator's response, under any policy.
+	retry := *dead
+	retry.Token, retry.OnLapse, retry.Now = "tok-"+rand.Text(), idem.LapseUnknown, now
+	got, err := b.s.RecordClaim(b.ctx, &retry)
+	if err != nil || got.Outcome != idem.ClaimCompleted || got.MarkedUnknown || !got.Record.Response.Equal(resp) {
+		t.Fatalf("claim after the resolution = %+v, %v; want the resolved response replayed", got, err)
+	}
+	res, err := b.inspect(b.scope, "key", now, true)
+	if err != nil || res.Record.OutcomeUnknown || !res.Record.ExpiresAt.Equal(b.at(ttl)) {
+		t.Fatalf("inspected %+v, %v; want its outcome known, expiring at created + TTL still", res, err)
+	}
+	if err := b.resolve(b.scope, "key", nil, now); !errors.Is(err, admin.ErrNotOutcomeUnknown) {
+		t.Fatalf("resolving it again = %v, want admin.ErrNotOutcomeUnknown", err)
+	}
+}
+
+func resolveRefuses(t *testing.T, b *bundle) {
+	b.complete(b.scope, "done", b.t0, okResponse("1"))
+	b.claim(b.scope, "running", b.t0)
+	b.unknown(b.scope, "expiring")
+	for key, want := range map[string]error{"done": admin.ErrNotOutcomeUnknown, "running": admin.ErrNotOutcomeUnknown, "absent": idem.ErrNotFound} {
+		for _, resp := range []*idem.Response{nil, okResponse("x")} {
+			if err := b.resolve(b.scope, key, resp, b.at(time.Second)); !errors.Is(err, want) {
+				t.Errorf("RecordResolve of %s (response %v) = %v, want %v", key, resp != nil, err, want)
+			}
+		}
+	}
+	if err := b.resolve(b.scope, "expiring", nil, b.at(ttl)); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("RecordResolve of an expired record = %v, want idem.ErrNotFound", err)
+	}
+	if err := b.resolve(b.scope+"-other", "expiring", nil, b.at(time.Minute)); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("RecordResolve in another scope = %v, want idem.ErrNotFound", err)
+	}
+	res, err := b.inspect(b.scope, "done", b.at(time.Second), true)
+	if err != nil || string(res.Record.Body) != "1" || res.Record.OutcomeUnknown {
+		t.Fatalf("completed record after refused resolutions: %+v, %v", res, err)
+	}
+	b.mustExist(b.scope, "running")
+}
+
+func listUnknown(t *testing.T, b *bundle) {
+	needList(t, b)
+	b.unknown(b.scope, "key-1")
+	b.complete(b.scope, "key-2", b.t0, okResponse("2"))
+	b.unknown(b.scope, "key-3")
+	b.claim(b.scope, "key-4", b.t0)
+	now := b.at(lease + 2*time.Second)
+	got := listAll(t, b, admin.RecordListParams{Scope: b.scope, State: admin.StateOutcomeUnknown, Limit: 10, Now: now})
+	if keys := keysOf(got); !slices.Equal(keys, []string{b.scope + "/key-1", b.scope + "/key-3"}) {
+		t.Fatalf("outcome unknown: %v, want key-1 and key-3", keys)
+	}
+	for _, r := range got {
+		if !r.OutcomeUnknown || r.State != idem.StateCompleted || r.Status != 500 {
+			t.Fatalf("listed %+v, want completed, 500, outcome unknown", r)
+		}
+	}
+	all := listAll(t, b, admin.RecordListParams{State: admin.StateOutcomeUnknown, Limit: 1, Now: now})
+	if len(all) != 2 {
+		t.Fatalf("outcome unknown across scopes, a page of 1 at a time: %v", keysOf(all))
+	}
+	done := listAll(t, b, admin.RecordListParams{Scope: b.scope, State: idem.StateCompleted, Limit: 10, Now: now})
+	if len(done) != 3 {
+		t.Fatalf("completed: %v, want the 3 completed records, outcome unknown or not", keysOf(done))
 	}
 }

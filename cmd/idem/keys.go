@@ -24,12 +24,15 @@ import (
 
 const keysUsage = `usage: idem keys <command> --store URL [flags]
 
-Inspects and deletes idempotency records, on any store (SPEC §15).
+Inspects, deletes and resolves idempotency records, on any store (SPEC §15).
 
 commands:
   get      one record: state, times, lease, response status and size (the body with --body)
-  list     records by scope and state, a page at a time (SQL stores: Redis cannot list)
+  list     records by scope and state, a page at a time (SQL stores: Redis cannot list);
+           --state outcome_unknown lists the keys waiting for resolve
   delete   one key, or every key of a scope (--all): a customer's erasure request
+  resolve  a key whose outcome is unknown (SPEC §13): release it, or complete it with
+           the response the operator found out
 
 A record belongs to a scope: --scope SCOPE, as the application's Config.Scope returns it,
 or --token TOKEN for the payments API, whose scope is the hex SHA-256 of the bearer token.
@@ -37,8 +40,7 @@ Every flag can also be set by its environment variable (IDEM_STORE, IDEM_SCOPE,
 IDEM_TOKEN, …); the flag wins. Run 'idem keys <command> --help' for the flags.
 `
 
-// runKeys runs `idem keys <command>`. `resolve` (SPEC §13: release an outcome_unknown
-// key, or complete it with a given response) joins get, list and delete here.
+// runKeys runs `idem keys <command>`.
 func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, keysUsage)
@@ -51,11 +53,13 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runKeysList(ctx, args[1:], stdout, stderr)
 	case "delete":
 		return runKeysDelete(ctx, args[1:], stdout, stderr)
+	case "resolve":
+		return runKeysResolve(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, keysUsage)
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "idem keys: unknown command %q (want get, list or delete)\n", args[0])
+	fmt.Fprintf(stderr, "idem keys: unknown command %q (want get, list, delete or resolve)\n", args[0])
 	return exitUsage
 }
 
@@ -172,11 +176,13 @@ func (c *keysCommand) get(ctx context.Context, as admin.Store, scope, key string
 	return exitOK
 }
 
-const keysListSynopsis = `--store URL [--scope SCOPE | --token TOKEN] [--state in_flight|completed]
-                 [--limit 100] [--after CURSOR] [--json]
+const keysListSynopsis = `--store URL [--scope SCOPE | --token TOKEN]
+                 [--state in_flight|completed|outcome_unknown] [--limit 100] [--after CURSOR] [--json]
 
 Lists records in (scope, key) order, a page at a time: of one scope, or of every scope
-without --scope and --token; of one state with --state. Expired records that are not
+without --scope and --token; of one state with --state. --state outcome_unknown lists
+the completed records whose outcome is unknown (their holder died under the policy
+unknown, SPEC §13): the keys that wait for 'idem keys resolve'. Expired records that are not
 deleted yet are listed too, marked expired. When more follow, the last line gives the
 --after cursor of the next page. Response bodies never show.
 
@@ -185,7 +191,7 @@ scope and key): use get with a known key, or delete --all for a scope.`
 
 func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newKeysCommand("list", keysListSynopsis)
-	state := c.fs.String("state", "", "list only records in this `state`: in_flight or completed")
+	state := c.fs.String("state", "", "list only records in this `state`: in_flight, completed, or outcome_unknown (completed records whose outcome is unknown)")
 	limit := c.fs.Int("limit", admin.DefaultListLimit, "records per page, 1 to 1000")
 	after := c.fs.String("after", "", "start after this `cursor`, printed at the end of the previous page")
 	if code, done := parse(c.fs, args, stdout, stderr); done {
@@ -195,8 +201,8 @@ func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	p := admin.RecordListParams{Scope: scope, State: idem.State(*state), Limit: *limit}
 	switch {
 	case err != nil:
-	case *state != "" && p.State != idem.StateInFlight && p.State != idem.StateCompleted:
-		err = fmt.Errorf("--state %q: want in_flight or completed", *state)
+	case *state != "" && p.State != idem.StateInFlight && p.State != idem.StateCompleted && p.State != admin.StateOutcomeUnknown:
+		err = fmt.Errorf("--state %q: want in_flight, completed or outcome_unknown", *state)
 	case *limit < 1 || *limit > admin.MaxListLimit:
 		err = fmt.Errorf("--limit must be between 1 and %d, got %d", admin.MaxListLimit, *limit)
 	case *after != "":
@@ -345,21 +351,25 @@ func decodeCursor(c string) (scope, key string, err error) {
 
 // keyRecordJSON is a record in the JSON of get and list.
 type keyRecordJSON struct {
-	Scope             string      `json:"scope"`
-	Key               string      `json:"key"`
-	RecordID          string      `json:"record_id"`
-	State             idem.State  `json:"state"`
-	Expired           bool        `json:"expired"`
-	CreatedAt         time.Time   `json:"created_at"`
-	ExpiresAt         time.Time   `json:"expires_at"`
-	LeaseEnd          *time.Time  `json:"lease_end"`
-	LeaseLive         bool        `json:"lease_live"`
-	Status            *int        `json:"status"`
-	ResponseNotStored bool        `json:"response_not_stored"`
-	ResponseBytes     int         `json:"response_bytes"`
-	Fingerprint       string      `json:"fingerprint"`
-	RecoveryPoint     string      `json:"recovery_point"`
-	Headers           http.Header `json:"headers,omitempty"`
+	Scope             string     `json:"scope"`
+	Key               string     `json:"key"`
+	RecordID          string     `json:"record_id"`
+	State             idem.State `json:"state"`
+	Expired           bool       `json:"expired"`
+	CreatedAt         time.Time  `json:"created_at"`
+	ExpiresAt         time.Time  `json:"expires_at"`
+	LeaseEnd          *time.Time `json:"lease_end"`
+	LeaseLive         bool       `json:"lease_live"`
+	Status            *int       `json:"status"`
+	ResponseNotStored bool       `json:"response_not_stored"`
+	ResponseBytes     int        `json:"response_bytes"`
+	Fingerprint       string     `json:"fingerprint"`
+	RecoveryPoint     string     `json:"recovery_point"`
+	OutcomeUnknown    bool       `json:"outcome_unknown"`
+	Operation         string     `json:"operation,omitempty"`
+	// Steps are the results the record's committed steps saved (get only).
+	Steps   json.RawMessage `json:"steps,omitempty"`
+	Headers http.Header     `json:"headers,omitempty"`
 	// Body is the body when it is UTF-8 text, BodyBase64 otherwise (--body only).
 	Body       *string `json:"body,omitempty"`
 	BodyBase64 []byte  `json:"body_base64,omitempty"`
@@ -383,6 +393,10 @@ func recordJSON(r *admin.Record, now time.Time, body bool) keyRecordJSON {
 		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, LeaseLive: r.LeaseLive(now),
 		ResponseNotStored: r.NotStored, ResponseBytes: r.BodySize,
 		Fingerprint: fingerprint(r.Fingerprint), RecoveryPoint: r.RecoveryPoint,
+		OutcomeUnknown: r.OutcomeUnknown, Operation: r.Operation,
+	}
+	if json.Valid(r.Steps) {
+		j.Steps = r.Steps
 	}
 	if !r.LeaseEnd.IsZero() {
 		j.LeaseEnd = &r.LeaseEnd
@@ -431,15 +445,23 @@ func writeRecord(w io.Writer, r *admin.Record, now time.Time, body bool) {
 		fmt.Fprintf(tw, "response\tnone yet\n")
 	case r.NotStored:
 		fmt.Fprintf(tw, "response\tnot stored (the handler flushed, or the body was over the storage limit): duplicates get 409 response_not_stored\n")
+	case r.OutcomeUnknown:
+		fmt.Fprintf(tw, "response\toutcome unknown: its holder died under the policy unknown; requests get 500 outcome_unknown until 'idem keys resolve'\n")
 	default:
 		fmt.Fprintf(tw, "response\t%d, %d bytes\n", r.Status, r.BodySize)
 	}
 	fmt.Fprintf(tw, "fingerprint\t%s\n", fingerprint(r.Fingerprint))
+	if r.Operation != "" {
+		fmt.Fprintf(tw, "operation\t%s\n", r.Operation)
+	}
 	if r.RecoveryPoint != "" {
 		fmt.Fprintf(tw, "recovery point\t%s\n", r.RecoveryPoint)
 	}
+	if len(r.Steps) > 0 {
+		fmt.Fprintf(tw, "steps\t%s\n", r.Steps)
+	}
 	tw.Flush()
-	if !body || r.State != idem.StateCompleted || r.NotStored {
+	if !body || r.State != idem.StateCompleted || r.NotStored || r.OutcomeUnknown {
 		return
 	}
 	fmt.Fprintln(w)
@@ -467,6 +489,8 @@ func describeState(r *admin.Record, now time.Time) string {
 	switch {
 	case r.Expired(now):
 		return string(r.State) + " (expired: the next request with this key executes afresh)"
+	case r.OutcomeUnknown:
+		return "outcome_unknown (completed: requests get 500 outcome_unknown until 'idem keys resolve')"
 	case r.LeaseLive(now):
 		return string(r.State) + " (lease live: its request is executing; duplicates get 409 request_in_progress)"
 	case r.State == idem.StateInFlight:
@@ -500,6 +524,9 @@ func writeList(w io.Writer, res *admin.RecordListResult, next string) {
 	fmt.Fprintln(tw, "SCOPE\tKEY\tSTATE\tSTATUS\tBYTES\tCREATED\tEXPIRES")
 	for _, r := range res.Records {
 		state := string(r.State)
+		if r.OutcomeUnknown {
+			state = string(admin.StateOutcomeUnknown)
+		}
 		switch {
 		case r.Expired(res.Now):
 			state += " (expired)"
@@ -510,6 +537,8 @@ func writeList(w io.Writer, res *admin.RecordListResult, next string) {
 		switch {
 		case r.NotStored:
 			status = "not stored"
+		case r.OutcomeUnknown:
+			status = "500 (unknown)"
 		case r.State == idem.StateCompleted:
 			status = strconv.Itoa(r.Status)
 		}

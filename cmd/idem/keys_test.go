@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"path/filepath"
@@ -36,16 +37,7 @@ func keysFixture(t *testing.T, url string) {
 	if code, _, stderr := runCmd(t, "migrate", "--store", url); code != exitOK {
 		t.Fatalf("migrate: exit %d: %s", code, stderr)
 	}
-	u, err := parseStoreURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := testenv.Context(t)
-	st, err := openStore(ctx, u, newLogger(io.Discard, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	ctx, st := openFixtureStore(t, url)
 	claim := func(scope, key string) string {
 		p := &idem.RecordClaimParams{Scope: scope, Key: key, Token: "tok-" + key, RecordID: "rec-" + key,
 			Fingerprint: idem.Fingerprint{Version: 1}, Lease: time.Hour, TTL: 2 * time.Hour}
@@ -62,6 +54,23 @@ func keysFixture(t *testing.T, url string) {
 		}
 	}
 	claim(payments.ScopeOfToken("tok_a"), "key-live")
+}
+
+// openFixtureStore opens the store at url through the command's own openStore,
+// closed at the end of the test.
+func openFixtureStore(t *testing.T, url string) (context.Context, *openedStore) {
+	t.Helper()
+	u, err := parseStoreURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testenv.Context(t)
+	st, err := openStore(ctx, u, newLogger(io.Discard, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.close)
+	return ctx, st
 }
 
 // mustRun runs idem args and wants exit status want and, on failure, one line on stderr.
@@ -149,6 +158,79 @@ func TestKeysGetListAndDeleteOnEveryStore(t *testing.T) {
 	}
 }
 
+// unknownFixture leaves, in the scope of token tok_a, key-lost completed as outcome
+// unknown (its holder died under the policy unknown) next to keysFixture's records.
+func unknownFixture(t *testing.T, url string) {
+	t.Helper()
+	keysFixture(t, url)
+	ctx, st := openFixtureStore(t, url)
+	scope, now := payments.ScopeOfToken("tok_a"), time.Now()
+	p := &idem.RecordClaimParams{Scope: scope, Key: "key-lost", Token: "tok-dead", RecordID: "rec-key-lost",
+		Fingerprint: idem.Fingerprint{Version: 1}, Lease: time.Second, TTL: 2 * time.Hour, Now: now.Add(-time.Minute)}
+	if _, err := st.store.RecordClaim(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	p.Token, p.OnLapse, p.Now = "tok-retry", idem.LapseUnknown, now
+	if res, err := st.store.RecordClaim(ctx, p); err != nil || !res.MarkedUnknown {
+		t.Fatalf("marking key-lost outcome unknown: %+v, %v", res, err)
+	}
+}
+
+func TestKeysResolveOnEveryStore(t *testing.T) {
+	t.Parallel()
+	for _, s := range keysStores {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			url := s.url(t)
+			unknownFixture(t, url)
+			a := []string{"--store", url, "--token", "tok_a"}
+
+			out, _ := mustRun(t, exitOK, append([]string{"keys", "get", "--key", "key-lost"}, a...)...)
+			if !strings.Contains(out, "outcome_unknown") || !strings.Contains(out, "idem keys resolve") {
+				t.Errorf("keys get of an outcome_unknown key says\n%s\nwant its state and what to do", out)
+			}
+			if !strings.HasPrefix(url, "redis") {
+				out, _ = mustRun(t, exitOK, append([]string{"keys", "list", "--state", "outcome_unknown"}, a...)...)
+				if !strings.Contains(out, "key-lost") || strings.Contains(out, "key-done") || strings.Contains(out, "key-live") {
+					t.Errorf("keys list --state outcome_unknown says\n%s\nwant key-lost alone", out)
+				}
+			}
+			// Only an outcome_unknown record is resolved.
+			_, stderr := mustRun(t, exitFailure, append([]string{"keys", "resolve", "--key", "key-done", "--release"}, a...)...)
+			if !strings.Contains(stderr, "not unknown") {
+				t.Errorf("resolving a completed key says %q", stderr)
+			}
+			mustRun(t, exitFailure, append([]string{"keys", "resolve", "--key", "key-never", "--release"}, a...)...)
+
+			out, _ = mustRun(t, exitOK, append([]string{"keys", "resolve", "--key", "key-lost", "--status", "201",
+				"--body", `{"id":"ch_found"}`, "--header", "Location: /v1/charges/ch_found", "--json"}, a...)...)
+			var res resolveJSON
+			if err := json.Unmarshal([]byte(out), &res); err != nil || res.Resolved != "completed" || res.Status == nil || *res.Status != 201 {
+				t.Fatalf("keys resolve --status --json: %v %q", err, out)
+			}
+			out, _ = mustRun(t, exitOK, append([]string{"keys", "get", "--key", "key-lost", "--body"}, a...)...)
+			for _, want := range []string{"201, 17 bytes", "Content-Type: application/json", "Location: /v1/charges/ch_found", `{"id":"ch_found"}`} {
+				if !strings.Contains(out, want) {
+					t.Errorf("keys get after the resolution says\n%s\nwant %q", out, want)
+				}
+			}
+			mustRun(t, exitFailure, append([]string{"keys", "resolve", "--key", "key-lost", "--release"}, a...)...)
+		})
+	}
+}
+
+func TestKeysResolveReleases(t *testing.T) {
+	t.Parallel()
+	url := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	unknownFixture(t, url)
+	a := []string{"--store", url, "--token", "tok_a"}
+	out, _ := mustRun(t, exitOK, append([]string{"keys", "resolve", "--key", "key-lost", "--release"}, a...)...)
+	if !strings.Contains(out, "released") {
+		t.Errorf("keys resolve --release says %q", out)
+	}
+	mustRun(t, exitFailure, append([]string{"keys", "get", "--key", "key-lost"}, a...)...)
+}
+
 func TestKeysBadFlagsAreOneLineErrors(t *testing.T) {
 	t.Parallel()
 	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
@@ -172,6 +254,13 @@ func TestKeysBadFlagsAreOneLineErrors(t *testing.T) {
 		{[]string{"keys", "delete", "--store", store, "--scope", "s", "--key", "key-1234", "--all"}, "exclude each other"},
 		{[]string{"keys", "delete", "--store", store, "--all"}, "--scope or --token is required"},
 		{[]string{"keys", "delete", "--bogus"}, "bogus"},
+		{[]string{"keys", "resolve", "--store", store, "--scope", "s", "--key", "key-1234"}, "--release or --status"},
+		{[]string{"keys", "resolve", "--store", store, "--scope", "s", "--key", "key-1234", "--release", "--status", "201"}, "excludes"},
+		{[]string{"keys", "resolve", "--store", store, "--scope", "s", "--key", "key-1234", "--status", "42"}, "--status 42"},
+		{[]string{"keys", "resolve", "--store", store, "--scope", "s", "--key", "key-1234", "--status", "201", "--body", "x", "--body-file", "f"}, "exclude each other"},
+		{[]string{"keys", "resolve", "--store", store, "--scope", "s", "--key", "key-1234", "--status", "201", "--header", "no colon"}, "Name: value"},
+		{[]string{"keys", "resolve", "--store", store, "--scope", "s", "--key", "key-1234", "--status", "201", "--header", "Set-Cookie: a=b"}, "never stored"},
+		{[]string{"keys", "resolve", "--store", store, "--key", "key-1234", "--release"}, "--scope or --token is required"},
 	} {
 		code, _, stderr := runCmd(t, tc.args...)
 		if code != exitUsage || !strings.Contains(stderr, tc.want) || len(tc.args) > 1 && strings.Count(stderr, "\n") != 1 {

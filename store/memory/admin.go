@@ -37,10 +37,12 @@ func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*adm
 	}
 	t := now(p.Now)
 	after := recordKey{p.AfterScope, p.AfterKey}
+	state, unknown := p.Filter()
 	s.mu.Lock()
 	var found []*admin.Record
 	for k, rec := range s.records {
-		if (p.Scope == "" || k.scope == p.Scope) && (p.State == "" || rec.State == p.State) &&
+		if (p.Scope == "" || k.scope == p.Scope) && (state == "" || rec.State == state) &&
+			(!unknown || rec.Response != nil && rec.Response.OutcomeUnknown) &&
 			(p.AfterKey == "" || compareKeys(k, after) > 0) {
 			found = append(found, admin.FromRecord(rec, false))
 		}
@@ -54,6 +56,30 @@ func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*adm
 
 func compareKeys(a, b recordKey) int {
 	return cmp.Or(cmp.Compare(a.scope, b.scope), cmp.Compare(a.key, b.key))
+}
+
+// RecordResolve implements [admin.Store.RecordResolve].
+func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := recordKey{p.Scope, p.Key}
+	rec := s.records[k]
+	if rec == nil {
+		return idem.ErrNotFound
+	}
+	if err := admin.ResolveError(rec, now(p.Now)); err != nil {
+		return err
+	}
+	if p.Response == nil {
+		delete(s.records, k)
+		return nil
+	}
+	rec.Response = copyResponse(p.Response)
+	rec.Response.NotStored, rec.Response.OutcomeUnknown = false, false
+	return nil
 }
 
 // RecordDelete implements [admin.Store.RecordDelete].

@@ -59,7 +59,7 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 	defer s.mu.Unlock()
 	rec := s.records[k]
 	res := &idem.RecordClaimResult{Now: t}
-	switch idem.Decide(rec, p.Fingerprint, t) {
+	switch p.Decide(rec, t) {
 	case idem.DecideClaim:
 		leaseEnd := t.Add(p.Lease)
 		rec = &idem.Record{
@@ -83,6 +83,16 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 		rec.ExpiresAt = idem.InFlightExpiresAt(rec.CreatedAt, p.TTL, rec.LeaseEnd)
 		res.Outcome = idem.ClaimAcquired
 		res.TookOver = true
+	case idem.DecideUnknown:
+		// The holder died and its operation cannot be repeated safely: the record
+		// answers outcome_unknown until an operator resolves it (SPEC §13).
+		rec.State = idem.StateCompleted
+		rec.Token = ""
+		rec.LeaseEnd = time.Time{}
+		rec.Response = &idem.Response{Status: 500, OutcomeUnknown: true}
+		rec.ExpiresAt = idem.CompletedExpiresAt(rec.CreatedAt, p.TTL)
+		res.Outcome = idem.ClaimCompleted
+		res.MarkedUnknown = true
 	case idem.DecideInFlight:
 		res.Outcome = idem.ClaimInFlight
 	case idem.DecideReplay:

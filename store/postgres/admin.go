@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -58,7 +59,8 @@ func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*adm
 		}
 		query, args = s.adminQuery("RecordListScope"), []any{[]byte(p.Scope), []byte(after)}
 	}
-	args = append(args, string(p.State), limit+1, nowParam(p.Now))
+	state, unknown := p.Filter()
+	args = append(args, string(state), limit+1, nowParam(p.Now), unknown)
 	var res *admin.RecordListResult
 	err = s.withRetry(ctx, "list", func() error {
 		rows, err := s.pool.Query(ctx, query, args...)
@@ -105,7 +107,7 @@ func scanListed(rows pgx.Rows) (*admin.Record, time.Time, error) {
 		now              time.Time
 	)
 	err := rows.Scan(&scope, &key, &r.ID, &r.Fingerprint.Version, &fp, &state, &leaseEnd,
-		&status, &bodySize, &r.NotStored, &r.RecoveryPoint, &created, &expires, &now)
+		&status, &bodySize, &r.NotStored, &r.RecoveryPoint, &created, &expires, &r.OutcomeUnknown, &now)
 	if err != nil {
 		return nil, now, err
 	}
@@ -176,6 +178,39 @@ func (s *Store) RecordDeleteScope(ctx context.Context, p *admin.RecordDeleteScop
 	})
 	res.Kept = int(kept)
 	return res, interpretError(err)
+}
+
+// RecordResolve implements [admin.Store.RecordResolve]: one conditional statement
+// that releases or completes the record, then, when it changed nothing, a read that
+// says why.
+func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams) error {
+	query, args := s.adminQuery("RecordResolveRelease"), []any{[]byte(p.Scope), []byte(p.Key), nowParam(p.Now)}
+	if resp := p.Response; resp != nil {
+		body := resp.Body
+		if body == nil {
+			body = []byte{}
+		}
+		query, args = s.adminQuery("RecordResolveComplete"), append(args, resp.Status, encodeHeaders(resp.Header), body)
+	}
+	var n int64
+	err := s.withRetry(ctx, "resolve", func() error {
+		tag, err := s.pool.Exec(ctx, query, args...)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil || n == 1 {
+		return interpretError(err)
+	}
+	res, err := s.RecordInspect(ctx, &admin.RecordInspectParams{Scope: p.Scope, Key: p.Key, Now: p.Now})
+	switch {
+	case err != nil:
+		return err
+	case res.Record.Expired(res.Now):
+		return idem.ErrNotFound
+	case !res.Record.OutcomeUnknown:
+		return admin.ErrNotOutcomeUnknown
+	}
+	return errors.New("postgres: the record changed while it was resolved; resolve it again")
 }
 
 // AdminCapabilities implements [admin.Store.AdminCapabilities]: PostgreSQL can do

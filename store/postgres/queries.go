@@ -46,6 +46,7 @@ type queries struct {
 	recordClaim         string
 	recordClaimExpired  string
 	recordTakeOver      string
+	recordMarkUnknown   string
 	recordComplete      string
 	recordCompleteTx    string
 	recordInsertDone    string
@@ -85,6 +86,7 @@ func newQueries(schema string) *queries {
 		recordClaim:         q("RecordClaim"),
 		recordClaimExpired:  q("RecordClaimExpired"),
 		recordTakeOver:      q("RecordTakeOver"),
+		recordMarkUnknown:   q("RecordMarkUnknown"),
 		recordComplete:      q("RecordComplete"),
 		recordCompleteTx:    q("RecordCompleteTx"),
 		recordInsertDone:    q("RecordInsertCompleted"),

@@ -63,11 +63,13 @@ func (s *Store) claimOnce(ctx context.Context, p *idem.RecordClaimParams) (*idem
 	if claimed {
 		return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, Now: now}, nil
 	}
-	switch idem.Decide(rec, p.Fingerprint, now) {
+	switch p.Decide(rec, now) {
 	case idem.DecideClaim:
 		return s.claimExpired(ctx, p)
 	case idem.DecideTakeOver:
 		return s.takeOver(ctx, p, rec.Token)
+	case idem.DecideUnknown:
+		return s.markUnknown(ctx, p, rec.Token)
 	case idem.DecideInFlight:
 		return &idem.RecordClaimResult{Outcome: idem.ClaimInFlight, Record: rec, Now: now}, nil
 	case idem.DecideReplay:
@@ -79,21 +81,9 @@ func (s *Store) claimOnce(ctx context.Context, p *idem.RecordClaimParams) (*idem
 
 // claimExpired claims an expired record afresh: a new record in all but its row.
 func (s *Store) claimExpired(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
-	var (
-		rec *idem.Record
-		now time.Time
-	)
-	err := s.withRetry(ctx, "claim_expired", func() error {
-		row := s.pool.QueryRow(ctx, s.q.recordClaimExpired,
-			[]byte(p.Scope), []byte(p.Key), p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
-			micros(p.Lease), micros(p.TTL), nowParam(p.Now))
-		var err error
-		rec, now, err = scanRecord(row, p.Scope, p.Key, nil)
-		return err
-	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, errClaimRace // claimed (or deleted) by someone else meanwhile
-	}
+	rec, now, err := s.claimUpdate(ctx, "claim_expired", p, s.q.recordClaimExpired,
+		[]byte(p.Scope), []byte(p.Key), p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
+		micros(p.Lease), micros(p.TTL), nowParam(p.Now))
 	if err != nil {
 		return nil, err
 	}
@@ -103,25 +93,44 @@ func (s *Store) claimExpired(ctx context.Context, p *idem.RecordClaimParams) (*i
 // takeOver replaces the token of an in-flight record whose lease lapsed, fenced by the
 // old token and a re-check of the lease.
 func (s *Store) takeOver(ctx context.Context, p *idem.RecordClaimParams, oldToken string) (*idem.RecordClaimResult, error) {
-	var (
-		rec *idem.Record
-		now time.Time
-	)
-	err := s.withRetry(ctx, "take_over", func() error {
-		row := s.pool.QueryRow(ctx, s.q.recordTakeOver,
-			[]byte(p.Scope), []byte(p.Key), oldToken, p.Token, micros(p.Lease), micros(p.TTL), nowParam(p.Now))
-		var err error
-		rec, now, err = scanRecord(row, p.Scope, p.Key, nil)
-		return err
-	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, errClaimRace // renewed, completed, released or taken over meanwhile
-	}
+	rec, now, err := s.claimUpdate(ctx, "take_over", p, s.q.recordTakeOver,
+		[]byte(p.Scope), []byte(p.Key), oldToken, p.Token, micros(p.Lease), micros(p.TTL), nowParam(p.Now))
 	if err != nil {
 		return nil, err
 	}
 	s.logger.DebugContext(ctx, "postgres: took over a key whose lease lapsed", "key_prefix", keyPrefix(p.Key))
 	return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, TookOver: true, Now: now}, nil
+}
+
+// markUnknown completes an in-flight record whose lease lapsed as outcome unknown
+// (SPEC §13), fenced by the old token and a re-check of the lease.
+func (s *Store) markUnknown(ctx context.Context, p *idem.RecordClaimParams, oldToken string) (*idem.RecordClaimResult, error) {
+	rec, now, err := s.claimUpdate(ctx, "mark_unknown", p, s.q.recordMarkUnknown,
+		[]byte(p.Scope), []byte(p.Key), oldToken, micros(p.TTL), nowParam(p.Now))
+	if err != nil {
+		return nil, err
+	}
+	return &idem.RecordClaimResult{Outcome: idem.ClaimCompleted, Record: rec, MarkedUnknown: true, Now: now}, nil
+}
+
+// claimUpdate runs one of the fenced statements that follow the claim statement (the
+// claim of an expired record, a takeover, a mark of outcome unknown) and returns the
+// record it wrote, or errClaimRace when its fence matched nothing: the record was
+// claimed, renewed, completed, released or deleted meanwhile, and the claim runs again.
+func (s *Store) claimUpdate(ctx context.Context, op string, p *idem.RecordClaimParams, query string, args ...any) (*idem.Record, time.Time, error) {
+	var (
+		rec *idem.Record
+		now time.Time
+	)
+	err := s.withRetry(ctx, op, func() error {
+		var err error
+		rec, now, err = scanRecord(s.pool.QueryRow(ctx, query, args...), p.Scope, p.Key, nil)
+		return err
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, now, errClaimRace
+	}
+	return rec, now, err
 }
 
 // RecordComplete stores the holder's final response, fenced by its token
@@ -331,7 +340,7 @@ func (blk *scannedRecord) record() (*idem.Record, time.Time, error) {
 	}
 	if rec.State == idem.StateCompleted {
 		resp := &blk.resp
-		resp.Body, resp.NotStored = r.body, r.notStored
+		resp.Body, resp.NotStored, resp.OutcomeUnknown = r.body, r.notStored, r.unknown
 		if r.status != nil {
 			resp.Status = int(*r.status)
 		}

@@ -27,6 +27,7 @@ var recordColumns = [...]uint32{
 	pgtype.ByteaOID,       // response_headers
 	pgtype.ByteaOID,       // response_body
 	pgtype.BoolOID,        // response_not_stored
+	pgtype.BoolOID,        // outcome_unknown
 	pgtype.TextOID,        // recovery_point
 	pgtype.ByteaOID,       // steps
 	pgtype.TextOID,        // operation
@@ -60,6 +61,7 @@ type rawRecord struct {
 	headerDecoded bool
 	body          []byte
 	notStored     bool
+	unknown       bool
 	recovery      *string
 	steps         []byte
 	operation     *string
@@ -106,7 +108,7 @@ func (s *recordRow) binaryForm(fields []pgconn.FieldDescription) bool {
 func (s *recordRow) dest() []any {
 	r := &s.raw
 	dest := []any{&r.rec.ID, &r.rec.Fingerprint.Version, &r.fp, &r.state, &r.token, &r.leaseEnd,
-		&r.status, &r.headers, &r.body, &r.notStored, &r.recovery, &r.steps, &r.operation, &r.rec.CreatedAt, &r.rec.ExpiresAt, &r.now}
+		&r.status, &r.headers, &r.body, &r.notStored, &r.unknown, &r.recovery, &r.steps, &r.operation, &r.rec.CreatedAt, &r.rec.ExpiresAt, &r.now}
 	if s.claimed != nil {
 		dest = append([]any{s.claimed}, dest...)
 	}
@@ -168,22 +170,25 @@ func (r *rawRecord) decode(v [][]byte) error {
 	if r.notStored, err = decodeBool(v[9]); err != nil {
 		return err
 	}
-	if r.recovery, err = nullText(v[10]); err != nil {
+	if r.unknown, err = decodeBool(v[10]); err != nil {
 		return err
 	}
-	if v[11] != nil {
-		r.steps = append([]byte{}, v[11]...)
-	}
-	if r.operation, err = nullText(v[12]); err != nil {
+	if r.recovery, err = nullText(v[11]); err != nil {
 		return err
 	}
-	if r.rec.CreatedAt, err = decodeTimestamptz(v[13]); err != nil {
+	if v[12] != nil {
+		r.steps = append([]byte{}, v[12]...)
+	}
+	if r.operation, err = nullText(v[13]); err != nil {
 		return err
 	}
-	if r.rec.ExpiresAt, err = decodeTimestamptz(v[14]); err != nil {
+	if r.rec.CreatedAt, err = decodeTimestamptz(v[14]); err != nil {
 		return err
 	}
-	r.now, err = decodeTimestamptz(v[15])
+	if r.rec.ExpiresAt, err = decodeTimestamptz(v[15]); err != nil {
+		return err
+	}
+	r.now, err = decodeTimestamptz(v[16])
 	return err
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -81,6 +82,26 @@ func (s *Store) RecordDelete(ctx context.Context, p *admin.RecordDeleteParams) e
 		return idem.ErrNotFound
 	case n == deleteKept:
 		return admin.ErrLeaseLive
+	}
+	return nil
+}
+
+// RecordResolve implements [admin.Store.RecordResolve] in one script that checks the
+// record's scope, expiry and outcome and releases or completes it.
+func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams) error {
+	mode, status, header, body := "release", "", "", ""
+	if resp := p.Response; resp != nil {
+		mode, status, header, body = "complete", strconv.Itoa(resp.Status), encodeHeader(resp.Header), string(resp.Body)
+	}
+	n, err := resolveScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)},
+		nowArg(p.Now), scopeDigest(p.Scope), mode, status, header, body).Int()
+	switch {
+	case err != nil:
+		return s.interpretError(err)
+	case n == 0:
+		return idem.ErrNotFound
+	case n < 0:
+		return admin.ErrNotOutcomeUnknown
 	}
 	return nil
 }

@@ -29,7 +29,8 @@ const (
 	fieldHeader    = "hdr"    // stored response headers, see encodeHeader (completed only)
 	fieldBody      = "body"   // response body, raw bytes (completed only)
 	fieldNotStored = "ns"     // "1" when the response was not stored (completed only)
-	fieldRecovery  = "rp"     // recovery point (SPEC §13, later)
+	fieldRecovery  = "rp"     // recovery point (SPEC §13; Redis keeps none)
+	fieldUnknown   = "ou"     // "1" when completed as outcome unknown (SPEC §13)
 	fieldScope     = "sc"     // scopeDigest of the record's scope, to delete a scope (admin.go)
 )
 
@@ -107,7 +108,8 @@ func decodeResponse(m map[string]string) (*idem.Response, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis store: record has response status %q", m[fieldStatus])
 	}
-	resp := &idem.Response{Status: status, Body: []byte(m[fieldBody]), NotStored: m[fieldNotStored] == "1"}
+	resp := &idem.Response{Status: status, Body: []byte(m[fieldBody]), NotStored: m[fieldNotStored] == "1",
+		OutcomeUnknown: m[fieldUnknown] == "1"}
 	if h := m[fieldHeader]; h != "" {
 		if resp.Header, err = decodeHeader(h); err != nil {
 			return nil, err

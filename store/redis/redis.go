@@ -167,8 +167,8 @@ func (s *Store) RecordKey(scope, key string) string {
 	return s.cfg.KeyPrefix + "{" + hex.EncodeToString(h.Sum(nil)) + "}"
 }
 
-// RecordClaim claims (Scope, Key) in one Lua script that makes [idem.Decide]'s decision
-// with Redis's clock (or params.Now).
+// RecordClaim claims (Scope, Key) in one Lua script that makes
+// [idem.RecordClaimParams.Decide]'s decision with Redis's clock (or params.Now).
 func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
 	res, err := claimScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)},
 		nowArg(p.Now),
@@ -180,6 +180,7 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 		p.TTL.Microseconds(),
 		s.cfg.TTLMargin.Milliseconds(),
 		scopeDigest(p.Scope),
+		boolArg(p.OnLapse == idem.LapseUnknown),
 	).Slice()
 	if goredis.IsOOMError(err) {
 		return s.claimAtMaxmemory(ctx, p, err)
@@ -208,6 +209,8 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 		out.Outcome, out.TookOver = idem.ClaimAcquired, true
 	case "completed":
 		out.Outcome = idem.ClaimCompleted
+	case "marked_unknown":
+		out.Outcome, out.MarkedUnknown = idem.ClaimCompleted, true
 	case "in_flight":
 		out.Outcome = idem.ClaimInFlight
 	case "mismatch":
@@ -243,7 +246,7 @@ func (s *Store) claimAtMaxmemory(ctx context.Context, p *idem.RecordClaimParams,
 		out.Outcome = idem.ClaimAcquired
 		return out, nil
 	}
-	switch d := idem.Decide(rec, p.Fingerprint, now); d {
+	switch d := p.Decide(rec, now); d {
 	case idem.DecideReplay:
 		out.Outcome = idem.ClaimCompleted
 	case idem.DecideInFlight:

@@ -43,6 +43,9 @@ var inspectSrc string
 //go:embed lua/delete.lua
 var deleteSrc string
 
+//go:embed lua/resolve.lua
+var resolveSrc string
+
 var (
 	claimScript    = newScript(claimSrc)
 	completeScript = newScript(completeSrc)
@@ -51,6 +54,7 @@ var (
 	getScript      = newScript(getSrc)
 	inspectScript  = newScript(inspectSrc)
 	deleteScript   = newScript(deleteSrc)
+	resolveScript  = newScript(resolveSrc)
 )
 
 // newScript puts the prelude after the script's shebang, which Redis reads only on

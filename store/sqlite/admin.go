@@ -44,7 +44,8 @@ func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*adm
 		}
 		query, args = queryAdminListScope, []any{sql.Named("scope", p.Scope), sql.Named("after_key", after)}
 	}
-	args = append(args, sql.Named("state", string(p.State)), sql.Named("limit", limit+1))
+	state, unknown := p.Filter()
+	args = append(args, sql.Named("state", string(state)), sql.Named("outcome_unknown", unknown), sql.Named("limit", limit+1))
 	var recs []*admin.Record
 	err = s.retryBusy(ctx, "list", func() error {
 		recs = nil
@@ -82,7 +83,7 @@ func scanListed(rows *sql.Rows) (*admin.Record, error) {
 		created, expires int64
 	)
 	err := rows.Scan(&r.Scope, &r.Key, &r.ID, &r.Fingerprint.Version, &fp, &state, &leaseEnd,
-		&status, &r.BodySize, &r.NotStored, &r.RecoveryPoint, &created, &expires)
+		&status, &r.BodySize, &r.NotStored, &r.RecoveryPoint, &created, &expires, &r.OutcomeUnknown)
 	if err != nil {
 		return nil, err
 	}
@@ -151,6 +152,35 @@ func (s *Store) RecordDeleteScope(ctx context.Context, p *admin.RecordDeleteScop
 		return s.db.QueryRowContext(ctx, queryAdminCountLive, sql.Named("scope", p.Scope), sql.Named("now", t)).Scan(&res.Kept)
 	})
 	return res, interpretError(err)
+}
+
+// RecordResolve implements [admin.Store.RecordResolve] in one write transaction: the
+// conditional release or completion, then, when it changed nothing, a read that says
+// why.
+func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams) error {
+	t := now(p.Now)
+	return interpretError(s.writeTx(ctx, "admin resolve", func(tx *sql.Tx) error {
+		args := []any{sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("now", nanos(t))}
+		query := queryAdminResolveRelease
+		if resp := p.Response; resp != nil {
+			body := resp.Body
+			if body == nil {
+				body = []byte{}
+			}
+			query = queryAdminResolveComplete
+			args = append(args, sql.Named("status", resp.Status), sql.Named("headers", encodeHeaders(resp.Header)),
+				sql.Named("body", body))
+		}
+		n, err := execRows(ctx, tx, query, args...)
+		if err != nil || n == 1 {
+			return err
+		}
+		rec, err := getRecord(ctx, tx, p.Scope, p.Key)
+		if err != nil {
+			return err
+		}
+		return admin.ResolveError(rec, t)
+	}))
 }
 
 // AdminCapabilities implements [admin.Store.AdminCapabilities]: SQLite can do

@@ -17,6 +17,7 @@ var (
 	queryRecordGet           = mustQuery("record_get")
 	queryRecordClaimInsert   = mustQuery("record_claim_insert")
 	queryRecordTakeOver      = mustQuery("record_take_over")
+	queryRecordMarkUnknown   = mustQuery("record_mark_unknown")
 	queryRecordComplete      = mustQuery("record_complete")
 	queryRecordRelease       = mustQuery("record_release")
 	queryRecordReleaseKeep   = mustQuery("record_release_keep")
@@ -26,11 +27,13 @@ var (
 	queryRecordDeleteExp     = mustQuery("record_delete_expired")
 
 	// The operator's interface (admin.go).
-	queryAdminListScope   = mustQuery("admin_list_scope")
-	queryAdminListAll     = mustQuery("admin_list_all")
-	queryAdminDelete      = mustQuery("admin_delete")
-	queryAdminDeleteScope = mustQuery("admin_delete_scope")
-	queryAdminCountLive   = mustQuery("admin_count_live")
+	queryAdminListScope       = mustQuery("admin_list_scope")
+	queryAdminListAll         = mustQuery("admin_list_all")
+	queryAdminDelete          = mustQuery("admin_delete")
+	queryAdminDeleteScope     = mustQuery("admin_delete_scope")
+	queryAdminCountLive       = mustQuery("admin_count_live")
+	queryAdminResolveRelease  = mustQuery("admin_resolve_release")
+	queryAdminResolveComplete = mustQuery("admin_resolve_complete")
 )
 
 func mustQuery(name string) string {

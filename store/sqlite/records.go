@@ -54,12 +54,13 @@ func scanRecord(row rowScanner) (*idem.Record, error) {
 		headers   []byte
 		body      []byte
 		notStored bool
+		unknown   bool
 		created   int64
 		expires   int64
 	)
 	err := row.Scan(
 		&rec.Scope, &rec.Key, &rec.ID, &rec.Fingerprint.Version, &fpSum, &state, &token, &leaseEnd,
-		&status, &headers, &body, &notStored, &rec.RecoveryPoint, &rec.Steps, &rec.Operation, &created, &expires)
+		&status, &headers, &body, &notStored, &unknown, &rec.RecoveryPoint, &rec.Steps, &rec.Operation, &created, &expires)
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +80,7 @@ func scanRecord(row rowScanner) (*idem.Record, error) {
 		if err != nil {
 			return nil, err
 		}
-		rec.Response = &idem.Response{Status: int(status.Int64), Header: h, Body: body, NotStored: notStored}
+		rec.Response = &idem.Response{Status: int(status.Int64), Header: h, Body: body, NotStored: notStored, OutcomeUnknown: unknown}
 	}
 	return &rec, nil
 }
@@ -157,8 +158,7 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idem.RecordClaimParams, t time.
 	if err != nil {
 		return nil, err
 	}
-	decision := idem.Decide(rec, p.Fingerprint, t)
-	switch decision {
+	switch p.Decide(rec, t) {
 	case idem.DecideClaim:
 		leaseEnd := t.Add(p.Lease)
 		rec = &idem.Record{
@@ -199,6 +199,19 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idem.RecordClaimParams, t time.
 		rec.LeaseEnd = leaseEnd.UTC()
 		rec.ExpiresAt = idem.InFlightExpiresAt(rec.CreatedAt, p.TTL, leaseEnd).UTC()
 		return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, TookOver: true, Now: t}, nil
+	case idem.DecideUnknown:
+		n, err := execRows(ctx, tx, queryRecordMarkUnknown, sql.Named("scope", p.Scope), sql.Named("key", p.Key),
+			sql.Named("old_token", rec.Token), sql.Named("ttl", int64(p.TTL)))
+		if err != nil {
+			return nil, err
+		}
+		if n != 1 {
+			return nil, fmt.Errorf("marking the outcome unknown changed %d records, want 1", n)
+		}
+		rec.State, rec.Token, rec.LeaseEnd = idem.StateCompleted, "", time.Time{}
+		rec.Response = &idem.Response{Status: 500, OutcomeUnknown: true}
+		rec.ExpiresAt = idem.CompletedExpiresAt(rec.CreatedAt, p.TTL).UTC()
+		return &idem.RecordClaimResult{Outcome: idem.ClaimCompleted, Record: rec, MarkedUnknown: true, Now: t}, nil
 	default:
 		return answerWithoutWriting(rec, p.Fingerprint, t), nil
 	}

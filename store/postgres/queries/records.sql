@@ -44,6 +44,7 @@ SET id = $3,
     response_headers = NULL,
     response_body = NULL,
     response_not_stored = false,
+    outcome_unknown = false,
     recovery_point = NULL,
     steps = NULL,
     operation = NULL
@@ -51,7 +52,7 @@ FROM clock
 WHERE r.scope = $1 AND r.key = $2 AND r.expires_at <= clock.now
 RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
           r.response_status, r.response_headers, r.response_body, r.response_not_stored,
-          r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now;
+          r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now;
 
 -- name: RecordTakeOver
 -- Takes over an in-flight record whose lease lapsed (SPEC §5.3), keeping its id and
@@ -72,7 +73,35 @@ WHERE r.scope = $1 AND r.key = $2
   AND r.lease_end <= clock.now AND r.expires_at > clock.now
 RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
           r.response_status, r.response_headers, r.response_body, r.response_not_stored,
-          r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now;
+          r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now;
+
+-- name: RecordMarkUnknown
+-- Completes an in-flight record whose holder's lease lapsed as outcome unknown
+-- (idem.DecideUnknown, SPEC §13), instead of taking it over: every retry gets 500
+-- outcome_unknown until an operator resolves it. Fenced as RecordTakeOver is, by the
+-- old token and a re-check of the lease with the store's clock.
+-- $1 scope, $2 key, $3 old token, $4 ttl (µs), $5 injected now.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($5::timestamptz, clock_timestamp()) AS now
+)
+UPDATE {{schema}}idem_records AS r
+SET state = 'completed',
+    lock_token = NULL,
+    lease_end = NULL,
+    response_status = 500,
+    response_headers = NULL,
+    response_body = NULL,
+    response_not_stored = false,
+    outcome_unknown = true,
+    expires_at = r.created_at + $4::bigint * interval '1 microsecond'
+FROM clock
+WHERE r.scope = $1 AND r.key = $2
+  AND r.state = 'in_flight' AND r.lock_token = $3
+  AND r.lease_end <= clock.now AND r.expires_at > clock.now
+RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
+          r.response_status, r.response_headers, r.response_body, r.response_not_stored,
+          r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at,
+          clock.now;
 
 -- name: RecordComplete
 -- Stores the final response, fenced by the token and the in-flight state (SPEC §5).
@@ -169,7 +198,7 @@ WITH clock AS MATERIALIZED (
     SELECT coalesce($4::timestamptz, clock_timestamp()) AS now
 )
 SELECT r.scope, r.key, r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token,
-       r.lease_end, NULL::integer, NULL::bytea, NULL::bytea, false,
+       r.lease_end, NULL::integer, NULL::bytea, NULL::bytea, false, false,
        r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now
 FROM {{schema}}idem_records r, clock
 WHERE r.state = 'in_flight' AND r.recovery_point IS NOT NULL
@@ -201,7 +230,7 @@ WITH clock AS MATERIALIZED (
 )
 SELECT r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
        r.response_status, r.response_headers, r.response_body, r.response_not_stored,
-       r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now
+       r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now
 FROM {{schema}}idem_records r, clock
 WHERE r.scope = $1 AND r.key = $2 AND r.expires_at > clock.now;
 

@@ -1,8 +1,9 @@
 #!lua
 -- claim: KEYS[1] record; ARGV: now_us|'', fp_version, fp_sum, token, record_id,
--- lease_us, ttl_us, margin_ms, scope_digest.
+-- lease_us, ttl_us, margin_ms, scope_digest, unknown ('1' under the policy unknown).
 -- Returns {outcome, now_us, fields}: outcome is acquired, acquired_again, took_over,
--- completed, in_flight or mismatch; fields is the record's HGETALL (empty when acquired afresh).
+-- marked_unknown, completed, in_flight or mismatch; fields is the record's HGETALL
+-- (empty when acquired afresh).
 -- The decision is idem.Decide's, made here so that no other client can act between
 -- the read and the write.
 --
@@ -14,7 +15,7 @@ local key = KEYS[1]
 local now = now_us(ARGV[1])
 local fpv, fp, token, rid = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local lease, ttl, margin = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local scope_digest = ARGV[9]
+local scope_digest, unknown = ARGV[9], ARGV[10]
 
 local r = redis.call('HMGET', key, 'st', 'fpv', 'fp', 'lease', 'exp', 'ctime', 'tok')
 local st = r[1]
@@ -34,7 +35,17 @@ if st and now < tonumber(r[5]) then
   if now < tonumber(r[4]) then
     return {'in_flight', int(now), redis.call('HGETALL', key)}
   end
-  -- The holder's lease lapsed: take over, keeping the record id and created_at.
+  -- The holder's lease lapsed. Under the policy unknown (SPEC §13) its outcome is
+  -- unknown: complete the record so that every retry gets outcome_unknown until an
+  -- operator resolves it.
+  if unknown == '1' then
+    local exp = tonumber(r[6]) + ttl
+    redis.call('HSET', key, 'st', 'completed', 'exp', int(exp), 'status', '500', 'ou', '1')
+    redis.call('HDEL', key, 'tok', 'lease', 'hdr', 'body', 'ns')
+    expire_after(key, exp, now, margin)
+    return {'marked_unknown', int(now), redis.call('HGETALL', key)}
+  end
+  -- Otherwise take over, keeping the record id and created_at.
   local lease_end = now + lease
   local exp = math.max(tonumber(r[6]) + ttl, lease_end)
   redis.call('HSET', key, 'tok', token, 'lease', int(lease_end), 'exp', int(exp))

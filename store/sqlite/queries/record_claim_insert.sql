@@ -21,6 +21,7 @@ ON CONFLICT (scope, key) DO UPDATE SET
     response_headers    = NULL,
     response_body       = NULL,
     response_not_stored = 0,
+    outcome_unknown     = 0,
     recovery_point      = '',
     steps               = NULL,
     operation           = '',

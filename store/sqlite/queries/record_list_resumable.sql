@@ -2,7 +2,7 @@
 -- point advanced, lease lapsed or ended at :now, not expired; in (scope, key) order
 -- after the cursor, along the partial index idem_records_resumable.
 SELECT scope, key, record_id, fingerprint_version, fingerprint, state, token, lease_end,
-       NULL, NULL, NULL, 0,
+       NULL, NULL, NULL, 0, 0,
        recovery_point, steps, operation, created_at, expires_at
 FROM idem_records
 WHERE state = 'in_flight' AND recovery_point <> ''

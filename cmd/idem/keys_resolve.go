@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/textproto"
+	"os"
+	"strings"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin"
+)
+
+const keysResolveSynopsis = `--store URL (--scope SCOPE | --token TOKEN) --key KEY
+                    (--release | --status CODE [--body TEXT | --body-file PATH] [--header 'Name: value']...) [--json]
+
+Resolves a key whose outcome is unknown (SPEC §13): its request ran on a route with the
+policy unknown (its effects outside the store cannot be deduplicated), its holder died,
+and since then every request with the key gets 500 outcome_unknown. Find out what the
+request did (at the card processor, say), then:
+
+  --release    when it did nothing: the record is deleted, and the client's next
+               request with the key executes afresh;
+  --status     when it did something: every request with the key gets this response
+               from now on (as a replay), until the record expires. --body or
+               --body-file ('-' for stdin) is its body; --header adds a stored header
+               (repeatable); Content-Type defaults to application/json when a body is
+               given.
+
+Only a record whose outcome is unknown is changed; any other is refused (exit 1) and
+left as it is ('idem keys delete' removes records). 'idem keys list --state
+outcome_unknown' finds the keys to resolve.`
+
+// maxResolveBody bounds the body an operator gives --body-file, as the middleware's
+// default MaxResponseBytes bounds a stored response.
+const maxResolveBody = idem.DefaultMaxResponseBytes
+
+func runKeysResolve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := newKeysCommand("resolve", keysResolveSynopsis)
+	rawKey := c.fs.String("key", "", "the idempotency `key`, as the client sent it in Idempotency-Key (required)")
+	release := c.fs.Bool("release", false, "release the key: delete the record, so that the next request executes afresh")
+	status := c.fs.Int("status", 0, "complete the key with a response of this HTTP `status` (100-599)")
+	body := c.fs.String("body", "", "the response's body `text`")
+	bodyFile := c.fs.String("body-file", "", "read the response's body from `PATH` ('-': stdin)")
+	var headers headerFlags
+	c.fs.Var(&headers, "header", "a stored response header, `'Name: value'` (repeatable)")
+	if code, done := parse(c.fs, args, stdout, stderr); done {
+		return code
+	}
+	u, scope, err := c.target(true)
+	key := ""
+	if err == nil {
+		key, err = parseKey(*rawKey)
+	}
+	var resp *idem.Response
+	if err == nil {
+		bodySet := false // --body "" is an empty body, not none
+		c.fs.Visit(func(f *flag.Flag) { bodySet = bodySet || f.Name == "body" })
+		resp, err = resolveResponse(*release, *status, *body, *bodyFile, headers, bodySet)
+	}
+	return c.withStore(ctx, stderr, u, err, func(as admin.Store) int {
+		return c.resolve(ctx, as, scope, key, resp, stdout, stderr)
+	})
+}
+
+// resolveResponse builds the response of --status, --body, --body-file and --header,
+// or nil for --release; errors name the flags.
+func resolveResponse(release bool, status int, body, bodyFile string, headers headerFlags, bodySet bool) (*idem.Response, error) {
+	switch {
+	case release && (status != 0 || bodySet || bodyFile != "" || len(headers) > 0):
+		return nil, errors.New("--release excludes --status, --body, --body-file and --header")
+	case release:
+		return nil, nil
+	case status == 0:
+		return nil, errors.New("--release or --status is required")
+	case status < 100 || status > 599:
+		return nil, fmt.Errorf("--status %d: want an HTTP status, 100 to 599", status)
+	case bodySet && bodyFile != "":
+		return nil, errors.New("--body and --body-file exclude each other")
+	}
+	resp := &idem.Response{Status: status, Header: http.Header{}, Body: []byte(body)}
+	if bodyFile != "" {
+		b, err := readBodyFile(bodyFile)
+		if err != nil {
+			return nil, err
+		}
+		resp.Body = b
+	}
+	for _, h := range headers {
+		resp.Header.Add(h.name, h.value)
+	}
+	if len(resp.Body) > 0 && resp.Header.Get("Content-Type") == "" {
+		resp.Header.Set("Content-Type", "application/json")
+	}
+	return resp, nil
+}
+
+// readBodyFile reads --body-file, '-' for stdin, within maxResolveBody.
+func readBodyFile(path string) ([]byte, error) {
+	var r io.Reader = os.Stdin
+	if path != "-" {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("--body-file: %v", err)
+		}
+		defer f.Close()
+		r = f
+	}
+	b, err := io.ReadAll(io.LimitReader(r, maxResolveBody+1))
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("--body-file: %v", err)
+	case len(b) > maxResolveBody:
+		return nil, fmt.Errorf("--body-file: the body is over %d bytes", maxResolveBody)
+	}
+	return b, nil
+}
+
+// header is one --header.
+type header struct{ name, value string }
+
+// headerFlags collects --header 'Name: value'.
+type headerFlags []header
+
+func (h *headerFlags) String() string { return "" }
+
+func (h *headerFlags) Set(s string) error {
+	name, value, ok := strings.Cut(s, ":")
+	name = strings.TrimSpace(name)
+	if !ok || name == "" || !validHeaderName(name) {
+		return fmt.Errorf("want 'Name: value', got %q", s)
+	}
+	canonical := textproto.CanonicalMIMEHeaderKey(name)
+	switch canonical {
+	case "Set-Cookie", "Date", "Content-Length", "Connection", "Transfer-Encoding", "Idempotency-Key", "Idempotent-Replayed":
+		return fmt.Errorf("%s is never stored with a response", canonical)
+	}
+	*h = append(*h, header{canonical, strings.TrimSpace(value)})
+	return nil
+}
+
+// validHeaderName reports whether name is an HTTP token.
+func validHeaderName(name string) bool {
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+type resolveJSON struct {
+	// Resolved is "released" or "completed".
+	Resolved string `json:"resolved"`
+	Status   *int   `json:"status"`
+}
+
+func (c *keysCommand) resolve(ctx context.Context, as admin.Store, scope, key string, resp *idem.Response, stdout, stderr io.Writer) int {
+	err := as.RecordResolve(ctx, &admin.RecordResolveParams{Scope: scope, Key: key, Response: resp})
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		return failure(stderr, c.fs.Name(), fmt.Errorf("no record of key %q in scope %s", key, showScope(scope)))
+	case errors.Is(err, admin.ErrNotOutcomeUnknown):
+		return failure(stderr, c.fs.Name(), fmt.Errorf("the outcome of key %q in scope %s is not unknown: nothing to resolve ('idem keys get' shows the record; 'idem keys delete' removes it)", key, showScope(scope)))
+	case err != nil:
+		return failure(stderr, c.fs.Name(), err)
+	}
+	out := resolveJSON{Resolved: "released"}
+	if resp != nil {
+		out = resolveJSON{Resolved: "completed", Status: &resp.Status}
+	}
+	if c.json {
+		return writeJSON(stdout, stderr, c.fs.Name(), out)
+	}
+	if resp == nil {
+		fmt.Fprintf(stdout, "released key %q of scope %s: the next request with it executes afresh\n", key, showScope(scope))
+	} else {
+		fmt.Fprintf(stdout, "completed key %q of scope %s with %d (%d bytes): every request with it gets this response\n",
+			key, showScope(scope), resp.Status, len(resp.Body))
+	}
+	return exitOK
+}
