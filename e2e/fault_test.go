@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -245,11 +244,7 @@ func TestStalledBodiesCostMemoryForWhatTheySentAndAreClosedByTheReadTimeout(t *t
 		maxGrowth = 64 << 20
 	)
 	s := startServer(t, "--store", sqliteStore(t), "--read-timeout", readTimeout.String(), "--metrics-addr", "127.0.0.1:0")
-	m := regexp.MustCompile(`\bmetrics=(\S+)`).FindStringSubmatch(s.output())
-	if m == nil {
-		t.Fatalf("the start line names no metrics listener:\n%s", s.output())
-	}
-	metricsURL := "http://" + m[1] + "/metrics"
+	metricsURL := s.metricsURL(t)
 	c := newClient()
 	charges := map[string]string{}
 	post := func(what string) {

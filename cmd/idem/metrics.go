@@ -2,89 +2,69 @@ package main
 
 import (
 	"net/http"
-	"strconv"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/idem-go/idem/internal/payments"
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemprom"
 )
 
-// newHandlers returns the API, instrumented, and the handler of the metrics listener
-// (--metrics-addr), which serves its Prometheus metrics at GET /metrics.
-func newHandlers(api *payments.Server) (apiHandler, metricsHandler http.Handler) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m := newMetrics(reg)
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	return m.instrument(api.Pattern, api.Handler()), mux
-}
-
-// metrics count the API's requests by route, status and idempotency outcome.
+// metrics are the Prometheus metrics of `idem payments` (--metrics-addr): what the
+// idempotency middleware does, from its observer (package idemprom), the API's HTTP
+// requests by route and status, and the Go and process collectors.
 type metrics struct {
+	reg      *prometheus.Registry
+	idem     *idemprom.Metrics
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	inFlight prometheus.Gauge
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics() *metrics {
 	m := &metrics{
+		reg:  prometheus.NewRegistry(),
+		idem: idemprom.New(idemprom.Config{}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_http_requests_total",
-			Help: "HTTP requests by route, status code and idempotency outcome (none: no key sent; keyed: a key was sent and the request was not a replay; replayed: answered from a stored response).",
-		}, []string{"route", "code", "idempotency"}),
+			Help: "HTTP requests of the API by route (the ServeMux pattern, such as \"POST /v1/charges\") and status code.",
+		}, []string{"route", "code"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idem_http_request_duration_seconds",
-			Help:    "HTTP request durations by route.",
+			Help:    "Durations of the API's HTTP requests by route, until the handler returned.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 10),
 		}, []string{"route"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idem_http_requests_in_flight",
+			Help: "HTTP requests of the API being served.",
+		}),
 	}
-	reg.MustRegister(m.requests, m.duration)
+	m.reg.MustRegister(m.idem, m.requests, m.duration, m.inFlight,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
-// instrument records every request that next serves; pattern names its route.
-func (m *metrics) instrument(pattern func(*http.Request) string, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		route := pattern(r)
-		if route == "" {
-			route = "unmatched"
+// observer feeds the idempotency metrics (idem.Config.Observer).
+func (m *metrics) observer() *idem.Observer { return m.idem.Observer() }
+
+// instrument counts and times every request that next serves; route names the
+// request's route, "unmatched" when it returns "".
+func (m *metrics) instrument(route func(*http.Request) string, next http.Handler) http.Handler {
+	byRoute := promhttp.WithLabelFromRequest("route", func(r *http.Request) string {
+		if p := route(r); p != "" {
+			return p
 		}
-		start := time.Now()
-		sw := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
-		next.ServeHTTP(sw, r)
-		outcome := "none"
-		switch {
-		case sw.Header().Get("Idempotent-Replayed") == "true":
-			outcome = "replayed"
-		case r.Header.Get("Idempotency-Key") != "":
-			outcome = "keyed"
-		}
-		m.requests.WithLabelValues(route, strconv.Itoa(sw.status), outcome).Inc()
-		m.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
+		return "unmatched"
 	})
+	return promhttp.InstrumentHandlerInFlight(m.inFlight,
+		promhttp.InstrumentHandlerDuration(m.duration,
+			promhttp.InstrumentHandlerCounter(m.requests, next, byRoute), byRoute))
 }
 
-// statusRecorder remembers the final status written through it.
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-	wrote  bool
+// handler serves the metrics at GET /metrics, for the metrics listener.
+func (m *metrics) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}))
+	return mux
 }
-
-func (w *statusRecorder) WriteHeader(code int) {
-	if !w.wrote && code >= 200 {
-		w.status, w.wrote = code, true
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusRecorder) Write(b []byte) (int, error) {
-	w.wrote = true
-	return w.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the connection's Flush and deadlines.
-func (w *statusRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }

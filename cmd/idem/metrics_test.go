@@ -13,8 +13,10 @@ import (
 
 var metricsAddrAttr = regexp.MustCompile(` addr=(\S+) .* metrics=(127\.0\.0\.1:\d+)$`)
 
-// --metrics-addr serves the metrics on a listener of their own, and only there; the
-// start line names it; it stops with the server.
+// --metrics-addr serves the metrics on a listener of their own, and only there: the
+// API's requests, and what the idempotency middleware did, from its observer (a retry
+// counts as a replay because the middleware replayed it, not because of a header);
+// the start line names it; it stops with the server.
 func TestMetricsAreServedOnTheirOwnListener(t *testing.T) {
 	t.Parallel()
 	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
@@ -35,9 +37,19 @@ func TestMetricsAreServedOnTheirOwnListener(t *testing.T) {
 	api, metrics := "http://"+m[1], "http://"+m[2]
 
 	postCharge(t, api, "key-metrics-test-1")
+	postCharge(t, api, "key-metrics-test-1")
 	status, body := get(t, metrics+"/metrics")
-	if status != http.StatusOK || !strings.Contains(body, `idem_http_requests_total{code="201",idempotency="keyed",route="POST /v1/charges"} 1`) {
-		t.Fatalf("GET /metrics on the metrics listener: %d\n%s\nwant the charge counted", status, body)
+	for _, want := range []string{
+		`idem_http_requests_total{code="201",route="POST /v1/charges"} 2`,
+		`idem_claims_total{outcome="acquired",route="POST /v1/charges"} 1`,
+		`idem_claims_total{outcome="replayed",route="POST /v1/charges"} 1`,
+		`idem_completions_total{result="stored",route="POST /v1/charges"} 1`,
+		`idem_store_duration_seconds_count{op="claim"} 2`,
+		`go_goroutines `,
+	} {
+		if status != http.StatusOK || !strings.Contains(body, want) {
+			t.Fatalf("GET /metrics on the metrics listener: %d\n%s\nwant %s", status, body, want)
+		}
 	}
 	if status, _ := get(t, api+"/metrics"); status != http.StatusNotFound {
 		t.Fatalf("GET /metrics on the API listener: %d, want 404", status)

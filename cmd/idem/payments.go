@@ -142,12 +142,23 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return failure(stderr, name, fmt.Errorf("migrating the payments schema in %s: %w", dbURL, err))
 	}
 
+	// Metrics cost nothing unless served: without --metrics-addr the middleware has
+	// no observer and the API no instrumentation.
+	var m *metrics
+	var observer *idem.Observer
+	if f.metricsAddr != "" {
+		m = newMetrics()
+		observer = m.observer()
+	}
 	api := payments.New(payments.Config{
 		Store: st.store, DB: db, Profile: profile, TTL: f.ttl, Lease: f.lease,
 		ProcessorLatency: f.latency, DisableIdempotency: f.disableIdempotency, Logger: libLogger,
-		ReplayCacheSize: f.replayCache, StoreTimeout: f.storeTimeout,
+		ReplayCacheSize: f.replayCache, StoreTimeout: f.storeTimeout, Observer: observer,
 	})
-	apiHandler, metricsHandler := newHandlers(api)
+	apiHandler := api.Handler()
+	if m != nil {
+		apiHandler = m.instrument(api.Pattern, apiHandler)
+	}
 	newServer := func(h http.Handler) *http.Server {
 		return &http.Server{
 			Handler:           h,
@@ -167,8 +178,8 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	defer apiL.ln.Close()
 	listening = append(listening, "addr", apiL.ln.Addr().String())
 	var metrics listener
-	if f.metricsAddr != "" {
-		metrics.srv = newServer(metricsHandler)
+	if m != nil {
+		metrics.srv = newServer(m.handler())
 		if metrics.ln, err = net.Listen("tcp", f.metricsAddr); err != nil {
 			return failure(stderr, name, fmt.Errorf("--metrics-addr: %w", err))
 		}

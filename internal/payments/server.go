@@ -69,10 +69,14 @@ type Config struct {
 	// runs (idem.Config.StoreTimeout). Defaults to [idem.DefaultStoreTimeout].
 	StoreTimeout time.Duration
 
+	// Observer is told what the idempotency middleware does (idem.Config.Observer),
+	// such as an idemprom.Metrics' observer. Defaults to nil (none).
+	Observer *idem.Observer
+
 	// Middleware, when set, is used instead of building one from the fields above:
 	// tests pass an idem.Config of their own (an injected clock, say) through it.
-	// Defaults to idem.New with Store, Profile, TTL, Lease, Logger, ReplayCacheSize and
-	// StoreTimeout.
+	// Defaults to idem.New with Store, Profile, TTL, Lease, Logger, ReplayCacheSize,
+	// StoreTimeout and Observer.
 	Middleware *idem.Middleware
 }
 
@@ -165,6 +169,7 @@ func (s *Server) routes() {
 
 				ReplayCacheSize: s.cfg.ReplayCacheSize,
 				StoreTimeout:    s.cfg.StoreTimeout,
+				Observer:        s.cfg.Observer,
 			})
 		}
 		wrap = func(h http.HandlerFunc) http.Handler { return mw.Handler(h) }
