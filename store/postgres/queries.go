@@ -12,7 +12,12 @@ package postgres
 //   - key reused:          1 (as a replay)
 //   - takeover:            2 (RecordClaim, then the fenced RecordTakeOver update)
 //   - step (Step):         1 (BEGIN) + the step's statements + 1 (the fenced
-//     RecordStepTx and COMMIT, pipelined in one batch)
+//     RecordStepTx and COMMIT, pipelined in one batch); a committed step, met again
+//     by a holder that resumes, 0. A charge in steps (claim, a step with one INSERT,
+//     an InTx with one UPDATE) is 7; its retry after a release, resumed after the
+//     step, 5 (TestChargeInStepsCountsItsRoundTrips)
+//   - release:             1, whether it deletes the record or, after a step, keeps it
+//     with its lease ended (one statement)
 //   - expired record:      2 (RecordClaim, then the fenced RecordClaimExpired update)
 //   - §7 InTx:             1 (BEGIN) + the handler's statements + 1 (the fenced
 //     completion and COMMIT, pipelined in one batch); a replay of it is 1 as above

@@ -305,13 +305,7 @@ func TestInTxRequestIsFourRoundTrips(t *testing.T) {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
 	}))
-	post := func(key string) int {
-		req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`))
-		req.Header.Set("Idempotency-Key", key)
-		rec := httptest.NewRecorder()
-		handler.ServeHTTP(rec, req)
-		return rec.Code
-	}
+	post := poster(handler)
 	if code := post("key-warm-up"); code != http.StatusCreated { // prepares the statements
 		t.Fatalf("warm-up request = %d", code)
 	}
@@ -325,4 +319,88 @@ func TestInTxRequestIsFourRoundTrips(t *testing.T) {
 			t.Fatalf("replay = %d", code)
 		}
 	})
+}
+
+// TestChargeInStepsCountsItsRoundTrips counts a charge in Brandur Leach's order through
+// the middleware (SPEC §13): the claim (1); the step that records the charge pending:
+// BEGIN, its INSERT, the fenced step pipelined with COMMIT (3); the final InTx: BEGIN,
+// its UPDATE, the fenced completion pipelined with COMMIT (3). A step costs one round
+// trip more than its own statements, as a §7 completion does. The retry that resumes
+// after the step (its holder released the key) skips the committed step: the claim
+// and its takeover (2) and the final transaction (3).
+func TestChargeInStepsCountsItsRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := newCountingBundle(t)
+	table := pgx.Identifier{b.schema, "charges"}.Sanitize()
+	if _, err := b.s.Pool().Exec(b.ctx, `CREATE TABLE `+table+` (key text PRIMARY KEY, status text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	m := idem.New(idem.Config{
+		Store: b.s,
+		Scope: func(*http.Request) (string, error) { return "user-1", nil },
+	})
+	var processorDown bool
+	handler := m.Route(idem.RouteOptions{Name: "charges.create"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		_, err := postgres.Step(r.Context(), b.s, "charge_pending", func(ctx context.Context, tx pgx.Tx) (string, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` (key, status) VALUES ($1, 'pending')`, key)
+			return key, err
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if processorDown {
+			http.Error(w, "processor down", http.StatusServiceUnavailable) // releases: the lease ends
+			return
+		}
+		err = b.s.InTx(r.Context(), func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `UPDATE `+table+` SET status = 'succeeded' WHERE key = $1`, key); err != nil {
+				return err
+			}
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	}))
+	post := poster(handler)
+	processorDown = true
+	if code := post("key-warm-up"); code != http.StatusServiceUnavailable { // prepares the statements
+		t.Fatalf("warm-up request = %d", code)
+	}
+	processorDown = false
+	if code := post("key-warm-up"); code != http.StatusCreated {
+		t.Fatalf("warm-up retry = %d", code)
+	}
+	b.wantTrips("charge with a step, then a completing transaction", 7, func() {
+		if code := post("key-counted"); code != http.StatusCreated {
+			t.Fatalf("request = %d", code)
+		}
+	})
+	processorDown = true
+	b.wantTrips("charge whose processor call fails after the step (release keeps the record)", 5, func() {
+		if code := post("key-resumed"); code != http.StatusServiceUnavailable {
+			t.Fatalf("request = %d", code)
+		}
+	})
+	processorDown = false
+	b.wantTrips("its retry, resumed after the step", 5, func() {
+		if code := post("key-resumed"); code != http.StatusCreated {
+			t.Fatalf("retry = %d", code)
+		}
+	})
+}
+
+// poster returns a function that POSTs {} to handler with an idempotency key and
+// returns the status.
+func poster(handler http.Handler) func(key string) int {
+	return func(key string) int {
+		req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", key)
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, req)
+		return rec.Code
+	}
 }
