@@ -1,5 +1,5 @@
 # The commands the README names.
-.PHONY: run test bench ci
+.PHONY: run test bench ci tidy
 
 run:
 	go run ./cmd/idem payments
@@ -13,3 +13,9 @@ bench:
 
 ci:
 	.ci/run
+
+# go mod tidy of the root module and of each example module (examples/*/go.mod), whose
+# go.sum must follow the root module's requirements.
+tidy:
+	go mod tidy
+	for m in examples/*/go.mod; do (cd "$$(dirname "$$m")" && GOWORK=off go mod tidy) || exit 1; done
