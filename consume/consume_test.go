@@ -5,15 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consume"
+	"github.com/idem-go/idem/consume/internal/consumetest"
 	"github.com/idem-go/idem/internal/testkit"
-	"github.com/idem-go/idem/store/sqlite"
 )
 
 // The behaviour of a Processor for each case of the package documentation, over a
@@ -27,38 +26,26 @@ const (
 )
 
 type bundle struct {
+	*consumetest.Fixture
 	t     *testing.T
-	st    *sqlite.Store
-	guard *idem.Guard
 	clock *testkit.Clock
 	p     *consume.Processor[*sql.Tx]
 	logs  *testkit.Buffer
 }
 
-// setup opens a fresh SQLite store with an effects table, and a Processor over it
-// whose guard runs on a clock the test moves.
+// setup returns a fresh SQLite store with an invoices table, and a Processor over it
+// whose guard (gcfg, with the default lease unless set) runs on a clock the test
+// moves and logs into the bundle's buffer.
 func setup(t *testing.T, gcfg idem.GuardConfig) *bundle {
 	t.Helper()
-	ctx := t.Context()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "consume.db"), sqlite.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.DB().ExecContext(ctx, `CREATE TABLE effects (id TEXT NOT NULL, payload TEXT NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	b := &bundle{t: t, st: st, clock: testkit.NewClock(time.Now()), logs: &testkit.Buffer{}}
+	b := &bundle{t: t, clock: testkit.NewClock(time.Now()), logs: &testkit.Buffer{}}
 	logger := slog.New(slog.NewTextHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	gcfg.Store, gcfg.Clock, gcfg.Logger = st, b.clock.Now, logger
+	gcfg.Clock, gcfg.Logger = b.clock.Now, logger
 	if gcfg.Lease == 0 {
 		gcfg.Lease = lease
 	}
-	b.guard = idem.NewGuard(gcfg)
-	b.p = consume.New(consume.Config[*sql.Tx]{Guard: b.guard, InTx: st.InTx, RetryDelay: retryDelay, Logger: logger})
+	b.Fixture = consumetest.NewFixture(t, gcfg)
+	b.p = consume.New(consume.Config[*sql.Tx]{Guard: b.Guard, InTx: b.Store.InTx, RetryDelay: retryDelay, Logger: logger})
 	return b
 }
 
@@ -66,28 +53,15 @@ func msg(id, payload string) consume.Message {
 	return consume.Message{Scope: scope, ID: id, Payload: []byte(payload)}
 }
 
-// insert is the effect of the tests: one row per run.
-func insert(m consume.Message) func(ctx context.Context, tx *sql.Tx) error {
-	return func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO effects (id, payload) VALUES (?, ?)`, m.ID, string(m.Payload))
-		return err
-	}
+// invoice is the effect of the tests: an invoice of the message's payload.
+func (b *bundle) invoice(m consume.Message) func(ctx context.Context, tx *sql.Tx) error {
+	return func(ctx context.Context, tx *sql.Tx) error { return b.Invoice(ctx, tx, m.Payload) }
 }
 
-// process processes m with the insert effect.
+// process processes m with the invoice effect.
 func (b *bundle) process(m consume.Message) consume.Result {
 	b.t.Helper()
-	return b.p.Process(b.t.Context(), m, insert(m))
-}
-
-// effects counts the rows the effect wrote for id.
-func (b *bundle) effects(id string) int {
-	b.t.Helper()
-	var n int
-	if err := b.st.DB().QueryRowContext(b.t.Context(), `SELECT count(*) FROM effects WHERE id = ?`, id).Scan(&n); err != nil {
-		b.t.Fatal(err)
-	}
-	return n
+	return b.p.Process(b.t.Context(), m, b.invoice(m))
 }
 
 func wantResult(t *testing.T, got, want consume.Result) {
@@ -105,10 +79,8 @@ func TestNewMessageRunsTheEffectOnceAndIsAcked(t *testing.T) {
 	if res.Err != nil {
 		t.Fatalf("Err = %v on Ack", res.Err)
 	}
-	if n := b.effects("m-1"); n != 1 {
-		t.Fatalf("effects = %d, want 1", n)
-	}
-	rec, err := b.st.RecordGet(t.Context(), &idem.RecordGetParams{Scope: scope, Key: "m-1"})
+	b.WantInvoices(1)
+	rec, err := b.Store.RecordGet(t.Context(), &idem.RecordGetParams{Scope: scope, Key: "m-1"})
 	if err != nil || rec.State != idem.StateCompleted {
 		t.Fatalf("record = %+v, %v; want completed with the effect", rec, err)
 	}
@@ -123,62 +95,46 @@ func TestRepeatOfAProcessedMessageIsAckedWithoutEffect(t *testing.T) {
 	}
 	// The payload is fingerprinted as JSON: a re-serialised repeat is the same message.
 	wantResult(t, b.process(msg("m-1", `{ "amount": 2000 }`)), consume.Result{Action: consume.Ack, Replayed: true})
-	if n := b.effects("m-1"); n != 1 {
-		t.Fatalf("effects = %d after 5 deliveries, want 1", n)
-	}
+	b.WantInvoices(1)
 }
 
 func TestSameIDInAnotherScopeIsAnotherMessage(t *testing.T) {
 	b := setup(t, idem.GuardConfig{})
 	b.process(msg("m-1", "x"))
 	other := consume.Message{Scope: "orders.email", ID: "m-1", Payload: []byte("x")}
-	wantResult(t, b.p.Process(t.Context(), other, insert(other)), consume.Result{Action: consume.Ack})
-	if n := b.effects("m-1"); n != 2 {
-		t.Fatalf("effects = %d, want one per scope", n)
-	}
+	wantResult(t, b.p.Process(t.Context(), other, b.invoice(other)), consume.Result{Action: consume.Ack})
+	b.WantInvoices(2)
 }
 
 func TestRepeatWhileInFlightIsNakedWithDelay(t *testing.T) {
 	b := setup(t, idem.GuardConfig{RetryAfter: 700 * time.Millisecond})
 	m := msg("m-1", "x")
 	// Another consumer holds the message, its lease live.
-	h, _, err := b.guard.Begin(t.Context(), idem.Call{Scope: scope, Key: m.ID, Fingerprint: idem.FingerprintInput(scope, m.Payload)})
-	if err != nil || h == nil {
-		t.Fatalf("Begin = %v, %v", h, err)
-	}
-	defer h.Release()
+	b.Hold(scope, m.ID, m.Payload)
 
 	res := b.process(m)
 	wantResult(t, res, consume.Result{Action: consume.Nak, Delay: 700 * time.Millisecond})
 	if !errors.Is(res.Err, idem.ErrKeyInProgress) {
 		t.Fatalf("Err = %v, want ErrKeyInProgress", res.Err)
 	}
-	if n := b.effects(m.ID); n != 0 {
-		t.Fatalf("effects = %d, want none while the other holds it", n)
-	}
+	b.WantInvoices(0)
 
 	// Config.InProgressDelay overrides the guard's RetryAfter.
-	p := consume.New(consume.Config[*sql.Tx]{Guard: b.guard, InTx: b.st.InTx, InProgressDelay: 5 * time.Second})
-	wantResult(t, p.Process(t.Context(), m, insert(m)), consume.Result{Action: consume.Nak, Delay: 5 * time.Second})
+	p := consume.New(consume.Config[*sql.Tx]{Guard: b.Guard, InTx: b.Store.InTx, InProgressDelay: 5 * time.Second})
+	wantResult(t, p.Process(t.Context(), m, b.invoice(m)), consume.Result{Action: consume.Nak, Delay: 5 * time.Second})
 }
 
 func TestMessageOfACrashedConsumerIsTakenOverWhenItsLeaseLapses(t *testing.T) {
 	b := setup(t, idem.GuardConfig{})
 	m := msg("m-1", "x")
 	// A consumer claimed the message and died: its record stays in flight.
-	h, _, err := b.guard.Begin(context.Background(), idem.Call{Scope: scope, Key: m.ID, Fingerprint: idem.FingerprintInput(scope, m.Payload)})
-	if err != nil || h == nil {
-		t.Fatalf("Begin = %v, %v", h, err)
-	}
-	t.Cleanup(func() { _ = h.Release() })
+	b.Hold(scope, m.ID, m.Payload)
 	wantResult(t, b.process(m), consume.Result{Action: consume.Nak, Delay: idem.DefaultRetryAfter})
 
 	b.clock.Advance(lease + time.Second)
 	wantResult(t, b.process(m), consume.Result{Action: consume.Ack})
 	wantResult(t, b.process(m), consume.Result{Action: consume.Ack, Replayed: true})
-	if n := b.effects(m.ID); n != 1 {
-		t.Fatalf("effects = %d, want 1", n)
-	}
+	b.WantInvoices(1)
 }
 
 func TestSameIDWithAnotherPayloadIsTerminatedAndLogged(t *testing.T) {
@@ -189,9 +145,7 @@ func TestSameIDWithAnotherPayloadIsTerminatedAndLogged(t *testing.T) {
 	if !errors.Is(res.Err, consume.ErrIDReused) {
 		t.Fatalf("Err = %v, want ErrIDReused", res.Err)
 	}
-	if n := b.effects("secret-id-1"); n != 1 {
-		t.Fatalf("effects = %d, want the first message's only", n)
-	}
+	b.WantInvoices(1)
 	logs := b.logs.String()
 	if !strings.Contains(logs, "terminated") || !strings.Contains(logs, "id_hash=") {
 		t.Fatalf("no error line with the id's hash for the terminated message:\n%s", logs)
@@ -206,7 +160,7 @@ func TestEffectErrorNaksReleasesTheKeyAndCommitsNothing(t *testing.T) {
 	m := msg("m-1", "x")
 	boom := errors.New("downstream refused")
 	res := b.p.Process(t.Context(), m, func(ctx context.Context, tx *sql.Tx) error {
-		if err := insert(m)(ctx, tx); err != nil {
+		if err := b.invoice(m)(ctx, tx); err != nil {
 			return err
 		}
 		return boom
@@ -215,14 +169,10 @@ func TestEffectErrorNaksReleasesTheKeyAndCommitsNothing(t *testing.T) {
 	if !errors.Is(res.Err, boom) {
 		t.Fatalf("Err = %v, want the effect's", res.Err)
 	}
-	if n := b.effects(m.ID); n != 0 {
-		t.Fatalf("effects = %d, want the failed transaction's write rolled back", n)
-	}
+	b.WantInvoices(0)
 	// The redelivery runs the effect afresh.
 	wantResult(t, b.process(m), consume.Result{Action: consume.Ack})
-	if n := b.effects(m.ID); n != 1 {
-		t.Fatalf("effects = %d after the redelivery, want 1", n)
-	}
+	b.WantInvoices(1)
 }
 
 func TestPermanentEffectErrorTerminatesTheMessage(t *testing.T) {
@@ -241,7 +191,7 @@ func TestPermanentEffectErrorTerminatesTheMessage(t *testing.T) {
 func TestStoreOutageNaksWithoutRunningTheEffect(t *testing.T) {
 	b := setup(t, idem.GuardConfig{StoreTimeout: 200 * time.Millisecond})
 	// Another connection holds SQLite's write lock: the claim cannot be made in time.
-	conn, err := b.st.DB().Conn(t.Context())
+	conn, err := b.Store.DB().Conn(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,10 +248,10 @@ func TestCancelledContextNaksAtOnce(t *testing.T) {
 func TestProcessorRefusesAnIncompleteConfig(t *testing.T) {
 	st := setup(t, idem.GuardConfig{})
 	for name, f := range map[string]func(){
-		"consume: Config.Guard is required": func() { consume.New(consume.Config[*sql.Tx]{InTx: st.st.InTx}) },
-		"consume: Config.InTx is required":  func() { consume.New(consume.Config[*sql.Tx]{Guard: st.guard}) },
+		"consume: Config.Guard is required": func() { consume.New(consume.Config[*sql.Tx]{InTx: st.Store.InTx}) },
+		"consume: Config.InTx is required":  func() { consume.New(consume.Config[*sql.Tx]{Guard: st.Guard}) },
 		"consume: Message.Scope is required": func() {
-			st.p.Process(t.Context(), consume.Message{ID: "m-1"}, insert(msg("m-1", "")))
+			st.p.Process(t.Context(), consume.Message{ID: "m-1"}, st.invoice(msg("m-1", "")))
 		},
 	} {
 		func() {

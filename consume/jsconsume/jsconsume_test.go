@@ -4,9 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"log/slog"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -16,14 +14,13 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consume"
-	"github.com/idem-go/idem/consume/internal/killtest"
+	"github.com/idem-go/idem/consume/internal/consumetest"
 	"github.com/idem-go/idem/consume/jsconsume"
 	"github.com/idem-go/idem/internal/testenv"
-	"github.com/idem-go/idem/store/sqlite"
 )
 
 func TestMain(m *testing.M) {
-	killtest.Main(m, killtest.Children{SQLite: consumer[*sql.Tx], Postgres: consumer[pgx.Tx]})
+	consumetest.Main(m, consumetest.Children{SQLite: consumer[*sql.Tx], Postgres: consumer[pgx.Tx]})
 }
 
 // connect connects to the test NATS server and checks that it has JetStream.
@@ -83,46 +80,29 @@ func newConsumer(t testing.TB, js jetstream.JetStream, stream string, ackWait ti
 // stream and a fresh SQLite store.
 
 type bundle struct {
-	t     *testing.T
-	js    jetstream.JetStream
-	subj  string
-	cons  jetstream.Consumer
-	st    *sqlite.Store
-	guard *idem.Guard
-	p     *consume.Processor[*sql.Tx]
+	*consumetest.Fixture
+	t    *testing.T
+	js   jetstream.JetStream
+	subj string
+	cons jetstream.Consumer
 }
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	_, js := connect(t)
 	stream, subj := newStream(t, js)
-	b := &bundle{t: t, js: js, subj: subj, cons: newConsumer(t, js, stream, 30*time.Second)}
-	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "js.db"), sqlite.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if err := st.Migrate(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.DB().ExecContext(t.Context(), `CREATE TABLE invoices (msg TEXT NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	b.st = st
-	b.guard = idem.NewGuard(idem.GuardConfig{Store: st})
-	b.p = consume.New(consume.Config[*sql.Tx]{Guard: b.guard, InTx: st.InTx, RetryDelay: 50 * time.Millisecond,
-		Logger: slog.New(slog.DiscardHandler)})
-	return b
+	return &bundle{Fixture: consumetest.NewFixture(t, idem.GuardConfig{}), t: t, js: js, subj: subj,
+		cons: newConsumer(t, js, stream, 30*time.Second)}
 }
 
-// handler returns a Handler of the bundle's Processor whose effect inserts an invoice.
+// handler returns a Handler of the fixture's Processor whose effect writes an invoice
+// of the message's payload.
 func (b *bundle) handler(cfg jsconsume.Config) *jsconsume.Handler[*sql.Tx] {
 	if cfg.Scope == "" {
 		cfg.Scope = "billing"
 	}
-	return jsconsume.New(b.p, cfg, func(ctx context.Context, tx *sql.Tx, msg jetstream.Msg) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO invoices (msg) VALUES (?)`, string(msg.Data()))
-		return err
+	return jsconsume.New(b.Processor, cfg, func(ctx context.Context, tx *sql.Tx, msg jetstream.Msg) error {
+		return b.Invoice(ctx, tx, msg.Data())
 	})
 }
 
@@ -169,13 +149,7 @@ func (b *bundle) redelivery() jetstream.Msg {
 func (b *bundle) settledWith(invoices int) {
 	b.t.Helper()
 	b.settled()
-	var n int
-	if err := b.st.DB().QueryRowContext(b.t.Context(), `SELECT count(*) FROM invoices`).Scan(&n); err != nil {
-		b.t.Fatal(err)
-	}
-	if n != invoices {
-		b.t.Fatalf("invoices = %d, want %d", n, invoices)
-	}
+	b.WantInvoices(invoices)
 }
 
 // settled waits until the server holds nothing for the consumer.
@@ -199,13 +173,6 @@ func (b *bundle) settled() {
 	}
 }
 
-func wantAction(t *testing.T, res consume.Result, want consume.Action, replayed bool) {
-	t.Helper()
-	if res.Action != want || res.Replayed != replayed {
-		t.Fatalf("result = %v (replayed %v, err %v), want %v (replayed %v)", res.Action, res.Replayed, res.Err, want, replayed)
-	}
-}
-
 func TestRedeliveryOfAProcessedMessageIsAckedWithoutEffect(t *testing.T) {
 	b := setup(t)
 	h := b.handler(jsconsume.Config{})
@@ -214,12 +181,12 @@ func TestRedeliveryOfAProcessedMessageIsAckedWithoutEffect(t *testing.T) {
 	// The first delivery commits, but its acknowledgement never reaches the server: the
 	// server delivers the message again (at once here, instead of after AckWait).
 	first := b.next()
-	wantAction(t, h.Process(t.Context(), first), consume.Ack, false)
+	consumetest.WantAction(t, h.Process(t.Context(), first), consume.Ack, false)
 	if err := first.Nak(); err != nil {
 		t.Fatal(err)
 	}
 	again := b.redelivery()
-	wantAction(t, h.Handle(t.Context(), again), consume.Ack, true)
+	consumetest.WantAction(t, h.Handle(t.Context(), again), consume.Ack, true)
 	b.settledWith(1)
 }
 
@@ -229,23 +196,17 @@ func TestMessageInFlightElsewhereIsNakedAndRedelivered(t *testing.T) {
 	payload := `{"order":2}`
 	b.publish(payload, jetstream.MsgIDHeader, "order-2-created")
 	// Another consumer holds the message, its lease live.
-	other, _, err := b.guard.Begin(t.Context(), idem.Call{Scope: "billing", Key: "order-2-created",
-		Fingerprint: idem.FingerprintInput("billing", []byte(payload))})
-	if err != nil || other == nil {
-		t.Fatalf("Begin = %v, %v", other, err)
-	}
+	release := b.Hold("billing", "order-2-created", []byte(payload))
 
 	res := h.Handle(t.Context(), b.next())
-	wantAction(t, res, consume.Nak, false)
+	consumetest.WantAction(t, res, consume.Nak, false)
 	if res.Delay != idem.DefaultRetryAfter || !errors.Is(res.Err, idem.ErrKeyInProgress) {
 		t.Fatalf("Nak after %v (%v), want after the guard's RetryAfter, in progress", res.Delay, res.Err)
 	}
 	// The other consumer gives up its claim; the redelivery runs the effect.
-	if err := other.Release(); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	again := b.redelivery()
-	wantAction(t, h.Handle(t.Context(), again), consume.Ack, false)
+	consumetest.WantAction(t, h.Handle(t.Context(), again), consume.Ack, false)
 	b.settledWith(1)
 }
 
@@ -257,9 +218,9 @@ func TestIDFromAnotherHeaderReusedWithAnotherPayloadIsTerminated(t *testing.T) {
 	b.publish(`{"order":3,"amount":2000}`, "Event-Id", "evt-3")
 	b.publish(`{"order":3,"amount":9999}`, "Event-Id", "evt-3")
 
-	wantAction(t, h.Handle(t.Context(), b.next()), consume.Ack, false)
+	consumetest.WantAction(t, h.Handle(t.Context(), b.next()), consume.Ack, false)
 	res := h.Handle(t.Context(), b.next())
-	wantAction(t, res, consume.Term, false)
+	consumetest.WantAction(t, res, consume.Term, false)
 	if !errors.Is(res.Err, consume.ErrIDReused) {
 		t.Fatalf("Err = %v, want ErrIDReused", res.Err)
 	}
@@ -271,7 +232,7 @@ func TestMessageWithoutIDIsTerminated(t *testing.T) {
 	h := b.handler(jsconsume.Config{})
 	b.publish(`{"order":4}`)
 	res := h.Handle(t.Context(), b.next())
-	wantAction(t, res, consume.Term, false)
+	consumetest.WantAction(t, res, consume.Term, false)
 	if !errors.Is(res.Err, consume.ErrNoID) {
 		t.Fatalf("Err = %v, want ErrNoID", res.Err)
 	}
@@ -281,8 +242,8 @@ func TestMessageWithoutIDIsTerminated(t *testing.T) {
 func TestEffectErrorIsNakedAndTheRedeliveryRunsIt(t *testing.T) {
 	b := setup(t)
 	fail := true
-	h := jsconsume.New(b.p, jsconsume.Config{Scope: "billing"}, func(ctx context.Context, tx *sql.Tx, msg jetstream.Msg) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO invoices (msg) VALUES (?)`, string(msg.Data())); err != nil {
+	h := jsconsume.New(b.Processor, jsconsume.Config{Scope: "billing"}, func(ctx context.Context, tx *sql.Tx, msg jetstream.Msg) error {
+		if err := b.Invoice(ctx, tx, msg.Data()); err != nil {
 			return err
 		}
 		if fail {
@@ -292,8 +253,8 @@ func TestEffectErrorIsNakedAndTheRedeliveryRunsIt(t *testing.T) {
 		return nil
 	})
 	b.publish(`{"order":5}`, jetstream.MsgIDHeader, "order-5-created")
-	wantAction(t, h.Handle(t.Context(), b.next()), consume.Nak, false)
-	wantAction(t, h.Handle(t.Context(), b.next()), consume.Ack, false)
+	consumetest.WantAction(t, h.Handle(t.Context(), b.next()), consume.Nak, false)
+	consumetest.WantAction(t, h.Handle(t.Context(), b.next()), consume.Ack, false)
 	b.settledWith(1) // the failed attempt's write rolled back
 }
 
@@ -301,7 +262,7 @@ func TestMessageHandlerConsumesAStream(t *testing.T) {
 	b := setup(t)
 	const n = 20
 	for i := range n {
-		b.publish(string(killtest.Payload(i)), jetstream.MsgIDHeader, killtest.ID(i))
+		b.publish(string(consumetest.Payload(i)), jetstream.MsgIDHeader, consumetest.ID(i))
 	}
 	cc, err := b.cons.Consume(b.handler(jsconsume.Config{}).MessageHandler(t.Context()))
 	if err != nil {
@@ -343,7 +304,7 @@ func (b *jsBroker) Prepare(t *testing.T, n int) []string {
 	_, b.js = connect(t)
 	stream, subj := newStream(t, b.js)
 	for i := range n {
-		if _, err := b.js.Publish(t.Context(), subj, killtest.Payload(i), jetstream.WithMsgID(killtest.ID(i))); err != nil {
+		if _, err := b.js.Publish(t.Context(), subj, consumetest.Payload(i), jetstream.WithMsgID(consumetest.ID(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -361,7 +322,7 @@ func (b *jsBroker) Outstanding(t *testing.T) int {
 
 // consumer is the kill tests' consumer process: it handles the stream's messages one by
 // one until the parent stops it.
-func consumer[Tx any](ctx context.Context, c *killtest.Child[Tx]) error {
+func consumer[Tx any](ctx context.Context, c *consumetest.Child[Tx]) error {
 	nc, err := nats.Connect(os.Getenv(envURL))
 	if err != nil {
 		return err
@@ -385,7 +346,7 @@ func consumer[Tx any](ctx context.Context, c *killtest.Child[Tx]) error {
 	}()
 	var h *jsconsume.Handler[Tx]
 	if c.Processor != nil {
-		h = jsconsume.New(c.Processor, jsconsume.Config{Scope: killtest.Scope}, func(ctx context.Context, tx Tx, msg jetstream.Msg) error {
+		h = jsconsume.New(c.Processor, jsconsume.Config{Scope: consumetest.Scope}, func(ctx context.Context, tx Tx, msg jetstream.Msg) error {
 			return c.Effect(ctx, tx, msg.Headers().Get(jetstream.MsgIDHeader))
 		})
 	}
@@ -409,39 +370,10 @@ func consumer[Tx any](ctx context.Context, c *killtest.Child[Tx]) error {
 	}
 }
 
-// kills is where the kill tests kill their consumers.
-var kills = []killtest.Kill{
-	killtest.KillAnywhere, killtest.KillInEffect, killtest.KillAfterCommit,
-	killtest.KillAnywhere, killtest.KillAfterCommit, killtest.KillInEffect,
-}
-
 func TestKilledConsumersApplyEveryMessageOnce(t *testing.T) {
-	for _, db := range []string{"sqlite", "postgres"} {
-		t.Run(db, func(t *testing.T) {
-			rep := killtest.Run(t, killtest.Plan{Broker: &jsBroker{}, DB: db, Helper: true, N: 200, Kills: kills})
-			t.Log(rep)
-			if rep.Duplicates() != 0 || rep.Lost() != 0 {
-				t.Fatalf("with the helper: %v; want every message's effect exactly once", rep)
-			}
-			if rep.Replays == 0 || rep.Takeovers == 0 {
-				t.Fatalf("%v: want replays (kills after commits) and takeovers (kills in effects), or the kills proved nothing", rep)
-			}
-		})
-	}
+	consumetest.ProveExactlyOnce(t, func() consumetest.Broker { return &jsBroker{} })
 }
 
 func TestKilledConsumersWithoutTheHelperApplyMessagesTwice(t *testing.T) {
-	for _, db := range []string{"sqlite", "postgres"} {
-		t.Run(db, func(t *testing.T) {
-			rep := killtest.Run(t, killtest.Plan{Broker: &jsBroker{}, DB: db, Helper: false, N: 200, Kills: kills})
-			t.Log(rep)
-			if rep.Lost() != 0 {
-				t.Fatalf("without the helper: %v; want no message lost", rep)
-			}
-			// Each kill after a commit leaves a committed, unacknowledged message.
-			if rep.Duplicates() < 2 {
-				t.Fatalf("without the helper: %v; want a duplicate for each kill after a commit", rep)
-			}
-		})
-	}
+	consumetest.ProveDuplicatesWithoutHelper(t, func() consumetest.Broker { return &jsBroker{} })
 }

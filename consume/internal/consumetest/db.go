@@ -1,4 +1,4 @@
-package killtest
+package consumetest
 
 import (
 	"context"
@@ -34,7 +34,7 @@ func newDatabase(t *testing.T, kind string) *database {
 	ctx := context.Background()
 	switch kind {
 	case "sqlite":
-		path := filepath.Join(t.TempDir(), "killtest.db")
+		path := filepath.Join(t.TempDir(), "consumetest.db")
 		st, err := sqlite.Open(ctx, path, sqlite.Config{})
 		if err != nil {
 			t.Fatal(err)
@@ -79,6 +79,6 @@ func newDatabase(t *testing.T, kind string) *database {
 			},
 		}
 	}
-	t.Fatalf("killtest: unknown database %q", kind)
+	t.Fatalf("consumetest: unknown database %q", kind)
 	return nil
 }

@@ -1,4 +1,4 @@
-package killtest
+package consumetest
 
 import (
 	"context"
@@ -81,7 +81,7 @@ func Main(m *testing.M, ch Children) {
 		err = fmt.Errorf("unknown %s=%q", envDB, db)
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "killtest consumer:", err)
+		fmt.Fprintln(os.Stderr, "consumetest consumer:", err)
 		os.Exit(1)
 	}
 	os.Exit(0)

@@ -1,8 +1,12 @@
-// Package killtest proves that a broker adapter of package consume processes every
-// message exactly once in effect, with real processes: it publishes N messages to a
-// real broker, runs consumer processes (the test binary again) that it kills with
-// SIGKILL at chosen points — inside the effect's transaction, between the commit and
-// the acknowledgement, or wherever the consumer happens to be — and lets the broker
+// Package consumetest holds what the tests of package consume's broker adapters share:
+// a fixture (a SQLite store with an invoices table, and a Processor over it) and the
+// crash proof.
+//
+// The crash proof shows that an adapter processes every message exactly once in
+// effect, with real processes: [Run] publishes N messages to a real broker, runs
+// consumer processes (the test binary again) that it kills with SIGKILL at chosen
+// points — inside the effect's transaction, between the commit and the
+// acknowledgement, or wherever the consumer happens to be — and lets the broker
 // redeliver until every message is acknowledged. Then it counts the effects in the
 // database (SQLite or PostgreSQL): with the helper, each message's exactly once; the
 // same plan without the helper shows the duplicates it prevents.
@@ -10,7 +14,7 @@
 // A broker's test supplies a [Broker] (the parent's side: a private queue, its
 // outstanding count) and a consumer loop per database (the child's side: see
 // [Children]), and calls [Main] from its TestMain and [Run] from its tests.
-package killtest
+package consumetest
 
 import (
 	"bufio"
@@ -111,6 +115,53 @@ func (r Report) String() string {
 		r.Replays, r.Naks, r.Takeovers, r.Elapsed.Round(100*time.Millisecond))
 }
 
+// Kills are the kills of the proofs: 6 consumers killed, each after about HangAt
+// messages, at each point twice.
+var Kills = []Kill{KillAnywhere, KillInEffect, KillAfterCommit, KillAnywhere, KillAfterCommit, KillInEffect}
+
+// ProofN is how many messages the proofs publish.
+const ProofN = 200
+
+// ProveExactlyOnce runs the proof with the helper on SQLite and PostgreSQL, each with a
+// broker of newBroker: every message's effect must have run exactly once, and the
+// kills must have hit where they aimed (repeats of committed messages were replayed,
+// messages of consumers killed in their effects taken over).
+func ProveExactlyOnce(t *testing.T, newBroker func() Broker) {
+	for _, db := range []string{"sqlite", "postgres"} {
+		t.Run(db, func(t *testing.T) {
+			rep := Run(t, Plan{Broker: newBroker(), DB: db, Helper: true, N: ProofN, Kills: Kills})
+			t.Log(rep)
+			if rep.Duplicates() != 0 || rep.Lost() != 0 {
+				t.Fatalf("with the helper: %v; want every message's effect exactly once", rep)
+			}
+			if rep.Replays == 0 || rep.Takeovers == 0 {
+				t.Fatalf("%v: want replays (kills after commits) and takeovers (kills in effects), or the kills proved nothing", rep)
+			}
+		})
+	}
+}
+
+// ProveDuplicatesWithoutHelper runs the same proof without the helper: no message may
+// be lost, and each kill after a commit must have left a duplicate, which shows that
+// the proof with the helper could fail.
+func ProveDuplicatesWithoutHelper(t *testing.T, newBroker func() Broker) {
+	for _, db := range []string{"sqlite", "postgres"} {
+		t.Run(db, func(t *testing.T) {
+			rep := Run(t, Plan{Broker: newBroker(), DB: db, Helper: false, N: ProofN, Kills: Kills})
+			t.Log(rep)
+			want := 0
+			for _, k := range Kills {
+				if k == KillAfterCommit {
+					want++
+				}
+			}
+			if rep.Lost() != 0 || rep.Duplicates() < want {
+				t.Fatalf("without the helper: %v; want no message lost, and at least %d duplicates (one per kill after a commit)", rep, want)
+			}
+		})
+	}
+}
+
 // Run carries out p and returns what it measured; it fails t when a process
 // misbehaves or the run does not finish in time, not on duplicates: the caller asserts
 // those.
@@ -189,7 +240,7 @@ func (r *runner) finish() {
 	t := r.t
 	for round := 0; ; round++ {
 		if round == 5 {
-			t.Fatalf("killtest: messages still outstanding after %d consumers ran to the end", round)
+			t.Fatalf("consumetest: messages still outstanding after %d consumers ran to the end", round)
 		}
 		c := r.start(nil)
 		r.drain(c)
