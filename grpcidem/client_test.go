@@ -102,7 +102,9 @@ func TestClientRetriesACallInProgressUntilItsReplay(t *testing.T) {
 	entered, proceed := make(chan struct{}), make(chan struct{})
 	aborted := make(chan struct{}, 100)
 	b := setup(t, options{
-		client: &grpcidem.ClientConfig{Backoff: noWait, MaxAttempts: 100},
+		// Patient: the duplicate retries every 5 ms until the first call completes,
+		// however slow the machine.
+		client: &grpcidem.ClientConfig{Backoff: noWait, MaxAttempts: 1 << 20, Budget: client.NewBudget(1, 1e6, 1<<20)},
 		guard:  func(c *idem.GuardConfig) { c.RetryAfter = 5 * time.Millisecond },
 		observe: func(err error) {
 			if status.Code(err) == codes.Aborted {

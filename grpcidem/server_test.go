@@ -16,8 +16,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin"
 	"github.com/idem-go/idem/grpcidem"
 	"github.com/idem-go/idem/grpcidem/internal/testpb"
+	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/postgres"
 )
 
@@ -451,4 +453,32 @@ func TestInvalidServerConfigPanicsNamingTheField(t *testing.T) {
 			grpcidem.UnaryServerInterceptor(tc.cfg)
 		}()
 	}
+}
+
+// A handler whose key is taken from it (here an operator deletes its record) loses its
+// lease: its context ends with cause ErrLeaseLost, and whatever it answers, the client
+// gets UNAVAILABLE, so that its retry meets the key's real outcome.
+func TestAHandlerThatLostItsLeaseAnswersUnavailable(t *testing.T) {
+	t.Parallel()
+	s := memory.New()
+	entered := make(chan struct{})
+	b := setup(t, options{
+		store: s,
+		guard: func(c *idem.GuardConfig) { c.Lease, c.Heartbeat = time.Minute, 10*time.Millisecond },
+		behave: func(ctx context.Context, req *testpb.ChargeRequest, n int64) (*testpb.Charge, error) {
+			close(entered)
+			<-ctx.Done()
+			if !errors.Is(context.Cause(ctx), idem.ErrLeaseLost) {
+				return nil, status.Errorf(codes.Internal, "context ended with %v, want ErrLeaseLost", context.Cause(ctx))
+			}
+			return nil, status.FromContextError(ctx.Err()).Err()
+		},
+	})
+	done := make(chan error, 1)
+	go func() { _, _, err := b.call(t, "alice", key1, chargeRequest()); done <- err }()
+	<-entered
+	if err := s.RecordDelete(t.Context(), &admin.RecordDeleteParams{Scope: "alice", Key: key1, Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, <-done, codes.Unavailable, idem.CodeStoreUnavailable)
 }
