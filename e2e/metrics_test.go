@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"maps"
 	"net/http"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -173,5 +175,93 @@ func TestMetricsUnderLoadCountWhatTheLoadToolCounted(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The Grafana dashboard (deploy/grafana/idem.json) asks only for metrics that `idem
+// payments` serves, grouped by labels they have, so that a renamed metric or label
+// cannot leave a panel empty unnoticed (scripts/check-dashboard runs every query
+// against a real Prometheus); compose.yaml mounts it and its provisioning.
+func TestDashboardAsksForServedMetricsAndLabels(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../deploy/grafana/idem.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+		Templating struct{ List []struct{ Definition string } }
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatalf("deploy/grafana/idem.json: %v", err)
+	}
+	s := startServer(t, "--store", sqliteStore(t), "--metrics-addr", "127.0.0.1:0")
+	want201(t, "a charge", newClient().postCharge(t, s.URL(), newKey(), chargeJSON(2000)))
+	sc := scrapeMetrics(t, s.metricsURL(t))
+	labels := func(family string) map[string]bool {
+		out := map[string]bool{"le": strings.HasSuffix(family, "_bucket"), "job": true, "instance": true}
+		f := sc[strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(family, "_bucket"), "_count"), "_sum")]
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				out[l.GetName()] = true
+			}
+		}
+		return out
+	}
+	metricName := regexp.MustCompile(`\b(idem_[a-z_]+)`)
+	grouping := regexp.MustCompile(`\bby \(([a-z_, ]+)\)`)
+	selector := regexp.MustCompile(`\b([a-z_]+)(=~|!=|=)"`)
+	queries := 0
+	check := func(where, expr string) {
+		queries++
+		names := metricName.FindAllString(expr, -1)
+		if len(names) == 0 {
+			t.Errorf("%s: %s asks for no idem metric", where, expr)
+		}
+		for _, name := range names {
+			base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_count"), "_sum")
+			if sc[base] == nil {
+				t.Errorf("%s: %s: idem payments serves no %s", where, expr, name)
+				continue
+			}
+			have := labels(name)
+			var used []string
+			for _, g := range grouping.FindAllStringSubmatch(expr, -1) {
+				used = append(used, strings.Split(strings.ReplaceAll(g[1], " ", ""), ",")...)
+			}
+			for _, m := range selector.FindAllStringSubmatch(expr, -1) {
+				used = append(used, m[1])
+			}
+			for _, l := range used {
+				if !have[l] {
+					t.Errorf("%s: %s: %s has no label %s", where, expr, name, l)
+				}
+			}
+		}
+	}
+	for _, p := range dash.Panels {
+		for _, target := range p.Targets {
+			check("panel "+p.Title, target.Expr)
+		}
+	}
+	for _, v := range dash.Templating.List {
+		if v.Definition != "" {
+			check("variable", v.Definition)
+		}
+	}
+	if queries < 15 {
+		t.Fatalf("%d queries checked: the dashboard was not read", queries)
+	}
+	compose, err := os.ReadFile("../compose.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mount := range regexp.MustCompile(`- \./(deploy/grafana/[^:\s]+):`).FindAllStringSubmatch(string(compose), -1) {
+		if _, err := os.Stat("../" + mount[1]); err != nil {
+			t.Errorf("compose.yaml mounts %s: %v", mount[1], err)
+		}
 	}
 }
