@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -15,7 +16,8 @@ import (
 )
 
 const paymentsSynopsis = `[--addr 127.0.0.1:8080] [--store URL] [--db URL] [--ttl 24h]
-                     [--lock-timeout 30s] [--processor-latency 0s] [--profile seed|ietf]
+                     [--lock-timeout 30s] [--processor-latency 0s | --processor-url URL]
+                     [--processor-timeout 10s] [--profile seed|ietf]
                      [--disable-idempotency] [--replay-cache 0] [--metrics-addr ADDR]
                      [--log-format text|json] [--log-level info]
                      [--store-timeout 5s] [--read-header-timeout 10s] [--read-timeout 30s]
@@ -60,6 +62,9 @@ const (
 // paymentsFlags are the flags of `idem payments`.
 type paymentsFlags struct {
 	addr, store, db, profile string
+	// processorURL is the card processor's base URL (idem processor); empty: none.
+	processorURL     string
+	processorTimeout time.Duration
 	ttl, lease, latency      time.Duration
 	disableIdempotency       bool
 	replayCache              int
@@ -98,6 +103,8 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.DurationVar(&f.ttl, "ttl", idem.DefaultTTL, "how long an idempotency record lives after its creation (longer than --lock-timeout)")
 	fs.DurationVar(&f.lease, "lock-timeout", idem.DefaultLease, "lease of a claimed key: after it lapses without renewal another request may take the key over (at least 100ms)")
 	fs.DurationVar(&f.latency, "processor-latency", 0, "simulated card-processor call: POST /v1/charges sleeps this long after the claim, holding no transaction or connection")
+	fs.StringVar(&f.processorURL, "processor-url", "", "base `URL` of a card processor (idem processor, e.g. http://127.0.0.1:8090) that POST /v1/charges charges through, with recovery points (SPEC §13); exclusive with --processor-latency")
+	fs.DurationVar(&f.processorTimeout, "processor-timeout", payments.DefaultProcessorTimeout, "bound on each attempt of a call to the card processor (--processor-url)")
 	fs.StringVar(&f.profile, "profile", "seed", "shape of the middleware's errors: seed (Stripe's) or ietf (RFC 9457 problem details)")
 	fs.BoolVar(&f.disableIdempotency, "disable-idempotency", false, "serve the same API without the idempotency middleware (to measure its cost)")
 	fs.IntVar(&f.replayCache, "replay-cache", 0, "keep up to `N` completed responses in memory so that replays skip the store (idem.Config.ReplayCacheSize; 0, the default, is off: the library's default)")
@@ -152,7 +159,8 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	api := payments.New(payments.Config{
 		Store: st.store, DB: db, Profile: profile, TTL: f.ttl, Lease: f.lease,
-		ProcessorLatency: f.latency, DisableIdempotency: f.disableIdempotency, Logger: libLogger,
+		ProcessorLatency: f.latency, ProcessorURL: f.processorURL, ProcessorTimeout: f.processorTimeout,
+		DisableIdempotency: f.disableIdempotency, Logger: libLogger,
 		ReplayCacheSize: f.replayCache, StoreTimeout: f.storeTimeout, Observer: observer,
 	})
 	apiHandler := api.Handler()
@@ -290,6 +298,10 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 		err = fmt.Errorf("--replay-cache must not be negative, got %d", f.replayCache)
 	case f.latency < 0:
 		err = fmt.Errorf("--processor-latency must not be negative, got %v", f.latency)
+	case f.processorURL != "" && f.latency != 0:
+		err = errors.New("--processor-latency simulates a processor: it cannot go with --processor-url")
+	case f.processorTimeout <= 0:
+		err = fmt.Errorf("--processor-timeout must be positive, got %v", f.processorTimeout)
 	case f.addr == "":
 		err = errors.New("--addr must not be empty")
 	case f.storeTimeout <= 0:
@@ -303,9 +315,22 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 	case f.maxHeaderBytes < 1<<10:
 		err = fmt.Errorf("--max-header-bytes must be at least 1024, got %d", f.maxHeaderBytes)
 	}
+	if err == nil && f.processorURL != "" {
+		err = checkProcessorURL(f.processorURL)
+	}
 	if _, _, e := net.SplitHostPort(f.metricsAddr); err == nil && f.metricsAddr != "" && e != nil {
 		err = fmt.Errorf("--metrics-addr %q: want host:port, such as 127.0.0.1:9090", f.metricsAddr)
 	}
 	store.timeout, db.timeout = f.storeTimeout, f.storeTimeout
 	return store, db, profile, err
+}
+
+// checkProcessorURL refuses a --processor-url that is not an absolute http(s) URL of a
+// host, without a query or a fragment.
+func checkProcessorURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return fmt.Errorf("--processor-url %q: want http://host:port or https://host:port (the processor's base URL)", redact(raw))
+	}
+	return nil
 }

@@ -21,6 +21,9 @@ type charge struct {
 	IdempotencyKey *string
 	Fingerprint    *string
 	KeyExpiresAt   *int64
+	// ProcessorChargeID is the card processor's charge (SPEC §13); nil without a
+	// processor, and while the charge is pending.
+	ProcessorChargeID *string
 }
 
 // chargeJSON is a charge as the API renders it; the order of its fields is fixed, so
@@ -33,12 +36,13 @@ type chargeJSON struct {
 	CustomerID     *string `json:"customer_id"`
 	Status         string  `json:"status"`
 	Created        int64   `json:"created"`
-	IdempotencyKey *string `json:"idempotency_key"`
+	IdempotencyKey    *string `json:"idempotency_key"`
+	ProcessorChargeID *string `json:"processor_charge_id"`
 }
 
 func (c *charge) view() chargeJSON {
 	return chargeJSON{ID: c.ID, Object: "charge", Amount: c.Amount, Currency: c.Currency, CustomerID: c.CustomerID,
-		Status: c.Status, Created: c.Created, IdempotencyKey: c.IdempotencyKey}
+		Status: c.Status, Created: c.Created, IdempotencyKey: c.IdempotencyKey, ProcessorChargeID: c.ProcessorChargeID}
 }
 
 func (c *charge) render() []byte {
@@ -48,7 +52,7 @@ func (c *charge) render() []byte {
 
 func scanCharge(s scanner) (*charge, error) {
 	var c charge
-	err := s.Scan(&c.ID, &c.Amount, &c.Currency, &c.CustomerID, &c.Status, &c.Created, &c.IdempotencyKey, &c.Fingerprint, &c.KeyExpiresAt)
+	err := s.Scan(&c.ID, &c.Amount, &c.Currency, &c.CustomerID, &c.Status, &c.Created, &c.IdempotencyKey, &c.Fingerprint, &c.KeyExpiresAt, &c.ProcessorChargeID)
 	if err != nil {
 		return nil, err
 	}
@@ -69,15 +73,27 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	k := s.keyOf(r, body, arrival)
-	if !s.callProcessor(w, r) {
+	var pchID *string
+	if s.processor != nil {
+		// Naive: one processor call with a fresh key, between the claim and the
+		// charge's transaction.
+		pch, err := s.processor.charge(r.Context(), "", in.Amount, in.Currency)
+		if err != nil {
+			s.logger.WarnContext(r.Context(), "payments: the card processor call failed", "err", err)
+			writeAPIError(w, &apiError{status: http.StatusServiceUnavailable, code: "processor_unavailable", message: "The card processor is unavailable; retry the request."})
+			return
+		}
+		pchID = &pch.ID
+	} else if !s.callProcessor(w, r) {
 		return
 	}
 	c := &charge{ID: newID("ch_"), Amount: in.Amount, Currency: in.Currency, CustomerID: in.CustomerID,
-		Status: "succeeded", Created: s.now().Unix(), IdempotencyKey: k.key, Fingerprint: k.fingerprint, KeyExpiresAt: k.expiresAt}
+		Status: "succeeded", Created: s.now().Unix(), IdempotencyKey: k.key, Fingerprint: k.fingerprint, KeyExpiresAt: k.expiresAt,
+		ProcessorChargeID: pchID}
 	sc := scope(r)
 	if s.batch != nil && s.mutateBatch(w, r, jsonReply(http.StatusCreated, c.render()), func(b *pgx.Batch) {
 		b.Queue(s.db.queries["charge_insert_strict"], c.ID, sc, c.Amount, c.Currency, c.CustomerID,
-			c.Status, c.Created, c.IdempotencyKey, c.Fingerprint, c.KeyExpiresAt)
+			c.Status, c.Created, c.IdempotencyKey, c.Fingerprint, c.KeyExpiresAt, c.ProcessorChargeID)
 	}) {
 		return
 	}
@@ -85,7 +101,7 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 		// At most two rounds: the second follows the retirement of an expired key.
 		for range 2 {
 			got, err := scanCharge(q.queryRow(ctx, "charge_insert", c.ID, sc, c.Amount, c.Currency, c.CustomerID,
-				c.Status, c.Created, c.IdempotencyKey, c.Fingerprint, c.KeyExpiresAt))
+				c.Status, c.Created, c.IdempotencyKey, c.Fingerprint, c.KeyExpiresAt, c.ProcessorChargeID))
 			if err == nil {
 				return jsonReply(http.StatusCreated, got.render()), nil
 			}

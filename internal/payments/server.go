@@ -47,6 +47,16 @@ type Config struct {
 	// card processor would. Defaults to 0.
 	ProcessorLatency time.Duration
 
+	// ProcessorURL, when set, is the base URL of the card processor (`idem processor`)
+	// that POST /v1/charges charges through, between the key's claim and the charge's
+	// transaction; the charge object carries its processor_charge_id. ProcessorLatency
+	// is then unused. Defaults to "": no processor.
+	ProcessorURL string
+
+	// ProcessorTimeout bounds each attempt of a call to the processor. Defaults to
+	// [DefaultProcessorTimeout].
+	ProcessorTimeout time.Duration
+
 	// DisableIdempotency serves the same handlers without the idempotency middleware
 	// (to measure what it costs): Idempotency-Key headers are ignored and every
 	// mutation runs in a plain transaction. Defaults to false.
@@ -93,6 +103,8 @@ type Server struct {
 	root    *http.ServeMux
 	// beforeCharge, when set by a test, runs where the card processor is called.
 	beforeCharge func(r *http.Request)
+	// processor calls the card processor; nil without Config.ProcessorURL.
+	processor *processorClient
 	// batch, on PostgreSQL, sends a creation's transaction in one round trip; nil on
 	// SQLite. claimsInTx is true when it can also claim the key (the store's own
 	// helper), so that POST /v1/orders claims in its transaction.
@@ -117,8 +129,11 @@ func New(cfg Config) *Server {
 	if cfg.Store == nil && !cfg.DisableIdempotency {
 		panic("payments: Config.Store is required unless DisableIdempotency is set")
 	}
-	if cfg.ProcessorLatency < 0 {
-		panic("payments: Config.ProcessorLatency must not be negative")
+	if cfg.ProcessorLatency < 0 || cfg.ProcessorTimeout < 0 {
+		panic("payments: Config.ProcessorLatency and Config.ProcessorTimeout must not be negative")
+	}
+	if cfg.ProcessorTimeout == 0 {
+		cfg.ProcessorTimeout = DefaultProcessorTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -131,6 +146,9 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, db: cfg.DB, logger: cfg.Logger, now: cfg.Now, ttl: cfg.TTL}
 	s.batch, s.claimsInTx = pipelined(cfg)
+	if cfg.ProcessorURL != "" {
+		s.processor = newProcessorClient(cfg.ProcessorURL, cfg.ProcessorTimeout, cfg.Logger)
+	}
 	s.routes()
 	return s
 }

@@ -1,3 +1,3 @@
-SELECT id, amount, currency, customer_id, status, created, idempotency_key, request_fingerprint, key_expires_at
+SELECT id, amount, currency, customer_id, status, created, idempotency_key, request_fingerprint, key_expires_at, processor_charge_id
 FROM charges
 WHERE scope = $1 AND idempotency_key = $2 AND NOT key_retired;

@@ -1,4 +1,4 @@
-SELECT id, amount, currency, customer_id, status, created, idempotency_key, request_fingerprint, key_expires_at
+SELECT id, amount, currency, customer_id, status, created, idempotency_key, request_fingerprint, key_expires_at, processor_charge_id
 FROM charges
 WHERE scope = ?1
 ORDER BY created DESC, id DESC
