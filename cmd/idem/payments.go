@@ -12,12 +12,14 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/client"
 	"github.com/idem-go/idem/internal/payments"
 )
 
 const paymentsSynopsis = `[--addr 127.0.0.1:8080] [--store URL] [--db URL] [--ttl 24h]
                      [--lock-timeout 30s] [--processor-latency 0s | --processor-url URL]
-                     [--processor-timeout 10s] [--profile seed|ietf]
+                     [--processor-timeout 10s] [--completer-interval 10s]
+                     [--profile seed|ietf]
                      [--disable-idempotency] [--replay-cache 0] [--metrics-addr ADDR]
                      [--log-format text|json] [--log-level info]
                      [--store-timeout 5s] [--read-header-timeout 10s] [--read-timeout 30s]
@@ -65,16 +67,46 @@ type paymentsFlags struct {
 	// processorURL is the card processor's base URL (idem processor); empty: none.
 	processorURL     string
 	processorTimeout time.Duration
-	ttl, lease, latency      time.Duration
-	disableIdempotency       bool
-	replayCache              int
-	log                      logFlags
+	// completerInterval is the pause between passes of the completer (SPEC §13).
+	completerInterval   time.Duration
+	ttl, lease, latency time.Duration
+	disableIdempotency  bool
+	replayCache         int
+	log                 logFlags
 	// Bounds on a stalled store (SPEC §9) and on what a client can hold (SPEC §15).
 	storeTimeout                                time.Duration
 	readHeaderTimeout, readTimeout, idleTimeout time.Duration
 	maxHeaderBytes                              int
 	// metricsAddr is the metrics listener's address; empty: no metrics listener.
 	metricsAddr string
+}
+
+// Calls to the card processor (--processor-url).
+const (
+	// defaultProcessorTimeout bounds each attempt of a call to the processor.
+	defaultProcessorTimeout = 10 * time.Second
+	// processorAttempts is the most attempts of one processor call; the client
+	// package's budget and the request's lease bound them too. With the Transport's
+	// backoff (100 ms doubling to 5 s, full jitter) eight attempts wait 11 s at most.
+	processorAttempts = 8
+)
+
+// processorClient returns the http.Client of the calls to the card processor: the
+// client package's Transport (retries with backoff, Retry-After and a budget, the key
+// and body kept across attempts) over connections whose every attempt must be
+// answered within timeout.
+func processorClient(timeout time.Duration, logger *slog.Logger) *http.Client {
+	return client.NewClient(&client.Transport{
+		Base: &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).DialContext,
+			ResponseHeaderTimeout: timeout,
+			MaxIdleConnsPerHost:   64,
+			IdleConnTimeout:       30 * time.Second,
+		},
+		MaxAttempts: processorAttempts,
+		Logger:      logger,
+	})
 }
 
 // Defaults of the server's bounds on clients (SPEC §15).
@@ -104,7 +136,8 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.DurationVar(&f.lease, "lock-timeout", idem.DefaultLease, "lease of a claimed key: after it lapses without renewal another request may take the key over (at least 100ms)")
 	fs.DurationVar(&f.latency, "processor-latency", 0, "simulated card-processor call: POST /v1/charges sleeps this long after the claim, holding no transaction or connection")
 	fs.StringVar(&f.processorURL, "processor-url", "", "base `URL` of a card processor (idem processor, e.g. http://127.0.0.1:8090) that POST /v1/charges charges through, with recovery points (SPEC §13); exclusive with --processor-latency")
-	fs.DurationVar(&f.processorTimeout, "processor-timeout", payments.DefaultProcessorTimeout, "bound on each attempt of a call to the card processor (--processor-url)")
+	fs.DurationVar(&f.processorTimeout, "processor-timeout", defaultProcessorTimeout, "bound on each attempt of a call to the card processor (--processor-url)")
+	fs.DurationVar(&f.completerInterval, "completer-interval", idem.DefaultCompleterInterval, "with --processor-url, the pause between passes of the completer, which finishes charges whose client gave up after they were recorded pending (a charge waits at most --lock-timeout plus this)")
 	fs.StringVar(&f.profile, "profile", "seed", "shape of the middleware's errors: seed (Stripe's) or ietf (RFC 9457 problem details)")
 	fs.BoolVar(&f.disableIdempotency, "disable-idempotency", false, "serve the same API without the idempotency middleware (to measure its cost)")
 	fs.IntVar(&f.replayCache, "replay-cache", 0, "keep up to `N` completed responses in memory so that replays skip the store (idem.Config.ReplayCacheSize; 0, the default, is off: the library's default)")
@@ -159,7 +192,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	api := payments.New(payments.Config{
 		Store: st.store, DB: db, Profile: profile, TTL: f.ttl, Lease: f.lease,
-		ProcessorLatency: f.latency, ProcessorURL: f.processorURL, ProcessorTimeout: f.processorTimeout,
+		ProcessorLatency: f.latency, ProcessorURL: f.processorURL, ProcessorClient: processorClient(f.processorTimeout, libLogger),
 		DisableIdempotency: f.disableIdempotency, Logger: libLogger,
 		ReplayCacheSize: f.replayCache, StoreTimeout: f.storeTimeout, Observer: observer,
 	})
@@ -200,12 +233,20 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		go idem.NewCleaner(st.store, idem.CleanerConfig{Logger: libLogger}).Run(cleanCtx)
 	}
 
+	if f.processorURL != "" && !f.disableIdempotency {
+		// Finishes the charges whose client gave up after they were recorded pending.
+		go idem.NewCompleter(api.Guard(), idem.CompleterConfig{Interval: f.completerInterval, Logger: libLogger}).Run(cleanCtx)
+	}
+
 	idempotency := "on"
 	if f.disableIdempotency {
 		idempotency = "off"
 	}
 	listening = append(listening, "store", storeURL.String(), "db", dbURL.String(),
 		"profile", profile.String(), "idempotency", idempotency)
+	if f.processorURL != "" {
+		listening = append(listening, "processor", redact(f.processorURL))
+	}
 	if metrics.ln != nil {
 		listening = append(listening, "metrics", metrics.ln.Addr().String())
 	}
@@ -302,6 +343,12 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 		err = errors.New("--processor-latency simulates a processor: it cannot go with --processor-url")
 	case f.processorTimeout <= 0:
 		err = fmt.Errorf("--processor-timeout must be positive, got %v", f.processorTimeout)
+	case f.completerInterval <= 0:
+		err = fmt.Errorf("--completer-interval must be positive, got %v", f.completerInterval)
+	case f.processorURL != "" && !f.disableIdempotency && (!store.sql() || db.raw != store.raw):
+		// A charge's pending row and its record's recovery point commit in one
+		// transaction (SPEC §13): one SQL database keeps both.
+		err = errors.New("--processor-url needs an SQL --store that also keeps the payments data (no other --db): a charge and its record's recovery point commit together")
 	case f.addr == "":
 		err = errors.New("--addr must not be empty")
 	case f.storeTimeout <= 0:

@@ -197,9 +197,9 @@ func openDB(ctx context.Context, db storeURL, st *openedStore) (*payments.DB, fu
 	if db.raw == st.url.raw {
 		switch {
 		case st.sqlite != nil:
-			return payments.NewSQLiteDB(st.sqlite.DB(), st.sqlite.InTx), func() {}, nil
+			return payments.NewSQLiteStoreDB(st.sqlite), func() {}, nil
 		case st.pg != nil:
-			return payments.NewPostgresDB(st.pg.Pool(), st.pg.InTx), func() {}, nil
+			return payments.NewPostgresStoreDB(st.pg), func() {}, nil
 		}
 	}
 	switch db.kind {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem"
 )
 
 // charge is a row of the charges table.
@@ -29,13 +31,13 @@ type charge struct {
 // chargeJSON is a charge as the API renders it; the order of its fields is fixed, so
 // the same row always renders to the same bytes.
 type chargeJSON struct {
-	ID             string  `json:"id"`
-	Object         string  `json:"object"`
-	Amount         int64   `json:"amount"`
-	Currency       string  `json:"currency"`
-	CustomerID     *string `json:"customer_id"`
-	Status         string  `json:"status"`
-	Created        int64   `json:"created"`
+	ID                string  `json:"id"`
+	Object            string  `json:"object"`
+	Amount            int64   `json:"amount"`
+	Currency          string  `json:"currency"`
+	CustomerID        *string `json:"customer_id"`
+	Status            string  `json:"status"`
+	Created           int64   `json:"created"`
 	IdempotencyKey    *string `json:"idempotency_key"`
 	ProcessorChargeID *string `json:"processor_charge_id"`
 }
@@ -59,6 +61,16 @@ func scanCharge(s scanner) (*charge, error) {
 	return &c, nil
 }
 
+// Statuses of a charge.
+const (
+	statusSucceeded = "succeeded"
+	// statusPending: recorded before the card processor was called (SPEC §13); it
+	// settles once the processor answers.
+	statusPending = "pending"
+	// statusFailed: the card processor refused the charge.
+	statusFailed = "failed"
+)
+
 // createCharge is POST /v1/charges: {"amount", "currency", "customer_id"?} → 201.
 func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 	arrival := s.now()
@@ -73,23 +85,21 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	k := s.keyOf(r, body, arrival)
-	var pchID *string
+	c := &charge{ID: newID("ch_"), Amount: in.Amount, Currency: in.Currency, CustomerID: in.CustomerID,
+		Status: statusSucceeded, Created: s.now().Unix(), IdempotencyKey: k.key, Fingerprint: k.fingerprint, KeyExpiresAt: k.expiresAt}
 	if s.processor != nil {
-		// Naive: one processor call with a fresh key, between the claim and the
-		// charge's transaction.
-		pch, err := s.processor.charge(r.Context(), "", in.Amount, in.Currency)
-		if err != nil {
-			s.logger.WarnContext(r.Context(), "payments: the card processor call failed", "err", err)
-			writeAPIError(w, &apiError{status: http.StatusServiceUnavailable, code: "processor_unavailable", message: "The card processor is unavailable; retry the request."})
-			return
-		}
-		pchID = &pch.ID
-	} else if !s.callProcessor(w, r) {
+		c.Status = statusPending
+		s.chargeThroughProcessor(w, r, c)
 		return
 	}
-	c := &charge{ID: newID("ch_"), Amount: in.Amount, Currency: in.Currency, CustomerID: in.CustomerID,
-		Status: "succeeded", Created: s.now().Unix(), IdempotencyKey: k.key, Fingerprint: k.fingerprint, KeyExpiresAt: k.expiresAt,
-		ProcessorChargeID: pchID}
+	if h := idem.FromContext(r.Context()); h != nil && h.RecoveryPoint() != "" {
+		// A charge begun through a card processor, resumed by a process that has none.
+		writeAPIError(w, errProcessorUnavailable("This charge was begun through a card processor, which this server is not configured with; retry the request."))
+		return
+	}
+	if !s.callProcessor(w, r) {
+		return
+	}
 	sc := scope(r)
 	if s.batch != nil && s.mutateBatch(w, r, jsonReply(http.StatusCreated, c.render()), func(b *pgx.Batch) {
 		b.Queue(s.db.queries["charge_insert_strict"], c.ID, sc, c.Amount, c.Currency, c.CustomerID,
@@ -98,44 +108,74 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mutate(w, r, func(ctx context.Context, q querier) (reply, error) {
-		// At most two rounds: the second follows the retirement of an expired key.
-		for range 2 {
-			got, err := scanCharge(q.queryRow(ctx, "charge_insert", c.ID, sc, c.Amount, c.Currency, c.CustomerID,
-				c.Status, c.Created, c.IdempotencyKey, c.Fingerprint, c.KeyExpiresAt, c.ProcessorChargeID))
-			if err == nil {
-				return jsonReply(http.StatusCreated, got.render()), nil
-			}
-			if !errors.Is(err, errNoRows) {
-				return nil, err
-			}
-			out, err := s.chargeBackstop(ctx, r, q, sc, *k.key, *k.fingerprint)
-			if out != nil || err != nil {
-				return out, err
-			}
+		got, out, err := s.insertCharge(ctx, r, q, sc, c)
+		if out != nil || err != nil {
+			return out, err
 		}
-		return nil, errKeyConflict
+		return chargeReply(got), nil
 	})
 }
 
-// chargeBackstop answers a charge whose key already created a live charge although the
-// idempotency record did not know it (a store without §7 lost it, or a lapsed lease was
-// taken over): the same request gets that charge again, another request key_reused.
-// When the key's record has expired it retires the key and returns a nil reply: the
-// key starts a new operation (SPEC §8).
-func (s *Server) chargeBackstop(ctx context.Context, r *http.Request, q querier, sc, key, fp string) (reply, error) {
+// insertCharge inserts c, or finds the live charge that c's key wrote already
+// although its idempotency record did not know it (a store without §7 lost it, or the
+// record expired, SPEC §8): it returns the charge inserted or found, or the reply to a
+// request that reused the key with other parameters.
+func (s *Server) insertCharge(ctx context.Context, r *http.Request, q querier, sc string, c *charge) (*charge, reply, error) {
+	// At most two rounds: the second follows the retirement of an expired key.
+	for range 2 {
+		got, err := scanCharge(q.queryRow(ctx, "charge_insert", c.ID, sc, c.Amount, c.Currency, c.CustomerID,
+			c.Status, c.Created, c.IdempotencyKey, c.Fingerprint, c.KeyExpiresAt, c.ProcessorChargeID))
+		if err == nil {
+			return got, nil, nil
+		}
+		if !errors.Is(err, errNoRows) {
+			return nil, nil, err
+		}
+		prev, out, err := s.chargeBackstop(ctx, r, q, sc, *c.IdempotencyKey, *c.Fingerprint)
+		if prev != nil || out != nil || err != nil {
+			return prev, out, err
+		}
+	}
+	return nil, nil, errKeyConflict
+}
+
+// chargeBackstop finds the live charge that key wrote already: the same request gets
+// that charge, another request the key_reused reply. When the key's record has
+// expired it retires the key and returns neither: the key starts a new operation
+// (SPEC §8).
+func (s *Server) chargeBackstop(ctx context.Context, r *http.Request, q querier, sc, key, fp string) (*charge, reply, error) {
 	prev, err := scanCharge(q.queryRow(ctx, "charge_get_by_key", sc, key))
 	switch {
 	case errors.Is(err, errNoRows): // retired meanwhile: insert again
-		return nil, nil
+		return nil, nil, nil
 	case err != nil:
-		return nil, err
+		return nil, nil, err
 	case keyExpired(prev.KeyExpiresAt, s.now()):
 		_, err := q.exec(ctx, "charge_retire_key", prev.ID)
-		return nil, err
+		return nil, nil, err
 	case !sameRequest(prev.Fingerprint, fp):
-		return s.keyReused(r), nil
+		return nil, s.keyReused(r), nil
 	}
-	return jsonReply(http.StatusCreated, prev.render()), nil
+	return prev, nil, nil
+}
+
+// chargeReply is the answer that a charge stands for: 201 and the charge when it
+// succeeded; 402 card_declined naming it when the card processor refused it; 409
+// charge_pending (released, SPEC §6: the retry finishes it) while it is pending.
+func chargeReply(c *charge) reply {
+	switch c.Status {
+	case statusFailed:
+		return func(w http.ResponseWriter) {
+			writeAPIError(w, &apiError{status: http.StatusPaymentRequired, typ: "card_error", code: "card_declined",
+				message: "The card processor refused the charge.", charge: c.ID})
+		}
+	case statusPending:
+		return func(w http.ResponseWriter) {
+			writeAPIError(w, &apiError{status: http.StatusConflict, code: "charge_pending",
+				message: "The charge is pending at the card processor; retry the request to finish it.", charge: c.ID})
+		}
+	}
+	return jsonReply(http.StatusCreated, c.render())
 }
 
 type chargeInput struct {

@@ -14,6 +14,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-go/idem/store/postgres"
+	"github.com/idem-go/idem/store/sqlite"
 )
 
 //go:embed sql migrations
@@ -46,6 +49,12 @@ type DB struct {
 	pool    *pgxpool.Pool
 	pgInTx  PostgresTxFunc
 
+	// sqliteStore or pgStore is the idempotency store whose database this is, when
+	// the DB was built on it: steps then commit with the record's recovery point
+	// (SPEC §13).
+	sqliteStore *sqlite.Store
+	pgStore     *postgres.Store
+
 	// completes is true when the transaction helper is the idempotency store's own,
 	// so that committing the application's writes also completes the record (§7).
 	completes bool
@@ -61,6 +70,25 @@ func NewSQLiteDB(db *sql.DB, inTx SQLiteTxFunc) *DB {
 	if inTx == nil {
 		d.sqlInTx = d.sqliteTx
 	}
+	return d
+}
+
+// NewSQLiteStoreDB returns a DB on the SQLite idempotency store's own database:
+// NewSQLiteDB(st.DB(), st.InTx), which can also run the steps of a charge through a
+// card processor, each committing with the record's recovery point (SPEC §13,
+// store/sqlite's Step).
+func NewSQLiteStoreDB(st *sqlite.Store) *DB {
+	d := NewSQLiteDB(st.DB(), st.InTx)
+	d.sqliteStore = st
+	return d
+}
+
+// NewPostgresStoreDB returns a DB on the PostgreSQL idempotency store's own database:
+// NewPostgresDB(st.Pool(), st.InTx), which can also run the steps of a charge through
+// a card processor (SPEC §13, store/postgres's Step).
+func NewPostgresStoreDB(st *postgres.Store) *DB {
+	d := NewPostgresDB(st.Pool(), st.InTx)
+	d.pgStore = st
 	return d
 }
 
@@ -87,6 +115,35 @@ func (d *DB) Ping(ctx context.Context) error {
 // CompletesRecords reports whether a mutation's transaction also completes the
 // idempotency record (the DB shares the idempotency store's database, SPEC §7).
 func (d *DB) CompletesRecords() bool { return d.completes }
+
+// RunsSteps reports whether the DB runs steps that commit with the idempotency
+// record's recovery point (built with NewSQLiteStoreDB or NewPostgresStoreDB), as a
+// charge through a card processor needs (SPEC §13).
+func (d *DB) RunsSteps() bool { return d.sqliteStore != nil || d.pgStore != nil }
+
+// step runs fn as the step name of the operation whose handle ctx carries: fn's writes,
+// the record's new recovery point and fn's result commit in one transaction, and a step
+// that committed already returns its saved result without running (store/sqlite's and
+// store/postgres's Step). On a DB that does not run steps (RunsSteps false), which is
+// only used without idempotency, it is a plain transaction.
+func step[T any](ctx context.Context, d *DB, name string, fn func(ctx context.Context, q querier) (T, error)) (T, error) {
+	switch {
+	case d.sqliteStore != nil:
+		return sqlite.Step(ctx, d.sqliteStore, name, func(ctx context.Context, tx *sql.Tx) (T, error) {
+			return fn(ctx, sqlQuerier{db: tx, queries: d.queries})
+		})
+	case d.pgStore != nil:
+		return postgres.Step(ctx, d.pgStore, name, func(ctx context.Context, tx pgx.Tx) (T, error) {
+			return fn(ctx, pgxQuerier{db: tx, queries: d.queries})
+		})
+	}
+	var v T
+	err := d.inTx(ctx, func(ctx context.Context, q querier) (err error) {
+		v, err = fn(ctx, q)
+		return err
+	})
+	return v, err
+}
 
 // inTx runs fn in one transaction through the configured helper.
 func (d *DB) inTx(ctx context.Context, fn func(ctx context.Context, q querier) error) error {

@@ -14,6 +14,7 @@ type apiError struct {
 	code    string
 	message string
 	param   string
+	charge  string // the charge an error is about (a card error), or ""
 }
 
 func (e *apiError) Error() string { return e.code + ": " + e.message }
@@ -27,6 +28,7 @@ type errorDetail struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Param   string `json:"param,omitempty"`
+	Charge  string `json:"charge,omitempty"`
 }
 
 func writeAPIError(w http.ResponseWriter, e *apiError) {
@@ -37,7 +39,7 @@ func writeAPIError(w http.ResponseWriter, e *apiError) {
 			typ = "api_error"
 		}
 	}
-	b, _ := json.Marshal(errorBody{Error: errorDetail{Type: typ, Code: e.code, Message: e.message, Param: e.param}})
+	b, _ := json.Marshal(errorBody{Error: errorDetail{Type: typ, Code: e.code, Message: e.message, Param: e.param, Charge: e.charge}})
 	writeJSON(w, e.status, b)
 }
 
@@ -50,6 +52,12 @@ func writeJSON(w http.ResponseWriter, status int, body []byte) {
 
 func errInternal() *apiError {
 	return &apiError{status: http.StatusInternalServerError, code: "internal_error", message: "An internal error occurred; retry the request."}
+}
+
+// errProcessorUnavailable answers a charge whose card processor did not answer: the
+// charge stays pending, and the retry (or the completer) finishes it.
+func errProcessorUnavailable(message string) *apiError {
+	return &apiError{status: http.StatusServiceUnavailable, code: "processor_unavailable", message: message}
 }
 
 func errUnavailable() *apiError {

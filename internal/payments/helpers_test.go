@@ -82,7 +82,7 @@ func sqliteBundle(t testing.TB, opts ...option) *bundle {
 	if err := st.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b := newBundle(t, st, NewSQLiteDB(st.DB(), st.InTx), opts...)
+	b := newBundle(t, st, NewSQLiteStoreDB(st), opts...)
 	b.exec = func(q string) {
 		if _, err := st.DB().ExecContext(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -103,7 +103,7 @@ func postgresBundle(t testing.TB, opts ...option) *bundle {
 	if err := st.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b := newBundle(t, st, NewPostgresDB(st.Pool(), st.InTx), opts...)
+	b := newBundle(t, st, NewPostgresStoreDB(st), opts...)
 	b.exec = func(q string) {
 		if _, err := st.Pool().Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)

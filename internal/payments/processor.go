@@ -7,51 +7,26 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
-
-	"github.com/idem-go/idem/client"
 )
 
-// Defaults of the card processor's calls.
-const (
-	// DefaultProcessorTimeout bounds each attempt of a call to the card processor.
-	DefaultProcessorTimeout = 10 * time.Second
-	// processorAttempts is the most attempts of one processor call; the client
-	// package's budget and the request's context (the lease) bound them too. With its
-	// backoff (100 ms doubling to 5 s, full jitter) eight attempts wait 11 s at the
-	// most.
-	processorAttempts = 8
-	// maxProcessorReply bounds what is read of the processor's answer.
-	maxProcessorReply = 64 << 10
-)
+// maxProcessorReply bounds what is read of the processor's answer.
+const maxProcessorReply = 64 << 10
 
-// processorClient calls the card processor (`idem processor`, SPEC §10) through the
-// client package's Transport, which retries connection errors (a reply lost after the
-// processor committed among them), 409 request_in_progress, 429 and 5xx, with backoff,
-// Retry-After and a budget shared by every call of the process, keeping the
-// Idempotency-Key and the body of one call on every attempt.
+// processorClient calls the card processor (`idem processor`, SPEC §10) with an
+// http.Client that retries (Config.ProcessorClient: the client package's Transport,
+// which retries connection errors, a reply lost after the processor committed among
+// them, 409 request_in_progress, 429 and 5xx, with backoff, Retry-After and a budget,
+// keeping the Idempotency-Key and the body of one call on every attempt).
 type processorClient struct {
 	url  string // …/v1/processor/charges
 	http *http.Client
 }
 
-func newProcessorClient(base string, timeout time.Duration, logger *slog.Logger) *processorClient {
-	base = strings.TrimRight(base, "/")
-	tr := &client.Transport{
-		Base: &http.Transport{
-			Proxy:                 http.ProxyFromEnvironment,
-			ResponseHeaderTimeout: timeout,
-			MaxIdleConnsPerHost:   64,
-			IdleConnTimeout:       30 * time.Second,
-		},
-		MaxAttempts: processorAttempts,
-		Logger:      logger,
-	}
-	return &processorClient{url: base + "/v1/processor/charges", http: client.NewClient(tr)}
+func newProcessorClient(base string, hc *http.Client) *processorClient {
+	return &processorClient{url: strings.TrimRight(base, "/") + "/v1/processor/charges", http: hc}
 }
 
 // processorCharge is the processor's answer to a charge.
@@ -63,10 +38,10 @@ type processorCharge struct {
 	IdempotencyKey string `json:"idempotency_key"`
 }
 
-// errProcessorUnavailable: the processor did not answer the call with a final answer
+// errNoProcessorAnswer: the processor did not answer the call with a final answer
 // (its retries exhausted, or the request's context ended). Whether it charged is not
 // known: only a call with the same key can tell.
-var errProcessorUnavailable = errors.New("payments: the card processor is unavailable")
+var errNoProcessorAnswer = errors.New("payments: the card processor is unavailable")
 
 // processorRefusal is a final refusal of a charge by the processor (a 4xx it does not
 // ask to retry): the card was not charged.
@@ -80,8 +55,8 @@ func (e *processorRefusal) Error() string {
 }
 
 // charge asks the processor to charge amount in currency under key ("" lets the
-// Transport make a fresh key for this call). It returns the processor's charge, a
-// *processorRefusal, or an error matching errProcessorUnavailable.
+// client package's Transport make a fresh key for this call). It returns the processor's charge, a
+// *processorRefusal, or an error matching errNoProcessorAnswer.
 func (p *processorClient) charge(ctx context.Context, key string, amount int64, currency string) (*processorCharge, error) {
 	body := []byte(`{"amount":` + strconv.FormatInt(amount, 10) + `,"currency":` + strconv.Quote(currency) + `}`)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, bytes.NewReader(body))
@@ -90,26 +65,27 @@ func (p *processorClient) charge(ctx context.Context, key string, amount int64, 
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
-		req.Header.Set(client.HeaderKey, key)
+		req.Header.Set("Idempotency-Key", key)
 	}
 	res, err := p.http.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errProcessorUnavailable, err)
+		return nil, fmt.Errorf("%w: %v", errNoProcessorAnswer, err)
 	}
 	defer res.Body.Close()
-	if res.StatusCode >= 400 && res.StatusCode < 500 {
-		return nil, &processorRefusal{status: res.StatusCode, code: client.ErrorCode(res)}
-	}
 	b, err := io.ReadAll(io.LimitReader(res.Body, maxProcessorReply))
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("%w: reading its answer: %v", errProcessorUnavailable, err)
+		return nil, fmt.Errorf("%w: reading its answer: %v", errNoProcessorAnswer, err)
+	case res.StatusCode >= 400 && res.StatusCode < 500:
+		var e errorBody
+		_ = json.Unmarshal(b, &e)
+		return nil, &processorRefusal{status: res.StatusCode, code: e.Error.Code}
 	case res.StatusCode == http.StatusCreated:
 		var c processorCharge
 		if err := json.Unmarshal(b, &c); err != nil || !strings.HasPrefix(c.ID, "pch_") {
-			return nil, fmt.Errorf("%w: its 201 is not a processor charge: %.200s", errProcessorUnavailable, b)
+			return nil, fmt.Errorf("%w: its 201 is not a processor charge: %.200s", errNoProcessorAnswer, b)
 		}
 		return &c, nil
 	}
-	return nil, fmt.Errorf("%w: it answered %d", errProcessorUnavailable, res.StatusCode)
+	return nil, fmt.Errorf("%w: it answered %d", errNoProcessorAnswer, res.StatusCode)
 }

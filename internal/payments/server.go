@@ -48,14 +48,19 @@ type Config struct {
 	ProcessorLatency time.Duration
 
 	// ProcessorURL, when set, is the base URL of the card processor (`idem processor`)
-	// that POST /v1/charges charges through, between the key's claim and the charge's
-	// transaction; the charge object carries its processor_charge_id. ProcessorLatency
-	// is then unused. Defaults to "": no processor.
+	// that POST /v1/charges charges through, with recovery points (SPEC §13): the
+	// charge is recorded pending, charged at the processor under a key derived from
+	// its idempotency record, then settled; the charge object carries its
+	// processor_charge_id. DB must run steps ([DB.RunsSteps]). ProcessorLatency is
+	// then unused. Defaults to "": no processor.
 	ProcessorURL string
 
-	// ProcessorTimeout bounds each attempt of a call to the processor. Defaults to
-	// [DefaultProcessorTimeout].
-	ProcessorTimeout time.Duration
+	// ProcessorClient sends the calls to the processor. It must retry what may go
+	// away on another attempt and bound each attempt: idem payments builds it on the
+	// client package's Transport (budget, backoff, Retry-After) over an
+	// http.Transport with a ResponseHeaderTimeout. The request's context (the lease)
+	// bounds each call. Required with ProcessorURL.
+	ProcessorClient *http.Client
 
 	// DisableIdempotency serves the same handlers without the idempotency middleware
 	// (to measure what it costs): Idempotency-Key headers are ignored and every
@@ -105,6 +110,8 @@ type Server struct {
 	beforeCharge func(r *http.Request)
 	// processor calls the card processor; nil without Config.ProcessorURL.
 	processor *processorClient
+	// mw is the idempotency middleware; nil with DisableIdempotency.
+	mw *idem.Middleware
 	// batch, on PostgreSQL, sends a creation's transaction in one round trip; nil on
 	// SQLite. claimsInTx is true when it can also claim the key (the store's own
 	// helper), so that POST /v1/orders claims in its transaction.
@@ -129,11 +136,14 @@ func New(cfg Config) *Server {
 	if cfg.Store == nil && !cfg.DisableIdempotency {
 		panic("payments: Config.Store is required unless DisableIdempotency is set")
 	}
-	if cfg.ProcessorLatency < 0 || cfg.ProcessorTimeout < 0 {
-		panic("payments: Config.ProcessorLatency and Config.ProcessorTimeout must not be negative")
+	if cfg.ProcessorLatency < 0 {
+		panic("payments: Config.ProcessorLatency must not be negative")
 	}
-	if cfg.ProcessorTimeout == 0 {
-		cfg.ProcessorTimeout = DefaultProcessorTimeout
+	if cfg.ProcessorURL != "" && cfg.ProcessorClient == nil {
+		panic("payments: Config.ProcessorClient is required with Config.ProcessorURL")
+	}
+	if cfg.ProcessorURL != "" && !cfg.DisableIdempotency && !cfg.DB.RunsSteps() {
+		panic("payments: Config.ProcessorURL needs a DB on the idempotency store's own database, built with NewSQLiteStoreDB or NewPostgresStoreDB (its steps commit with the record's recovery point, SPEC §13)")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -147,7 +157,7 @@ func New(cfg Config) *Server {
 	s := &Server{cfg: cfg, db: cfg.DB, logger: cfg.Logger, now: cfg.Now, ttl: cfg.TTL}
 	s.batch, s.claimsInTx = pipelined(cfg)
 	if cfg.ProcessorURL != "" {
-		s.processor = newProcessorClient(cfg.ProcessorURL, cfg.ProcessorTimeout, cfg.Logger)
+		s.processor = newProcessorClient(cfg.ProcessorURL, cfg.ProcessorClient)
 	}
 	s.routes()
 	return s
@@ -156,6 +166,16 @@ func New(cfg Config) *Server {
 // Handler returns the API: GET /healthz without authentication, and /v1/… behind
 // bearer authentication and (unless disabled) the idempotency middleware.
 func (s *Server) Handler() http.Handler { return s.handler }
+
+// Guard returns the guard of the API's idempotency middleware, for a Completer
+// (idem.NewCompleter) that finishes, in the background, charges whose holder died
+// after recording them pending (SPEC §13); nil with DisableIdempotency.
+func (s *Server) Guard() *idem.Guard {
+	if s.mw == nil {
+		return nil
+	}
+	return s.mw.Guard()
+}
 
 // Pattern returns the route pattern that serves r (such as "POST /v1/charges"), or ""
 // when none does; metrics label requests with it.
@@ -190,6 +210,7 @@ func (s *Server) routes() {
 				Observer:        s.cfg.Observer,
 			})
 		}
+		s.mw = mw
 		wrap = func(h http.HandlerFunc) http.Handler { return mw.Handler(h) }
 		claiming = wrap
 		if s.claimsInTx {
@@ -197,8 +218,15 @@ func (s *Server) routes() {
 			claiming = func(h http.HandlerFunc) http.Handler { return inTx(h) }
 		}
 	}
+	charges := wrap
+	if s.processor != nil && s.mw != nil {
+		// The charge's operation is named in its record, and its resume function
+		// registered for the completer (SPEC §13).
+		route := s.mw.Route(idem.RouteOptions{Name: chargeOperation, Resume: s.resumeCharge})
+		charges = func(h http.HandlerFunc) http.Handler { return route(h) }
+	}
 	api := http.NewServeMux()
-	api.Handle("POST /v1/charges", wrap(s.createCharge))
+	api.Handle("POST /v1/charges", charges(s.createCharge))
 	api.Handle("GET /v1/charges", wrap(s.listCharges))
 	api.Handle("GET /v1/charges/{id}", wrap(s.getCharge))
 	api.Handle("POST /v1/orders", claiming(s.createOrder))

@@ -1,0 +1,6 @@
+-- A pending charge settles once (SPEC §13): succeeded with the card processor's charge,
+-- or failed when the processor refused it. No row: it is not pending (any more).
+UPDATE charges
+SET status = ?3, processor_charge_id = ?4
+WHERE scope = ?1 AND id = ?2 AND status = 'pending'
+RETURNING id, amount, currency, customer_id, status, created, idempotency_key, request_fingerprint, key_expires_at, processor_charge_id;
