@@ -428,3 +428,75 @@ func wantCardsChargedAtMostOnce(t *testing.T, c *client, pay *server, proc *card
 		}
 	}
 }
+
+// TestUnknownPolicyAnswersOutcomeUnknownUntilAnOperatorResolves runs charges under
+// --charge-on-lapse unknown (a processor that cannot deduplicate) and kills the process
+// while two charges wait on it. After the lease every retry of either gets the same
+// 500 outcome_unknown, never a second execution, until `idem keys resolve`: released,
+// the next retry charges; completed with a response, the next retry gets that response.
+func TestUnknownPolicyAnswersOutcomeUnknownUntilAnOperatorResolves(t *testing.T) {
+	t.Parallel()
+	for _, kind := range sqlStores {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			store := newStore(t, kind)
+			pay := startServer(t, "--store", store, "--processor-latency", "3s", "--lock-timeout", leaseFlag, "--charge-on-lapse", "unknown")
+			c := newClient()
+			released, completed := newCardOp(4000), newCardOp(4100)
+			a1 := postInBackground(c, pay.URL(), released.key, released.body)
+			a2 := postInBackground(c, pay.URL(), completed.key, completed.body)
+			for _, o := range []*cardOp{released, completed} {
+				if kind == storeSQLite {
+					waitInFlight(t, strings.TrimPrefix(store, "sqlite:"), o.key)
+				} else {
+					waitInFlightPG(t, store, o.key)
+				}
+			}
+			pay.kill()
+			for _, a := range []<-chan answer{a1, a2} {
+				if got := <-a; got.err == nil {
+					t.Fatalf("the killed process answered: %s", got.res)
+				}
+			}
+			pay.restart()
+
+			for _, o := range []*cardOp{released, completed} {
+				// Until the lease lapses the key is in progress; then outcome_unknown.
+				var first *response
+				waitFor(t, finishBound, "the retry to meet the lapsed lease", func() (bool, string) {
+					first = c.postCharge(t, pay.URL(), o.key, o.body)
+					return first.Status != http.StatusConflict, first.String()
+				})
+				wantError(t, "the retry after the lease", first, http.StatusInternalServerError, "outcome_unknown")
+				for i := range 2 {
+					again := c.postCharge(t, pay.URL(), o.key, o.body)
+					if again.Status != first.Status || string(again.Body) != string(first.Body) {
+						t.Fatalf("retry %d: %s, want the same as the first: %s", i+2, again, first)
+					}
+				}
+			}
+			if n := len(c.listCharges(t, pay.URL())); n != 0 {
+				t.Fatalf("outcome_unknown keys charged: %d charges", n)
+			}
+
+			// The operator finds out at the processor, then resolves each key.
+			mustRunIdem(t, "keys", "resolve", "--store", store, "--token", c.token, "--key", released.key, "--release")
+			declined := `{"error":{"type":"card_error","code":"card_declined","message":"Declined at the processor (resolved by an operator)."}}`
+			mustRunIdem(t, "keys", "resolve", "--store", store, "--token", c.token, "--key", completed.key, "--status", "402", "--body", declined)
+
+			charged := c.postCharge(t, pay.URL(), released.key, released.body)
+			want201(t, "the retry of the released key", charged)
+			if charged.replayed() {
+				t.Fatalf("the released key was replayed, not executed: %s", charged)
+			}
+			wantReplayOf(t, "the next retry of the released key", charged, c.postCharge(t, pay.URL(), released.key, released.body), released.key)
+			for range 2 {
+				got := c.postCharge(t, pay.URL(), completed.key, completed.body)
+				if got.Status != http.StatusPaymentRequired || string(got.Body) != declined || !got.replayed() {
+					t.Fatalf("the retry of the key resolved as 402: %s, want the operator's 402 replayed", got)
+				}
+			}
+			wantChargesExactly(t, c, pay, map[string]string{released.key: charged.id(t)}, "after the resolutions")
+		})
+	}
+}

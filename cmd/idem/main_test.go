@@ -117,6 +117,8 @@ func TestBadFlagsAndURLsAreOneLineErrorsWithExitStatus2(t *testing.T) {
 		{[]string{"payments", "--store", store, "--processor-url", "http://h:1", "--processor-latency", "1s"}, "--processor-latency"},
 		{[]string{"payments", "--store", store, "--processor-url", "http://h:1", "--processor-timeout", "0s"}, "--processor-timeout"},
 		{[]string{"payments", "--store", store, "--completer-interval", "0s"}, "--completer-interval"},
+		{[]string{"payments", "--store", store, "--charge-on-lapse", "retry"}, "charge-on-lapse"},
+		{[]string{"payments", "--store", store, "--charge-on-lapse", "unknown", "--processor-url", "http://h:1"}, "--charge-on-lapse unknown"},
 		{[]string{"payments", "--store", "redis://127.0.0.1:6379", "--db", store, "--processor-url", "http://h:1"}, "--processor-url needs an SQL --store"},
 		{[]string{"payments", "--store", store, "--db", "sqlite:" + filepath.Join(dir, "other.db"), "--processor-url", "http://h:1"}, "--processor-url needs an SQL --store"},
 		{[]string{"payments", "--store", store, "--store-timeout", "0s"}, "--store-timeout"},
@@ -170,7 +172,7 @@ func TestHelpExplainsEveryFlag(t *testing.T) {
 	for cmd, flags := range map[string][]string{
 		"payments": {"addr", "store", "db", "ttl", "lock-timeout", "processor-latency", "profile", "disable-idempotency", "log-format", "log-level",
 			"store-timeout", "read-header-timeout", "read-timeout", "idle-timeout", "max-header-bytes", "metrics-addr",
-			"processor-url", "processor-timeout", "completer-interval"},
+			"processor-url", "processor-timeout", "completer-interval", "charge-on-lapse"},
 		"processor":   {"addr", "store", "latency", "fail-rate", "lost-reply-rate", "ttl", "lock-timeout", "store-timeout", "log-format", "log-level"},
 		"migrate":     {"store"},
 		"purge":       {"store", "older-than"},

@@ -19,6 +19,7 @@ import (
 const paymentsSynopsis = `[--addr 127.0.0.1:8080] [--store URL] [--db URL] [--ttl 24h]
                      [--lock-timeout 30s] [--processor-latency 0s | --processor-url URL]
                      [--processor-timeout 10s] [--completer-interval 10s]
+                     [--charge-on-lapse take_over|unknown]
                      [--profile seed|ietf]
                      [--disable-idempotency] [--replay-cache 0] [--metrics-addr ADDR]
                      [--log-format text|json] [--log-level info]
@@ -68,7 +69,9 @@ type paymentsFlags struct {
 	processorURL     string
 	processorTimeout time.Duration
 	// completerInterval is the pause between passes of the completer (SPEC §13).
-	completerInterval   time.Duration
+	completerInterval time.Duration
+	// chargeOnLapse is the policy of a charge whose key's holder died (SPEC §5.3).
+	chargeOnLapse       lapseFlag
 	ttl, lease, latency time.Duration
 	disableIdempotency  bool
 	replayCache         int
@@ -138,6 +141,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.StringVar(&f.processorURL, "processor-url", "", "base `URL` of a card processor (idem processor, e.g. http://127.0.0.1:8090) that POST /v1/charges charges through, with recovery points (SPEC §13); exclusive with --processor-latency")
 	fs.DurationVar(&f.processorTimeout, "processor-timeout", defaultProcessorTimeout, "bound on each attempt of a call to the card processor (--processor-url)")
 	fs.DurationVar(&f.completerInterval, "completer-interval", idem.DefaultCompleterInterval, "with --processor-url, the pause between passes of the completer, which finishes charges whose client gave up after they were recorded pending (a charge waits at most --lock-timeout plus this)")
+	fs.Var(&f.chargeOnLapse, "charge-on-lapse", "`policy` of a charge without --processor-url that finds its key's holder died: take_over (charge again) or unknown (answer 500 outcome_unknown until 'idem keys resolve', for a processor that cannot deduplicate a charge)")
 	fs.StringVar(&f.profile, "profile", "seed", "shape of the middleware's errors: seed (Stripe's) or ietf (RFC 9457 problem details)")
 	fs.BoolVar(&f.disableIdempotency, "disable-idempotency", false, "serve the same API without the idempotency middleware (to measure its cost)")
 	fs.IntVar(&f.replayCache, "replay-cache", 0, "keep up to `N` completed responses in memory so that replays skip the store (idem.Config.ReplayCacheSize; 0, the default, is off: the library's default)")
@@ -193,7 +197,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	api := payments.New(payments.Config{
 		Store: st.store, DB: db, Profile: profile, TTL: f.ttl, Lease: f.lease,
 		ProcessorLatency: f.latency, ProcessorURL: f.processorURL, ProcessorClient: processorClient(f.processorTimeout, libLogger),
-		DisableIdempotency: f.disableIdempotency, Logger: libLogger,
+		ChargeOnLapse: idem.LapsePolicy(f.chargeOnLapse), DisableIdempotency: f.disableIdempotency, Logger: libLogger,
 		ReplayCacheSize: f.replayCache, StoreTimeout: f.storeTimeout, Observer: observer,
 	})
 	apiHandler := api.Handler()
@@ -343,6 +347,8 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 		err = errors.New("--processor-latency simulates a processor: it cannot go with --processor-url")
 	case f.processorTimeout <= 0:
 		err = fmt.Errorf("--processor-timeout must be positive, got %v", f.processorTimeout)
+	case f.processorURL != "" && idem.LapsePolicy(f.chargeOnLapse) == idem.LapseUnknown:
+		err = errors.New("--charge-on-lapse unknown is for charges without --processor-url: through the processor a lapsed charge resumes under its derived key (SPEC §13)")
 	case f.completerInterval <= 0:
 		err = fmt.Errorf("--completer-interval must be positive, got %v", f.completerInterval)
 	case f.processorURL != "" && !f.disableIdempotency && (!store.sql() || db.raw != store.raw):
@@ -380,4 +386,19 @@ func checkProcessorURL(raw string) error {
 		return fmt.Errorf("--processor-url %q: want http://host:port or https://host:port (the processor's base URL)", redact(raw))
 	}
 	return nil
+}
+
+// lapseFlag is the value of --charge-on-lapse: an idem.LapsePolicy by its name.
+type lapseFlag idem.LapsePolicy
+
+func (l *lapseFlag) String() string { return idem.LapsePolicy(*l).String() }
+
+func (l *lapseFlag) Set(s string) error {
+	for _, p := range []idem.LapsePolicy{idem.LapseTakeOver, idem.LapseUnknown} {
+		if s == p.String() {
+			*l = lapseFlag(p)
+			return nil
+		}
+	}
+	return errors.New("want take_over or unknown")
 }

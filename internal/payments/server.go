@@ -55,6 +55,15 @@ type Config struct {
 	// then unused. Defaults to "": no processor.
 	ProcessorURL string
 
+	// ChargeOnLapse is what a charge does that finds its key's holder died (SPEC
+	// §5.3): take the key over and charge (idem.LapseTakeOver), or, for a card
+	// processor that cannot deduplicate a charge, answer 500 outcome_unknown until an
+	// operator resolves the key (idem.LapseUnknown, `idem keys resolve`). It is for
+	// charges without a processor: through one (ProcessorURL) a lapsed charge is
+	// resumed under its derived key, and New panics on LapseUnknown. Defaults to
+	// idem.LapseTakeOver.
+	ChargeOnLapse idem.LapsePolicy
+
 	// ProcessorClient sends the calls to the processor. It must retry what may go
 	// away on another attempt and bound each attempt: idem payments builds it on the
 	// client package's Transport (budget, backoff, Retry-After) over an
@@ -142,6 +151,9 @@ func New(cfg Config) *Server {
 	if cfg.ProcessorURL != "" && cfg.ProcessorClient == nil {
 		panic("payments: Config.ProcessorClient is required with Config.ProcessorURL")
 	}
+	if cfg.ProcessorURL != "" && cfg.ChargeOnLapse != idem.LapseTakeOver {
+		panic("payments: Config.ChargeOnLapse is for charges without a processor: through one, a lapsed charge resumes (SPEC §13)")
+	}
 	if cfg.ProcessorURL != "" && !cfg.DisableIdempotency && !cfg.DB.RunsSteps() {
 		panic("payments: Config.ProcessorURL needs a DB on the idempotency store's own database, built with NewSQLiteStoreDB or NewPostgresStoreDB (its steps commit with the record's recovery point, SPEC §13)")
 	}
@@ -219,10 +231,14 @@ func (s *Server) routes() {
 		}
 	}
 	charges := wrap
-	if s.processor != nil && s.mw != nil {
-		// The charge's operation is named in its record, and its resume function
-		// registered for the completer (SPEC §13).
-		route := s.mw.Route(idem.RouteOptions{Name: chargeOperation, Resume: s.resumeCharge})
+	if s.mw != nil {
+		// The charge's operation is named in its record; through a processor its
+		// resume function is registered for the completer (SPEC §13).
+		opts := idem.RouteOptions{Name: chargeOperation, OnLapse: s.cfg.ChargeOnLapse}
+		if s.processor != nil {
+			opts.Resume = s.resumeCharge
+		}
+		route := s.mw.Route(opts)
 		charges = func(h http.HandlerFunc) http.Handler { return route(h) }
 	}
 	api := http.NewServeMux()
