@@ -48,10 +48,13 @@
 //
 // ABORTED's RetryInfo carries the guard's RetryAfter; UNAVAILABLE's,
 // [ServerConfig.RetryAfter]. FAILED_PRECONDITION is final: retrying cannot succeed.
-// outcome_unknown is UNKNOWN rather than INTERNAL because the outcome is unknown, not
-// an invariant broken; it is final too, and the row is reserved for SPEC §13's policy
-// "unknown", which the guard does not produce yet. A stored outcome that this binary
-// cannot decode (its message type is unknown) is INTERNAL.
+// outcome_unknown is the answer, stored until an operator resolves the key, of a call
+// that finds its key's holder dead under [MethodOptions.OnLapse] [idem.LapseUnknown]
+// (SPEC §13); it is UNKNOWN rather than INTERNAL because the outcome is unknown, not an
+// invariant broken, and it is final too. (Resolve such a key by releasing it; a
+// response an operator completes it with is HTTP's, which a gRPC call cannot replay.)
+// A stored outcome that this binary cannot decode (its message type is unknown) is
+// INTERNAL.
 //
 // Which outcomes are stored mirrors SPEC §6: a response message always; a status
 // error when [ServerConfig.StorePolicy] says so — by default only FAILED_PRECONDITION,

@@ -99,7 +99,7 @@ func serveChild(t *testing.T, storeURL string) {
 	}}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(grpcidem.UnaryServerInterceptor(grpcidem.ServerConfig{
 		Guard: guard, Scope: scopeOf, Logger: logger,
-		Methods: map[string]idem.Requirement{testpb.Payments_CreateCharge_FullMethodName: idem.KeyRequired},
+		Methods: map[string]grpcidem.MethodOptions{testpb.Payments_CreateCharge_FullMethodName: {Requirement: idem.KeyRequired}},
 	})))
 	testpb.RegisterPaymentsServer(srv, svc)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -46,15 +46,14 @@ type ServerConfig struct {
 	// UNAUTHENTICATED without touching the store. Required.
 	Scope func(ctx context.Context) (string, error)
 
-	// Methods sets the key requirement per full method name ("/pkg.Service/Method"):
-	// [idem.KeyRequired] refuses a call without a key with INVALID_ARGUMENT,
-	// [idem.KeyOptional] honours a key when one is sent, [idem.KeyOff] ignores it.
-	// Methods not named, and [idem.KeyByMethod] entries, get Requirement. Defaults to
-	// none.
-	Methods map[string]idem.Requirement
+	// Methods sets options per full method name ("/pkg.Service/Method"): whether a
+	// call needs a key, and what a call that finds its key's holder dead does.
+	// Methods not named get the zero MethodOptions: a key as Requirement says, and
+	// takeover of a lapsed lease. Defaults to none.
+	Methods map[string]MethodOptions
 
-	// Requirement is the key requirement of methods that Methods does not name.
-	// Defaults to [DefaultRequirement] (optional).
+	// Requirement is the key requirement of methods whose MethodOptions do not set
+	// one. Defaults to [DefaultRequirement] (optional).
 	Requirement idem.Requirement
 
 	// MinKeyLength is the shortest key accepted (SPEC §3). Defaults to
@@ -86,6 +85,23 @@ type ServerConfig struct {
 	// Logger receives the interceptor's logs. Keys are logged as a short hash, never
 	// in full; messages are never logged. Defaults to [slog.Default].
 	Logger *slog.Logger
+}
+
+// MethodOptions change the interceptor's behaviour for one method
+// ([ServerConfig.Methods]).
+type MethodOptions struct {
+	// Requirement says whether a call must carry a key ([idem.KeyRequired]: a call
+	// without one gets INVALID_ARGUMENT), may ([idem.KeyOptional]: a key is honoured
+	// when sent) or is never keyed ([idem.KeyOff]: a key is ignored). Defaults to
+	// ServerConfig.Requirement ([idem.KeyByMethod], the zero value, means that).
+	Requirement idem.Requirement
+
+	// OnLapse says what a call does that finds its key in flight with the holder's
+	// lease lapsed (the holder died): take it over and execute again
+	// ([idem.LapseTakeOver]), or get UNKNOWN outcome_unknown, stored, until an
+	// operator resolves the key ([idem.LapseUnknown], for a method whose foreign
+	// effects cannot be deduplicated; SPEC §13). Defaults to [idem.LapseTakeOver].
+	OnLapse idem.LapsePolicy
 }
 
 // DefaultStorePolicy is SPEC §6's policy in gRPC's codes: it stores a handler's
@@ -129,11 +145,14 @@ func newServer(c ServerConfig) *server {
 		panic(fmt.Sprintf("grpcidem: ServerConfig.RetryAfter must not be negative, got %v", c.RetryAfter))
 	}
 	checkRequirement("ServerConfig.Requirement", c.Requirement)
-	for name, q := range c.Methods {
+	for name, o := range c.Methods {
 		if !strings.HasPrefix(name, "/") || strings.Count(name, "/") != 2 {
 			panic(fmt.Sprintf("grpcidem: ServerConfig.Methods: %q is not a full method name (/package.Service/Method)", name))
 		}
-		checkRequirement("ServerConfig.Methods["+name+"]", q)
+		checkRequirement("ServerConfig.Methods["+name+"].Requirement", o.Requirement)
+		if o.OnLapse != idem.LapseTakeOver && o.OnLapse != idem.LapseUnknown {
+			panic(fmt.Sprintf("grpcidem: ServerConfig.Methods[%s].OnLapse is not a known policy: %v", name, o.OnLapse))
+		}
 	}
 	if c.Requirement == idem.KeyByMethod {
 		c.Requirement = DefaultRequirement
@@ -167,12 +186,13 @@ func checkRequirement(field string, q idem.Requirement) {
 	panic(fmt.Sprintf("grpcidem: %s is not a known requirement: %v", field, q))
 }
 
-// requirement is the key requirement of a method.
-func (s *server) requirement(method string) idem.Requirement {
-	if q := s.Methods[method]; q != idem.KeyByMethod {
-		return q
+// method returns the options of a method, its requirement resolved.
+func (s *server) method(name string) MethodOptions {
+	o := s.Methods[name]
+	if o.Requirement == idem.KeyByMethod {
+		o.Requirement = s.Requirement
 	}
-	return s.Requirement
+	return o
 }
 
 // fingerprintOptions encode a request for its fingerprint: deterministically, so that
@@ -182,8 +202,8 @@ var fingerprintOptions = proto.MarshalOptions{Deterministic: true}
 func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	values := md.Get(MetadataKey)
-	q := s.requirement(info.FullMethod)
-	if q == idem.KeyOff || (q == idem.KeyOptional && len(values) == 0) {
+	opts := s.method(info.FullMethod)
+	if q := opts.Requirement; q == idem.KeyOff || (q == idem.KeyOptional && len(values) == 0) {
 		return handler(ctx, req)
 	}
 	key, err := idem.ParseKey(values, s.MinKeyLength)
@@ -205,7 +225,8 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	// The call runs to its outcome even when the client goes away or its deadline
 	// passes, as the HTTP middleware's handler does: the outcome is stored, so the
 	// client's retry gets a replay instead of a key in flight or half-done work.
-	h, replay, err := s.Guard.Begin(context.WithoutCancel(ctx), idem.Call{Scope: scope, Key: key, Fingerprint: fp, Name: info.FullMethod})
+	h, replay, err := s.Guard.Begin(context.WithoutCancel(ctx),
+		idem.Call{Scope: scope, Key: key, Fingerprint: fp, Name: info.FullMethod, OnLapse: opts.OnLapse})
 	switch {
 	case err != nil:
 		return nil, s.beginError(err)
@@ -246,6 +267,8 @@ func (s *server) beginError(err error) error {
 		return newStatus(codes.FailedPrecondition, idem.CodeKeyReused, "the idempotency key was already used with a different request or method", 0)
 	case errors.Is(err, idem.ErrResponseNotStored):
 		return newStatus(codes.FailedPrecondition, idem.CodeResponseNotStored, "the call with this idempotency key completed, but its response was not stored and cannot be replayed", 0)
+	case errors.Is(err, idem.ErrOutcomeUnknown):
+		return newStatus(codes.Unknown, idem.CodeOutcomeUnknown, "the call with this idempotency key may or may not have taken effect; it will not be executed again until the key is resolved", 0)
 	case errors.As(err, &inProgress):
 		return newStatus(codes.Aborted, idem.CodeRequestInProgress, "a call with this idempotency key is in progress; retry later", inProgress.RetryAfter)
 	default: // the guard logged the store's error (SPEC §9: fail closed)

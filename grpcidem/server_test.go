@@ -19,6 +19,7 @@ import (
 	"github.com/idem-go/idem/admin"
 	"github.com/idem-go/idem/grpcidem"
 	"github.com/idem-go/idem/grpcidem/internal/testpb"
+	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/postgres"
 )
@@ -160,9 +161,9 @@ func TestADuplicateOfACallInFlightIsAbortedWithRetryInfo(t *testing.T) {
 func TestKeyRequirementPerMethod(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{server: func(c *grpcidem.ServerConfig) {
-		c.Methods = map[string]idem.Requirement{
-			testpb.Payments_CreateCharge_FullMethodName:    idem.KeyRequired,
-			testpb.Payments_AuthorizeCharge_FullMethodName: idem.KeyOff,
+		c.Methods = map[string]grpcidem.MethodOptions{
+			testpb.Payments_CreateCharge_FullMethodName:    {Requirement: idem.KeyRequired},
+			testpb.Payments_AuthorizeCharge_FullMethodName: {Requirement: idem.KeyOff},
 		}
 	}})
 	_, _, err := b.call(t, "alice", "", chargeRequest())
@@ -440,7 +441,8 @@ func TestInvalidServerConfigPanicsNamingTheField(t *testing.T) {
 	}{
 		{grpcidem.ServerConfig{Scope: scopeOf}, "ServerConfig.Guard is required"},
 		{grpcidem.ServerConfig{Guard: g}, "ServerConfig.Scope is required"},
-		{grpcidem.ServerConfig{Guard: g, Scope: scopeOf, Methods: map[string]idem.Requirement{"CreateCharge": idem.KeyRequired}}, "not a full method name"},
+		{grpcidem.ServerConfig{Guard: g, Scope: scopeOf, Methods: map[string]grpcidem.MethodOptions{"CreateCharge": {}}}, "not a full method name"},
+		{grpcidem.ServerConfig{Guard: g, Scope: scopeOf, Methods: map[string]grpcidem.MethodOptions{"/a.B/C": {OnLapse: 7}}}, "ServerConfig.Methods[/a.B/C].OnLapse is not a known policy"},
 		{grpcidem.ServerConfig{Guard: g, Scope: scopeOf, Requirement: 9}, "ServerConfig.Requirement is not a known requirement"},
 		{grpcidem.ServerConfig{Guard: g, Scope: scopeOf, MaxResponseBytes: -1}, "ServerConfig.MaxResponseBytes"},
 	} {
@@ -481,4 +483,44 @@ func TestAHandlerThatLostItsLeaseAnswersUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantStatus(t, <-done, codes.Unavailable, idem.CodeStoreUnavailable)
+}
+
+// Under the policy "unknown" (SPEC §13), a call that finds its key's holder dead gets
+// UNKNOWN outcome_unknown, stored, instead of executing again; the client does not
+// retry it, and the dead holder's late completion is refused.
+func TestALapsedLeaseUnderPolicyUnknownIsUnknownUntilResolved(t *testing.T) {
+	t.Parallel()
+	clock := testkit.NewClock(time.Now())
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	b := setup(t, options{
+		guard: func(c *idem.GuardConfig) { c.Clock = clock.Now },
+		server: func(c *grpcidem.ServerConfig) {
+			c.Methods = map[string]grpcidem.MethodOptions{
+				testpb.Payments_CreateCharge_FullMethodName: {OnLapse: idem.LapseUnknown},
+			}
+		},
+		behave: func(ctx context.Context, req *testpb.ChargeRequest, n int64) (*testpb.Charge, error) {
+			if n == 1 {
+				close(entered)
+				<-proceed // the holder stalls past its lease, as a dead one would
+			}
+			return nil, nil
+		},
+	})
+	first := make(chan error, 1)
+	go func() { _, _, err := b.call(t, "alice", key1, chargeRequest()); first <- err }()
+	<-entered
+	clock.Advance(idem.DefaultLease + time.Second)
+	for range 2 {
+		_, _, err := b.call(t, "alice", key1, chargeRequest())
+		wantStatus(t, err, codes.Unknown, idem.CodeOutcomeUnknown)
+		if grpcidem.Retryable(t.Context(), err) {
+			t.Fatal("outcome_unknown is retryable; it is final until an operator resolves the key")
+		}
+	}
+	close(proceed)
+	wantStatus(t, <-first, codes.Unavailable, idem.CodeStoreUnavailable)
+	if n := b.svc.executions.Load(); n != 1 {
+		t.Errorf("%d executions, want 1", n)
+	}
 }
