@@ -6,15 +6,16 @@
 //
 //	st, _ := sqlite.Open(ctx, path, sqlite.Config{})     // or postgres.Open(ctx, url, …)
 //	_ = st.Migrate(ctx)
-//	db := payments.NewSQLiteDB(st.DB(), st.InTx)         // or NewPostgresDB(st.Pool(), st.InTx)
+//	db := payments.NewSQLiteStoreDB(st)                  // or NewPostgresStoreDB(st)
 //	_, _ = db.Migrate(ctx)
 //	srv := payments.New(payments.Config{Store: st, DB: db})
 //	handler := srv.Handler()                             // mount it, or httptest.NewServer(handler)
 //
-// Passing the store's own InTx makes every mutating endpoint commit its rows and the
-// completion of the idempotency record in one transaction (SPEC §7): the response is
-// written into the middleware's capture inside the transaction, and a client never
-// receives a response whose effects did not commit. With a store that is not the DB's
+// A DB on the store's own database (NewSQLiteStoreDB, or NewSQLiteDB with the store's
+// InTx) makes every mutating endpoint commit its rows and the completion of the
+// idempotency record in one transaction (SPEC §7): the response is written into the
+// middleware's capture inside the transaction, and a client never receives a response
+// whose effects did not commit. With a store that is not the DB's
 // database (Redis), pass a nil InTx: mutations run in plain transactions and the reply
 // is written after COMMIT.
 //
@@ -36,6 +37,15 @@
 //     before (its record was lost or expired), nothing commits: the reply is reopened
 //     (idem.Handle.Reopen) or the claim deferred to the middleware, and the request
 //     takes the read-then-write path that explains the conflict.
+//
+// With Config.ProcessorURL, POST /v1/charges charges through a card processor (`idem
+// processor`) with recovery points (SPEC §13, charge_steps.go): the charge is recorded
+// pending with the record's recovery point, charged at the processor under
+// idem.Handle.ForeignKey("processor_charge"), then settled with the answer in one
+// transaction; a takeover (a retry, or the idem.Completer through the resume function
+// the route registers; [Server.Guard]) resumes after the pending step, so a card is
+// charged once however often the process dies. The DB must be the store's own
+// (NewSQLiteStoreDB or NewPostgresStoreDB: [DB.RunsSteps]).
 //
 // Every charge and order carries scope, idempotency_key, request_fingerprint and the
 // key's expiry; a live (scope, idempotency_key) is unique. When the idempotency record

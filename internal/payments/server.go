@@ -134,7 +134,7 @@ type Server struct {
 //
 //	st, _ := sqlite.Open(ctx, "idem.db", sqlite.Config{})
 //	_ = st.Migrate(ctx)
-//	db := payments.NewSQLiteDB(st.DB(), st.InTx)
+//	db := payments.NewSQLiteStoreDB(st)
 //	_, _ = db.Migrate(ctx)
 //	srv := payments.New(payments.Config{Store: st, DB: db})
 //	http.ListenAndServe(":8080", srv.Handler())
