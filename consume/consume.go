@@ -68,8 +68,10 @@ type Config[Tx any] struct {
 
 	// InProgressDelay is how long a delivery that finds its message in flight elsewhere
 	// (another consumer runs it, or one that crashed holds its lease) waits before it
-	// is redelivered. Defaults to 0: the RetryAfter of the guard's [idem.InProgressError]
-	// (GuardConfig.RetryAfter, 1 s unless set).
+	// is redelivered. A guard with GuardConfig.InFlightWait first waits that long for
+	// the other delivery to finish, and acknowledges the message if it did. Defaults to
+	// 0: the RetryAfter of the guard's [idem.InProgressError] (GuardConfig.RetryAfter,
+	// 1 s unless set).
 	InProgressDelay time.Duration
 
 	// RetryDelay is how long a message waits before it is redelivered after its effect

@@ -15,6 +15,7 @@ import (
 	"github.com/idem-go/idem/consume"
 	"github.com/idem-go/idem/consume/amqpconsume"
 	"github.com/idem-go/idem/consume/internal/consumetest"
+	"github.com/idem-go/idem/internal/secret"
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -28,7 +29,7 @@ func dial(t testing.TB) *amqp.Connection {
 	url := testenv.AMQPURL(t)
 	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 	if err != nil {
-		testenv.Unavailable(t, "RabbitMQ at %s refused the connection: %v", testenv.DefaultAMQPURL, err)
+		testenv.Unavailable(t, "RabbitMQ at %s refused the connection: %v", secret.RedactURL(url), secret.RedactURLError(err))
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn

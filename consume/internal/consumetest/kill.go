@@ -173,8 +173,9 @@ func Run(t *testing.T, p Plan) Report {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(t.Context(), p.Timeout)
 	defer cancel()
+	env := p.Broker.Prepare(t, p.N) // first: an absent broker skips the test
 	db := newDatabase(t, p.DB)
-	r := &runner{t: t, ctx: ctx, p: p, db: db, env: append(p.Broker.Prepare(t, p.N), db.env...)}
+	r := &runner{t: t, ctx: ctx, p: p, db: db, env: append(env, db.env...)}
 	for _, k := range p.Kills {
 		r.kill(k)
 	}
