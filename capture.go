@@ -43,6 +43,10 @@ type capture struct {
 	// stored and resp are the response as the store keeps it, set by freeze.
 	stored http.Header
 	resp   Response
+
+	// bodyReader reads the request body for the handler (request.handlerRequest):
+	// it lives as long as the capture, and is pooled with it.
+	bodyReader bodyReader
 }
 
 // capturePool holds captures between requests, with their maps and body buffer. The

@@ -56,7 +56,6 @@ func (h *Handle) PrepareClaim() (params *RecordClaimParams, ok bool) {
 		return nil, false
 	}
 	h.claimedInTx = true
-	h.claim.TTL = h.ttl // as the handler may have set it
 	return &h.claim, true
 }
 
@@ -85,9 +84,9 @@ func (c *capture) reopen() {
 // lock). It returns false, having sent nothing, when that transaction found the key
 // taken: the caller then claims the usual way.
 func (x *request) executeClaimingInHandler(next http.Handler) bool {
-	m := x.m
+	m := x.rt.m
 	h := &Handle{}
-	h.init(m.g, x.r.Context(), x.h.scope, x.h.key, x.h.fp, x.h.ttl)
+	h.init(m.g, x.r.Context(), x.h.scope, x.h.key, x.h.claim.Fingerprint, x.h.claim.TTL)
 	h.describer, h.responder, h.inTx, h.managed, h.route = x, x, true, true, x.h.route
 	h.newClaim()
 	h.hb.stopped = true // no lease to renew
@@ -97,7 +96,7 @@ func (x *request) executeClaimingInHandler(next http.Handler) bool {
 	ctx, cancel := context.WithTimeout(&h.detached, m.g.cfg.Lease)
 	defer cancel()
 	h.hctx = handleCtx{Context: ctx, h: h}
-	x.capture = getCapture(x.w, x.rt.keyHeader, x.keyValues, m.cfg.MaxResponseBytes)
+	x.capture = getCapture(x.w, x.rt.keyHeader, x.keyValues(), m.cfg.MaxResponseBytes)
 	// A panic needs no release: no record exists unless the transaction committed it.
 	next.ServeHTTP(x.capture, x.handlerRequest(h.Context()))
 	defer putCapture(x.capture)

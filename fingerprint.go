@@ -41,7 +41,7 @@ func FingerprintRequest(r *http.Request, body []byte) Fingerprint {
 	defer st.release()
 	b := st.appendRequest(r)
 	tag, data := byte(tagRawBody), body
-	switch bodyKind(r.Header.Get("Content-Type")) {
+	switch bodyKind(contentType(r.Header)) {
 	case kindJSON:
 		if canon, ok := st.canon.canonical(st.body[:0], body); ok {
 			tag, data, st.body = tagJSONBody, canon, canon
@@ -52,6 +52,16 @@ func FingerprintRequest(r *http.Request, body []byte) Fingerprint {
 		}
 	}
 	return st.sum256(b, tag, data)
+}
+
+// contentType is h.Get("Content-Type") without canonicalising the name on every call
+// (net/http canonicalises the names of the headers it receives, and Get finds nothing
+// under another spelling either).
+func contentType(h http.Header) string {
+	if v := h["Content-Type"]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // appendRequest frames the fields of r before its body: the version, the method, the
@@ -107,7 +117,7 @@ func jsonMembers(names []string, keep bool) FingerprintFunc {
 // selectMembers returns the canonical JSON of the members of body, a JSON object, that
 // set selects, or false when body is not a JSON object.
 func selectMembers(r *http.Request, body []byte, set map[string]bool, keep bool) ([]byte, bool) {
-	if bodyKind(r.Header.Get("Content-Type")) != kindJSON {
+	if bodyKind(contentType(r.Header)) != kindJSON {
 		return nil, false
 	}
 	canon, ok := CanonicalJSON(nil, body)
@@ -251,6 +261,12 @@ const (
 // goes through it. A media type with malformed parameters still counts, as its
 // parameters do not change how the body is canonicalised.
 func bodyKind(contentType string) int {
+	switch contentType { // the usual values, without parsing them
+	case "application/json":
+		return kindJSON
+	case "application/x-www-form-urlencoded":
+		return kindForm
+	}
 	mt, ok := simpleMediaType(contentType)
 	if !ok {
 		var err error
@@ -293,9 +309,14 @@ func simpleMediaType(v string) (string, bool) {
 }
 
 // isTokenByte reports whether c may appear in an RFC 2045 token (as mime does).
-func isTokenByte(c byte) bool {
-	return c > 0x20 && c < 0x7f && !strings.ContainsRune(`()<>@,;:\"/[]?=`, rune(c))
-}
+func isTokenByte(c byte) bool { return tokenBytes[c] }
+
+var tokenBytes = func() (t [256]bool) {
+	for c := 0x21; c < 0x7f; c++ {
+		t[c] = !strings.ContainsRune(`()<>@,;:\"/[]?=`, rune(c))
+	}
+	return t
+}()
 
 // pair is a decoded parameter: name and value are spans of fpState.dec.
 type pair struct{ name, nameTo, valueTo int }

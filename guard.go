@@ -215,7 +215,8 @@ func (g *Guard) Begin(ctx context.Context, c Call) (h *Handle, replay *Response,
 	if !c.OnLapse.valid() {
 		panic(fmt.Sprintf("idem: Call.OnLapse is not a known policy: %v", c.OnLapse))
 	}
-	h = &Handle{route: c.Name, operation: c.Name, onLapse: c.OnLapse}
+	h = &Handle{route: c.Name, operation: c.Name}
+	h.claim.OnLapse = c.OnLapse
 	h.init(g, ctx, c.Scope, c.Key, c.Fingerprint, g.callTTL(c.TTL, "Call.TTL"))
 	if replay, err = g.cached(h); replay != nil || err != nil {
 		return nil, replay, err
@@ -263,7 +264,7 @@ func (g *Guard) cached(h *Handle) (*Response, error) {
 	if g.cache == nil {
 		return nil, nil
 	}
-	if resp, ok := g.cache.get(h.scope, h.key, h.fp, g.localNow()); ok {
+	if resp, ok := g.cache.get(h.scope, h.key, h.claim.Fingerprint, g.localNow()); ok {
 		if h.observing() {
 			h.observeClaim(replayOutcome(resp, OutcomeReplayedFromCache), false, time.Now(), nil)
 		}
@@ -351,7 +352,7 @@ func (g *Guard) claim(ctx context.Context, h *Handle) (*Response, error) {
 		case err != nil:
 			h.observeClaim(OutcomeStoreError, waited, start, err)
 			return nil, g.storeError(ctx, h, "wait", err)
-		case rec != nil && !h.fp.Matches(rec.Fingerprint):
+		case rec != nil && !h.claim.Fingerprint.Matches(rec.Fingerprint):
 			h.observeClaim(OutcomeKeyReused, waited, start, nil)
 			return nil, ErrKeyReused
 		case rec != nil:
@@ -421,16 +422,20 @@ func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*RecordClaimRe
 func (h *Handle) newClaim() {
 	g := h.g
 	token, id := newTokens()
-	h.token = token
 	h.claimStartedReal = time.Now()
-	h.claimStarted = h.claimStartedReal
-	if g.cfg.Clock != nil {
-		h.claimStarted = g.cfg.Clock()
-	}
 	h.claim = RecordClaimParams{
-		Scope: h.scope, Key: h.key, Fingerprint: h.fp, Token: token, RecordID: id,
-		Lease: g.cfg.Lease, TTL: h.ttl, OnLapse: h.onLapse, Now: g.storeNow(),
+		Scope: h.scope, Key: h.key, Fingerprint: h.claim.Fingerprint, Token: token, RecordID: id,
+		Lease: g.cfg.Lease, TTL: h.claim.TTL, OnLapse: h.claim.OnLapse, Now: g.storeNow(), // the TTL as SetTTL may have set it
 	}
+}
+
+// claimStarted is when the claim began by the guard's clock: the injected time its
+// params carry, or the host's clock.
+func (h *Handle) claimStarted() time.Time {
+	if h.g.cfg.Clock != nil {
+		return h.claim.Now
+	}
+	return h.claimStartedReal
 }
 
 // callDeadline is the deadline of a store call starting now: timeout away, or stopAt
@@ -507,10 +512,20 @@ func newTokens() (token, id string) {
 	var b [32]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
 	var h [64]byte
-	hex.Encode(h[:], b[:])
+	for i, c := range b { // hex.Encode, two digits per lookup
+		h[2*i], h[2*i+1] = hexPairs[2*int(c)], hexPairs[2*int(c)+1]
+	}
 	s := string(h[:])
 	return s[:32], s[32:]
 }
+
+// hexPairs holds the two lower-case hex digits of every byte value, in order.
+var hexPairs = func() (t [512]byte) {
+	for i := range 256 {
+		hex.Encode(t[2*i:], []byte{byte(i)})
+	}
+	return t
+}()
 
 // The errors of [Guard.Begin] and [Do] (SPEC §5, §9); the middleware answers each with
 // its §9 code.

@@ -24,21 +24,17 @@ type Handle struct {
 	g     *Guard
 	scope string
 	key   string
-	fp    Fingerprint
-	ttl   time.Duration
 
-	// The claim: its params, the token it installs, when it began (by the guard's
-	// clock and the host's), and the record it returned when acquired.
+	// The claim: its params (with the fingerprint, the TTL as SetTTL may change it,
+	// the policy for a dead holder (Call.OnLapse, RouteOptions.OnLapse) and the token
+	// it installs), when it began by the host's clock (claimStarted is
+	// the guard's), and the record it returned when acquired.
 	claim            RecordClaimParams
-	token            string
-	claimStarted     time.Time
 	claimStartedReal time.Time
 	claimed          *Record
-	tookOver         bool
 	// firstCall is the context of the first claim, the only store call of most
 	// calls; later calls make their own.
-	firstCall     callCtx
-	firstCallUsed bool
+	firstCall callCtx
 
 	// detached is the caller's context without its cancellation: the parent of the
 	// renewals, the completion and the release, which must happen even when the
@@ -59,17 +55,27 @@ type Handle struct {
 
 	complete RecordCompleteParams
 
-	mu       sync.Mutex
-	override *bool
+	mu sync.Mutex
 	// responder or response supplies the result that the completion stores.
 	responder Responder
 	response  *Response
-	decided   bool                  // the result is frozen and the decision taken
-	store     bool                  // the decision: store (true) or release
 	params    *RecordCompleteParams // the completion, when store
-	// done and failed record how the §7 helper's transaction ended.
-	done   bool
+	// failed records how the §7 helper's transaction failed.
 	failed error
+
+	// operation names the operation for the record's steps (Call.Name,
+	// RouteOptions.Name). steps is the operation's progress (SPEC §13), guarded by mu.
+	operation string
+	steps     stepState
+
+	// The flags, together so that they take a word or two rather than one each.
+	// tookOver: the claim took the key over from a lapsed lease; firstCallUsed: the
+	// first claim's context is spent.
+	tookOver, firstCallUsed bool
+	// Guarded by mu: overridden says whether SetStore chose overrideStore for this
+	// result; decided, that the result is frozen and the decision taken, store (true)
+	// or release; done, that the §7 helper's transaction committed the completion.
+	overridden, overrideStore, decided, store, done bool
 	// ended is set by Complete or Release. managed marks the claim of a middleware
 	// request, which the middleware ends when the handler returns.
 	ended, managed bool
@@ -77,14 +83,6 @@ type Handle struct {
 	// transaction (inTx), asked for by the helper (claimedInTx), or found taken
 	// (deferred).
 	inTx, claimedInTx, deferred bool
-
-	// operation names the operation for the record's steps (Call.Name,
-	// RouteOptions.Name). steps is the operation's progress (SPEC §13), guarded by mu.
-	operation string
-	steps     stepState
-	// onLapse is the call's policy for a key whose holder died (Call.OnLapse,
-	// RouteOptions.OnLapse).
-	onLapse LapsePolicy
 }
 
 // A Responder supplies, once, the result a [Handle] stores: the handle asks for it when
@@ -134,7 +132,8 @@ func NewContext(ctx context.Context, h *Handle) context.Context {
 
 // init readies h for a call of g under ctx.
 func (h *Handle) init(g *Guard, ctx context.Context, scope, key string, fp Fingerprint, ttl time.Duration) {
-	h.g, h.scope, h.key, h.fp, h.ttl = g, scope, key, fp, ttl
+	h.g, h.scope, h.key = g, scope, key
+	h.claim.Fingerprint, h.claim.TTL = fp, ttl
 	h.detached = detachedCtx{ctx}
 	if g.cfg.Observer != nil {
 		// Before any event, which timers may send from other goroutines.
@@ -151,8 +150,8 @@ func (h *Handle) start(parent context.Context) {
 	h.hctx = handleCtx{Context: ctx, h: h}
 	h.hb.run = heartbeatRun{
 		h:            h,
-		params:       RecordRenewParams{Scope: h.scope, Key: h.key, Token: h.token, Lease: g.cfg.Lease, TTL: h.ttl},
-		deadline:     h.claimStarted.Add(g.cfg.Lease),
+		ttl:          h.claim.TTL,
+		deadline:     h.claimStarted().Add(g.cfg.Lease),
 		realDeadline: h.claimStartedReal.Add(g.cfg.Lease),
 		cancel:       cancel,
 	}
@@ -189,7 +188,7 @@ func (h *Handle) RecordID() string {
 func (h *Handle) SetStore(store bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.override = &store
+	h.overridden, h.overrideStore = true, store
 }
 
 // SetTTL sets how long this record lives after its creation, for this operation only
@@ -209,10 +208,10 @@ func (h *Handle) SetTTL(d time.Duration) error {
 	if h.decided {
 		return errors.New("idem: Handle.SetTTL after the result was frozen for the completion")
 	}
-	h.ttl = d
+	h.claim.TTL = d
 	// The renewals keep expires_at = max(created_at + TTL, lease end) with it.
 	h.hb.mu.Lock()
-	h.hb.run.params.TTL = d
+	h.hb.run.ttl = d
 	h.hb.mu.Unlock()
 	return nil
 }
@@ -299,14 +298,14 @@ func (h *Handle) decide(forTx bool) (*RecordCompleteParams, bool) {
 	if h.responder != nil {
 		resp, store = h.responder.Response()
 	}
-	if h.override != nil {
-		store = *h.override
+	if h.overridden {
+		store = h.overrideStore
 	}
 	h.store = store && resp != nil
 	if h.store {
 		h.complete = RecordCompleteParams{
-			Scope: h.scope, Key: h.key, Token: h.token,
-			Response: resp, TTL: h.ttl, Now: h.g.storeNow(),
+			Scope: h.scope, Key: h.key, Token: h.claim.Token,
+			Response: resp, TTL: h.claim.TTL, Now: h.g.storeNow(),
 		}
 		h.params = &h.complete
 	}
@@ -475,7 +474,7 @@ func (h *Handle) release() error {
 	ctx, cancel := h.storeCtx()
 	defer cancel()
 	start := h.storeCallStart()
-	err := g.cfg.Store.RecordRelease(ctx, &RecordReleaseParams{Scope: h.scope, Key: h.key, Token: h.token, Now: g.storeNow()})
+	err := g.cfg.Store.RecordRelease(ctx, &RecordReleaseParams{Scope: h.scope, Key: h.key, Token: h.claim.Token, Now: g.storeNow()})
 	h.observeRelease(h.observeStoreCall(StoreOpRelease, start, err), err)
 	switch {
 	case errors.Is(err, ErrLeaseLost):
@@ -489,9 +488,13 @@ func (h *Handle) release() error {
 }
 
 // storeCtx is the context of the completion or release after the operation ran: they
-// must happen even when the caller went away, within a bound.
-func (h *Handle) storeCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(&h.detached, h.g.cfg.Lease)
+// must happen even when the caller went away, within a bound. It is a callCtx, one
+// allocation where context.WithTimeout makes four; the caller stops it once the call
+// returned.
+func (h *Handle) storeCtx() (context.Context, func()) {
+	c := &callCtx{}
+	c.start(&h.detached, time.Now().Add(h.g.cfg.Lease))
+	return c, c.stop
 }
 
 // leaseLost reports whether the operation's context was cancelled because the lease
@@ -507,7 +510,7 @@ func (h *Handle) cacheCompleted(resp *Response) {
 	if g.cache == nil || h.claimed == nil {
 		return
 	}
-	expires := CompletedExpiresAt(h.claimed.CreatedAt, h.ttl)
+	expires := CompletedExpiresAt(h.claimed.CreatedAt, h.claim.TTL)
 	g.cache.put(h.scope, h.key, h.claimed.Fingerprint, cloneResponse(resp), expires, g.localNow())
 }
 
@@ -516,11 +519,11 @@ func (h *Handle) cacheCompleted(resp *Response) {
 // longer than the TTL, which should be longer than the slowest operation. It reports
 // whether it did.
 func (h *Handle) warnIfExpired() bool {
-	if h.claimed == nil || h.g.localNow().Before(CompletedExpiresAt(h.claimed.CreatedAt, h.ttl)) {
+	if h.claimed == nil || h.g.localNow().Before(CompletedExpiresAt(h.claimed.CreatedAt, h.claim.TTL)) {
 		return false
 	}
 	h.g.cfg.Logger.WarnContext(&h.detached, "idem: record completed after its TTL: it is expired already, and a retry executes again; make the TTL longer than the operation runs",
-		h.attrs(slog.Duration("ttl", h.ttl))...)
+		h.attrs(slog.Duration("ttl", h.claim.TTL))...)
 	return true
 }
 

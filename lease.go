@@ -47,8 +47,10 @@ type heartbeat struct {
 
 // heartbeatRun is what one heartbeat needs.
 type heartbeatRun struct {
-	h      *Handle
-	params RecordRenewParams
+	h *Handle
+	// ttl is the record's TTL, as Handle.SetTTL may change it; guarded by the
+	// heartbeat's mu.
+	ttl time.Duration
 	// deadline is when the lease ends at the latest, by the middleware's clock: the
 	// lease counted from a moment before the claim (or the last renewal) started, so
 	// that it never overestimates what the store granted. realDeadline is the same
@@ -180,10 +182,10 @@ func (run *heartbeatRun) renew(ctx context.Context, hb *heartbeat) bool {
 	// The renewal ends at the next beat, or at the lease's end less the margin when
 	// that is sooner: a renewal that answers later cannot save the operation.
 	hb.mu.Lock()
-	p := run.params // its TTL as Handle.SetTTL may have changed it
+	h := run.h
+	p := RecordRenewParams{Scope: h.scope, Key: h.key, Token: h.claim.Token, Lease: g.cfg.Lease, TTL: run.ttl, Now: g.storeNow()}
 	end := run.realDeadline.Add(-leaseMargin(g.cfg.Lease))
 	hb.mu.Unlock()
-	p.Now = g.storeNow()
 	if next := realStarted.Add(g.cfg.Heartbeat); next.Before(end) {
 		end = next
 	}

@@ -41,6 +41,7 @@ type Middleware struct {
 
 // route is a RouteOptions resolved against the Config.
 type route struct {
+	m           *Middleware
 	requirement Requirement
 	ttl         time.Duration
 	policy      func(status int) bool
@@ -86,7 +87,7 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 		}
 		m.g.RegisterResume(opts.Name, opts.Resume)
 	}
-	rt := &route{requirement: opts.Requirement, ttl: m.g.callTTL(opts.TTL, "RouteOptions.TTL"),
+	rt := &route{m: m, requirement: opts.Requirement, ttl: m.g.callTTL(opts.TTL, "RouteOptions.TTL"),
 		policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler, name: opts.Name, onLapse: opts.OnLapse,
 		keyHeader: m.cfg.KeyHeader, fingerprint: opts.Fingerprint, errorWriter: opts.ErrorWriter}
 	if opts.KeyHeader != "" {
@@ -124,7 +125,7 @@ func (m *Middleware) writeError(write ErrorWriter, w http.ResponseWriter, r *htt
 
 // writeError answers the request with the route's ErrorWriter.
 func (x *request) writeError(code string, detail string) {
-	x.m.writeError(x.rt.errorWriter, x.w, x.r, code, detail)
+	x.rt.m.writeError(x.rt.errorWriter, x.w, x.r, code, detail)
 }
 
 // CleanerConfig returns a [CleanerConfig] with the middleware's Retention, Logger and
@@ -136,18 +137,17 @@ func (m *Middleware) CleanerConfig() CleanerConfig {
 // request is one keyed request on its way through the middleware. It is one
 // allocation: the guard's Handle, when the request acquires the key, lives in it too.
 type request struct {
-	m         *Middleware
-	rt        *route
-	w         http.ResponseWriter
-	r         *http.Request // as received; the handler gets a copy with the body re-readable
-	keyValues []string      // the key header as received (a copy)
-	keyBuf    [1]string     // backs keyValues for the usual single header
-	body      *[]byte       // the request body, in a pooled buffer
+	rt *route // and its middleware, rt.m
+	w  http.ResponseWriter
+	r  *http.Request // as received; the handler gets a copy with the body re-readable
+	// keyBuf is the key header as received (a copy): one value, as ParseKey accepts
+	// no other number of them; keyValues returns it as the header's values.
+	keyBuf [1]string
+	body   *[]byte // the request body, in a pooled buffer
 	// h is the claim; capture records what the handler writes, and is the Responder
 	// that supplies the response the claim stores.
-	h          Handle
-	capture    *capture
-	bodyReader bodyReader
+	h       Handle
+	capture *capture
 }
 
 func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, r *http.Request) {
@@ -157,7 +157,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		next.ServeHTTP(w, r)
 		return
 	}
-	x := &request{m: m, rt: rt, w: w, r: r}
+	x := &request{rt: rt, w: w, r: r}
 	if len(values) > 0 {
 		// A copy, so that the response's header never aliases the request's.
 		if len(values) == 1 {
@@ -178,9 +178,8 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		x.writeError(CodeScopeRequired, "")
 		return
 	}
-	x.keyValues = values
 	x.h.init(m.g, r.Context(), scope, key, Fingerprint{}, rt.ttl)
-	x.h.describer, x.h.managed, x.h.route, x.h.operation, x.h.onLapse = x, true, rt.name, rt.name, rt.onLapse
+	x.h.describer, x.h.managed, x.h.route, x.h.operation, x.h.claim.OnLapse = x, true, rt.name, rt.name, rt.onLapse
 	if rt.name == "" {
 		x.h.route = r.Pattern
 	}
@@ -188,9 +187,12 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		return
 	}
 	defer putBody(x.body)
-	x.h.fp = rt.fingerprint(r, *x.body)
+	x.h.claim.Fingerprint = rt.fingerprint(r, *x.body)
 	x.run(next)
 }
+
+// keyValues are the values of the key header as received, once ParseKey accepted them.
+func (x *request) keyValues() []string { return x.keyBuf[:] }
 
 func (x *request) refuseKey(err error) {
 	name := x.rt.keyHeader
@@ -240,7 +242,7 @@ func putBody(b *[]byte) {
 // buffer, x.body. It answers the request itself and returns false when the body is
 // refused.
 func (x *request) readBody(r *http.Request) bool {
-	limit := x.m.cfg.MaxBodyBytes
+	limit := x.rt.m.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
 		x.writeError(CodeBodyTooLarge, "")
 		return false
@@ -261,7 +263,7 @@ func (x *request) readBody(r *http.Request) bool {
 		x.w.Header().Set("Connection", "close")
 		x.writeError(CodeBodyTooLarge, "")
 	default:
-		x.m.cfg.Logger.InfoContext(r.Context(), "idem: reading the request body failed", x.attrs(slog.Any("error", err))...)
+		x.rt.m.cfg.Logger.InfoContext(r.Context(), "idem: reading the request body failed", x.attrs(slog.Any("error", err))...)
 		x.writeError(CodeBodyUnreadable, "")
 	}
 	putBody(x.body)
@@ -309,7 +311,7 @@ func grow(full []byte, size int64) []byte {
 // run claims the key through the guard and acts on the outcome: execute, replay, or a
 // §9 error.
 func (x *request) run(next http.Handler) {
-	g, h := x.m.g, &x.h
+	g, h := x.rt.m.g, &x.h
 	if resp, err := g.cached(h); resp != nil || err != nil {
 		x.answer(resp, err)
 		return
@@ -371,7 +373,7 @@ func (x *request) execute(next http.Handler) {
 	// to its outcome, which is stored, so the client's retry gets a replay rather than
 	// a key stuck in flight or half-done work to redo. It ends only with the lease
 	// (cause ErrLeaseLost).
-	x.capture = getCapture(x.w, x.rt.keyHeader, x.keyValues, x.m.cfg.MaxResponseBytes)
+	x.capture = getCapture(x.w, x.rt.keyHeader, x.keyValues(), x.rt.m.cfg.MaxResponseBytes)
 	h.responder = x
 	h.start(&h.detached)
 	defer h.cancel(nil)
@@ -390,7 +392,7 @@ func (x *request) execute(next http.Handler) {
 // Response freezes the captured response for the claim's completion and applies the
 // route's store policy (the Responder of the request's Handle).
 func (x *request) Response() (*Response, bool) {
-	resp := x.capture.freeze(x.m.cfg.storedHeaders)
+	resp := x.capture.freeze(x.rt.m.cfg.storedHeaders)
 	return resp, x.rt.policy(resp.Status)
 }
 
@@ -418,7 +420,7 @@ func (x *request) finish() {
 			// The handler gave up because its lease was lost (the store went away, or
 			// another request took the key over): whatever it answered, the client is
 			// told to retry, and the retry meets the key's real outcome (SPEC §5, §9).
-			x.m.cfg.Logger.WarnContext(x.r.Context(), "idem: the handler answered after losing its lease; answering 503", x.attrs()...)
+			x.rt.m.cfg.Logger.WarnContext(x.r.Context(), "idem: the handler answered after losing its lease; answering 503", x.attrs()...)
 			x.unavailable()
 			return
 		}
@@ -438,8 +440,8 @@ func (x *request) handlerRequest(ctx context.Context) *http.Request {
 		r.Body, r.GetBody = http.NoBody, noBody
 		return r
 	}
-	x.bodyReader.Reset(body)
-	r.Body = &x.bodyReader
+	x.capture.bodyReader.Reset(body)
+	r.Body = &x.capture.bodyReader
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	return r
 }
@@ -455,7 +457,7 @@ func (*bodyReader) Close() error { return nil }
 // the handler already streamed it.
 func (x *request) unavailable() {
 	if x.capture.passThrough {
-		x.m.cfg.Logger.ErrorContext(x.r.Context(), "idem: the response was already streamed; cannot answer 503", x.attrs()...)
+		x.rt.m.cfg.Logger.ErrorContext(x.r.Context(), "idem: the response was already streamed; cannot answer 503", x.attrs()...)
 		return
 	}
 	x.writeError(CodeStoreUnavailable, "")

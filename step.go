@@ -176,7 +176,7 @@ func (h *Handle) PrepareStep(step string, result any) (*RecordStepParams, error)
 			step, len(raw), MaxStepResultsBytes)
 	}
 	return &RecordStepParams{
-		Scope: h.scope, Key: h.key, Token: h.token,
+		Scope: h.scope, Key: h.key, Token: h.claim.Token,
 		RecoveryPoint: step, Steps: raw, Operation: h.operation,
 	}, nil
 }

@@ -24,11 +24,22 @@ type callCtx struct {
 	deadline time.Time
 
 	mu         sync.Mutex
+	ended      callEnd       // set when done is closed
 	done       chan struct{} // made by the first Done
-	err        error         // set when done is closed
 	timer      *time.Timer
 	stopParent func() bool
 }
+
+// callEnd is why a callCtx's channel closed: a byte rather than an error, so that the
+// context, which lives in every request, stays small.
+type callEnd uint8
+
+const (
+	callRunning  callEnd = iota
+	callCanceled         // stopped after the call returned
+	callTimedOut         // its own deadline passed
+	callParent           // the parent ended: Err is the parent's
+)
 
 // start readies c for one call under parent, ending at deadline at the latest.
 func (c *callCtx) start(parent context.Context, deadline time.Time) {
@@ -49,13 +60,13 @@ func (c *callCtx) Done() <-chan struct{} {
 		return c.done
 	}
 	c.done = make(chan struct{})
-	if err := c.errNow(); err != nil {
-		c.closeLocked(err)
+	if end := c.endNow(); end != callRunning {
+		c.closeLocked(end)
 		return c.done
 	}
-	c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.cancel(context.DeadlineExceeded) })
+	c.timer = time.AfterFunc(time.Until(c.deadline), func() { c.cancel(callTimedOut) })
 	if c.parent.Done() != nil {
-		c.stopParent = context.AfterFunc(c.parent, func() { c.cancel(c.parent.Err()) })
+		c.stopParent = context.AfterFunc(c.parent, func() { c.cancel(callParent) })
 	}
 	return c.done
 }
@@ -63,37 +74,46 @@ func (c *callCtx) Done() <-chan struct{} {
 func (c *callCtx) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.done != nil {
-		return c.err
+	end := c.ended
+	if c.done == nil {
+		end = c.endNow()
 	}
-	return c.errNow()
-}
-
-// errNow is the error the context has at this moment, before anyone watches Done.
-func (c *callCtx) errNow() error {
-	if err := c.parent.Err(); err != nil {
-		return err
-	}
-	if !time.Now().Before(c.deadline) {
+	switch end {
+	case callCanceled:
+		return context.Canceled
+	case callTimedOut:
 		return context.DeadlineExceeded
+	case callParent:
+		return c.parent.Err() // once set, a context's Err never changes
 	}
 	return nil
+}
+
+// endNow is how the context has ended at this moment, before anyone watches Done.
+func (c *callCtx) endNow() callEnd {
+	if c.parent.Err() != nil {
+		return callParent
+	}
+	if !time.Now().Before(c.deadline) {
+		return callTimedOut
+	}
+	return callRunning
 }
 
 func (c *callCtx) Value(key any) any { return c.parent.Value(key) }
 
 func (c *callCtx) String() string { return "idem.storeCall" }
 
-func (c *callCtx) cancel(err error) {
+func (c *callCtx) cancel(end callEnd) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.err == nil {
-		c.closeLocked(err)
+	if c.ended == callRunning {
+		c.closeLocked(end)
 	}
 }
 
-func (c *callCtx) closeLocked(err error) {
-	c.err = err
+func (c *callCtx) closeLocked(end callEnd) {
+	c.ended = end
 	close(c.done)
 }
 
@@ -107,8 +127,8 @@ func (c *callCtx) stop() {
 	if c.stopParent != nil {
 		c.stopParent()
 	}
-	if c.done != nil && c.err == nil {
-		c.closeLocked(context.Canceled)
+	if c.done != nil && c.ended == callRunning {
+		c.closeLocked(callCanceled)
 	}
 }
 
