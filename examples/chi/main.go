@@ -6,7 +6,8 @@
 //
 //	go run . -addr 127.0.0.1:8080 -db payments.db
 //	curl -i localhost:8080/v1/charges -H 'Authorization: Bearer sk_test_1' \
-//	    -H 'Idempotency-Key: 5f0c6d0e-8b1c-4c3e-9a53-2a1f4b7d9e01' -d '{"amount": 2000, "currency": "usd"}'
+//	    -H 'Idempotency-Key: 5f0c6d0e-8b1c-4c3e-9a53-2a1f4b7d9e01' \
+//	    -H 'Content-Type: application/json' -d '{"amount": 2000, "currency": "usd"}'
 package main
 
 import (

@@ -94,7 +94,8 @@ func formatFingerprint(fp idem.Fingerprint) string {
 }
 
 // sameRequest reports whether a stored request_fingerprint matches the current one,
-// with [idem.Fingerprint.Matches]' rule: fingerprints of different versions match.
+// with [idem.Fingerprint.Matches]' rule: fingerprints of different versions are treated
+// as matching.
 func sameRequest(stored *string, current string) bool {
 	if stored == nil {
 		return true
