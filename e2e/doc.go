@@ -2,6 +2,9 @@
 // build the idem binary once per test run, start real `idem payments` processes on
 // loopback ports over real SQLite files, PostgreSQL databases (one fresh database per
 // test on the shared server, dropped at cleanup) and Redis, and talk HTTP to them.
+// processor_test.go adds `idem processor`, a card processor on an SQLite file of its
+// own, and SIGKILLs payments while it waits on it (SPEC §13): the tests read the
+// processor's records to kill at that moment, and count its charges.
 //
 // The processes are built without -race by default: a race-built binary with the pure
 // Go SQLite driver is several times slower, and the library packages already run their
