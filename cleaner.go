@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 )
 
@@ -48,18 +49,36 @@ type Cleaner struct {
 	passes chan int
 }
 
-// NewCleaner returns a Cleaner of store. It panics when cfg has a negative field.
+// Validate reports the first field of cfg that [NewCleaner] refuses: a negative
+// Interval, Retention, BatchTimeout or BatchSize. Store packages that start a cleaner
+// from their own Config call it to return an error rather than panic.
+func (cfg CleanerConfig) Validate() error {
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"Interval", cfg.Interval}, {"Retention", cfg.Retention}, {"BatchTimeout", cfg.BatchTimeout}} {
+		if f.d < 0 {
+			return fmt.Errorf("idem: CleanerConfig.%s must not be negative, got %v", f.name, f.d)
+		}
+	}
+	if cfg.BatchSize < 0 {
+		return fmt.Errorf("idem: CleanerConfig.BatchSize must not be negative, got %d", cfg.BatchSize)
+	}
+	return nil
+}
+
+// NewCleaner returns a Cleaner of store. It panics when cfg has a negative field
+// ([CleanerConfig.Validate]).
+//
+// The SQL stores start one themselves when they open (sqlite.Config.Cleaner,
+// postgres.Config.Cleaner); build one with NewCleaner for a store opened with its
+// cleaner disabled, in the one process (or cron job) that is to clean.
 func NewCleaner(store Store, cfg CleanerConfig) *Cleaner {
 	if store == nil {
 		panic("idem: NewCleaner needs a store")
 	}
-	for name, d := range map[string]time.Duration{"Interval": cfg.Interval, "Retention": cfg.Retention, "BatchTimeout": cfg.BatchTimeout} {
-		if d < 0 {
-			panic(fmt.Sprintf("idem: CleanerConfig.%s must not be negative, got %v", name, d))
-		}
-	}
-	if cfg.BatchSize < 0 {
-		panic(fmt.Sprintf("idem: CleanerConfig.BatchSize must not be negative, got %d", cfg.BatchSize))
+	if err := cfg.Validate(); err != nil {
+		panic(err.Error())
 	}
 	setDefault(&cfg.Interval, DefaultCleanerInterval)
 	setDefault(&cfg.BatchSize, DefaultCleanerBatchSize)
@@ -93,6 +112,35 @@ func (c *Cleaner) Run(ctx context.Context) {
 		}
 		signal(c.passes, n)
 	})
+}
+
+// Start runs the cleaner in a goroutine of its own and returns stop, which ends it and
+// waits for it to return (calling stop again does nothing). Unlike [Cleaner.Run], the
+// first pass comes one jittered Interval after the start, so that the processes of a
+// deploy, started together, neither clean together nor hold up their own start; then
+// one pass follows every jittered Interval. The store packages' Open starts their
+// cleaner with it, and their Close calls stop before closing the connections.
+func (c *Cleaner) Start() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTimer(jitter(c.cfg.Interval))
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.Run(ctx)
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			<-done
+		})
+	}
 }
 
 // runPasses runs pass at once, then again after every jittered interval, until ctx

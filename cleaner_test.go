@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,5 +117,62 @@ func TestMiddlewareCleanerConfigCarriesRetention(t *testing.T) {
 	m := idem.New(idem.Config{Store: memory.New(), Scope: bearerScope, Retention: time.Hour})
 	if got := m.CleanerConfig().Retention; got != time.Hour {
 		t.Errorf("Retention = %v", got)
+	}
+}
+
+// A started cleaner makes its first pass one interval after the start, not at once,
+// and stop ends it: no pass runs after stop returned.
+func TestStartedCleanerPassesAfterAnIntervalAndStopEndsIt(t *testing.T) {
+	t.Parallel()
+	st := &countingStore{Store: memory.New()}
+	clk := newClock()
+	seedRecords(t, st, clk.Now(), "s", 2, time.Hour, time.Second, true)
+	clk.Advance(2 * time.Hour)
+
+	idle := idem.NewCleaner(st, idem.CleanerConfig{Interval: time.Hour, Clock: clk.Now})
+	stop := idle.Start()
+	stop()
+	stop() // a second stop does nothing
+	if got := st.deletes.Load(); got != 0 {
+		t.Fatalf("a cleaner stopped before its first interval deleted in %d batches", got)
+	}
+
+	c := idem.NewCleaner(st, idem.CleanerConfig{Interval: 10 * time.Millisecond, Clock: clk.Now})
+	stop = c.Start()
+	defer stop()
+	if n := <-c.Passes(); n != 2 {
+		t.Fatalf("first pass deleted %d, want 2", n)
+	}
+	stop()
+	before := st.deletes.Load()
+	select {
+	case n := <-c.Passes():
+		if n != 0 {
+			t.Fatalf("a pass after the first deleted %d", n)
+		}
+	default:
+	}
+	if st.deletes.Load() != before {
+		t.Error("the cleaner deleted after stop returned")
+	}
+}
+
+func TestCleanerConfigValidateNamesTheNegativeField(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cfg  idem.CleanerConfig
+		want string
+	}{
+		{idem.CleanerConfig{Interval: -1}, "CleanerConfig.Interval"},
+		{idem.CleanerConfig{Retention: -time.Hour}, "CleanerConfig.Retention"},
+		{idem.CleanerConfig{BatchTimeout: -1}, "CleanerConfig.BatchTimeout"},
+		{idem.CleanerConfig{BatchSize: -1}, "CleanerConfig.BatchSize"},
+	} {
+		if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate(%+v) = %v, want an error naming %s", tc.cfg, err, tc.want)
+		}
+	}
+	if err := (idem.CleanerConfig{}).Validate(); err != nil {
+		t.Errorf("the zero config: %v", err)
 	}
 }

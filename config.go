@@ -124,8 +124,10 @@ type Config struct {
 	// [DefaultTTL].
 	TTL time.Duration
 
-	// Retention is how long the cleaner keeps records after they expire; see
-	// [Middleware.CleanerConfig]. Defaults to [DefaultRetention] (0).
+	// Retention is how long a cleaner built with [Middleware.CleanerConfig] keeps
+	// records after they expire. The SQL stores start a cleaner of their own when they
+	// open, whose retention is their Config.Cleaner's. Defaults to [DefaultRetention]
+	// (0).
 	Retention time.Duration
 
 	// Lease is how long a claim holds its key without renewal before another request

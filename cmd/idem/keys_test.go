@@ -65,7 +65,7 @@ func openFixtureStore(t *testing.T, url string) (context.Context, *openedStore) 
 		t.Fatal(err)
 	}
 	ctx := testenv.Context(t)
-	st, err := openStore(ctx, u, newLogger(io.Discard, 0))
+	st, err := openStore(ctx, u, newLogger(io.Discard, 0), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

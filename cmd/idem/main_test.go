@@ -107,6 +107,7 @@ func TestBadFlagsAndURLsAreOneLineErrorsWithExitStatus2(t *testing.T) {
 		{[]string{"payments", "--store", store, "--ttl", "0s"}, "--ttl"},
 		{[]string{"payments", "--store", store, "--ttl", "soon"}, "ttl"},
 		{[]string{"payments", "--store", store, "--lock-timeout", "1ms"}, "--lock-timeout"},
+		{[]string{"payments", "--store", store, "--retention", "-1h"}, "--retention"},
 		{[]string{"payments", "--store", store, "--ttl", "30s", "--lock-timeout", "30s"}, "--ttl (30s) must be longer than --lock-timeout (30s)"},
 		{[]string{"payments", "--store", store, "--ttl", "10s"}, "--ttl (10s) must be longer than --lock-timeout (30s)"},
 		{[]string{"payments", "--store", store, "--processor-latency", "-1s"}, "--processor-latency"},
@@ -170,7 +171,7 @@ func TestUnknownCommandPrintsUsageWithExitStatus2(t *testing.T) {
 func TestHelpExplainsEveryFlag(t *testing.T) {
 	t.Parallel()
 	for cmd, flags := range map[string][]string{
-		"payments": {"addr", "store", "db", "ttl", "lock-timeout", "processor-latency", "profile", "disable-idempotency", "log-format", "log-level",
+		"payments": {"addr", "store", "db", "ttl", "retention", "lock-timeout", "processor-latency", "profile", "disable-idempotency", "log-format", "log-level",
 			"store-timeout", "read-header-timeout", "read-timeout", "idle-timeout", "max-header-bytes", "metrics-addr",
 			"processor-url", "processor-timeout", "completer-interval", "charge-on-lapse"},
 		"processor":   {"addr", "store", "latency", "fail-rate", "lost-reply-rate", "ttl", "lock-timeout", "store-timeout", "log-format", "log-level"},

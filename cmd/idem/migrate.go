@@ -23,7 +23,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err != nil {
 		return usageError(stderr, fs, err.Error())
 	}
-	st, err := openStore(ctx, u, newLogger(io.Discard, 0))
+	st, err := openStore(ctx, u, newLogger(io.Discard, 0), nil)
 	if err != nil {
 		return failure(stderr, name, err)
 	}

@@ -17,7 +17,8 @@ import (
 )
 
 const paymentsSynopsis = `[--addr 127.0.0.1:8080] [--store URL] [--db URL] [--ttl 24h]
-                     [--lock-timeout 30s] [--processor-latency 0s | --processor-url URL]
+                     [--retention 0s] [--lock-timeout 30s]
+                     [--processor-latency 0s | --processor-url URL]
                      [--processor-timeout 10s] [--completer-interval 10s]
                      [--charge-on-lapse take_over|unknown]
                      [--profile seed|ietf]
@@ -29,7 +30,8 @@ const paymentsSynopsis = `[--addr 127.0.0.1:8080] [--store URL] [--db URL] [--tt
 Serves the reference payments API (POST/GET /v1/charges, /v1/orders, GET /healthz),
 and with --metrics-addr its Prometheus metrics (GET /metrics) on a listener of its own.
 It migrates the store's and the payments schema on start (safe when several processes
-start at once), cleans expired records in the background, and shuts down gracefully on
+start at once), cleans expired records in the background (keeping them --retention
+after they expire; Redis expires them itself), and shuts down gracefully on
 SIGINT/SIGTERM.
 
 Store URLs: sqlite:PATH or sqlite://PATH (sqlite:///abs/path), postgres://… or
@@ -73,9 +75,11 @@ type paymentsFlags struct {
 	// chargeOnLapse is the policy of a charge whose key's holder died (SPEC §5.3).
 	chargeOnLapse       lapseFlag
 	ttl, lease, latency time.Duration
-	disableIdempotency  bool
-	replayCache         int
-	log                 logFlags
+	// retention keeps expired records this long before the cleaner deletes them.
+	retention          time.Duration
+	disableIdempotency bool
+	replayCache        int
+	log                logFlags
 	// Bounds on a stalled store (SPEC §9) and on what a client can hold (SPEC §15).
 	storeTimeout                                time.Duration
 	readHeaderTimeout, readTimeout, idleTimeout time.Duration
@@ -136,6 +140,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.StringVar(&f.store, "store", defaultStore, "idempotency store `URL`")
 	fs.StringVar(&f.db, "db", "", "`URL` of the SQL database keeping charges and orders (default: the --store URL when it is SQL; required with Redis)")
 	fs.DurationVar(&f.ttl, "ttl", idem.DefaultTTL, "how long an idempotency record lives after its creation (longer than --lock-timeout)")
+	fs.DurationVar(&f.retention, "retention", idem.DefaultRetention, "how long the background cleaner keeps a record after it expired (for audits: inspect old keys with 'idem keys'); an expired record never answers a request, kept or not")
 	fs.DurationVar(&f.lease, "lock-timeout", idem.DefaultLease, "lease of a claimed key: after it lapses without renewal another request may take the key over (at least 100ms)")
 	fs.DurationVar(&f.latency, "processor-latency", 0, "simulated card-processor call: POST /v1/charges sleeps this long after the claim, holding no transaction or connection")
 	fs.StringVar(&f.processorURL, "processor-url", "", "base `URL` of a card processor (idem processor, e.g. http://127.0.0.1:8090) that POST /v1/charges charges through, with recovery points (SPEC §13); exclusive with --processor-latency")
@@ -169,7 +174,13 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	libLogger := f.log.logger(stderr, libLevel)
 
-	st, err := openStore(ctx, storeURL, libLogger)
+	// The store's own cleaner deletes expired records in the background, keeping them
+	// --retention past their expiry; a Redis store expires them itself.
+	var cleaner *idem.CleanerConfig
+	if !f.disableIdempotency {
+		cleaner = &idem.CleanerConfig{Retention: f.retention, Logger: libLogger}
+	}
+	st, err := openStore(ctx, storeURL, libLogger, cleaner)
 	if err != nil {
 		return failure(stderr, name, err)
 	}
@@ -231,15 +242,11 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		defer metrics.ln.Close()
 	}
 
-	cleanCtx, stopCleaner := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopCleaner()
-	if st.store.Capabilities().BatchedCleanup && !f.disableIdempotency {
-		go idem.NewCleaner(st.store, idem.CleanerConfig{Logger: libLogger}).Run(cleanCtx)
-	}
-
 	if f.processorURL != "" && !f.disableIdempotency {
 		// Finishes the charges whose client gave up after they were recorded pending.
-		go idem.NewCompleter(api.Guard(), idem.CompleterConfig{Interval: f.completerInterval, Logger: libLogger}).Run(cleanCtx)
+		completerCtx, stopCompleter := context.WithCancel(context.WithoutCancel(ctx))
+		defer stopCompleter()
+		go idem.NewCompleter(api.Guard(), idem.CompleterConfig{Interval: f.completerInterval, Logger: libLogger}).Run(completerCtx)
 	}
 
 	idempotency := "on"
@@ -333,6 +340,8 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 	switch {
 	case f.ttl <= 0:
 		err = fmt.Errorf("--ttl must be positive, got %v", f.ttl)
+	case f.retention < 0:
+		err = fmt.Errorf("--retention must not be negative, got %v", f.retention)
 	case f.lease < minLease:
 		err = fmt.Errorf("--lock-timeout must be at least %v, got %v", minLease, f.lease)
 	case f.ttl <= f.lease:

@@ -63,7 +63,8 @@ func runProcessor(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	logger := f.log.logger(stderr, f.log.level)
 	libLogger := f.log.logger(stderr, max(f.log.level, slog.LevelWarn))
 
-	st, err := openStore(ctx, u, libLogger)
+	// The store's own cleaner deletes expired records in the background.
+	st, err := openStore(ctx, u, libLogger, &idem.CleanerConfig{Logger: libLogger})
 	if err != nil {
 		return failure(stderr, name, err)
 	}
@@ -95,11 +96,6 @@ func runProcessor(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return failure(stderr, name, err)
 	}
 	defer api.ln.Close()
-	if st.store.Capabilities().BatchedCleanup {
-		cleanCtx, stopCleaner := context.WithCancel(context.WithoutCancel(ctx))
-		defer stopCleaner()
-		go idem.NewCleaner(st.store, idem.CleanerConfig{Logger: libLogger}).Run(cleanCtx)
-	}
 	logger.Info("idem processor listening", "addr", api.ln.Addr().String(), "store", u.String(),
 		"latency", f.latency, "fail_rate", f.failRate, "lost_reply_rate", f.lostReplyRate)
 	return serve(ctx, name, api, listener{}, shutdownGrace+f.latency, logger, stderr)

@@ -132,11 +132,18 @@ type openedStore struct {
 	close  func()
 }
 
-// openStore opens the idempotency store at u. It does not migrate it.
-func openStore(ctx context.Context, u storeURL, logger *slog.Logger) (*openedStore, error) {
+// openStore opens the idempotency store at u. It does not migrate it. An SQL store
+// runs its background cleaner with cleaner until it is closed; nil starts none (the
+// one-shot commands: migrate, purge, keys).
+func openStore(ctx context.Context, u storeURL, logger *slog.Logger, cleaner *idem.CleanerConfig) (*openedStore, error) {
+	var clean idem.CleanerConfig
+	if cleaner != nil {
+		clean = *cleaner
+	}
 	switch u.kind {
 	case kindSQLite:
-		st, err := sqlite.Open(ctx, u.path, sqlite.Config{MaxOpenConns: sqliteConns, Logger: logger})
+		st, err := sqlite.Open(ctx, u.path, sqlite.Config{MaxOpenConns: sqliteConns, Logger: logger,
+			Cleaner: clean, DisableCleaner: cleaner == nil})
 		if err != nil {
 			return nil, err
 		}
@@ -146,7 +153,7 @@ func openStore(ctx context.Context, u storeURL, logger *slog.Logger) (*openedSto
 		if err != nil {
 			return nil, fmt.Errorf("postgres: %w", err)
 		}
-		st, err := postgres.NewFromPool(pool, postgres.Config{Logger: logger})
+		st, err := postgres.NewFromPool(pool, postgres.Config{Logger: logger, Cleaner: clean, DisableCleaner: cleaner == nil})
 		if err != nil {
 			pool.Close()
 			return nil, err

@@ -49,6 +49,23 @@ type Config struct {
 	// migrations). Keys are never logged in full. Defaults to a logger that discards
 	// everything.
 	Logger *slog.Logger
+
+	// Cleaner configures the cleaner that [Open] and [NewFromPool] start and
+	// [Store.Close] stops: it deletes expired records in bounded batches in the
+	// background (SPEC §8), its first pass one jittered Cleaner.Interval after the
+	// start ([idem.Cleaner.Start]); the cleaners of several processes skip each other's
+	// rows. Cleaner.Retention keeps records that long after they expire, for audits;
+	// its warnings go to Cleaner.Logger, else to Logger when set, else to
+	// slog.Default. Defaults to the zero [idem.CleanerConfig]: a pass every minute,
+	// batches of 1000, no retention.
+	Cleaner idem.CleanerConfig
+
+	// DisableCleaner starts no cleaner, for a process that opens the store for a
+	// moment (a migration, an admin tool such as `idem keys`) or whose expired records
+	// are deleted elsewhere (another process's cleaner, `idem purge` from cron). An
+	// expired record counts as absent at once, but without any cleaner it stays in the
+	// table forever. Defaults to false.
+	DisableCleaner bool
 }
 
 func (c Config) validate() error {
@@ -60,6 +77,9 @@ func (c Config) validate() error {
 	}
 	if strings.ContainsRune(c.Schema, 0) {
 		return errors.New("postgres: Config.Schema must not contain a NUL byte")
+	}
+	if err := c.Cleaner.Validate(); err != nil {
+		return fmt.Errorf("postgres: Config.Cleaner: %w", err)
 	}
 	return nil
 }
@@ -76,6 +96,10 @@ type Store struct {
 	asynchronousClaim bool
 	// claimLockTimeout is Config.ClaimLockTimeout with its default.
 	claimLockTimeout time.Duration
+	// cleaner deletes expired records until stopCleaner (Config.Cleaner); nil with
+	// Config.DisableCleaner.
+	cleaner     *idem.Cleaner
+	stopCleaner func()
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -83,7 +107,9 @@ var _ idem.Store = (*Store)(nil)
 // Open creates a pool for the PostgreSQL database at url (a postgres:// URL or a
 // key=value connection string, as pgx accepts) and returns a store using it. It does
 // not connect: a database that is down makes requests fail with 503 until it returns,
-// rather than failing Open. Call [Store.Migrate] before first use.
+// rather than failing Open. Call [Store.Migrate] before first use. It starts the
+// store's cleaner (Config.Cleaner), which deletes expired records in the background
+// until [Store.Close], unless Config.DisableCleaner.
 func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -114,7 +140,8 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 
 // NewFromPool returns a store using a pool the application already has, so that the
 // application's transactions and the idempotency records share one pool (SPEC §7).
-// Config.MaxConns is ignored, and [Store.Close] leaves the pool open.
+// Config.MaxConns is ignored, and [Store.Close] leaves the pool open. Like Open, it
+// starts the store's cleaner unless Config.DisableCleaner.
 func NewFromPool(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("postgres: NewFromPool: pool is nil")
@@ -126,7 +153,7 @@ func NewFromPool(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{
+	s := &Store{
 		pool:   pool,
 		schema: cfg.Schema,
 		q:      newQueries(cfg.Schema),
@@ -134,15 +161,32 @@ func NewFromPool(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 
 		asynchronousClaim: cfg.AsynchronousClaim,
 		claimLockTimeout:  cmp.Or(cfg.ClaimLockTimeout, DefaultClaimLockTimeout),
-	}, nil
+	}
+	if !cfg.DisableCleaner {
+		ccfg := cfg.Cleaner
+		if ccfg.Logger == nil && cfg.Logger != nil {
+			ccfg.Logger = cfg.Logger
+		}
+		s.cleaner = idem.NewCleaner(s, ccfg)
+		s.stopCleaner = s.cleaner.Start()
+	}
+	return s, nil
 }
 
 // Pool returns the store's pool, for the application's own queries.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// Close closes the pool when [Open] created it; a pool given to [NewFromPool] belongs
-// to the application, which closes it itself.
+// Cleaner returns the store's background cleaner (Config.Cleaner), or nil when
+// Config.DisableCleaner: its [idem.Cleaner.Passes] tells how many records each pass
+// deleted.
+func (s *Store) Cleaner() *idem.Cleaner { return s.cleaner }
+
+// Close stops the store's cleaner, then closes the pool when [Open] created it; a pool
+// given to [NewFromPool] belongs to the application, which closes it itself.
 func (s *Store) Close() {
+	if s.stopCleaner != nil {
+		s.stopCleaner()
+	}
 	if s.ownPool {
 		s.pool.Close()
 	}

@@ -23,11 +23,18 @@ type schemaStore struct {
 // table returns the quoted name of table in the store's schema.
 func (s schemaStore) table(name string) string { return pgx.Identifier{s.schema, name}.Sanitize() }
 
-// newStore opens a migrated store in a fresh schema private to t.
+// newStore opens a migrated store in a fresh schema private to t, without a cleaner
+// (the conformance suite's cleanup cases delete expired records themselves).
 func newStore(t testing.TB) schemaStore {
+	return newStoreWith(t, postgres.Config{MaxConns: 4, DisableCleaner: true})
+}
+
+// newStoreWith is newStore with cfg (its Schema is set to the fresh one).
+func newStoreWith(t testing.TB, cfg postgres.Config) schemaStore {
 	t.Helper()
 	dbURL, schema := pgtest.Schema(t)
-	s, err := postgres.Open(context.Background(), dbURL, postgres.Config{Schema: schema, MaxConns: 4})
+	cfg.Schema = schema
+	s, err := postgres.Open(context.Background(), dbURL, cfg)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -47,6 +54,10 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Harness{
 		NewStore: func(t *testing.T) idem.Store { return newStore(t) },
 		Tx:       appTable{},
+		NewStoreWithCleaner: func(t *testing.T, cfg idem.CleanerConfig) (idem.Store, *idem.Cleaner) {
+			s := newStoreWith(t, postgres.Config{MaxConns: 4, Cleaner: cfg})
+			return s, s.Cleaner()
+		},
 	})
 }
 

@@ -302,6 +302,10 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "Config.MaxConns") {
 		t.Errorf("Open with MaxConns -1: error = %v, want one naming Config.MaxConns", err)
 	}
+	_, err = postgres.Open(t.Context(), "postgres://127.0.0.1/db", postgres.Config{Cleaner: idem.CleanerConfig{Interval: -time.Second}})
+	if err == nil || !strings.Contains(err.Error(), "Config.Cleaner") || !strings.Contains(err.Error(), "Interval") {
+		t.Errorf("Open with a negative Cleaner.Interval: error = %v, want one naming Config.Cleaner and Interval", err)
+	}
 	if _, err := postgres.NewFromPool(nil, postgres.Config{}); err == nil {
 		t.Error("NewFromPool(nil) accepted a nil pool")
 	}

@@ -59,6 +59,22 @@ type Config struct {
 	// Logger receives migrations (info) and lock-contention retries (debug). Keys and
 	// bodies are never logged. Defaults to a logger that discards everything.
 	Logger *slog.Logger
+
+	// Cleaner configures the cleaner that [Open] starts and [Store.Close] stops: it
+	// deletes expired records in bounded batches in the background (SPEC §8), its
+	// first pass one jittered Cleaner.Interval after Open ([idem.Cleaner.Start]).
+	// Cleaner.Retention keeps records that long after they expire, for audits; its
+	// warnings go to Cleaner.Logger, else to Logger when set, else to slog.Default.
+	// Defaults to the zero [idem.CleanerConfig]: a pass every minute, batches of 1000,
+	// no retention.
+	Cleaner idem.CleanerConfig
+
+	// DisableCleaner starts no cleaner, for a process that opens the store for a
+	// moment (a migration, an admin tool such as `idem keys`) or whose expired records
+	// are deleted elsewhere (another process's cleaner, `idem purge` from cron). An
+	// expired record counts as absent at once, but without any cleaner it stays on
+	// disk forever. Defaults to false.
+	DisableCleaner bool
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -67,6 +83,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxOpenConns < 0 {
 		return c, fmt.Errorf("sqlite: Config.MaxOpenConns must not be negative, got %d", c.MaxOpenConns)
+	}
+	if err := c.Cleaner.Validate(); err != nil {
+		return c, fmt.Errorf("sqlite: Config.Cleaner: %w", err)
+	}
+	if c.Cleaner.Logger == nil && c.Logger != nil {
+		c.Cleaner.Logger = c.Logger
 	}
 	if c.BusyTimeout == 0 {
 		c.BusyTimeout = DefaultBusyTimeout
@@ -92,6 +114,10 @@ type Store struct {
 	// writeSem queues this process's write transactions (capacity 1). It saves
 	// SQLite's busy polling; SQLite's own lock keeps them correct.
 	writeSem chan struct{}
+	// cleaner deletes expired records until stopCleaner (Config.Cleaner); nil with
+	// Config.DisableCleaner.
+	cleaner     *idem.Cleaner
+	stopCleaner func()
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -105,7 +131,9 @@ var _ idem.Store = (*Store)(nil)
 // are refused: every pooled connection would see a database of its own, gone when it
 // closes.
 //
-// Open does not create the store's tables; call [Store.Migrate].
+// Open does not create the store's tables; call [Store.Migrate]. It starts the
+// store's cleaner (Config.Cleaner), which deletes expired records in the background
+// until [Store.Close], unless Config.DisableCleaner.
 func Open(ctx context.Context, dsnOrPath string, cfg Config) (*Store, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -127,6 +155,10 @@ func Open(ctx context.Context, dsnOrPath string, cfg Config) (*Store, error) {
 			_ = db.Close()
 			return nil, err
 		}
+	}
+	if !cfg.DisableCleaner {
+		s.cleaner = idem.NewCleaner(s, cfg.Cleaner)
+		s.stopCleaner = s.cleaner.Start()
 	}
 	return s, nil
 }
@@ -241,8 +273,16 @@ func uriUnescape(s string) string {
 // middleware) does both.
 func (s *Store) DB() *sql.DB { return s.db }
 
-// Close closes the connection pool.
+// Cleaner returns the store's background cleaner (Config.Cleaner), or nil when
+// Config.DisableCleaner: its [idem.Cleaner.Passes] tells how many records each pass
+// deleted.
+func (s *Store) Cleaner() *idem.Cleaner { return s.cleaner }
+
+// Close stops the store's cleaner and closes the connection pool.
 func (s *Store) Close() error {
+	if s.stopCleaner != nil {
+		s.stopCleaner()
+	}
 	if s.claimDB != s.db {
 		_ = s.claimDB.Close()
 	}

@@ -32,11 +32,16 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	storetest.Run(t, storetest.Harness{
 		NewStore: func(t *testing.T) idem.Store {
-			s, _ := openStore(t, sqlite.Config{})
+			// The suite's cleanup cases delete expired records themselves.
+			s, _ := openStore(t, sqlite.Config{DisableCleaner: true})
 			createMarkerTable(t, s)
 			return s
 		},
 		Tx: txHarness{},
+		NewStoreWithCleaner: func(t *testing.T, cfg idem.CleanerConfig) (idem.Store, *idem.Cleaner) {
+			s, _ := openStore(t, sqlite.Config{Cleaner: cfg})
+			return s, s.Cleaner()
+		},
 	})
 }
 
@@ -44,7 +49,7 @@ func TestAdminConformance(t *testing.T) {
 	t.Parallel()
 	admintest.Run(t, admintest.Harness{
 		NewStore: func(t *testing.T) admintest.Store {
-			s, _ := openStore(t, sqlite.Config{})
+			s, _ := openStore(t, sqlite.Config{DisableCleaner: true})
 			return s
 		},
 	})

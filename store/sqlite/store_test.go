@@ -186,6 +186,7 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 	for field, cfg := range map[string]sqlite.Config{
 		"Config.BusyTimeout":  {BusyTimeout: -time.Second},
 		"Config.MaxOpenConns": {MaxOpenConns: -1},
+		"Config.Cleaner":      {Cleaner: idem.CleanerConfig{Retention: -time.Hour}},
 	} {
 		if _, err := sqlite.Open(context.Background(), path, cfg); err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("Open with a bad %s = %v, want an error naming it", field, err)

@@ -2,6 +2,8 @@ package storetest
 
 import (
 	"crypto/rand"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ func init() {
 		testCase{"CleanupKeepsRecordsForRetention", testCleanupKeepsRetention},
 		testCase{"CleanupNeverDeletesLiveInFlightRecord", testCleanupNeverDeletesLiveInFlight},
 		testCase{"CleanupDeletesInBatchesOfLimit", testCleanupDeletesInBatches},
+		testCase{"StoreCleanerDeletesExpiredRecords", testStoreCleanerDeletesExpired},
 	)
 }
 
@@ -133,4 +136,45 @@ func testCleanupDeletesInBatches(t *testing.T, h Harness) {
 	for _, k := range liveKeys {
 		b.wantPresent(k, now)
 	}
+}
+
+// The cleaner a store starts when it opens deletes expired records in the background,
+// with nothing started by the application, and keeps live ones.
+func testStoreCleanerDeletesExpired(t *testing.T, h Harness) {
+	if h.NewStoreWithCleaner == nil {
+		t.Skip("the store starts no cleaner of its own (Harness.NewStoreWithCleaner is nil)")
+	}
+	t0 := time.Now().UTC().Truncate(time.Millisecond)
+	now := t0.Add(2 * time.Minute)
+	// The cleaner's clock stands at t0, when nothing has expired, until every record is
+	// in; then it jumps to now.
+	var clock atomic.Pointer[time.Time]
+	clock.Store(&t0)
+	s, c := h.NewStoreWithCleaner(t, idem.CleanerConfig{Interval: 10 * time.Millisecond, Clock: func() time.Time { return *clock.Load() }})
+	if c == nil {
+		t.Fatal("the store started no cleaner")
+	}
+	b := &bundle{t: t, s: s, ctx: t.Context(), t0: t0, scope: "scope-" + rand.Text(), fp: newFingerprint()}
+	b.put("expired-completed", time.Minute, lease, true)
+	b.put("expired-lapsed", time.Minute, lease, false)
+	b.put("live-completed", time.Hour, lease, true)
+	clock.Store(&now)
+
+	// Passes that began before the jump delete nothing; wait for them to add up.
+	deadline := time.After(time.Minute)
+	for deleted := 0; deleted < 2; {
+		select {
+		case n := <-c.Passes():
+			deleted += n
+		case <-deadline:
+			t.Fatalf("the store's cleaner deleted %d of the 2 expired records in a minute", deleted)
+		}
+	}
+	for _, key := range []string{"expired-completed", "expired-lapsed"} {
+		// At t0 they are live: reading as absent there means they are gone.
+		if _, err := s.RecordGet(b.ctx, &idem.RecordGetParams{Scope: b.scope, Key: key, Now: t0}); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("RecordGet(%q) after the store's cleaner = %v, want ErrNotFound", key, err)
+		}
+	}
+	b.wantPresent("live-completed", now)
 }

@@ -20,6 +20,12 @@ type Harness struct {
 	// Capabilities.Transactions (the SQL stores). It is required for those stores: the
 	// §7 cases fail, rather than skip, when it is nil. Others leave it nil.
 	Tx TxHarness
+
+	// NewStoreWithCleaner is for stores that start a cleaner of their own when they
+	// open (the SQL stores' Config.Cleaner): it returns a fresh store like NewStore,
+	// with its own cleaner started with cfg, and that cleaner. The case
+	// StoreCleanerDeletesExpiredRecords skips with a log line when it is nil.
+	NewStoreWithCleaner func(t *testing.T, cfg idem.CleanerConfig) (idem.Store, *idem.Cleaner)
 }
 
 // TxHarness runs a fenced completion inside a transaction of the store's own database,
