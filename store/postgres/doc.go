@@ -23,6 +23,15 @@
 // travel in one pipelined round trip; a lost lease raises SQLSTATE IDL01 inside the
 // transaction so that the queued COMMIT is skipped.
 //
+// # database/sql
+//
+// Applications written against database/sql (sqlc's database/sql mode, sqlx, GORM)
+// get the same guarantee through pgx's database/sql driver: [Store.DB] is a *sql.DB on
+// the store's own pool, and [Store.InSQLTx] takes a *sql.Tx where InTx takes a pgx.Tx.
+// It costs one round trip more (database/sql cannot pipeline the completion with
+// COMMIT: five for a request with one INSERT, against InTx's four).
+// [Store.CompleteSQLTx] completes a record in a transaction the application manages.
+//
 // # Durable claims
 //
 // Every claim is flushed by default. With Config.AsynchronousClaim a new key's claim

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log"
@@ -97,4 +98,29 @@ func ExampleStore_CompleteTx() {
 		}
 	}
 	_ = handler
+}
+
+// An application written against database/sql gets the same guarantee through
+// Store.DB (pgx's database/sql driver on the store's pool) and Store.InSQLTx, which
+// hands fn a *sql.Tx. (Needs a database, so the example is compiled, not run.)
+func ExampleStore_InSQLTx() {
+	var store *postgres.Store // opened and migrated as in the InTx example
+	createCharge := func(w http.ResponseWriter, r *http.Request) {
+		err := store.InSQLTx(r.Context(), func(ctx context.Context, tx *sql.Tx) error {
+			var id int64
+			err := tx.QueryRowContext(ctx, `INSERT INTO charges (amount) VALUES (2000) RETURNING id`).Scan(&id)
+			if err != nil {
+				return err
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"id":"ch_%d","object":"charge","amount":2000}`, id)
+			return nil
+		})
+		if err != nil {
+			// Had the completion failed, the middleware answers 503 instead of this.
+			http.Error(w, "internal error", http.StatusInternalServerError)
+		}
+	}
+	_ = createCharge
 }

@@ -3,10 +3,12 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -100,6 +102,9 @@ type Store struct {
 	// Config.DisableCleaner.
 	cleaner     *idem.Cleaner
 	stopCleaner func()
+	// sqlDB is DB's *sql.DB on the pool, made once on first use (sqltx.go).
+	sqlOnce sync.Once
+	sqlDB   *sql.DB
 }
 
 var _ idem.Store = (*Store)(nil)
@@ -181,11 +186,16 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // deleted.
 func (s *Store) Cleaner() *idem.Cleaner { return s.cleaner }
 
-// Close stops the store's cleaner, then closes the pool when [Open] created it; a pool
-// given to [NewFromPool] belongs to the application, which closes it itself.
+// Close stops the store's cleaner and closes [Store.DB], then closes the pool when
+// [Open] created it; a pool given to [NewFromPool] belongs to the application, which
+// closes it itself.
 func (s *Store) Close() {
 	if s.stopCleaner != nil {
 		s.stopCleaner()
+	}
+	s.sqlOnce.Do(func() {}) // no DB made after Close
+	if s.sqlDB != nil {
+		_ = s.sqlDB.Close()
 	}
 	if s.ownPool {
 		s.pool.Close()

@@ -281,43 +281,47 @@ func TestCountingConnCountsPrepares(t *testing.T) {
 
 // TestInTxRequestIsFourRoundTrips counts a whole request through the middleware whose
 // handler inserts a row inside InTx: the claim, BEGIN, the handler's INSERT, and the
-// fenced completion pipelined with COMMIT. Its replay is one round trip.
+// fenced completion pipelined with COMMIT. InSQLTx (database/sql) costs one more: it
+// cannot pipeline the completion with COMMIT. A replay is one round trip.
 func TestInTxRequestIsFourRoundTrips(t *testing.T) {
 	t.Parallel()
-	b := newCountingBundle(t)
-	table := pgx.Identifier{b.schema, "charges"}.Sanitize()
-	if _, err := b.s.Pool().Exec(b.ctx, `CREATE TABLE `+table+` (key text PRIMARY KEY)`); err != nil {
-		t.Fatal(err)
-	}
-	m := idem.New(idem.Config{
-		Store: b.s,
-		Scope: func(*http.Request) (string, error) { return "user-1", nil },
-	})
-	handler := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		err := b.s.InTx(r.Context(), func(ctx context.Context, tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (key) VALUES ($1)`, r.Header.Get("Idempotency-Key")); err != nil {
-				return err
-			}
-			w.WriteHeader(http.StatusCreated)
-			return nil
+	want := map[string]int{"InTx": 4, "InSQLTx": 5}
+	forEachTxHelper(t, func(t *testing.T, tx txHelper) {
+		b := newCountingBundle(t)
+		table := pgx.Identifier{b.schema, "charges"}.Sanitize()
+		if _, err := b.s.Pool().Exec(b.ctx, `CREATE TABLE `+table+` (key text PRIMARY KEY)`); err != nil {
+			t.Fatal(err)
+		}
+		m := idem.New(idem.Config{
+			Store: b.s,
+			Scope: func(*http.Request) (string, error) { return "user-1", nil },
 		})
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+		handler := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			err := tx.run(b.s, r.Context(), func(ctx context.Context, c txConn) error {
+				if err := c.exec(ctx, `INSERT INTO `+table+` (key) VALUES ($1)`, r.Header.Get("Idempotency-Key")); err != nil {
+					return err
+				}
+				w.WriteHeader(http.StatusCreated)
+				return nil
+			})
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+			}
+		}))
+		post := poster(handler)
+		if code := post("key-warm-up"); code != http.StatusCreated { // prepares the statements
+			t.Fatalf("warm-up request = %d", code)
 		}
-	}))
-	post := poster(handler)
-	if code := post("key-warm-up"); code != http.StatusCreated { // prepares the statements
-		t.Fatalf("warm-up request = %d", code)
-	}
-	b.wantTrips("request with a new key completed in InTx", 4, func() {
-		if code := post("key-counted"); code != http.StatusCreated {
-			t.Fatalf("request = %d", code)
-		}
-	})
-	b.wantTrips("its replay", 1, func() {
-		if code := post("key-counted"); code != http.StatusCreated {
-			t.Fatalf("replay = %d", code)
-		}
+		b.wantTrips("request with a new key completed in "+tx.name, want[tx.name], func() {
+			if code := post("key-counted"); code != http.StatusCreated {
+				t.Fatalf("request = %d", code)
+			}
+		})
+		b.wantTrips("its replay", 1, func() {
+			if code := post("key-counted"); code != http.StatusCreated {
+				t.Fatalf("replay = %d", code)
+			}
+		})
 	})
 }
 

@@ -1,0 +1,105 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/idem-go/idem"
+)
+
+// The database/sql route to SPEC §7, for applications written against database/sql
+// (sqlc in its database/sql mode, sqlx, GORM and others over pgx's driver): DB is a
+// *sql.DB on the store's own pool, through pgx's database/sql driver
+// (github.com/jackc/pgx/v5/stdlib), and InSQLTx and CompleteSQLTx complete the record
+// in its transactions. It costs one round trip more than InTx: database/sql cannot
+// pipeline the fenced completion with COMMIT.
+
+// DB returns a *sql.DB whose connections come from the store's pool, through pgx's
+// database/sql driver: made on first use, shared afterwards, and closed by
+// [Store.Close] (the pool itself stays the store's, or the application's after
+// [NewFromPool]). It keeps no idle connections of its own, so it never starves the
+// pool. Use it for the application's own tables; to commit their writes with a
+// record's completion, use [Store.InSQLTx].
+func (s *Store) DB() *sql.DB {
+	s.sqlOnce.Do(func() { s.sqlDB = stdlib.OpenDBFromPool(s.pool) })
+	return s.sqlDB
+}
+
+// InSQLTx is [Store.InTx] for database/sql: it runs fn in a READ COMMITTED transaction
+// of [Store.DB] and, when ctx carries the request's [idem.Handle], completes the
+// idempotency record in that same transaction (SPEC §7): the application's writes and
+// the stored response commit together or not at all.
+//
+// The handler writes its response inside fn. When fn returns an error the transaction
+// rolls back and InSQLTx returns that error. Otherwise InSQLTx asks the handle for the
+// completion (none when the response releases the key, SPEC §6), runs it fenced by the
+// lock token, and commits. When the fence finds the key taken over
+// ([idem.ErrLeaseLost]: the transaction rolls back) or COMMIT fails, the handle learns
+// it and the middleware answers 503 store_unavailable instead of the handler's
+// response. Without a handle InSQLTx is a plain transaction.
+//
+// InSQLTx never retries: a failed COMMIT's outcome may be unknown, and fn has written a
+// response. A panic in fn rolls back and is re-raised.
+func (s *Store) InSQLTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	tx, err := s.DB().BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return interpretError(err)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			_ = tx.Rollback()
+			panic(p)
+		}
+	}()
+	if err := fn(ctx, tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	h := idem.FromContext(ctx)
+	if h == nil {
+		return interpretError(tx.Commit())
+	}
+	params, ok := h.PrepareCompletion()
+	if ok {
+		if err := s.CompleteSQLTx(ctx, tx, params); err != nil {
+			_ = tx.Rollback()
+			h.CompletionFailed(err)
+			return err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		err = interpretError(err)
+		h.CompletionFailed(err)
+		return err
+	}
+	if ok {
+		h.Completed()
+	}
+	return nil
+}
+
+// CompleteSQLTx is [Store.CompleteTx] for database/sql: it runs the fenced completion
+// of the record described by p inside tx, a transaction the application began on
+// [Store.DB] (or on another *sql.DB opened with pgx's database/sql driver on the
+// store's database), for applications that manage their own transactions (InSQLTx does
+// this for you). It returns [idem.ErrLeaseLost] when the record is no longer in flight
+// under p.Token; the statement then has raised, so the transaction is aborted: roll it
+// back and tell the handle with [idem.Handle.CompletionFailed]. After a successful
+// COMMIT call [idem.Handle.Completed].
+func (s *Store) CompleteSQLTx(ctx context.Context, tx *sql.Tx, p *idem.RecordCompleteParams) error {
+	if tx == nil {
+		return errors.New("postgres: CompleteSQLTx: tx is nil")
+	}
+	if p == nil {
+		return errors.New("postgres: CompleteSQLTx: params are nil")
+	}
+	args, err := completeArgs(p)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, s.q.recordCompleteTx, args...)
+	return interpretError(err)
+}
