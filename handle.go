@@ -169,6 +169,20 @@ func (h *Handle) Key() string { return h.key }
 // Scope returns the principal the key belongs to.
 func (h *Handle) Scope() string { return h.scope }
 
+// Fingerprint returns the fingerprint of the operation's input (the request's, for
+// the middleware): a record made by another input under the same key refuses it
+// ([Fingerprint.Matches]). A backstop that keeps the key in the application's own
+// database (package backstop) records it too.
+func (h *Handle) Fingerprint() Fingerprint { return h.claim.Fingerprint }
+
+// TTL returns how long the record lives after its creation: the route's or the
+// Call's TTL, or the one [Handle.SetTTL] set.
+func (h *Handle) TTL() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.claim.TTL
+}
+
 // TookOver reports whether this claim took the key over from a holder whose lease
 // lapsed (SPEC §5.3): the operation may have run before, in part.
 func (h *Handle) TookOver() bool { return h.tookOver }

@@ -40,6 +40,8 @@
 // cancels handlers whose lease renewals fail and may let a retry execute while the old
 // holder still runs. [Open] logs a warning for each risky setting it can read
 // ([Store.CheckDurability]). Operations that must not run twice need a backstop in the
-// database that holds their effects, such as a unique (scope, key) constraint; the
-// payments API of cmd/idem has one. docs/redis.md says all this at length.
+// database that holds their effects: a unique (scope, key) row written in the
+// transaction of their writes. Package backstop (github.com/idem-go/idem/backstop)
+// keeps one in a PostgreSQL or SQLite database; the payments API of cmd/idem has its
+// own. docs/redis.md says all this at length.
 package redis
