@@ -15,11 +15,13 @@ import (
 // exampleTimeout bounds the vet and tests of one example module, builds included.
 const exampleTimeout = 10 * time.Minute
 
-// Every framework example is its own module; its tests start it on a loopback port
-// and send a duplicate POST, which must be replayed (exampletest.CheckDuplicate).
-// They run here with the go command, with the modules' go.sum as committed
-// (-mod=readonly) and no workspace, as a user who clones the repository runs them.
-func TestFrameworkExamplesPassTheirTests(t *testing.T) {
+// Every example is its own module: the README's quick starts (sqlite, postgres,
+// postgres-sql, redis) and the frameworks (chi, echo, fiber, gin). Its tests start it on
+// a loopback port and send a duplicate POST, which must be replayed
+// (exampletest.CheckCharges). They run here with the go command, with the modules'
+// go.sum as committed (-mod=readonly) and no workspace, as a user who clones the
+// repository runs them.
+func TestExamplesPassTheirTests(t *testing.T) {
 	if testing.Short() && !testenv.CI() {
 		t.Skip("-short: the examples build their frameworks")
 	}
@@ -35,7 +37,7 @@ func TestFrameworkExamplesPassTheirTests(t *testing.T) {
 	for _, m := range mods {
 		names = append(names, filepath.Dir(m))
 	}
-	if want := []string{"chi", "echo", "fiber", "gin"}; !slices.Equal(names, want) {
+	if want := []string{"chi", "echo", "fiber", "gin", "postgres", "postgres-sql", "redis", "sqlite"}; !slices.Equal(names, want) {
 		t.Fatalf("example modules %q, want %q", names, want)
 	}
 	for _, name := range names {

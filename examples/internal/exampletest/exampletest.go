@@ -3,6 +3,7 @@
 package exampletest
 
 import (
+	"database/sql"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -45,7 +46,7 @@ func post(t testing.TB, baseURL, key, body string) (status int, replayed string,
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer sk_test_example")
+	req.Header.Set("Authorization", "Bearer "+Token)
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
@@ -61,15 +62,41 @@ func post(t testing.TB, baseURL, key, body string) (status int, replayed string,
 	return resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), string(b)
 }
 
-// CheckDuplicate sends POST /v1/charges to the example at baseURL twice with one key
-// and checks that the second answer is the first one replayed — the same status and
-// body, with Idempotent-Replayed: true — and that store's database holds one charge.
-// It also checks that the key is required, that the key reused with other parameters
-// is refused with 409 key_reused, and that a 400 (invalid parameters) releases its key:
-// the corrected request with the same key executes (SPEC §6).
+// CheckDuplicate is CheckCharges for an example whose charges live in store's SQLite
+// database, in the table charges.
 func CheckDuplicate(t testing.TB, baseURL string, store *sqlite.Store) {
 	t.Helper()
-	const key, body = "5f0c6d0e-8b1c-4c3e-9a53-2a1f4b7d9e01", `{"amount": 2000, "currency": "usd"}`
+	CheckCharges(t, baseURL, CountRows(store.DB(), "charges"))
+}
+
+// CountRows returns a function that counts the rows of table in db, for CheckCharges.
+func CountRows(db *sql.DB, table string) func(t testing.TB) int {
+	return func(t testing.TB) int {
+		t.Helper()
+		var n int
+		if err := db.QueryRow(`SELECT count(*) FROM ` + table).Scan(&n); err != nil {
+			t.Fatalf("counting the %s: %v", table, err)
+		}
+		return n
+	}
+}
+
+// Token is the bearer token of every request the checks send.
+const Token = "sk_test_example"
+
+// FirstKey is the key of CheckCharges' first, duplicated POST.
+const FirstKey = "5f0c6d0e-8b1c-4c3e-9a53-2a1f4b7d9e01"
+
+// CheckCharges sends POST /v1/charges to the example at baseURL twice with one key
+// (FirstKey) and checks that the second answer is the first one replayed — the same
+// status and body, with Idempotent-Replayed: true — and that charges counts one charge.
+// It also checks that the key is required, that the key reused with other parameters
+// is refused with 409 key_reused, and that a 400 (invalid parameters) releases its key:
+// the corrected request with the same key executes (SPEC §6). It returns the first
+// answer's body.
+func CheckCharges(t testing.TB, baseURL string, charges func(t testing.TB) int) string {
+	t.Helper()
+	const key, body = FirstKey, `{"amount": 2000, "currency": "usd"}`
 	status, replayed, first := post(t, baseURL, key, body)
 	if status != http.StatusCreated || replayed != "" || !strings.Contains(first, `"object":"charge"`) {
 		t.Fatalf("first POST: %d (Idempotent-Replayed %q) %s; want 201 and a charge", status, replayed, first)
@@ -78,9 +105,8 @@ func CheckDuplicate(t testing.TB, baseURL string, store *sqlite.Store) {
 	if status != http.StatusCreated || replayed != "true" || again != first {
 		t.Fatalf("duplicate POST: %d (Idempotent-Replayed %q) %s; want the replay of 201 %s", status, replayed, again, first)
 	}
-	var n int
-	if err := store.DB().QueryRow(`SELECT count(*) FROM charges`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("%d charges in the database (%v), want 1", n, err)
+	if n := charges(t); n != 1 {
+		t.Fatalf("%d charges in the database, want 1", n)
 	}
 	if status, _, b := post(t, baseURL, key, `{"amount": 3000, "currency": "usd"}`); status != http.StatusConflict || !strings.Contains(b, "key_reused") {
 		t.Errorf("the key with other parameters: %d %s, want 409 key_reused", status, b)
@@ -95,4 +121,12 @@ func CheckDuplicate(t testing.TB, baseURL string, store *sqlite.Store) {
 	if status, replayed, b := post(t, baseURL, other, body); status != http.StatusCreated || replayed != "" {
 		t.Errorf("the corrected request with the 400's key: %d (Idempotent-Replayed %q) %s; want a new 201", status, replayed, b)
 	}
+	return first
+}
+
+// Post sends POST /v1/charges with body and key as CheckCharges does, and returns the
+// status, the Idempotent-Replayed header and the body.
+func Post(t testing.TB, baseURL, key, body string) (status int, replayed string, respBody string) {
+	t.Helper()
+	return post(t, baseURL, key, body)
 }

@@ -1,0 +1,139 @@
+// Command sqlite is the quick start of idem's README: an API whose POST /v1/charges runs
+// at most once per Idempotency-Key. The charges and idem's records share one SQLite file,
+// and each charge commits together with the response it answered (SPEC §7): a retry gets
+// that response again, never a second charge.
+//
+//	go run . -addr 127.0.0.1:8080 -db app.db
+//	curl -i localhost:8080/v1/charges -H 'Authorization: Bearer sk_test_1' \
+//	    -H 'Idempotency-Key: 5f0c6d0e-8b1c-4c3e-9a53-2a1f4b7d9e01' \
+//	    -H 'Content-Type: application/json' -d '{"amount": 2000, "currency": "usd"}'
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"log"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/sqlite"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on")
+	path := flag.String("db", "app.db", "SQLite file of the charges and of idem's records")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	store, err := open(ctx, *path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close() // also stops the store's cleaner of expired records
+	srv := &http.Server{Addr: *addr, Handler: newHandler(store), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Shutdown(context.Background()) // lets requests in flight finish
+	}()
+	log.Printf("listening on %s", *addr)
+	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+		log.Fatal(err)
+	}
+}
+
+// open opens the SQLite file with idem's tables and the application's.
+func open(ctx context.Context, path string) (*sqlite.Store, error) {
+	store, err := sqlite.Open(ctx, path, sqlite.Config{})
+	if err != nil {
+		return nil, err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return nil, errors.Join(err, store.Close())
+	}
+	_, err = store.DB().ExecContext(ctx, `CREATE TABLE IF NOT EXISTS charges (
+		id TEXT PRIMARY KEY, amount INTEGER NOT NULL, currency TEXT NOT NULL)`)
+	if err != nil {
+		return nil, errors.Join(err, store.Close())
+	}
+	return store, nil
+}
+
+// newHandler is the API: authentication first, then idem, then the routes.
+func newHandler(store *sqlite.Store) http.Handler {
+	mw := idem.New(idem.Config{Store: store, Scope: principal})
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/charges", createCharge(store))
+	return authenticate(mw.Handler(mux))
+}
+
+type chargeParams struct {
+	Amount   int64  `json:"amount"`
+	Currency string `json:"currency"`
+}
+
+// createCharge inserts a charge and writes its response inside store.InTx: the charge,
+// the response and the key's record commit together, or none of them does.
+func createCharge(store *sqlite.Store) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var p chargeParams
+		if err := json.NewDecoder(r.Body).Decode(&p); err != nil || p.Amount <= 0 || len(p.Currency) != 3 {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "amount and currency required"}) // a 400 frees the key
+			return
+		}
+		err := store.InTx(r.Context(), func(ctx context.Context, tx *sql.Tx) error {
+			id := "ch_" + rand.Text()
+			_, err := tx.ExecContext(ctx, `INSERT INTO charges (id, amount, currency) VALUES (?, ?, ?)`, id, p.Amount, p.Currency)
+			if err != nil {
+				return err
+			}
+			writeJSON(w, http.StatusCreated, map[string]any{"id": id, "object": "charge", "amount": p.Amount, "currency": p.Currency})
+			return nil
+		})
+		if err != nil { // nothing committed (idem answers 503 itself when the commit failed)
+			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "internal error"})
+		}
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+type principalKey struct{}
+
+// authenticate stands in for your authentication: every bearer token is a principal,
+// known by its SHA-256 so that no token is stored.
+func authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || token == "" {
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "Authorization: Bearer <token> required"})
+			return
+		}
+		sum := sha256.Sum256([]byte(token))
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, hex.EncodeToString(sum[:]))))
+	})
+}
+
+// principal is idem's Scope: the key of one principal is never replayed to another.
+func principal(r *http.Request) (string, error) {
+	p, _ := r.Context().Value(principalKey{}).(string)
+	if p == "" {
+		return "", errors.New("unauthenticated")
+	}
+	return p, nil
+}
