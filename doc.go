@@ -9,6 +9,41 @@
 // (store/sqlite, store/postgres, store/redis, store/memory) so that importing idem
 // links none of their drivers.
 //
+// # Getting started
+//
+// Pick a store: package store/sqlite (the embedded default: any number of processes on
+// one host), store/postgres (any number of hosts) or store/redis (with package backstop
+// for writes that must not happen twice); store/memory is for tests. Open it (the SQL
+// stores then clean expired records in the background until Close), migrate it, and
+// put the middleware inside your authentication:
+//
+//	store, err := sqlite.Open(ctx, "app.db", sqlite.Config{})
+//	// …
+//	err = store.Migrate(ctx)
+//	mw := idem.New(idem.Config{Store: store, Scope: principalOf}) // the authenticated principal
+//	http.Handle("/v1/", authenticate(mw.Handler(api)))
+//
+// A handler makes its writes and writes its response inside the store's SPEC §7
+// helper, with the request's context: store/sqlite's (*Store).InTx, store/postgres's
+// (*Store).InTx (a pgx.Tx) or (*Store).InSQLTx (a *sql.Tx, for database/sql code), or
+// package backstop's (*Backstop).InTx with Redis. The writes, the response and the
+// key's record commit together, or none of them does:
+//
+//	err := store.InTx(r.Context(), func(ctx context.Context, tx *sql.Tx) error {
+//		if _, err := tx.ExecContext(ctx, `INSERT INTO charges …`, …); err != nil {
+//			return err
+//		}
+//		writeJSON(w, http.StatusCreated, charge) // the response the record keeps
+//		return nil
+//	})
+//
+// Without HTTP, [Do] and [DoTx] run a function at most once per (scope, key). The
+// README's quick start (examples/sqlite, examples/postgres, examples/postgres-sql,
+// examples/redis) has whole programs; [DefaultStorePolicy] says which responses are
+// stored and which free the key (SPEC §6).
+//
+// # The pieces
+//
 // The core, without HTTP (SPEC §5, §16; guard.go, handle.go, lease.go, do.go):
 //
 //   - [Guard] runs the record state machine: [Guard.Begin] claims (scope, key) in one

@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -69,4 +70,30 @@ func ExampleWriteProblem() {
 	})
 	fmt.Print(w.Code, " ", w.Body)
 	// Output: 400 {"error":{"type":"invalid_request_error","code":"amount_invalid","message":"Amount must be a positive integer."}}
+}
+
+// A job runs at most once per (scope, key), however often it is delivered: a repeat
+// gets the stored result without running the function again (SPEC §16).
+func ExampleDo() {
+	type Receipt struct{ ID string }
+	sent := 0
+	sendInvoice := func(ctx context.Context, invoice string) (Receipt, error) {
+		sent++
+		return Receipt{ID: fmt.Sprintf("rcpt_%d", sent)}, nil
+	}
+	ctx := context.Background()
+	g := idem.NewGuard(idem.GuardConfig{Store: memory.New()}) // or mw.Guard(); a durable store in production
+	// The job, then its redelivery:
+	for range 2 {
+		call := idem.Call{Scope: "tenant-1", Key: "job-8c1f2e4a", Fingerprint: idem.FingerprintInput("invoice.send", []byte("inv_42"))}
+		receipt, replayed, err := idem.Do(ctx, g, call, func(ctx context.Context) (Receipt, error) {
+			return sendInvoice(ctx, "inv_42")
+		})
+		fmt.Println(receipt.ID, replayed, err)
+	}
+	fmt.Println("sent:", sent)
+	// Output:
+	// rcpt_1 false <nil>
+	// rcpt_1 true <nil>
+	// sent: 1
 }

@@ -438,6 +438,18 @@ func TestInvalidKeysAreRefused(t *testing.T) {
 	}
 }
 
+// A key that is too short is refused with a message that says the minimum, so that a
+// client that sent "k4" learns what to send.
+func TestShortKeyErrorSaysTheMinimum(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	w := serve(b.mw.Handler(&counter{}), req("POST", "/x", "k4", "{}"))
+	want := "The Idempotency-Key header is invalid: key is 2 characters, at least 8 required."
+	if w.Code != 400 || !strings.Contains(w.Body.String(), `"code":"key_invalid"`) || !strings.Contains(w.Body.String(), want) {
+		t.Fatalf("POST with key k4 = %d %s, want 400 key_invalid saying %q", w.Code, w.Body, want)
+	}
+}
+
 func TestRouteOptions(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)

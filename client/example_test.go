@@ -1,7 +1,10 @@
 package client_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -37,4 +40,35 @@ func ExampleNewClient() {
 	key := resp.Request.Header.Get(client.HeaderKey) // the key the Transport sent
 	fmt.Printf("%s after %d attempt(s); UUID key: %v\n", resp.Status, client.Attempts(resp), len(key) == 36)
 	// Output: 201 Created after 2 attempt(s); UUID key: true
+}
+
+// A request of one's own, with its bearer token and context, through the retrying
+// client. When the server keeps failing, the error says how many attempts were made.
+func ExampleRetryError() {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "0")
+		idem.WriteError(w, r, idem.ProfileSeed, idem.CodeStoreUnavailable, "")
+	}))
+	defer srv.Close()
+	url, ctx := srv.URL, context.Background()
+
+	c := client.NewClient(&client.Transport{MaxAttempts: 3})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/charges", strings.NewReader(`{"amount": 2000, "currency": "usd"}`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer sk_test_1")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req) // adds an Idempotency-Key and keeps it across the attempts
+	// err: Post "…/v1/charges": POST …/v1/charges giving up after 3 attempt(s): 503 Service Unavailable (store_unavailable)
+	var retryErr *client.RetryError
+	if errors.As(err, &retryErr) {
+		fmt.Println(strings.ReplaceAll(err.Error(), url, "…"))
+		fmt.Println("attempts:", retryErr.Attempts)
+		return
+	}
+	defer resp.Body.Close()
+	// Output:
+	// Post "…/v1/charges": POST …/v1/charges giving up after 3 attempt(s): 503 Service Unavailable (store_unavailable)
+	// attempts: 3
 }

@@ -84,3 +84,42 @@ func ExampleStore_InTx() {
 	// 201 true {"id":"ch_1","object":"charge","amount":2000}
 	// charges: 1
 }
+
+// A job whose writes commit with its record (SPEC §7, §16): DoTx runs fn inside the
+// store's InTx, so the invoice and the stored result commit together or not at all,
+// and a redelivery gets the stored result without writing a second invoice.
+func Example_doTx() {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "idem-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	store, err := sqlite.Open(ctx, filepath.Join(dir, "app.db"), sqlite.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := store.DB().ExecContext(ctx, `CREATE TABLE invoices (id INTEGER PRIMARY KEY, number TEXT NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+
+	g := idem.NewGuard(idem.GuardConfig{Store: store})
+	call := idem.Call{Scope: "tenant-1", Key: "job-8c1f2e4a", Fingerprint: idem.FingerprintInput("invoice.send", []byte("inv_42"))}
+	for range 2 { // the job, then its redelivery
+		id, replayed, err := idem.DoTx(ctx, g, call, store.InTx, func(ctx context.Context, tx *sql.Tx) (int64, error) {
+			res, err := tx.ExecContext(ctx, `INSERT INTO invoices (number) VALUES ('inv_42')`)
+			if err != nil {
+				return 0, err
+			}
+			return res.LastInsertId()
+		})
+		fmt.Println(id, replayed, err)
+	}
+	// Output:
+	// 1 false <nil>
+	// 1 true <nil>
+}
