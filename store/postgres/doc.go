@@ -67,4 +67,13 @@
 //
 // The SQL lives in queries/*.sql and the numbered migrations in migrations/, both
 // embedded in the binary.
+//
+// # Background work
+//
+// [Open] and [NewFromPool] start the store's cleaner, which deletes expired records in
+// batches until [Store.Close] (Config.Cleaner; Config.DisableCleaner for short-lived
+// tools): an application has nothing to start for SPEC §8, and the cleaners of several
+// processes skip each other's rows. Operations that run as steps (SPEC §13, [Step]) and
+// whose client may give up need an idem.Completer, which the application starts on its
+// guard: idem.NewCompleter(mw.Guard(), …).Run(ctx).
 package postgres

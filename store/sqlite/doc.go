@@ -69,4 +69,12 @@
 // once, inside BEGIN IMMEDIATE, recording them in the table idem_migrations; several
 // processes may migrate one file at the same time. Records live in idem_records. All
 // SQL lives in queries/*.sql.
+//
+// # Background work
+//
+// [Open] starts the store's cleaner, which deletes expired records in batches until
+// [Store.Close] (Config.Cleaner; Config.DisableCleaner for short-lived tools): an
+// application has nothing to start for SPEC §8. Operations that run as steps (SPEC
+// §13, [Step]) and whose client may give up need an idem.Completer, which the
+// application starts on its guard: idem.NewCompleter(mw.Guard(), …).Run(ctx).
 package sqlite
