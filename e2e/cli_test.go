@@ -59,7 +59,7 @@ func TestMigrateIsRepeatable(t *testing.T) {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			store := newStore(t, kind)
-			mustRunIdem(t, "migrate", "--store", store)
+			mustRunIdem(t, "migrate", "--create", "--store", store) // a new SQLite file needs --create
 			mustRunIdem(t, "migrate", "--store", store)
 			// The migrated store serves.
 			s := startServer(t, "--store", store)

@@ -138,7 +138,7 @@ func TestBadVariablesAreOneLineErrorsNamingTheVariable(t *testing.T) {
 func TestMigrateTakesItsStoreFromIdemStore(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "env.db")
 	t.Setenv("IDEM_STORE", "sqlite:"+path)
-	code, stdout, stderr := runCmd(t, "migrate")
+	code, stdout, stderr := runCmd(t, "migrate", "--create")
 	if code != exitOK || !strings.Contains(stdout, "migrated sqlite:"+path) {
 		t.Fatalf("IDEM_STORE=sqlite:%s idem migrate: exit %d, stdout %q, stderr %q", path, code, stdout, stderr)
 	}

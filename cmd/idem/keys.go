@@ -113,7 +113,7 @@ func (c *keysCommand) withStore(ctx context.Context, stderr io.Writer, u storeUR
 
 // open opens the store at u and returns its admin interface.
 func (c *keysCommand) open(ctx context.Context, u storeURL) (*openedStore, admin.Store, error) {
-	st, err := openStore(ctx, u, newLogger(io.Discard, 0), nil)
+	st, err := openStore(ctx, u, newLogger(io.Discard, 0), nil, true)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -34,7 +34,7 @@ var keysStores = []struct {
 // flight under a live lease); in scope-b, key-done too.
 func keysFixture(t *testing.T, url string) {
 	t.Helper()
-	if code, _, stderr := runCmd(t, "migrate", "--store", url); code != exitOK {
+	if code, _, stderr := runCmd(t, "migrate", "--create", "--store", url); code != exitOK {
 		t.Fatalf("migrate: exit %d: %s", code, stderr)
 	}
 	ctx, st := openFixtureStore(t, url)
@@ -65,7 +65,7 @@ func openFixtureStore(t *testing.T, url string) (context.Context, *openedStore) 
 		t.Fatal(err)
 	}
 	ctx := testenv.Context(t)
-	st, err := openStore(ctx, u, newLogger(io.Discard, 0), nil)
+	st, err := openStore(ctx, u, newLogger(io.Discard, 0), nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}

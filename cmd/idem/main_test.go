@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -175,7 +176,7 @@ func TestHelpExplainsEveryFlag(t *testing.T) {
 			"store-timeout", "read-header-timeout", "read-timeout", "idle-timeout", "max-header-bytes", "metrics-addr",
 			"processor-url", "processor-timeout", "completer-interval", "charge-on-lapse"},
 		"processor":   {"addr", "store", "latency", "fail-rate", "lost-reply-rate", "ttl", "lock-timeout", "store-timeout", "log-format", "log-level"},
-		"migrate":     {"store"},
+		"migrate":     {"store", "create"},
 		"purge":       {"store", "older-than"},
 		"keys get":    {"store", "scope", "token", "key", "body", "json"},
 		"keys list":   {"store", "scope", "token", "state", "limit", "after", "json"},
@@ -270,7 +271,7 @@ func TestMigrateAndPurgeReportWhatTheyDid(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "idem.db")
 	store := "sqlite:" + path
-	code, stdout, stderr := runCmd(t, "migrate", "--store", store)
+	code, stdout, stderr := runCmd(t, "migrate", "--create", "--store", store)
 	if code != exitOK || !strings.Contains(stdout, "migrated") {
 		t.Fatalf("migrate: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
@@ -428,6 +429,9 @@ func TestNoPathPrintsAPasswordOfAStoreURL(t *testing.T) {
 		}
 	})
 	t.Run("migrate and purge", func(t *testing.T) {
+		if code, _, stderr := runCmd(t, "migrate", "--create", "--store", sqliteURL); code != exitOK {
+			t.Fatalf("migrate --create: exit %d, stderr %q", code, stderr)
+		}
 		for _, store := range []string{sqliteURL, redisURL} {
 			for _, cmd := range []string{"migrate", "purge"} {
 				code, stdout, stderr := runCmd(t, cmd, "--store", store)
@@ -497,4 +501,39 @@ func paymentsStartLine(t *testing.T, args ...string) string {
 	}
 	t.Fatalf("no start line; logged %q", before)
 	return ""
+}
+
+// The commands that inspect or maintain a store refuse an SQLite file that does not
+// exist with one line and exit status 1, and create nothing: a mistyped path must not
+// look like an empty store. migrate --create makes a new one.
+func TestToolsRefuseAMissingSQLiteFileAndCreateNothing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	typo := "sqlite:" + filepath.Join(dir, "idme.db")
+	for _, args := range [][]string{
+		{"migrate", "--store", typo},
+		{"purge", "--store", typo},
+		{"keys", "get", "--store", typo, "--scope", "s", "--key", "key-00000001"},
+		{"keys", "list", "--store", typo},
+		{"keys", "delete", "--store", typo, "--scope", "s", "--all"},
+		{"keys", "resolve", "--store", typo, "--scope", "s", "--key", "key-00000001", "--release"},
+	} {
+		code, stdout, stderr := runCmd(t, args...)
+		if code != exitFailure || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "does not exist") {
+			t.Errorf("idem %s: exit %d, stdout %q, stderr %q; want exit 1 and one line saying the file does not exist",
+				strings.Join(args, " "), code, stdout, stderr)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+		t.Fatalf("the refused commands created %v", entries)
+	}
+	if _, _, stderr := runCmd(t, "migrate", "--store", typo); !strings.Contains(stderr, "--create") {
+		t.Errorf("migrate's refusal %q does not name --create", stderr)
+	}
+	if code, stdout, stderr := runCmd(t, "migrate", "--create", "--store", typo); code != exitOK || !strings.Contains(stdout, "migrated") {
+		t.Fatalf("migrate --create: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	if code, stdout, stderr := runCmd(t, "purge", "--store", typo); code != exitOK || stdout != "purged 0 records\n" {
+		t.Fatalf("purge after migrate --create: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
 }

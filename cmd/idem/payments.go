@@ -180,7 +180,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if !f.disableIdempotency {
 		cleaner = &idem.CleanerConfig{Retention: f.retention, Logger: libLogger}
 	}
-	st, err := openStore(ctx, storeURL, libLogger, cleaner)
+	st, err := openStore(ctx, storeURL, libLogger, cleaner, false)
 	if err != nil {
 		return failure(stderr, name, err)
 	}

@@ -64,7 +64,7 @@ func runProcessor(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	libLogger := f.log.logger(stderr, max(f.log.level, slog.LevelWarn))
 
 	// The store's own cleaner deletes expired records in the background.
-	st, err := openStore(ctx, u, libLogger, &idem.CleanerConfig{Logger: libLogger})
+	st, err := openStore(ctx, u, libLogger, &idem.CleanerConfig{Logger: libLogger}, false)
 	if err != nil {
 		return failure(stderr, name, err)
 	}

@@ -34,7 +34,7 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *olderThan < 0 {
 		return usageError(stderr, fs, fmt.Sprintf("--older-than must not be negative, got %v", *olderThan))
 	}
-	st, err := openStore(ctx, u, newLogger(io.Discard, 0), nil)
+	st, err := openStore(ctx, u, newLogger(io.Discard, 0), nil, true)
 	if err != nil {
 		return failure(stderr, name, err)
 	}

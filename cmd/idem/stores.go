@@ -134,8 +134,11 @@ type openedStore struct {
 
 // openStore opens the idempotency store at u. It does not migrate it. An SQL store
 // runs its background cleaner with cleaner until it is closed; nil starts none (the
-// one-shot commands: migrate, purge, keys).
-func openStore(ctx context.Context, u storeURL, logger *slog.Logger, cleaner *idem.CleanerConfig) (*openedStore, error) {
+// one-shot commands: migrate, purge, keys). With existing, an SQLite file that does
+// not exist is refused (an error matching fs.ErrNotExist) instead of created: the
+// commands that inspect or maintain a store must not take a mistyped path for an
+// empty store.
+func openStore(ctx context.Context, u storeURL, logger *slog.Logger, cleaner *idem.CleanerConfig, existing bool) (*openedStore, error) {
 	var clean idem.CleanerConfig
 	if cleaner != nil {
 		clean = *cleaner
@@ -143,7 +146,7 @@ func openStore(ctx context.Context, u storeURL, logger *slog.Logger, cleaner *id
 	switch u.kind {
 	case kindSQLite:
 		st, err := sqlite.Open(ctx, u.path, sqlite.Config{MaxOpenConns: sqliteConns, Logger: logger,
-			Cleaner: clean, DisableCleaner: cleaner == nil})
+			Cleaner: clean, DisableCleaner: cleaner == nil, MustExist: existing})
 		if err != nil {
 			return nil, err
 		}

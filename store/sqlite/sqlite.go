@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"os"
@@ -75,6 +76,12 @@ type Config struct {
 	// expired record counts as absent at once, but without any cleaner it stays on
 	// disk forever. Defaults to false.
 	DisableCleaner bool
+
+	// MustExist makes [Open] refuse a database file that does not exist (an error
+	// matching [fs.ErrNotExist]) instead of creating an empty one, for tools that
+	// inspect or maintain an existing store: a mistyped path must not look like an
+	// empty store. Defaults to false: Open creates the file.
+	MustExist bool
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -122,8 +129,8 @@ type Store struct {
 
 var _ idem.Store = (*Store)(nil)
 
-// Open opens (creating when missing) the SQLite database at dsnOrPath and checks that
-// it can be used. dsnOrPath is a file path ("idem.db", "/var/lib/app/idem.db"), the
+// Open opens the SQLite database at dsnOrPath, creating it when missing unless
+// Config.MustExist, and checks that it can be used. dsnOrPath is a file path ("idem.db", "/var/lib/app/idem.db"), the
 // same with a "sqlite:" prefix, or a "file:" URI; the store adds its own connection
 // settings (WAL, busy_timeout, foreign_keys, synchronous=FULL, BEGIN IMMEDIATE) to it.
 // The directory must exist. In-memory databases (":memory:", "file::memory:…",
@@ -142,6 +149,15 @@ func Open(ctx context.Context, dsnOrPath string, cfg Config) (*Store, error) {
 	db, err := openPool(dsnOrPath, cfg.BusyTimeout, "FULL", cfg.MaxOpenConns)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.MustExist {
+		if _, err := os.Stat(databaseFile(strings.TrimPrefix(dsnOrPath, "sqlite:"))); err != nil {
+			_ = db.Close()
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("sqlite: open %q: the database %w", dsnOrPath, fs.ErrNotExist)
+			}
+			return nil, fmt.Errorf("sqlite: open %q: %w", dsnOrPath, err)
+		}
 	}
 	s := &Store{db: db, claimDB: db, logger: cfg.Logger, writeSem: make(chan struct{}, 1)}
 	// The first connection creates the file and switches it to WAL, which needs the
@@ -235,13 +251,7 @@ func inMemory(name string) bool {
 	if len(name) < len("file:") || !strings.EqualFold(name[:len("file:")], "file:") {
 		return false
 	}
-	rest, _, _ := strings.Cut(name[len("file:"):], "#")
-	path, query, _ := strings.Cut(rest, "?")
-	if authority, ok := strings.CutPrefix(path, "//"); ok {
-		_, path, _ = strings.Cut(authority, "/")
-		path = "/" + path
-	}
-	path = uriUnescape(path)
+	path, query := uriParts(name)
 	if path == "" || strings.EqualFold(path, ":memory:") {
 		return true
 	}
@@ -254,6 +264,26 @@ func inMemory(name string) bool {
 		}
 	}
 	return false
+}
+
+// uriParts splits a "file:" URI into its path, %-decoded, and its query.
+func uriParts(uri string) (path, query string) {
+	rest, _, _ := strings.Cut(uri[len("file:"):], "#")
+	path, query, _ = strings.Cut(rest, "?")
+	if authority, ok := strings.CutPrefix(path, "//"); ok {
+		_, path, _ = strings.Cut(authority, "/")
+		path = "/" + path
+	}
+	return uriUnescape(path), query
+}
+
+// databaseFile is the file that name (a path or a "file:" URI) names.
+func databaseFile(name string) string {
+	if len(name) >= len("file:") && strings.EqualFold(name[:len("file:")], "file:") {
+		path, _ := uriParts(name)
+		return path
+	}
+	return name
 }
 
 // uriUnescape decodes %-escapes as SQLite does in a URI, leaving '+' alone; a

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -412,5 +413,40 @@ func TestInTxRollsBackAndRepanicsWhenFnPanics(t *testing.T) {
 	// The write turn and the connection were given back.
 	if err := s.InTx(context.Background(), func(context.Context, *sql.Tx) error { return nil }); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// With MustExist, Open refuses a database file that is not there, in every form of
+// its name, and creates nothing; it opens one that exists.
+func TestOpenMustExistRefusesAMissingFileAndCreatesNothing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "typo.db")
+	for _, dsn := range []string{missing, "sqlite:" + missing, "file:" + missing, "file:" + missing + "?cache=shared", "file://" + missing} {
+		s, err := sqlite.Open(context.Background(), dsn, sqlite.Config{MustExist: true})
+		if err == nil {
+			s.Close()
+			t.Fatalf("Open(%q) with MustExist succeeded on a missing file", dsn)
+		}
+		if !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), strconv.Quote(dsn)) {
+			t.Errorf("Open(%q) = %q; want fs.ErrNotExist naming the path", dsn, err)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+		t.Fatalf("refused opens created %v", entries)
+	}
+
+	existing := filepath.Join(dir, "idem.db")
+	s, err := sqlite.Open(context.Background(), existing, sqlite.Config{DisableCleaner: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	for _, dsn := range []string{existing, "sqlite:" + existing, "file:" + existing} {
+		s, err := sqlite.Open(context.Background(), dsn, sqlite.Config{MustExist: true, DisableCleaner: true})
+		if err != nil {
+			t.Fatalf("Open(%q) with MustExist on an existing file: %v", dsn, err)
+		}
+		s.Close()
 	}
 }
