@@ -248,11 +248,35 @@ func (c *Completer) Pass(ctx context.Context) CompleterPass {
 
 // list returns one batch of resumable records after the cursor.
 func (c *Completer) list(ctx context.Context, after recordRef) ([]*Record, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.BatchTimeout)
+	lctx, cancel := context.WithTimeout(ctx, c.cfg.BatchTimeout)
 	defer cancel()
-	return c.g.cfg.Store.RecordListResumable(ctx, &RecordListResumableParams{
+	ob := c.g.cfg.Observer
+	var start time.Time
+	if ob != nil && ob.StoreCall != nil {
+		start = time.Now()
+	}
+	recs, err := c.g.cfg.Store.RecordListResumable(lctx, &RecordListResumableParams{
 		AfterScope: after.scope, AfterKey: after.key, Limit: c.cfg.BatchSize, Now: c.g.storeNow(),
 	})
+	if !start.IsZero() {
+		ob.StoreCall(StoreCallEvent{Context: context.WithoutCancel(ctx), Op: StoreOpListResumable, Duration: time.Since(start), Err: err})
+	}
+	return recs, err
+}
+
+// observe tells the observer what became of the resumable record rec, whose resume
+// began at start (zero when nothing ran).
+func (c *Completer) observe(ctx context.Context, h *Handle, rec *Record, r ResumeResult, start time.Time, err error) {
+	ob := c.g.cfg.Observer
+	if ob == nil || ob.Resumed == nil {
+		return
+	}
+	var d time.Duration
+	if !start.IsZero() {
+		d = time.Since(start)
+	}
+	ob.Resumed(ResumeEvent{Context: context.WithoutCancel(ctx), Route: rec.Operation, KeyHash: h.keyHash,
+		RecoveryPoint: rec.RecoveryPoint, Result: r, Duration: d, Err: err})
 }
 
 // resumeOutcome is what resuming one record came to.
@@ -271,7 +295,8 @@ func (c *Completer) resume(ctx context.Context, rec *Record, ref recordRef) resu
 	if f := c.failing[ref]; f != nil && g.localNow().Before(f.next) {
 		return resumeSkipped
 	}
-	h := &Handle{operation: rec.Operation}
+	// The operation's name is the route of its events, as for the caller that began it.
+	h := &Handle{route: rec.Operation, operation: rec.Operation}
 	// The record's TTL: a resumable record is in flight and not expired, so its
 	// expires_at is created_at + TTL (its lease ended before it).
 	h.init(g, ctx, rec.Scope, rec.Key, rec.Fingerprint, rec.ExpiresAt.Sub(rec.CreatedAt))
@@ -282,16 +307,20 @@ func (c *Completer) resume(ctx context.Context, rec *Record, ref recordRef) resu
 			c.cfg.Logger.WarnContext(ctx, "idem: a record's holder died after a step committed, but its operation has no resume function here; "+
 				"it waits for the client's retry (register one with Guard.RegisterResume or RouteOptions.Resume)",
 				h.attrs(slog.String("operation", rec.Operation), slog.String("recovery_point", rec.RecoveryPoint))...)
+			c.observe(ctx, h, rec, ResumeNoFunction, time.Time{}, nil)
 		}
 		return resumeSkipped
 	}
+	start := h.storeCallStart() // zero without an observer: no clock read
 	res, err := h.claimKey(ctx, time.Time{})
 	if err != nil {
 		c.cfg.Logger.WarnContext(ctx, "idem: the completer's claim failed", h.attrs(slog.Any("error", err))...)
+		c.observe(ctx, h, rec, ResumeFailed, start, err)
 		return c.failed(ref)
 	}
 	switch {
 	case res.Outcome != ClaimAcquired:
+		c.observe(ctx, h, rec, ResumeTaken, time.Time{}, nil)
 		return resumeSkipped // completed, or held, by a retry or another completer
 	case !res.TookOver:
 		// The record expired between the list and the claim, which claimed the key
@@ -307,9 +336,11 @@ func (c *Completer) resume(ctx context.Context, rec *Record, ref recordRef) resu
 	if err := c.run(fn, h); err != nil {
 		c.cfg.Logger.WarnContext(ctx, "idem: resuming an operation failed; the record is kept and tried again later",
 			h.attrs(slog.String("operation", rec.Operation), slog.Any("error", err))...)
+		c.observe(ctx, h, rec, ResumeFailed, start, err)
 		return c.failed(ref)
 	}
 	delete(c.failing, ref)
+	c.observe(ctx, h, rec, ResumeResumed, start, nil)
 	return resumeDone
 }
 

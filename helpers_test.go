@@ -31,6 +31,9 @@ type countingStore struct {
 	// does: each hands its context to the test and waits for it to end.
 	stall            chan storeCall
 	noBatchedCleanup bool
+	// beforeClaim, when set, runs once before the next claim, as another caller
+	// that claims first.
+	beforeClaim atomic.Pointer[func()]
 }
 
 var errStoreDown = errors.New("store down")
@@ -44,6 +47,9 @@ func (s *countingStore) err() error {
 
 func (s *countingStore) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
 	s.claims.Add(1)
+	if f := s.beforeClaim.Swap(nil); f != nil {
+		(*f)()
+	}
 	if s.stall != nil {
 		return nil, stalled(ctx, s.stall)
 	}
@@ -91,6 +97,13 @@ func (s *countingStore) RecordGet(ctx context.Context, p *idem.RecordGetParams) 
 		return nil, err
 	}
 	return s.Store.RecordGet(ctx, p)
+}
+
+func (s *countingStore) RecordStep(ctx context.Context, p *idem.RecordStepParams) error {
+	if err := s.err(); err != nil {
+		return err
+	}
+	return s.Store.RecordStep(ctx, p)
 }
 
 func (s *countingStore) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExpiredParams) (int, error) {

@@ -6,8 +6,9 @@ import (
 )
 
 // Observer is told what the guard and the middleware do (SPEC §15): every claim's
-// outcome, every completion and release, every failed renewal and lost lease, and
-// every store call with its duration. It is a struct of optional funcs, as
+// outcome, every completion and release, every failed renewal and lost lease, every
+// store call with its duration, and the steps and resumes of resumable operations
+// (SPEC §13). It is a struct of optional funcs, as
 // net/http/httptrace's ClientTrace is: a nil Observer, or a nil func, costs nothing.
 // Set it as [Config.Observer] or [GuardConfig.Observer].
 //
@@ -40,10 +41,19 @@ type Observer struct {
 	// was lost (cause [ErrLeaseLost]).
 	LeaseLost func(LeaseLostEvent)
 	// StoreCall is called after every store call the guard makes, with its duration
-	// and error: claims, polls of an in-flight wait, completions, releases and
-	// renewals. (A completion inside the application's transaction, SPEC §7, is the
-	// store package's call and is reported by Completed with InTx.)
+	// and error: claims, polls of an in-flight wait, completions, releases, renewals,
+	// the results saved by [Step] and the queries of a [Completer]. (A completion or a
+	// step inside the application's transaction, SPEC §7 and §13, is the store
+	// package's call and is reported by Completed with InTx, or by Step.)
 	StoreCall func(StoreCallEvent)
+	// Step is called for every step of a resumable operation (SPEC §13) that
+	// committed, returned its saved result instead of running (a resume), or failed
+	// to commit.
+	Step func(StepEvent)
+	// Resumed is called for every record a [Completer] resumed, failed to resume,
+	// found taken by another caller, or found without a resume function (once per
+	// record and process).
+	Resumed func(ResumeEvent)
 }
 
 // Outcome is what a claim found ([ClaimEvent.Outcome]); its values are fit for a metric
@@ -219,11 +229,13 @@ type StoreOp string
 
 // The store calls the guard makes.
 const (
-	StoreOpClaim    StoreOp = "claim"    // Store.RecordClaim
-	StoreOpWait     StoreOp = "wait"     // Store.RecordGet, polling an in-flight key
-	StoreOpComplete StoreOp = "complete" // Store.RecordComplete
-	StoreOpRelease  StoreOp = "release"  // Store.RecordRelease
-	StoreOpRenew    StoreOp = "renew"    // Store.RecordRenew
+	StoreOpClaim         StoreOp = "claim"          // Store.RecordClaim
+	StoreOpWait          StoreOp = "wait"           // Store.RecordGet, polling an in-flight key
+	StoreOpComplete      StoreOp = "complete"       // Store.RecordComplete
+	StoreOpRelease       StoreOp = "release"        // Store.RecordRelease
+	StoreOpRenew         StoreOp = "renew"          // Store.RecordRenew
+	StoreOpStep          StoreOp = "step"           // Store.RecordStep, saving a result of [Step]
+	StoreOpListResumable StoreOp = "list_resumable" // Store.RecordListResumable, a Completer's query
 )
 
 // StoreCallEvent is one store call (Observer.StoreCall).
@@ -240,6 +252,84 @@ type StoreCallEvent struct {
 	Duration time.Duration
 	// Err is the call's error, nil on success. [ErrLeaseLost] and [ErrNotFound] are
 	// answers of the store, not failures of it.
+	Err error
+}
+
+// StepResult is how a step ended ([StepEvent.Result]); its values are fit for a metric
+// label.
+type StepResult string
+
+// The results of a step.
+const (
+	// StepCommitted: the step's result (and, with a store package's step helper, its
+	// writes) committed with the record's new recovery point.
+	StepCommitted StepResult = "committed"
+	// StepSaved: the step had committed in an earlier run of the operation (before
+	// its holder died or released the key); its saved result was returned without
+	// running it again.
+	StepSaved StepResult = "saved"
+	// StepLeaseLost: the fence found the key taken over; nothing committed and the
+	// operation's context is cancelled.
+	StepLeaseLost StepResult = "lease_lost"
+	// StepFailed: the step's transaction did not commit, or saving its result failed.
+	StepFailed StepResult = "failed"
+)
+
+// StepEvent is a step of a resumable operation (Observer.Step).
+type StepEvent struct {
+	// Context is the caller's context (the request's, or the one given to
+	// [Guard.Begin] or [Do]; a Completer's for a resume) without its cancellation: its
+	// values, such as a trace's span for an adapter's parent span. It is not for
+	// deadlines, nor to keep.
+	Context context.Context
+	// Route and KeyHash are as in [ClaimEvent].
+	Route   string
+	KeyHash string
+	// Step is the step's name, as the operation gave it.
+	Step string
+	// Result says how the step ended.
+	Result StepResult
+	// Err is the failure of StepLeaseLost and StepFailed.
+	Err error
+}
+
+// ResumeResult is what a [Completer] did with a resumable record
+// ([ResumeEvent.Result]); its values are fit for a metric label.
+type ResumeResult string
+
+// The results of a resume.
+const (
+	// ResumeResumed: the completer took the record over, ran its resume function and
+	// stored the result.
+	ResumeResumed ResumeResult = "resumed"
+	// ResumeFailed: the takeover, the resume function or the completion failed; the
+	// record is kept and tried again after a backoff.
+	ResumeFailed ResumeResult = "failed"
+	// ResumeTaken: another process's completer, or the client's retry, held or
+	// finished the record first.
+	ResumeTaken ResumeResult = "taken"
+	// ResumeNoFunction: the record's operation has no resume function in this process
+	// ([Guard.RegisterResume]); it waits for the client's retry. Told once per record.
+	ResumeNoFunction ResumeResult = "no_function"
+)
+
+// ResumeEvent is a record a [Completer] found resumable (Observer.Resumed).
+type ResumeEvent struct {
+	// Context is the context of the completer's pass ([Completer.Run] or
+	// [Completer.Pass]).
+	Context context.Context
+	// Route is the record's operation name ([Call.Name], [RouteOptions.Name]), as the
+	// Route of the operation's other events; KeyHash is as in [ClaimEvent].
+	Route   string
+	KeyHash string
+	// RecoveryPoint is the record's last committed step, where the resume starts.
+	RecoveryPoint string
+	// Result says what the completer did.
+	Result ResumeResult
+	// Duration is the resume's time, from the takeover to the end of the completion;
+	// zero when nothing ran.
+	Duration time.Duration
+	// Err is the failure of ResumeFailed.
 	Err error
 }
 
@@ -285,6 +375,16 @@ func (h *Handle) observeLeaseLost(cause LeaseLostCause) {
 	}
 }
 
+// observeStep reports how step ended.
+func (h *Handle) observeStep(step string, r StepResult, err error) {
+	if h.g == nil {
+		return
+	}
+	if ob := h.g.cfg.Observer; ob != nil && ob.Step != nil {
+		ob.Step(StepEvent{Context: &h.detached, Route: h.route, KeyHash: h.keyHash, Step: step, Result: r, Err: err})
+	}
+}
+
 // storeCallStart returns the time a store call starts when there is an observer, and
 // the zero time otherwise (no clock read).
 func (h *Handle) storeCallStart() time.Time {
@@ -319,9 +419,11 @@ func MultiObserver(observers ...*Observer) *Observer {
 		RenewalFailed: fanOut(observers, func(o *Observer) func(RenewalEvent) { return o.RenewalFailed }),
 		LeaseLost:     fanOut(observers, func(o *Observer) func(LeaseLostEvent) { return o.LeaseLost }),
 		StoreCall:     fanOut(observers, func(o *Observer) func(StoreCallEvent) { return o.StoreCall }),
+		Step:          fanOut(observers, func(o *Observer) func(StepEvent) { return o.Step }),
+		Resumed:       fanOut(observers, func(o *Observer) func(ResumeEvent) { return o.Resumed }),
 	}
 	if m.Claimed == nil && m.Completed == nil && m.Released == nil && m.RenewalFailed == nil &&
-		m.LeaseLost == nil && m.StoreCall == nil {
+		m.LeaseLost == nil && m.StoreCall == nil && m.Step == nil && m.Resumed == nil {
 		return nil
 	}
 	return m

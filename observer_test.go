@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,12 +36,15 @@ func (r *recorder) observer() *idem.Observer {
 		RenewalFailed: func(e idem.RenewalEvent) { r.add(e) },
 		LeaseLost:     func(e idem.LeaseLostEvent) { r.add(e) },
 		StoreCall:     func(e idem.StoreCallEvent) { r.add(e) },
+		Step:          func(e idem.StepEvent) { r.add(e) },
+		Resumed:       func(e idem.ResumeEvent) { r.add(e) },
 	}
 }
 
 // take returns the events recorded since the last take, each summarised as
 // "claimed:acquired", "completed:stored", "released", "renewal_failed",
-// "lease_lost:expired" or "store:claim" (with "!" when it carries an error).
+// "lease_lost:expired", "store:claim", "step:charge_pending:committed" or
+// "resume:resumed" (with "!" when it carries an error).
 func (r *recorder) take() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -63,6 +68,10 @@ func (r *recorder) take() []string {
 			s = "lease_lost:" + string(e.Cause)
 		case idem.StoreCallEvent:
 			s, err = "store:"+string(e.Op), e.Err
+		case idem.StepEvent:
+			s, err = "step:"+e.Step+":"+string(e.Result), e.Err
+		case idem.ResumeEvent:
+			s, err = "resume:"+string(e.Result), e.Err
 		}
 		if err != nil {
 			s += "!"
@@ -429,5 +438,175 @@ func TestMultiObserverTellsEachObserverInOrder(t *testing.T) {
 	}
 	if m := idem.MultiObserver(second); m.Claimed == nil || m.Completed == nil || m.StoreCall != nil {
 		t.Errorf("MultiObserver of one: %+v, want its funcs only", m)
+	}
+}
+
+// The steps of a resumable operation (SPEC §13) are told: committed, returned saved
+// on the retry that resumes the operation, fenced out once the key was taken over,
+// and failed when the store does not save the result.
+func TestObserverSeesStepsCommittedSavedFencedAndFailed(t *testing.T) {
+	t.Parallel()
+	b, rec := observed(t, nil)
+	var down atomic.Bool
+	down.Store(true)
+	h := b.mw.Route(idem.RouteOptions{Name: "charges.create"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := idem.Step(r.Context(), "charge_pending", func(context.Context) (string, error) { return "ch_1", nil }); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if down.Load() {
+			http.Error(w, "processor down", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	serve(h, req("POST", "/v1/charges", key, "{}"))
+	wantEvents(t, "first attempt", rec, "store:claim", "claimed:acquired", "store:step", "step:charge_pending:committed",
+		"store:release", "released")
+	down.Store(false)
+	serve(h, req("POST", "/v1/charges", key, "{}"))
+	wantEvents(t, "the retry resumes", rec, "store:claim", "claimed:took_over", "step:charge_pending:saved",
+		"store:complete", "completed:stored")
+	for _, e := range rec.all() {
+		if e, ok := e.(idem.StepEvent); ok && (e.Route != "charges.create" || e.KeyHash == "" || e.Context == nil) {
+			t.Errorf("step event %+v lacks the route, the key's hash or the context", e)
+		}
+	}
+
+	// A holder whose key was taken over is fenced out; a store that fails, failed.
+	g := b.mw.Guard()
+	call := idem.Call{Scope: "alice", Key: "key-fenced-0001", Name: "charges.create"}
+	h1, _, err := g.Begin(t.Context(), call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Advance(idem.DefaultLease + time.Second)
+	h2, _, err := g.Begin(t.Context(), call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.take()
+	one := func(context.Context) (int, error) { return 1, nil }
+	if _, err := idem.Step(h1.Context(), "a", one); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("the fenced-out holder's step = %v, want ErrLeaseLost", err)
+	}
+	wantEvents(t, "fenced out", rec, "store:step!", "step:a:lease_lost!")
+	b.store.down.Store(true)
+	if _, err := idem.Step(h2.Context(), "a", one); !errors.Is(err, idem.ErrStoreUnavailable) {
+		t.Fatalf("a step on a store that is down = %v, want ErrStoreUnavailable", err)
+	}
+	wantEvents(t, "store down", rec, "store:step!", "step:a:failed!")
+}
+
+// A completer's passes are told per record: resumed, failed (tried again later),
+// taken by another caller first, and without a resume function (once). The events of
+// the operation it resumes carry the operation's name as their route, and its queries
+// are store calls.
+func TestObserverSeesWhatTheCompleterDidWithEachRecord(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	clock := newClock()
+	g, st := newGuard(t, func(c *idem.GuardConfig) { c.Observer = rec.observer(); c.Clock = clock.Now })
+	failing := true
+	g.RegisterResume("charges.create", func(ctx context.Context, h *idem.Handle) error {
+		if _, err := idem.Step(ctx, "charge_pending", func(context.Context) (int, error) { return 0, errors.New("ran again") }); err != nil {
+			return err
+		}
+		if failing {
+			return errors.New("processor down")
+		}
+		return h.SetResult("ch_1")
+	})
+	// A holder that died after its step committed, under each operation name.
+	begin := func(name, k string) {
+		h, _, err := g.Begin(t.Context(), idem.Call{Scope: "alice", Key: k, Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := idem.Step(h.Context(), "charge_pending", func(context.Context) (int, error) { return 1, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	begin("charges.create", "key-charge-0001")
+	begin("refunds.create", "key-refund-0001")
+	clock.Advance(idem.DefaultLease + time.Second)
+	rec.take()
+
+	c := idem.NewCompleter(g, idem.CompleterConfig{RetryBackoff: time.Minute, MaxRetryBackoff: time.Minute})
+	if p := c.Pass(t.Context()); p.Failed != 1 || p.Skipped != 1 {
+		t.Fatalf("first pass = %+v, want one failed and one skipped", p)
+	}
+	wantEvents(t, "a failing resume and an operation without a function", rec,
+		"store:list_resumable", "store:claim", "step:charge_pending:saved", "store:release", "released", "resume:failed!",
+		"resume:no_function")
+
+	failing = false
+	clock.Advance(2 * time.Minute)
+	if p := c.Pass(t.Context()); p.Resumed != 1 {
+		t.Fatalf("second pass = %+v, want one resumed", p)
+	}
+	events := rec.all()
+	wantEvents(t, "the resume that succeeds; the record without a function is told once", rec,
+		"store:list_resumable", "store:claim", "step:charge_pending:saved", "store:complete", "completed:stored", "resume:resumed")
+	for _, e := range events {
+		switch e := e.(type) {
+		case idem.CompletionEvent:
+			if e.Route != "charges.create" {
+				t.Errorf("the resumed operation's completion has route %q, want its operation's name", e.Route)
+			}
+		case idem.ResumeEvent:
+			if e.Route != "charges.create" || e.RecoveryPoint != "charge_pending" || e.KeyHash == "" || e.Duration <= 0 {
+				t.Errorf("resume event %+v lacks the route, recovery point, key hash or duration", e)
+			}
+		}
+	}
+
+	// Another caller holds the record when the completer claims it.
+	begin("charges.create", "key-charge-0002")
+	clock.Advance(idem.DefaultLease + time.Second)
+	other := func() {
+		h, _, err := g.Begin(t.Context(), idem.Call{Scope: "alice", Key: "key-charge-0002", Name: "charges.create"})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		t.Cleanup(func() { _ = h.Release() })
+	}
+	st.beforeClaim.Store(&other)
+	rec.take()
+	if p := c.Pass(t.Context()); p.Skipped != 2 {
+		t.Fatalf("third pass = %+v, want two skipped", p)
+	}
+	if got := strings.Join(rec.take(), " "); !strings.HasSuffix(got, "resume:taken") {
+		t.Errorf("third pass: events %s, want them to end with resume:taken", got)
+	}
+}
+
+// MultiObserver fans out every func of Observer, those added later included.
+func TestMultiObserverFansOutEveryFunc(t *testing.T) {
+	t.Parallel()
+	calls := map[string]int{}
+	var o idem.Observer
+	v := reflect.ValueOf(&o).Elem()
+	for i := range v.NumField() {
+		name := v.Type().Field(i).Name
+		v.Field(i).Set(reflect.MakeFunc(v.Field(i).Type(), func([]reflect.Value) []reflect.Value {
+			calls[name]++
+			return nil
+		}))
+	}
+	m := reflect.ValueOf(idem.MultiObserver(&o, &o)).Elem()
+	for i := range m.NumField() {
+		f := m.Field(i)
+		if f.IsNil() {
+			t.Errorf("MultiObserver dropped %s", m.Type().Field(i).Name)
+			continue
+		}
+		f.Call([]reflect.Value{reflect.Zero(f.Type().In(0))})
+	}
+	for name, n := range calls {
+		if n != 2 {
+			t.Errorf("%s told %d observers, want 2", name, n)
+		}
 	}
 }

@@ -46,6 +46,8 @@ type stepState struct {
 	// saved is raw decoded, when decoded.
 	saved   []savedStep
 	decoded bool
+	// prepared names the step PrepareStep readied last, for StepFailed's event.
+	prepared string
 }
 
 // savedStep is one committed step in the record's encoding of its steps.
@@ -101,7 +103,8 @@ func ForeignKey(recordID, step string) string {
 
 // StepResult reports whether step committed, and when it did decodes the result it
 // saved into v (a pointer, as for [json.Unmarshal]). Store packages' step helpers call
-// it first, and return the saved result instead of running a step again.
+// it first, and return the saved result instead of running a step again; the
+// [Observer] is told of every saved result returned ([StepSaved]).
 func (h *Handle) StepResult(step string, v any) (committed bool, err error) {
 	h.mu.Lock()
 	saved, err := h.steps.decode()
@@ -114,6 +117,7 @@ func (h *Handle) StepResult(step string, v any) (committed bool, err error) {
 			if err := json.Unmarshal(s.Result, v); err != nil {
 				return true, fmt.Errorf("idem: decoding the saved result of step %q: %w", step, err)
 			}
+			h.observeStep(step, StepSaved, nil)
 			return true, nil
 		}
 	}
@@ -175,6 +179,7 @@ func (h *Handle) PrepareStep(step string, result any) (*RecordStepParams, error)
 		return nil, fmt.Errorf("idem: step %q: the results of the record's steps would take %d bytes, more than MaxStepResultsBytes (%d): save ids, not documents",
 			step, len(raw), MaxStepResultsBytes)
 	}
+	h.steps.prepared = step
 	return &RecordStepParams{
 		Scope: h.scope, Key: h.key, Token: h.claim.Token,
 		RecoveryPoint: step, Steps: raw, Operation: h.operation,
@@ -199,8 +204,9 @@ func checkStepName(step string) error {
 // the record's recovery point is p's step, and its result is saved.
 func (h *Handle) StepCommitted(p *RecordStepParams) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.steps = stepState{point: p.RecoveryPoint, raw: p.Steps}
+	h.mu.Unlock()
+	h.observeStep(p.RecoveryPoint, StepCommitted, nil)
 }
 
 // StepFailed tells the handle that the transaction of a step prepared by PrepareStep
@@ -208,7 +214,15 @@ func (h *Handle) StepCommitted(p *RecordStepParams) {
 // over) the operation's context is cancelled with that cause: another holder runs the
 // operation now, and this one must stop.
 func (h *Handle) StepFailed(err error) {
-	if !errors.Is(err, ErrLeaseLost) || h.cancel == nil {
+	h.mu.Lock()
+	step := h.steps.prepared
+	h.mu.Unlock()
+	if !errors.Is(err, ErrLeaseLost) {
+		h.observeStep(step, StepFailed, err)
+		return
+	}
+	h.observeStep(step, StepLeaseLost, err)
+	if h.cancel == nil {
 		return
 	}
 	h.g.cfg.Logger.WarnContext(&h.detached, "idem: a step found its key taken over; cancelling the operation", h.attrs()...)
@@ -253,7 +267,9 @@ func Step[T any](ctx context.Context, step string, fn func(ctx context.Context) 
 		return zero, err
 	}
 	sctx, cancel := context.WithTimeout(ctx, h.g.cfg.Lease)
+	start := h.storeCallStart()
 	err = h.g.cfg.Store.RecordStep(sctx, p)
+	h.observeStoreCall(StoreOpStep, start, err)
 	cancel()
 	if err != nil {
 		h.StepFailed(err)

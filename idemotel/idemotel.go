@@ -25,10 +25,16 @@
 //	                idem.completion.expired; status Error for lease_lost and failed
 //	idem.release    the release of a key, over its store call: idem.route,
 //	                idem.release.result; status Error when the store failed
+//	idem.resume     a Completer's resume of a record (SPEC §13), from its takeover to
+//	                its completion: idem.route (the operation), idem.resume.result
+//	                (resumed or failed), idem.recovery_point; status Error when it
+//	                failed. A child of the span in the completer's context, if any.
 //
-// A replay has an idem.claim span only. A failed lease renewal and a lost lease are
-// events on the caller's span (idem.renewal_failed with error.type; idem.lease_lost
-// with idem.lease_lost.cause). Store calls are metrics, not spans.
+// A replay has an idem.claim span only. A failed lease renewal, a lost lease and a
+// step of a resumable operation are events on the caller's span (idem.renewal_failed
+// with error.type; idem.lease_lost with idem.lease_lost.cause; idem.step with
+// idem.step.name, idem.step.result and, when it failed, error.type). Store calls are
+// metrics, not spans.
 //
 // # Metrics
 //
@@ -38,6 +44,11 @@
 //	idem.releases              {release} idem.route, idem.release.result
 //	idem.lease.renewal_failures {renewal} idem.route, error.type
 //	idem.leases.lost           {lease}   idem.route, idem.lease_lost.cause
+//	idem.steps                 {step}    idem.route, idem.step.result: committed, saved
+//	                                     (returned without running: a resume),
+//	                                     lease_lost, failed
+//	idem.resumes               {resume}  idem.route, idem.resume.result: resumed,
+//	                                     failed, taken, no_function
 //	idem.store.duration        s         idem.store.operation, and error.type when the
 //	                                     call failed (histogram)
 //
@@ -75,6 +86,10 @@ const (
 	ExpiredKey          = attribute.Key("idem.completion.expired")
 	ReleaseResultKey    = attribute.Key("idem.release.result")
 	LeaseLostCauseKey   = attribute.Key("idem.lease_lost.cause")
+	StepNameKey         = attribute.Key("idem.step.name")
+	StepResultKey       = attribute.Key("idem.step.result")
+	ResumeResultKey     = attribute.Key("idem.resume.result")
+	RecoveryPointKey    = attribute.Key("idem.recovery_point")
 	StoreOperationKey   = attribute.Key("idem.store.operation")
 	// ErrorTypeKey is OpenTelemetry's error.type: lease_lost, timeout, canceled or
 	// error.
@@ -116,6 +131,8 @@ type Telemetry struct {
 	releases        metric.Int64Counter
 	renewalFailures metric.Int64Counter
 	leasesLost      metric.Int64Counter
+	steps           metric.Int64Counter
+	resumes         metric.Int64Counter
 	storeDuration   metric.Float64Histogram
 
 	observer *idem.Observer
@@ -148,6 +165,8 @@ func New(opts ...Option) (*Telemetry, error) {
 	t.releases = counter("idem.releases", "{release}", "Keys released so that a retry executes afresh, by result.")
 	t.renewalFailures = counter("idem.lease.renewal_failures", "{renewal}", "Lease renewals that failed, by error type.")
 	t.leasesLost = counter("idem.leases.lost", "{lease}", "Operations cancelled because their lease was lost, by cause.")
+	t.steps = counter("idem.steps", "{step}", "Steps of resumable operations, by result.")
+	t.resumes = counter("idem.resumes", "{resume}", "Records a completer found resumable, by what it did with them.")
 	var err error
 	t.storeDuration, err = meter.Float64Histogram("idem.store.duration", metric.WithUnit("s"),
 		metric.WithDescription("Durations of the store calls idem makes, by operation."),
@@ -165,6 +184,8 @@ func New(opts ...Option) (*Telemetry, error) {
 		RenewalFailed: t.renewalFailed,
 		LeaseLost:     t.leaseLost,
 		StoreCall:     t.storeCall,
+		Step:          t.step,
+		Resumed:       t.resumed,
 	}
 	return t, nil
 }
@@ -251,6 +272,25 @@ func (t *Telemetry) leaseLost(e idem.LeaseLostEvent) {
 	attrs := []attribute.KeyValue{RouteKey.String(e.Route), LeaseLostCauseKey.String(string(e.Cause))}
 	trace.SpanFromContext(ctx).AddEvent("idem.lease_lost", trace.WithAttributes(attrs...))
 	t.leasesLost.Add(ctx, 1, metric.WithAttributes(attrs...))
+}
+
+func (t *Telemetry) step(e idem.StepEvent) {
+	ctx := ctxOf(e.Context)
+	route, result := RouteKey.String(e.Route), StepResultKey.String(string(e.Result))
+	attrs := []attribute.KeyValue{route, StepNameKey.String(e.Step), result}
+	if e.Err != nil {
+		attrs = append(attrs, ErrorTypeKey.String(telemetry.ErrorKind(e.Err)))
+	}
+	trace.SpanFromContext(ctx).AddEvent("idem.step", trace.WithAttributes(attrs...))
+	t.steps.Add(ctx, 1, metric.WithAttributes(route, result))
+}
+
+func (t *Telemetry) resumed(e idem.ResumeEvent) {
+	route, result := RouteKey.String(e.Route), ResumeResultKey.String(string(e.Result))
+	if e.Result == idem.ResumeResumed || e.Result == idem.ResumeFailed {
+		end(t.span(e.Context, "idem.resume", e.Duration, route, result, RecoveryPointKey.String(e.RecoveryPoint)), e.Err)
+	}
+	t.resumes.Add(ctxOf(e.Context), 1, metric.WithAttributes(route, result))
 }
 
 func (t *Telemetry) storeCall(e idem.StoreCallEvent) {

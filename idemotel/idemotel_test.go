@@ -2,13 +2,16 @@ package idemotel_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -323,14 +326,7 @@ func (b *bundle) points(t *testing.T) []point {
 // A failed renewal and a lost lease are events on the caller's span, and counted.
 func TestRenewalFailuresAndLostLeasesAreEventsOfTheCallersSpan(t *testing.T) {
 	t.Parallel()
-	spans := tracetest.NewInMemoryExporter()
-	reader := sdkmetric.NewManualReader()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	tel, err := idemotel.New(idemotel.WithTracerProvider(tp),
-		idemotel.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
-	if err != nil {
-		t.Fatal(err)
-	}
+	tel, tp, spans, reader := newTelemetry(t)
 	ctx, span := tp.Tracer("test").Start(context.Background(), "request")
 	ob := tel.Observer()
 	ob.RenewalFailed(idem.RenewalEvent{Context: ctx, Route: "charges", Err: fmt.Errorf("renew: %w", context.DeadlineExceeded)})
@@ -341,14 +337,7 @@ func TestRenewalFailuresAndLostLeasesAreEventsOfTheCallersSpan(t *testing.T) {
 	if len(got) != 1 {
 		t.Fatalf("%d spans, want the request's only", len(got))
 	}
-	var events []string
-	for _, e := range got[0].Events {
-		s := e.Name
-		for _, a := range e.Attributes {
-			s += " " + string(a.Key) + "=" + a.Value.Emit()
-		}
-		events = append(events, s)
-	}
+	events := spanEvents(got[0])
 	want := []string{
 		"idem.renewal_failed idem.route=charges error.type=timeout",
 		"idem.renewal_failed idem.route=charges error.type=lease_lost",
@@ -357,6 +346,86 @@ func TestRenewalFailuresAndLostLeasesAreEventsOfTheCallersSpan(t *testing.T) {
 	if strings.Join(events, "\n") != strings.Join(want, "\n") {
 		t.Errorf("events of the request's span:\n%s\nwant\n%s", strings.Join(events, "\n"), strings.Join(want, "\n"))
 	}
+	counts := counterSums(t, reader)
+	if counts["idem.lease.renewal_failures"] != 2 || counts["idem.leases.lost"] != 1 {
+		t.Errorf("counts %v, want 2 renewal failures and 1 lost lease", counts)
+	}
+}
+
+// A step is an event on the caller's span, counted by result; a completer's resume is
+// a span of its own (when something ran), counted by result.
+func TestStepsAreEventsOfTheCallersSpanAndResumesAreSpans(t *testing.T) {
+	t.Parallel()
+	tel, tp, spans, reader := newTelemetry(t)
+	ctx, span := tp.Tracer("test").Start(context.Background(), "request")
+	ob := tel.Observer()
+	ob.Step(idem.StepEvent{Context: ctx, Route: "charges", Step: "charge_pending", Result: idem.StepCommitted})
+	ob.Step(idem.StepEvent{Context: ctx, Route: "charges", Step: "charge_pending", Result: idem.StepLeaseLost, Err: idem.ErrLeaseLost})
+	span.End()
+	ob.Resumed(idem.ResumeEvent{Context: context.Background(), Route: "charges", RecoveryPoint: "charge_pending",
+		Result: idem.ResumeFailed, Duration: time.Second, Err: errors.New("processor down")})
+	ob.Resumed(idem.ResumeEvent{Context: context.Background(), Route: "charges", Result: idem.ResumeNoFunction})
+
+	got := spans.GetSpans()
+	if len(got) != 2 || got[0].Name != "request" || got[1].Name != "idem.resume" {
+		t.Fatalf("spans %v, want the request's and one idem.resume", got)
+	}
+	events := spanEvents(got[0])
+	want := []string{
+		"idem.step idem.route=charges idem.step.name=charge_pending idem.step.result=committed",
+		"idem.step idem.route=charges idem.step.name=charge_pending idem.step.result=lease_lost error.type=lease_lost",
+	}
+	if strings.Join(events, "\n") != strings.Join(want, "\n") {
+		t.Errorf("events of the request's span:\n%s\nwant\n%s", strings.Join(events, "\n"), strings.Join(want, "\n"))
+	}
+	resume := got[1]
+	if resume.Status.Code != codes.Error || resume.EndTime.Sub(resume.StartTime) < time.Second {
+		t.Errorf("idem.resume: status %v, %v long; want Error, the resume's second", resume.Status, resume.EndTime.Sub(resume.StartTime))
+	}
+	for _, a := range resume.Attributes {
+		if a.Key == idemotel.RecoveryPointKey && a.Value.AsString() != "charge_pending" {
+			t.Errorf("idem.resume's recovery point = %q", a.Value.AsString())
+		}
+	}
+	counts := counterSums(t, reader, idemotel.StepResultKey, idemotel.ResumeResultKey)
+	wantCounts := map[string]int64{"idem.steps{committed}": 1, "idem.steps{lease_lost}": 1, "idem.resumes{failed}": 1, "idem.resumes{no_function}": 1}
+	if fmt.Sprint(counts) != fmt.Sprint(wantCounts) {
+		t.Errorf("counts %v, want %v", counts, wantCounts)
+	}
+}
+
+// newTelemetry returns telemetry recording spans and metrics in memory, and its tracer
+// provider.
+func newTelemetry(t *testing.T) (*idemotel.Telemetry, *sdktrace.TracerProvider, *tracetest.InMemoryExporter, *sdkmetric.ManualReader) {
+	t.Helper()
+	spans := tracetest.NewInMemoryExporter()
+	reader := sdkmetric.NewManualReader()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	tel, err := idemotel.New(idemotel.WithTracerProvider(tp),
+		idemotel.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tel, tp, spans, reader
+}
+
+// spanEvents returns the events of span, each as its name and its attributes.
+func spanEvents(span tracetest.SpanStub) []string {
+	var events []string
+	for _, e := range span.Events {
+		s := e.Name
+		for _, a := range e.Attributes {
+			s += " " + string(a.Key) + "=" + a.Value.Emit()
+		}
+		events = append(events, s)
+	}
+	return events
+}
+
+// counterSums sums the counters' data points by name, and by the value of the first of
+// keys a point has ("idem.steps{committed}").
+func counterSums(t *testing.T, reader *sdkmetric.ManualReader, keys ...attribute.Key) map[string]int64 {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
@@ -364,10 +433,15 @@ func TestRenewalFailuresAndLostLeasesAreEventsOfTheCallersSpan(t *testing.T) {
 	counts := map[string]int64{}
 	for _, m := range rm.ScopeMetrics[0].Metrics {
 		for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
-			counts[m.Name] += p.Value
+			name := m.Name
+			for _, k := range keys {
+				if v, ok := p.Attributes.Value(k); ok {
+					name += "{" + v.AsString() + "}"
+					break
+				}
+			}
+			counts[name] += p.Value
 		}
 	}
-	if counts["idem.lease.renewal_failures"] != 2 || counts["idem.leases.lost"] != 1 {
-		t.Errorf("counts %v, want 2 renewal failures and 1 lost lease", counts)
-	}
+	return counts
 }

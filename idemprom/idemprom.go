@@ -31,8 +31,17 @@
 //	    (the key was taken over), timeout, canceled, error
 //	idem_leases_lost_total{route, cause}     counter: operations cancelled because their
 //	    lease was lost: taken_over, expired (renewals failed until the lease ended)
+//	idem_steps_total{route, result}          counter: steps of resumable operations (SPEC
+//	    §13): committed, saved (committed in an earlier run: its saved result returned
+//	    without running again, a resume), lease_lost (fenced out: the key was taken
+//	    over), failed
+//	idem_resumes_total{route, result}        counter: records a Completer found resumable:
+//	    resumed, failed (tried again after a backoff), taken (another process or the
+//	    client's retry got it first), no_function (no resume function registered here;
+//	    counted once per record and process)
 //	idem_store_duration_seconds{op}          histogram: store calls by operation: claim,
-//	    wait (a poll of an in-flight key), complete, release, renew
+//	    wait (a poll of an in-flight key), complete, release, renew, step (a result saved
+//	    by idem.Step), list_resumable (a Completer's query)
 //	idem_store_errors_total{op, error}       counter: store calls that failed: timeout,
 //	    canceled, error (an answer such as "lease lost" or "not found" is no failure)
 //
@@ -85,8 +94,10 @@ var (
 	releaseResults = []string{telemetry.ReleaseReleased, telemetry.ReleaseNotHeld, telemetry.ReleaseError}
 	renewalErrors  = []string{telemetry.ErrLeaseLost, telemetry.ErrTimeout, telemetry.ErrCanceled, telemetry.ErrOther}
 	causes         = []idem.LeaseLostCause{idem.LeaseTakenOver, idem.LeaseExpired}
+	stepResults    = []idem.StepResult{idem.StepCommitted, idem.StepSaved, idem.StepLeaseLost, idem.StepFailed}
+	resumeResults  = []idem.ResumeResult{idem.ResumeResumed, idem.ResumeFailed, idem.ResumeTaken, idem.ResumeNoFunction}
 	storeOps       = []idem.StoreOp{idem.StoreOpClaim, idem.StoreOpWait, idem.StoreOpComplete,
-		idem.StoreOpRelease, idem.StoreOpRenew}
+		idem.StoreOpRelease, idem.StoreOpRenew, idem.StoreOpStep, idem.StoreOpListResumable}
 	storeErrors = []string{telemetry.ErrTimeout, telemetry.ErrCanceled, telemetry.ErrOther}
 )
 
@@ -99,6 +110,8 @@ type Metrics struct {
 	releases        *prometheus.CounterVec
 	renewalFailures *prometheus.CounterVec
 	leasesLost      *prometheus.CounterVec
+	steps           *prometheus.CounterVec
+	resumes         *prometheus.CounterVec
 	storeDuration   *prometheus.HistogramVec
 	storeErrors     *prometheus.CounterVec
 
@@ -140,9 +153,15 @@ func New(cfg Config) *Metrics {
 		leasesLost: counter("leases_lost_total",
 			"Operations cancelled because their lease was lost, by route and cause: taken_over (another caller took the key over), expired (renewals failed until the lease ended).",
 			"route", "cause"),
+		steps: counter("steps_total",
+			"Steps of resumable operations (SPEC §13) by route and result: committed, saved (committed in an earlier run; its saved result returned without running again), lease_lost (the key was taken over), failed.",
+			"route", "result"),
+		resumes: counter("resumes_total",
+			"Records a completer found resumable, by route and result: resumed, failed (tried again after a backoff), taken (another process or the client's retry got it first), no_function (no resume function registered; once per record and process).",
+			"route", "result"),
 		storeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns,
 			Name:        "store_duration_seconds",
-			Help:        "Durations of the store calls idem makes, by operation: claim, wait (a poll of an in-flight key), complete, release, renew.",
+			Help:        "Durations of the store calls idem makes, by operation: claim, wait (a poll of an in-flight key), complete, release, renew, step, list_resumable.",
 			ConstLabels: cfg.ConstLabels, Buckets: buckets}, []string{"op"}),
 		storeErrors: counter("store_errors_total",
 			"Store calls that failed, by operation and error: timeout, canceled, error.",
@@ -161,6 +180,8 @@ func New(cfg Config) *Metrics {
 		RenewalFailed: m.renewalFailed,
 		LeaseLost:     m.leaseLost,
 		StoreCall:     m.storeCall,
+		Step:          m.step,
+		Resumed:       m.resumed,
 	}
 	return m
 }
@@ -186,7 +207,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.claims, m.completions, m.expired, m.releases,
-		m.renewalFailures, m.leasesLost, m.storeDuration, m.storeErrors}
+		m.renewalFailures, m.leasesLost, m.steps, m.resumes, m.storeDuration, m.storeErrors}
 }
 
 // route makes the series of route at zero the first time it is seen, and returns it.
@@ -210,6 +231,12 @@ func (m *Metrics) route(route string) string {
 		}
 		for _, c := range causes {
 			m.leasesLost.WithLabelValues(route, string(c))
+		}
+		for _, r := range stepResults {
+			m.steps.WithLabelValues(route, string(r))
+		}
+		for _, r := range resumeResults {
+			m.resumes.WithLabelValues(route, string(r))
 		}
 	}
 	return route
@@ -237,6 +264,14 @@ func (m *Metrics) renewalFailed(e idem.RenewalEvent) {
 
 func (m *Metrics) leaseLost(e idem.LeaseLostEvent) {
 	m.leasesLost.WithLabelValues(m.route(e.Route), string(e.Cause)).Inc()
+}
+
+func (m *Metrics) step(e idem.StepEvent) {
+	m.steps.WithLabelValues(m.route(e.Route), string(e.Result)).Inc()
+}
+
+func (m *Metrics) resumed(e idem.ResumeEvent) {
+	m.resumes.WithLabelValues(m.route(e.Route), string(e.Result)).Inc()
 }
 
 func (m *Metrics) storeCall(e idem.StoreCallEvent) {

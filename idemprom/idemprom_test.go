@@ -45,6 +45,13 @@ func TestEachEventCountsOnceUnderItsLabels(t *testing.T) {
 	ob.StoreCall(idem.StoreCallEvent{Op: idem.StoreOpClaim, Duration: 3 * time.Second, Err: context.DeadlineExceeded})
 	ob.StoreCall(idem.StoreCallEvent{Op: idem.StoreOpRenew, Duration: time.Millisecond, Err: idem.ErrLeaseLost})
 	ob.StoreCall(idem.StoreCallEvent{Op: idem.StoreOpWait, Duration: time.Millisecond, Err: idem.ErrNotFound})
+	ob.StoreCall(idem.StoreCallEvent{Op: idem.StoreOpListResumable, Duration: time.Millisecond, Err: context.DeadlineExceeded})
+	ob.Step(idem.StepEvent{Route: route, Step: "charge_pending", Result: idem.StepCommitted})
+	ob.Step(idem.StepEvent{Route: route, Step: "charge_pending", Result: idem.StepSaved})
+	ob.Step(idem.StepEvent{Route: route, Step: "charge_pending", Result: idem.StepLeaseLost, Err: idem.ErrLeaseLost})
+	ob.Resumed(idem.ResumeEvent{Route: route, Result: idem.ResumeResumed})
+	ob.Resumed(idem.ResumeEvent{Route: route, Result: idem.ResumeFailed, Err: errors.New("processor down")})
+	ob.Resumed(idem.ResumeEvent{Route: "refunds.create", Result: idem.ResumeNoFunction})
 
 	want := map[string]float64{
 		`idem_claims_total{outcome="acquired",route="POST /v1/charges"}`:           1,
@@ -74,6 +81,17 @@ func TestEachEventCountsOnceUnderItsLabels(t *testing.T) {
 		`idem_store_errors_total{error="error",op="renew"}`:                        0, // lease lost: an answer
 		`idem_store_errors_total{error="error",op="wait"}`:                         0, // not found: an answer
 		`idem_store_errors_total{error="timeout",op="complete"}`:                   0,
+		`idem_store_errors_total{error="timeout",op="list_resumable"}`:             1,
+		`idem_store_duration_seconds_count{op="step"}`:                             0,
+		`idem_steps_total{result="committed",route="POST /v1/charges"}`:            1,
+		`idem_steps_total{result="saved",route="POST /v1/charges"}`:                1,
+		`idem_steps_total{result="lease_lost",route="POST /v1/charges"}`:           1,
+		`idem_steps_total{result="failed",route="POST /v1/charges"}`:               0,
+		`idem_steps_total{result="committed",route="orders.create"}`:               0,
+		`idem_resumes_total{result="resumed",route="POST /v1/charges"}`:            1,
+		`idem_resumes_total{result="failed",route="POST /v1/charges"}`:             1,
+		`idem_resumes_total{result="taken",route="POST /v1/charges"}`:              0,
+		`idem_resumes_total{result="no_function",route="refunds.create"}`:          1,
 	}
 	got := samples(t, m)
 	for series, v := range want {
