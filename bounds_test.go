@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,4 +202,108 @@ func TestCompletingAnExpiredRecordIsLogged(t *testing.T) {
 	if w := serve(b.mw.Handler(c), req("POST", "/x", key, "{}")); w.Code != 201 || c.n.Load() != 1 {
 		t.Errorf("retry: %d after %d executions", w.Code, c.n.Load())
 	}
+}
+
+// lateClaims is a countingStore whose armed claims are cut off: each waits for its
+// context to end, as a call to a stalled store does, and then hands the test, on late,
+// a func that makes the claim reach the store, as a healed partition delivers it.
+type lateClaims struct {
+	*countingStore
+	armed atomic.Int64 // how many of the next claims are cut off
+	late  chan func() error
+}
+
+func (s *lateClaims) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
+	if s.armed.Add(-1) < 0 {
+		s.armed.Add(1)
+		return s.countingStore.RecordClaim(ctx, p)
+	}
+	<-ctx.Done()
+	cut := *p
+	s.late <- func() error {
+		_, err := s.countingStore.RecordClaim(context.Background(), &cut)
+		return err
+	}
+	return nil, ctx.Err()
+}
+
+// cutOffSetup is setup over a lateClaims store, with watched told when the watch of a
+// cut-off claim ends.
+func cutOffSetup(t *testing.T, mod func(*idem.Config)) (b *bundle, st *lateClaims, watched chan bool) {
+	b = setup(t, func(c *idem.Config) {
+		st = &lateClaims{countingStore: c.Store.(*countingStore), late: make(chan func() error, 64)}
+		c.Store = st
+		c.StoreTimeout = 20 * time.Millisecond
+		if mod != nil {
+			mod(c)
+		}
+	})
+	watched = make(chan bool, 64)
+	idem.OnCutOffWatched(b.mw, func(released bool) { watched <- released })
+	return b, st, watched
+}
+
+// A claim cut off by StoreTimeout that reaches the store afterwards (a healed
+// partition) is released in the background, fenced by its own token, so that the
+// client's retry executes at once instead of meeting request_in_progress until the
+// cut-off claim's unrenewed lease lapses (here never: the clock is injected).
+func TestAClaimCutOffByStoreTimeoutThatLandsLaterIsReleased(t *testing.T) {
+	t.Parallel()
+	b, st, watched := cutOffSetup(t, nil)
+	h := b.mw.Handler(&counter{})
+	st.armed.Store(1)
+	wantCode(t, serve(h, req("POST", "/x", key, "{}")), http.StatusServiceUnavailable, idem.CodeStoreUnavailable)
+	if err := (<-st.late)(); err != nil { // the partition heals: the claim lands
+		t.Fatal(err)
+	}
+	if rec, err := b.store.RecordGet(t.Context(), &idem.RecordGetParams{Scope: "alice", Key: key, Now: b.clock.Now()}); err != nil || rec.State != idem.StateInFlight {
+		t.Fatalf("after the late claim landed: %+v, %v; want the key in flight", rec, err)
+	}
+	select {
+	case released := <-watched:
+		if !released {
+			t.Fatal("the watch of the cut-off claim ended without releasing it")
+		}
+	case <-time.After(idem.DefaultLease + 5*time.Second): // the watch's own bound, and more
+		t.Fatal("no watch of the cut-off claim ended within its lease")
+	}
+	wantCode(t, serve(h, req("POST", "/x", key, "{}")), http.StatusCreated, "")
+	if !strings.Contains(b.logs.String(), "reached the store after all") {
+		t.Errorf("the release of the late claim was not logged:\n%s", b.logs)
+	}
+}
+
+// A cut-off claim that never reaches the store costs a watch that ends by the claim's
+// lease end, releasing nothing; at most MaxCutOffWatches run at once, however many
+// claims are cut off, and the requests never wait for them.
+func TestWatchesOfCutOffClaimsAreBounded(t *testing.T) {
+	t.Parallel()
+	// The watches end by their claims' lease end: a lease long enough that every
+	// request is cut off before the first watch ends, on a loaded machine too.
+	b, st, watched := cutOffSetup(t, func(c *idem.Config) { c.Lease = 2 * time.Second })
+	h := b.mw.Handler(&counter{})
+	n := 2 * idem.MaxCutOffWatches
+	st.armed.Store(int64(n))
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			w := serve(h, req("POST", "/x", fmt.Sprintf("key-cut-off-%04d", i), "{}"))
+			if w.Code != http.StatusServiceUnavailable {
+				t.Errorf("a cut-off claim answered %d, want 503", w.Code)
+			}
+		})
+	}
+	wg.Wait()
+	if running := idem.CutOffWatches(b.mw); running != idem.MaxCutOffWatches {
+		t.Fatalf("%d watches run after %d cut-off claims, want MaxCutOffWatches (%d)", running, n, idem.MaxCutOffWatches)
+	}
+	for range idem.MaxCutOffWatches {
+		if <-watched {
+			t.Fatal("a watch released a claim that never reached the store")
+		}
+	}
+	if running := idem.CutOffWatches(b.mw); running != 0 {
+		t.Fatalf("%d watches still run after each ended", running)
+	}
+	wantCode(t, serve(h, req("POST", "/x", "key-cut-off-0000", "{}")), http.StatusCreated, "")
 }

@@ -117,6 +117,16 @@ func OnRenew(m *Middleware, f func(err error)) { m.g.hooks.renewed = f }
 // OnWait calls f when a duplicate starts waiting for an in-flight request.
 func OnWait(m *Middleware, f func()) { m.g.hooks.waiting = f }
 
+// OnCutOffWatched calls f when the background watch of a claim cut off by
+// StoreTimeout ends, with whether it released the claim.
+func OnCutOffWatched(m *Middleware, f func(released bool)) { m.g.hooks.cutOffWatched = f }
+
+// CutOffWatches returns how many watches of cut-off claims m's guard runs now.
+func CutOffWatches(m *Middleware) int { return len(m.g.cutOffs) }
+
+// MaxCutOffWatches is maxCutOffWatches, for tests.
+const MaxCutOffWatches = maxCutOffWatches
+
 // ErrCaptureFrozen is errCaptureFrozen, for tests.
 var ErrCaptureFrozen = errCaptureFrozen
 

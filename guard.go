@@ -32,12 +32,16 @@ type Guard struct {
 	// resumes are the resume functions of named operations, for Completers.
 	resumeMu sync.RWMutex
 	resumes  map[string]ResumeFunc
+
+	// cutOffs holds a token per running watch of a cut-off claim (cutoff.go).
+	cutOffs chan struct{}
 }
 
 // testHooks let tests wait on events instead of sleeping.
 type testHooks struct {
-	renewed func(err error) // after each lease renewal
-	waiting func()          // when a duplicate starts waiting for an in-flight request
+	renewed       func(err error)     // after each lease renewal
+	waiting       func()              // when a duplicate starts waiting for an in-flight request
+	cutOffWatched func(released bool) // when the watch of a cut-off claim ends
 }
 
 // GuardConfig configures a [Guard]. Store is required; every other field has a
@@ -70,7 +74,9 @@ type GuardConfig struct {
 
 	// StoreTimeout bounds each store call made before the work runs: the claim and
 	// each poll of an in-flight wait. A call that does not answer in time fails with
-	// [ErrStoreUnavailable]. Defaults to [DefaultStoreTimeout].
+	// [ErrStoreUnavailable]; a claim cut off that way that reaches the store later is
+	// released in the background, so that a repeat need not wait for its lease.
+	// Defaults to [DefaultStoreTimeout].
 	StoreTimeout time.Duration
 
 	// RetryAfter is the wait suggested to a caller that finds its key in progress
@@ -125,7 +131,8 @@ func newGuard(c GuardConfig, name string) *Guard {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	g := &Guard{cfg: c, name: name, newBeat: newRealBeat, newLeaseTimer: newRealBeat}
+	g := &Guard{cfg: c, name: name, newBeat: newRealBeat, newLeaseTimer: newRealBeat,
+		cutOffs: make(chan struct{}, maxCutOffWatches)}
 	if c.ReplayCacheSize > 0 {
 		g.cache = newReplayCache(c.ReplayCacheSize)
 	}
@@ -396,7 +403,9 @@ const (
 )
 
 // claimKey claims h's key afresh (a new token and record id) under StoreTimeout,
-// ending by stopAt at the latest when that is set (SPEC §9, bounded time).
+// ending by stopAt at the latest when that is set (SPEC §9, bounded time). A claim
+// cut off that way may still reach the store: the guard watches for it in the
+// background and releases it (cutoff.go).
 func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*RecordClaimResult, error) {
 	g := h.g
 	h.newClaim()
@@ -404,17 +413,23 @@ func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*RecordClaimRe
 	start := h.storeCallStart()
 	var res *RecordClaimResult
 	var err error
+	var ended bool // the call's context ended before it returned
 	if !h.firstCallUsed {
 		h.firstCallUsed = true
 		h.firstCall.start(ctx, deadline)
 		res, err = g.cfg.Store.RecordClaim(&h.firstCall, &h.claim)
+		ended = err != nil && h.firstCall.Err() != nil
 		h.firstCall.stop()
 	} else {
 		cctx, cancel := context.WithDeadline(ctx, deadline)
 		res, err = g.cfg.Store.RecordClaim(cctx, &h.claim)
+		ended = err != nil && cctx.Err() != nil
 		cancel()
 	}
 	h.observeStoreCall(StoreOpClaim, start, err)
+	if cutOff(err, ended) {
+		g.watchCutOff(h)
+	}
 	return res, err
 }
 

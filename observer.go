@@ -44,7 +44,8 @@ type Observer struct {
 	// and error: claims, polls of an in-flight wait, completions, releases, renewals,
 	// the results saved by [Step] and the queries of a [Completer]. (A completion or a
 	// step inside the application's transaction, SPEC §7 and §13, is the store
-	// package's call and is reported by Completed with InTx, or by Step.)
+	// package's call and is reported by Completed with InTx, or by Step; the
+	// background watch of a claim cut off by StoreTimeout is not reported.)
 	StoreCall func(StoreCallEvent)
 	// Step is called for every step of a resumable operation (SPEC §13) that
 	// committed, returned its saved result instead of running (a resume), or failed
