@@ -47,6 +47,13 @@ type capture struct {
 	// bodyReader reads the request body for the handler (request.handlerRequest):
 	// it lives as long as the capture, and is pooled with it.
 	bodyReader bodyReader
+
+	// lateWrite records a write refused because the response was frozen (logged once
+	// the handler returned), unless answered: the middleware answers the request
+	// itself (pending: with pendingResp or pendingErr, request.answerLater).
+	lateWrite, answered, pending bool
+	pendingResp                  *Response
+	pendingErr                   error
 }
 
 // capturePool holds captures between requests, with their maps and body buffer. The
@@ -88,7 +95,11 @@ func (c *capture) WriteHeader(code int) {
 	if code < 100 || code > 999 {
 		panic(fmt.Sprintf("invalid WriteHeader code %v", code)) // as net/http does
 	}
-	if c.wroteHeader || c.frozen {
+	if c.frozen && !c.passThrough {
+		c.refused()
+		return
+	}
+	if c.wroteHeader {
 		return
 	}
 	if code < 200 {
@@ -139,6 +150,7 @@ func (c *capture) WriteString(s string) (int, error) {
 // switches to pass-through when the body would pass the storage limit.
 func (c *capture) beforeWrite(n int) error {
 	if c.frozen && !c.passThrough {
+		c.refused()
 		return errCaptureFrozen
 	}
 	if !c.wroteHeader {
@@ -152,6 +164,16 @@ func (c *capture) beforeWrite(n int) error {
 	}
 	return nil
 }
+
+// refused notes a write after the response was frozen.
+func (c *capture) refused() {
+	if !c.answered {
+		c.lateWrite = true
+	}
+}
+
+// empty reports whether the handler has written nothing yet: no status, no byte.
+func (c *capture) empty() bool { return !c.wroteHeader && !c.passThrough }
 
 // Flush sends what was written so far and switches to pass-through: a handler that
 // flushes streams its response, which is then not stored.

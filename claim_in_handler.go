@@ -7,70 +7,19 @@ import (
 	"net/http"
 )
 
-// ErrClaimDeferred is returned by a store's one-transaction helper (such as
-// store/postgres's (*Store).InTxBatch) on a [RouteOptions.ClaimInHandler] route when
-// its transaction found the key already claimed, or could not write what the handler
-// prepared, and committed nothing. The helper has called [Handle.DeferClaim]; the
-// handler returns, and the middleware claims the key the usual way.
-var ErrClaimDeferred = errors.New("idem: the key was not claimed in the handler's transaction; the middleware claims it")
+// ErrClaimDeferred is for store packages: a [TxFunc] returns an error wrapping it when
+// the claim of [TxRecord.Claim], made first in its transaction, found the key already
+// there (in any state), so that nothing committed. [ServeTx] then claims the key the
+// usual way; the handler never sees it.
+var ErrClaimDeferred = errors.New("idem: the key was not claimed in the handler's transaction; it is claimed the usual way")
 
-// ErrKeyInProgress is returned by a store's one-transaction helper on a
+// ErrKeyInProgress is what a store's [TxFunc] returns on a
 // [RouteOptions.ClaimInHandler] route when a concurrent transaction holding the same
-// key did not commit within the helper's lock timeout. The helper has passed it to
-// [Handle.CompletionFailed]; the middleware answers 409 request_in_progress.
+// key did not commit within the store's lock timeout: [ServeTx] passes it to
+// [Handle.CompletionFailed], and the middleware answers 409 request_in_progress. A
+// repeat of a call whose key is executing elsewhere fails with it too
+// ([InProgressError] matches it).
 var ErrKeyInProgress = errors.New("idem: a concurrent request holds the key")
-
-// reopener is a Responder that can discard a frozen response (Handle.Reopen).
-type reopener interface{ reopen() bool }
-
-// Reopen is for a SPEC §7 helper whose transaction rolled back, having committed
-// nothing, after [Handle.PrepareCompletion] froze the response: a pipelined
-// transaction that found a conflict, say, after which the handler writes another
-// response and completes it in another transaction. It discards the response written
-// so far and any failure reported, so that the next PrepareCompletion freezes the new
-// response. The lease is no longer renewed: the handler must finish within it (the
-// fenced completion refuses otherwise). It returns false, changing nothing, when there
-// is nothing to reopen: no completion was prepared, the response was streamed (or was
-// not a capture's), or the completion committed.
-func (h *Handle) Reopen() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	r, _ := h.responder.(reopener)
-	if r == nil || h.done || !h.decided || !r.reopen() {
-		return false
-	}
-	h.decided, h.store, h.params, h.failed = false, false, nil, nil
-	return true
-}
-
-// PrepareClaim is for store packages implementing the one-transaction path of
-// [RouteOptions.ClaimInHandler]. It returns the claim to make inside the handler's
-// transaction, which inserts the record already completed with the response of
-// [Handle.PrepareCompletion] (when that is ok; otherwise the transaction records
-// nothing). ok is false when the key was claimed already, as it is on every other
-// route.
-func (h *Handle) PrepareClaim() (params *RecordClaimParams, ok bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if !h.inTx || h.deferred {
-		return nil, false
-	}
-	h.claimedInTx = true
-	return &h.claim, true
-}
-
-// DeferClaim is for store packages: the handler's transaction found the key of
-// [Handle.PrepareClaim] already claimed, or could not write what the handler
-// prepared, and committed nothing. The middleware then discards the handler's
-// response and claims the key the usual way: it replays the stored response, refuses
-// the request, or runs the handler once more holding a lease.
-func (h *Handle) DeferClaim() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.inTx {
-		h.deferred = true
-	}
-}
 
 // reopen empties a frozen capture for a new response.
 func (c *capture) reopen() {
@@ -79,56 +28,122 @@ func (c *capture) reopen() {
 	c.status, c.wroteHeader, c.frozen = 0, false, false
 }
 
-// executeClaimingInHandler runs a ClaimInHandler route's handler, whose transaction
-// claims the key: its claim has no lease and no heartbeat (the open transaction is the
-// lock). It returns false, having sent nothing, when that transaction found the key
-// taken: the caller then claims the usual way.
-func (x *request) executeClaimingInHandler(next http.Handler) bool {
+// executeClaimingInHandler runs a ClaimInHandler route's handler before the key is
+// claimed: the store's Respond claims it inside the transaction that holds the
+// handler's writes and its completed record, with no lease and no heartbeat (the open
+// transaction is the lock); a helper that needs a lease (InTx) claims it first the
+// usual way (Handle.AcquireForTx).
+func (x *request) executeClaimingInHandler(next http.Handler) {
 	m := x.rt.m
-	h := &Handle{}
-	h.init(m.g, x.r.Context(), x.h.scope, x.h.key, x.h.claim.Fingerprint, x.h.claim.TTL)
-	h.describer, h.responder, h.inTx, h.managed, h.route = x, x, true, true, x.h.route
+	h := &x.h
+	h.responder, h.inTx = x, true
 	h.newClaim()
 	h.hb.stopped = true // no lease to renew
 	// As on the lease path, the handler's context outlives the client, so that its
 	// one transaction runs to an outcome the client's retry finds; with no lease to
-	// renew, the lease bounds it instead.
+	// renew, the lease bounds it instead (and the lease of a claim made meanwhile).
 	ctx, cancel := context.WithTimeout(&h.detached, m.g.cfg.Lease)
 	defer cancel()
 	h.hctx = handleCtx{Context: ctx, h: h}
 	x.capture = getCapture(x.w, x.rt.keyHeader, x.keyValues(), m.cfg.MaxResponseBytes)
-	// A panic needs no release: no record exists unless the transaction committed it.
+	defer func() {
+		if p := recover(); p != nil {
+			// No record exists unless a transaction committed it, or a helper claimed
+			// the key under a lease (which the release ends). The capture is not
+			// pooled again: the panic may have left it in use.
+			if !h.inTx {
+				h.abort()
+			}
+			panic(p)
+		}
+	}()
 	next.ServeHTTP(x.capture, x.handlerRequest(h.Context()))
-	defer putCapture(x.capture)
+	x.reportLateWrites()
+	x.endClaimingInHandler()
+	putCapture(x.capture)
+}
+
+// endClaimingInHandler answers a ClaimInHandler route's request once its handler
+// returned, as its transaction ended, or claims and completes what the handler
+// answered without one.
+func (x *request) endClaimingInHandler() {
+	h := &x.h
+	c := x.capture
+	if c.pending {
+		x.answer(c.pendingResp, c.pendingErr)
+		return
+	}
+	if !h.inTx {
+		x.finish() // a helper claimed the key under a lease: the lease path's end
+		return
+	}
 	completed, failed := h.outcome()
-	h.mu.Lock()
-	deferred, claimed := h.deferred, h.claimedInTx
-	h.mu.Unlock()
-	if !deferred && h.observing() {
-		h.observeClaimedInTx(claimed, completed, failed)
+	if h.observing() {
+		h.observeClaimedInTx(h.claimedInTx, completed, failed)
 	}
 	switch {
 	case completed:
-		x.capture.send()
-	case deferred:
-		return false
+		c.send()
 	case errors.Is(failed, ErrKeyInProgress):
 		x.writeError(CodeRequestInProgress, "")
 	case failed != nil:
-		m.cfg.Logger.WarnContext(x.r.Context(), "idem: the claiming transaction failed; answering 503",
+		x.rt.m.cfg.Logger.WarnContext(x.r.Context(), "idem: the claiming transaction failed; answering 503",
 			x.attrs(slog.Any("error", failed))...)
 		x.unavailable()
 	default:
-		if !claimed && x.rt.policy(x.capture.status) && x.capture.wroteHeader {
-			m.cfg.Logger.ErrorContext(x.r.Context(), "idem: a ClaimInHandler route answered without claiming its key in its transaction; nothing was recorded", x.attrs()...)
-		}
-		x.capture.send()
+		x.answerUnclaimed()
 	}
-	return true
 }
 
-// observeClaimedInTx reports the claim made in the handler's transaction (not
-// deferred): its outcome, and its completion when the transaction ran one.
+// answerUnclaimed answers what a ClaimInHandler route's handler wrote without a
+// transaction that recorded it (it answered an error before or instead of Respond):
+// nothing to record when the response releases the key; otherwise the key is claimed
+// now, the usual way, and the response stored, unless the claim finds the key taken
+// (then the client gets what the claim found: the stored response, 409, key_reused).
+// Nothing written at all is a mistake, answered 500 and never stored.
+func (x *request) answerUnclaimed() {
+	h, c := &x.h, x.capture
+	if c.empty() {
+		x.rt.m.cfg.Logger.ErrorContext(x.r.Context(), "idem: the handler of a ClaimInHandler route returned without a response; "+
+			"answering 500 (return the response from the store's Respond)", x.attrs()...)
+		x.writeError(CodeInternalError, "")
+		return
+	}
+	c.finish()
+	if c.passThrough || !x.rt.policy(c.status) {
+		c.send()
+		return
+	}
+	if resp, err := x.rt.m.g.claim(x.r.Context(), h); resp != nil || err != nil {
+		x.answer(resp, err)
+		return
+	}
+	h.inTx = false
+	x.finish()
+}
+
+// answerLater makes the middleware answer, once the handler has returned, what a claim
+// made inside the handler found (Handle.AcquireForTx): the capture refuses the
+// handler's writes meanwhile, without a word (the handler did nothing wrong).
+func (x *request) answerLater(resp *Response, err error) {
+	c := x.capture
+	c.pending, c.pendingResp, c.pendingErr = true, resp, err
+	c.frozen, c.answered = true, true
+}
+
+// reportLateWrites logs a handler's writes that came after a SPEC §7 helper's
+// transaction had committed its response: the writes failed (errCaptureFrozen), and
+// the client gets the response stored before them. (Writes after a transaction that
+// failed are refused too, without a word: the middleware answers 503 for it.)
+func (x *request) reportLateWrites() {
+	if completed, _ := x.h.outcome(); completed && x.capture.lateWrite {
+		x.rt.m.cfg.Logger.ErrorContext(x.r.Context(), "idem: the handler wrote after its transaction had fixed the response; "+
+			"the writes were refused and the client gets the response the transaction stored", x.attrs()...)
+	}
+}
+
+// observeClaimedInTx reports the claim made in the handler's transaction: its
+// outcome, and its completion when the transaction ran one.
 func (h *Handle) observeClaimedInTx(claimed, completed bool, failed error) {
 	switch {
 	case errors.Is(failed, ErrKeyInProgress):

@@ -269,21 +269,25 @@ type RouteOptions struct {
 	// ErrorWriter overrides Config.ErrorWriter. Defaults to Config.ErrorWriter.
 	ErrorWriter ErrorWriter
 
-	// ClaimInHandler says that the route's handler claims its key itself, inside the
-	// one transaction that also holds its writes and its completion, through a store
-	// helper such as store/postgres's (*Store).InTxBatch: BEGIN, the claim, the
-	// writes, the completed record and COMMIT then travel in one round trip. It suits
-	// handlers whose writes are known before they run and that call nothing outside
-	// the database. The middleware parses the key, the scope and the fingerprint as
-	// usual but does not claim; the handler's [Handle] offers the claim through
-	// [Handle.PrepareClaim]. No lease or heartbeat is needed: the open transaction is
-	// the lock, and a crash rolls everything back. When the handler's transaction finds
-	// the key already claimed (a replay, a duplicate, an expired record), the helper
-	// calls [Handle.DeferClaim] and the middleware claims the usual way: it replays,
-	// refuses, or runs the handler once more, holding a lease. A duplicate that finds
-	// the claim uncommitted waits a bounded time (the helper's lock timeout) and gets
-	// 409 request_in_progress ([ErrKeyInProgress]). A handler that answers without
-	// using the helper records nothing. Defaults to false.
+	// ClaimInHandler says that the route's handlers write only to the store's
+	// database, through the store's Respond (store/postgres's and store/sqlite's
+	// (*Store).Respond): the middleware parses the key, the scope and the fingerprint
+	// as usual but does not claim, and Respond claims the key inside the one
+	// transaction that also holds the handler's writes and its completed record (on
+	// PostgreSQL BEGIN, the record, the writes and COMMIT travel in one round trip).
+	// No lease or heartbeat is needed: the open transaction is the lock, and a crash
+	// rolls everything back. When that transaction finds the key already there,
+	// Respond claims it the usual way and answers what the claim finds (the stored
+	// response, 409, key_reused), or, when it acquires the key (an expired record, a
+	// lapsed lease), runs the writes again under the lease. A duplicate that finds
+	// the claim uncommitted waits a bounded time (the store's lock timeout) and gets
+	// 409 request_in_progress. A helper that needs a lease (InTx) claims the key first
+	// the usual way ([Handle.AcquireForTx]); a response the handler writes without
+	// either is stored after the key is claimed then (a response that releases the
+	// key, SPEC §6, is just sent), and a handler that writes nothing gets 500
+	// internal_error. Unsuitable for a handler that calls anything outside the
+	// database before its transaction: a duplicate runs that call too. Defaults to
+	// false.
 	ClaimInHandler bool
 
 	// Resume, when set, is the function that finishes the operation of a record whose

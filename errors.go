@@ -79,6 +79,12 @@ const (
 	// §5.3, §13). Stored: every retry gets it until an operator resolves the key.
 	// Final: clients do not retry it.
 	CodeOutcomeUnknown = "outcome_unknown"
+	// CodeInternalError (500): the handler misused a SPEC §7 helper (its transaction
+	// was to commit with a response it had not written yet, [ErrNoResponse]; or it
+	// answered nothing at all on a [RouteOptions.ClaimInHandler] route). Nothing
+	// was stored and nothing committed, so a retry executes afresh; the middleware
+	// logs the mistake at error level. SPEC §9 is silent on this case.
+	CodeInternalError = "internal_error"
 )
 
 // DefaultProblemTypeBase is the base URI of the problem types of [ProfileIETF]: the
@@ -106,6 +112,7 @@ var codes = map[string]codeInfo{
 	CodeBodyTooLarge:      {http.StatusRequestEntityTooLarge, "Request body too large", "The request body is too large."},
 	CodeBodyUnreadable:    {http.StatusBadRequest, "Request body unreadable", "The request body could not be read."},
 	CodeStoreUnavailable:  {http.StatusServiceUnavailable, "Idempotency store unavailable", "The idempotency store is unavailable; retry later."},
+	CodeInternalError:     {http.StatusInternalServerError, "Internal error", "The server could not complete this request; nothing was stored, and a retry executes it afresh."},
 	CodeOutcomeUnknown:    {http.StatusInternalServerError, "Outcome unknown", "The outcome of the request with this idempotency key is unknown; it will not be executed again until it is resolved. Contact support."},
 }
 

@@ -307,6 +307,13 @@ func replayOf(resp *Response) (*Response, error) {
 // key is in flight waits up to InFlightWait for its outcome, polling the store. It
 // returns a replay or an error, or neither when h acquired the key.
 func (g *Guard) claim(ctx context.Context, h *Handle) (*Response, error) {
+	return g.claimFrom(ctx, h, nil)
+}
+
+// claimFrom is claim whose first store call's answer is first, when not nil: what a
+// SPEC §7 transaction found of the key (a completed record, one in flight, another
+// fingerprint's), which needs no second asking.
+func (g *Guard) claimFrom(ctx context.Context, h *Handle, first *RecordClaimResult) (*Response, error) {
 	// waitUntil is set when the key is first found in flight; every store call after
 	// that ends by waitUntil + StoreTimeout (stopAt).
 	var waitUntil, stopAt, start time.Time
@@ -316,7 +323,11 @@ func (g *Guard) claim(ctx context.Context, h *Handle) (*Response, error) {
 	waited := false
 	backoff := waitPollMin
 	for {
-		res, err := h.claimKey(ctx, stopAt)
+		res, err := first, error(nil)
+		if first == nil {
+			res, err = h.claimKey(ctx, stopAt)
+		}
+		first = nil
 		if err != nil {
 			h.observeClaim(OutcomeStoreError, waited, start, err)
 			return nil, g.storeError(ctx, h, "claim", err)

@@ -79,10 +79,10 @@ type Handle struct {
 	// ended is set by Complete or Release. managed marks the claim of a middleware
 	// request, which the middleware ends when the handler returns.
 	ended, managed bool
-	// The claim of a [RouteOptions.ClaimInHandler] route: made in the handler's
-	// transaction (inTx), asked for by the helper (claimedInTx), or found taken
-	// (deferred).
-	inTx, claimedInTx, deferred bool
+	// The claim of a [RouteOptions.ClaimInHandler] route: not made yet, the handler's
+	// transaction makes it (inTx; false once a helper claimed under a lease), and made
+	// by the transaction that last ran (claimedInTx).
+	inTx, claimedInTx bool
 }
 
 // A Responder supplies, once, the result a [Handle] stores: the handle asks for it when
@@ -258,15 +258,26 @@ func (h *Handle) SetResponder(r Responder) {
 // PrepareCompletion is for store packages implementing the SPEC §7 helper. Called
 // inside the application's transaction, after the operation produced its result, it
 // stops the lease heartbeat, freezes the result and returns the fenced completion to
-// run in that transaction. ok is false when the result is not to be stored (its status
-// releases the key, SPEC §6; or no result was set); the helper then just commits the
-// application's writes and the key is released. It is one-shot: a second transaction
-// of the same operation commits as a plain one.
-func (h *Handle) PrepareCompletion() (params *RecordCompleteParams, ok bool) {
+// run in that transaction. It returns nil params (and no error) when the result is not
+// to be stored (its status releases the key, SPEC §6; or no result was set); the
+// helper then just commits the application's writes and the key is released. It is
+// one-shot: a second transaction of the same operation commits as a plain one.
+//
+// Behind the middleware it returns [ErrNoResponse] when the handler has written no
+// response yet: the helper must roll back and return the error, and the middleware
+// answers 500 (not stored, logged) whatever the handler writes afterwards. Storing
+// the empty 200 that net/http would send instead is how a handler that writes its
+// response after the transaction (the natural order, and the wrong one) would lose
+// it for good.
+func (h *Handle) PrepareCompletion() (*RecordCompleteParams, error) {
 	if h.g == nil {
-		return nil, false
+		return nil, nil
 	}
-	return h.decide(true)
+	p, store, err := h.decide(true)
+	if !store {
+		p = nil
+	}
+	return p, err
 }
 
 // Completed tells the handle that the completion prepared by PrepareCompletion
@@ -297,17 +308,22 @@ func (h *Handle) outcome() (completed bool, err error) {
 
 // decide stops the heartbeat, freezes the result and applies the store policy, once;
 // later calls return the same decision (or nothing, for a §7 helper: forTx).
-func (h *Handle) decide(forTx bool) (*RecordCompleteParams, bool) {
+func (h *Handle) decide(forTx bool) (*RecordCompleteParams, bool, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.decided {
 		if forTx {
-			return nil, false
+			return nil, false, nil
 		}
-		return h.params, h.store
+		return h.params, h.store, nil
 	}
 	h.decided = true
 	h.hb.stopAndWait()
+	if e, ok := h.responder.(emptiness); forTx && ok && e.empty() {
+		e.refuseWrites()
+		h.failed = ErrNoResponse
+		return nil, false, ErrNoResponse
+	}
 	resp, store := h.response, h.response != nil
 	if h.responder != nil {
 		resp, store = h.responder.Response()
@@ -323,7 +339,15 @@ func (h *Handle) decide(forTx bool) (*RecordCompleteParams, bool) {
 		}
 		h.params = &h.complete
 	}
-	return h.params, h.store
+	return h.params, h.store, nil
+}
+
+// emptiness is a Responder that can tell that nothing was written yet (the
+// middleware's capture, before the handler wrote a status or a byte), and refuse the
+// writes that come too late.
+type emptiness interface {
+	empty() bool
+	refuseWrites()
 }
 
 // Complete ends the claim with its result: it stores the result set by SetResponse or
@@ -417,13 +441,18 @@ func (h *Handle) finish() (ending, error) {
 		}
 		return endStored, nil
 	case failed != nil: // ... or did not commit: neither effects nor record exist
-		g.cfg.Logger.WarnContext(&h.detached, "idem: the completing transaction failed; the result is not used",
-			h.attrs(slog.Any("error", failed))...)
+		if errors.Is(failed, ErrNoResponse) {
+			g.cfg.Logger.ErrorContext(&h.detached, "idem: the handler's transaction was rolled back: it was to commit with the response, "+
+				"but none was written yet; write the response inside the transaction's function (or return it from Respond's); answering 500", h.attrs()...)
+		} else {
+			g.cfg.Logger.WarnContext(&h.detached, "idem: the completing transaction failed; the result is not used",
+				h.attrs(slog.Any("error", failed))...)
+		}
 		h.observeCompletion(CompletionFailed, true, false, 0, failed)
 		_ = h.release() // harmless if the commit happened after all: the record is completed
 		return endFailed, failed
 	}
-	params, store := h.decide(false)
+	params, store, _ := h.decide(false)
 	if !store {
 		_ = h.release()
 		return endReleased, nil

@@ -26,8 +26,11 @@ func inTx(ctx context.Context, st idem.Store, commitErr error, fn func() error) 
 	if h == nil {
 		return commitErr
 	}
-	p, ok := h.PrepareCompletion()
-	if !ok {
+	p, err := h.PrepareCompletion()
+	if err != nil {
+		return err
+	}
+	if p == nil {
 		return commitErr
 	}
 	if commitErr != nil {
@@ -201,11 +204,11 @@ func TestPrepareCompletionIsOneShot(t *testing.T) {
 	mw := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(201)
 		h := idem.FromContext(r.Context())
-		if _, ok := h.PrepareCompletion(); !ok {
-			t.Error("first PrepareCompletion of a 201 must complete")
+		if p, err := h.PrepareCompletion(); p == nil || err != nil {
+			t.Errorf("first PrepareCompletion of a 201 = %v, %v; want the completion", p, err)
 		}
-		if _, ok := h.PrepareCompletion(); ok {
-			t.Error("a second transaction must commit as a plain one")
+		if p, err := h.PrepareCompletion(); p != nil || err != nil {
+			t.Errorf("second PrepareCompletion = %v, %v; a second transaction must commit as a plain one", p, err)
 		}
 		h.CompletionFailed(errCommit)
 	}))

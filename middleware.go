@@ -154,6 +154,10 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	values := r.Header[rt.keyHeader]
 	q := m.cfg.requirement(rt.requirement, r.Method)
 	if q == KeyOff || (q == KeyOptional && len(values) == 0) {
+		if !safeMethod(r.Method) {
+			// Its SPEC §7 transactions run plain, on purpose (WithoutKey).
+			r = r.WithContext(WithoutKey(r.Context()))
+		}
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -189,6 +193,16 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	defer putBody(x.body)
 	x.h.claim.Fingerprint = rt.fingerprint(r, *x.body)
 	x.run(next)
+}
+
+// safeMethod reports whether method is one of RFC 9110's safe methods, whose
+// handlers write nothing: the middleware does not mark their requests WithoutKey.
+func safeMethod(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
 }
 
 // keyValues are the values of the key header as received, once ParseKey accepted them.
@@ -316,7 +330,8 @@ func (x *request) run(next http.Handler) {
 		x.answer(resp, err)
 		return
 	}
-	if x.rt.claimInHandler && x.executeClaimingInHandler(next) {
+	if x.rt.claimInHandler {
+		x.executeClaimingInHandler(next)
 		return
 	}
 	if resp, err := g.claim(x.r.Context(), h); resp != nil || err != nil {
@@ -385,9 +400,18 @@ func (x *request) execute(next http.Handler) {
 		}
 	}()
 	next.ServeHTTP(x.capture, x.handlerRequest(h.Context()))
+	x.reportLateWrites()
 	x.finish()
 	putCapture(x.capture)
 }
+
+// empty reports whether the handler has written no response yet (the Handle's
+// emptiness check before a SPEC §7 completion).
+func (x *request) empty() bool { return x.capture.empty() }
+
+// refuseWrites makes the handler's writes fail from now on, without a log line of
+// their own: the middleware answers 500 for a mistake already logged.
+func (x *request) refuseWrites() { x.capture.frozen, x.capture.answered = true, true }
 
 // Response freezes the captured response for the claim's completion and applies the
 // route's store policy (the Responder of the request's Handle).
@@ -396,21 +420,11 @@ func (x *request) Response() (*Response, bool) {
 	return resp, x.rt.policy(resp.Status)
 }
 
-// reopen discards a frozen response whose transaction committed nothing, so that the
-// handler can write another (Handle.Reopen). A streamed response cannot be.
-func (x *request) reopen() bool {
-	if x.capture.passThrough {
-		return false
-	}
-	x.capture.reopen()
-	return true
-}
-
 // finish ends the claim, then sends the response (SPEC §6, §7). The client never gets
 // a response whose completion is known to have failed.
 func (x *request) finish() {
 	h := &x.h
-	switch end, _ := h.finish(); end {
+	switch end, err := h.finish(); end {
 	case endStored, endUnstored:
 		// Unstored: the operation's effects happened, and the client gets its
 		// response (logged by the guard).
@@ -426,6 +440,10 @@ func (x *request) finish() {
 		}
 		x.capture.send()
 	default: // the §7 transaction failed, or the lease was lost before the completion
+		if errors.Is(err, ErrNoResponse) {
+			x.writeError(CodeInternalError, "") // logged by the handle
+			return
+		}
 		x.unavailable()
 	}
 }

@@ -286,8 +286,11 @@ func (b *Backstop) get(ctx context.Context, tx *sql.Tx, h *idem.Handle) (*row, e
 // keep stores the response fn wrote in the key's row, or deletes the row when the
 // response releases the key (SPEC §6).
 func (b *Backstop) keep(ctx context.Context, tx *sql.Tx, h *idem.Handle) error {
-	p, ok := h.PrepareCompletion()
-	if !ok {
+	p, err := h.PrepareCompletion()
+	if err != nil {
+		return err
+	}
+	if p == nil {
 		if _, err := tx.ExecContext(ctx, b.q.delete, []byte(h.Scope()), []byte(h.Key())); err != nil {
 			return fmt.Errorf("backstop: deleting the released key's row: %w", err)
 		}

@@ -204,7 +204,9 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	values := md.Get(MetadataKey)
 	opts := s.method(info.FullMethod)
 	if q := opts.Requirement; q == idem.KeyOff || (q == idem.KeyOptional && len(values) == 0) {
-		return handler(ctx, req)
+		// Without a key on purpose: the store's SPEC §7 helpers run plain
+		// transactions under it (idem.WithoutKey), and refuse any other context.
+		return handler(idem.WithoutKey(ctx), req)
 	}
 	key, err := idem.ParseKey(values, s.MinKeyLength)
 	if err != nil {

@@ -50,8 +50,10 @@ func FromContext(ctx context.Context) *idem.Handle {
 // the completion cannot commit (another call took the key over, [idem.ErrLeaseLost],
 // or COMMIT failed) nothing commits, InTx returns that error, and the interceptor
 // answers UNAVAILABLE instead of the handler's outcome: the retry meets the key's real
-// outcome. Without a key (ctx carries no claim) InTx runs a plain transaction. Call it
-// at most once per call: a second transaction commits as a plain one.
+// outcome. Without a key (the interceptor marks such a call's context idem.WithoutKey)
+// InTx runs a plain transaction; a context that is neither a keyed call's nor marked
+// fails with idem.ErrNoHandle. Call it at most once per call: a second transaction
+// commits as a plain one.
 func InTx[Resp proto.Message, Tx any](ctx context.Context,
 	inTx func(ctx context.Context, fn func(ctx context.Context, tx Tx) error) error,
 	fn func(ctx context.Context, tx Tx) (Resp, error)) (Resp, error) {

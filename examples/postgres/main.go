@@ -74,12 +74,14 @@ func open(ctx context.Context, url string) (*postgres.Store, error) {
 	return store, nil
 }
 
-// newHandler is the API: authentication first, then idem, then the routes.
+// newHandler is the API: authentication first, then the routes, each behind idem.
+// POST /v1/charges writes only to the store's database, so it claims its key in the
+// transaction of its writes (RouteOptions.ClaimInHandler, with store.Respond).
 func newHandler(store *postgres.Store) http.Handler {
 	mw := idem.New(idem.Config{Store: store, Scope: principal})
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/charges", createCharge(store))
-	return authenticate(mw.Handler(mux))
+	mux.Handle("POST /v1/charges", mw.Route(idem.RouteOptions{ClaimInHandler: true})(createCharge(store)))
+	return authenticate(mux)
 }
 
 type chargeParams struct {
@@ -87,8 +89,9 @@ type chargeParams struct {
 	Currency string `json:"currency"`
 }
 
-// createCharge inserts a charge and writes its response inside store.InTx: the charge,
-// the response and the key's record commit together, or none of them does.
+// createCharge queues the charge's insert and returns its response to store.Respond: the
+// charge, the response and the key's record commit together, or none of them does, in
+// one round trip to the database.
 func createCharge(store *postgres.Store) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var p chargeParams
@@ -96,16 +99,12 @@ func createCharge(store *postgres.Store) http.HandlerFunc {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "amount and currency required"}) // a 400 frees the key
 			return
 		}
-		err := store.InTx(r.Context(), func(ctx context.Context, tx pgx.Tx) error {
-			id := "ch_" + rand.Text()
-			_, err := tx.Exec(ctx, `INSERT INTO charges (id, amount, currency) VALUES ($1, $2, $3)`, id, p.Amount, p.Currency)
-			if err != nil {
-				return err
-			}
-			writeJSON(w, http.StatusCreated, map[string]any{"id": id, "object": "charge", "amount": p.Amount, "currency": p.Currency})
-			return nil
+		id := "ch_" + rand.Text()
+		err := store.Respond(w, r, func(b *pgx.Batch) (*idem.Response, error) {
+			b.Queue(`INSERT INTO charges (id, amount, currency) VALUES ($1, $2, $3)`, id, p.Amount, p.Currency)
+			return idem.JSONResponse(http.StatusCreated, map[string]any{"id": id, "object": "charge", "amount": p.Amount, "currency": p.Currency})
 		})
-		if err != nil { // nothing committed (idem answers 503 itself when the commit failed)
+		if err != nil { // the insert failed: nothing committed, nothing was sent
 			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "internal error"})
 		}
 	}

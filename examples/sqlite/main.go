@@ -70,12 +70,14 @@ func open(ctx context.Context, path string) (*sqlite.Store, error) {
 	return store, nil
 }
 
-// newHandler is the API: authentication first, then idem, then the routes.
+// newHandler is the API: authentication first, then the routes, each behind idem.
+// POST /v1/charges writes only to the store's database, so it claims its key in the
+// transaction of its writes (RouteOptions.ClaimInHandler, with store.Respond).
 func newHandler(store *sqlite.Store) http.Handler {
 	mw := idem.New(idem.Config{Store: store, Scope: principal})
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/charges", createCharge(store))
-	return authenticate(mw.Handler(mux))
+	mux.Handle("POST /v1/charges", mw.Route(idem.RouteOptions{ClaimInHandler: true})(createCharge(store)))
+	return authenticate(mux)
 }
 
 type chargeParams struct {
@@ -83,7 +85,7 @@ type chargeParams struct {
 	Currency string `json:"currency"`
 }
 
-// createCharge inserts a charge and writes its response inside store.InTx: the charge,
+// createCharge inserts a charge and returns its response to store.Respond: the charge,
 // the response and the key's record commit together, or none of them does.
 func createCharge(store *sqlite.Store) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -92,16 +94,15 @@ func createCharge(store *sqlite.Store) http.HandlerFunc {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "amount and currency required"}) // a 400 frees the key
 			return
 		}
-		err := store.InTx(r.Context(), func(ctx context.Context, tx *sql.Tx) error {
+		err := store.Respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
 			id := "ch_" + rand.Text()
 			_, err := tx.ExecContext(ctx, `INSERT INTO charges (id, amount, currency) VALUES (?, ?, ?)`, id, p.Amount, p.Currency)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			writeJSON(w, http.StatusCreated, map[string]any{"id": id, "object": "charge", "amount": p.Amount, "currency": p.Currency})
-			return nil
+			return idem.JSONResponse(http.StatusCreated, map[string]any{"id": id, "object": "charge", "amount": p.Amount, "currency": p.Currency})
 		})
-		if err != nil { // nothing committed (idem answers 503 itself when the commit failed)
+		if err != nil { // the insert failed: nothing committed, nothing was sent
 			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "internal error"})
 		}
 	}

@@ -101,13 +101,10 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sc := scope(r)
-	if s.batch != nil && s.mutateBatch(w, r, jsonReply(http.StatusCreated, c.render()), func(b *pgx.Batch) {
+	s.write(w, r, jsonReply(http.StatusCreated, c.render()), func(b *pgx.Batch) {
 		b.Queue(s.db.queries["charge_insert_strict"], c.ID, sc, c.Amount, c.Currency, c.CustomerID,
 			c.Status, c.Created, c.IdempotencyKey, c.Fingerprint, c.KeyExpiresAt, c.ProcessorChargeID)
-	}) {
-		return
-	}
-	s.mutate(w, r, func(ctx context.Context, q querier) (reply, error) {
+	}, func(ctx context.Context, q querier) (reply, error) {
 		got, out, err := s.insertCharge(ctx, r, q, sc, c)
 		if out != nil || err != nil {
 			return out, err

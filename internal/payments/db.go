@@ -104,6 +104,15 @@ func NewPostgresDB(pool *pgxpool.Pool, inTx PostgresTxFunc) *DB {
 	return d
 }
 
+// withoutRecords returns a copy of d whose transactions are plain ones, completing no
+// record: the DB of a server without idempotency.
+func (d *DB) withoutRecords() *DB {
+	c := *d
+	c.completes, c.sqliteStore, c.pgStore = false, nil, nil
+	c.sqlInTx, c.pgInTx = c.sqliteTx, c.postgresTx
+	return &c
+}
+
 // Ping reports whether the database answers.
 func (d *DB) Ping(ctx context.Context) error {
 	if d.dialect == dialectPostgres {

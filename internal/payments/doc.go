@@ -11,32 +11,32 @@
 //	srv := payments.New(payments.Config{Store: st, DB: db})
 //	handler := srv.Handler()                             // mount it, or httptest.NewServer(handler)
 //
-// A DB on the store's own database (NewSQLiteStoreDB, or NewSQLiteDB with the store's
-// InTx) makes every mutating endpoint commit its rows and the completion of the
-// idempotency record in one transaction (SPEC §7): the response is written into the
-// middleware's capture inside the transaction, and a client never receives a response
-// whose effects did not commit. With a store that is not the DB's
+// A DB on the store's own database (NewSQLiteStoreDB, NewPostgresStoreDB, or
+// NewSQLiteDB with the store's InTx) makes every mutating endpoint commit its rows and
+// the completion of the idempotency record in one transaction (SPEC §7), and a client
+// never receives a response whose effects did not commit. With a store that is not the DB's
 // database (Redis), pass a nil InTx: mutations run in plain transactions and the reply
 // is written after COMMIT.
 //
-// Round trips and flushes (PostgreSQL, the store sharing the DB's database):
+// Creations go through the store's Respond (respond.go), the README's path; the other
+// mutations, which read before they write, through its InTx. Round trips and flushes
+// (PostgreSQL, the store sharing the DB's database):
 //   - POST /v1/charges (the lease path: the key is claimed and committed before the
 //     card processor's call): the claim (flushed; store/postgres's AsynchronousClaim
-//     would save that flush, see its "Durable claims"), then BEGIN, the insert, the
-//     fenced completion and COMMIT pipelined in one round trip (store/postgres's
-//     InTxBatch): 2 round trips and 2 flushes; without idempotency 1 and 1.
+//     would save that flush, see its "Durable claims"), then the insert and the fenced
+//     completion pipelined in one round trip (Respond): 2 round trips and 2 flushes;
+//     without idempotency 1 and 1.
 //   - POST /v1/orders claims its key in its own transaction
-//     (idem.RouteOptions.ClaimInHandler): BEGIN, a 100 ms lock_timeout, the record
-//     inserted completed, the order and COMMIT in one round trip and 1 flush. A
-//     duplicate that finds the first uncommitted waits at most the lock timeout and
-//     gets 409 request_in_progress; one after the commit gets the replay (4 round
-//     trips). On SQLite store/sqlite's InTx claims in the order's transaction likewise
-//     (one fsync instead of two).
-//   - Both predict their reply (the insert echoes what it was given) and write it
-//     before the batch is sent. When the insert conflicts with an object the key wrote
-//     before (its record was lost or expired), nothing commits: the reply is reopened
-//     (idem.Handle.Reopen) or the claim deferred to the middleware, and the request
-//     takes the read-then-write path that explains the conflict.
+//     (idem.RouteOptions.ClaimInHandler, Respond): the record's read, the record
+//     inserted completed (with a 100 ms lock_timeout), the order and its order_keys
+//     row in one round trip and 1 flush. A duplicate that finds the first uncommitted
+//     waits at most the lock timeout and gets 409 request_in_progress; one after the
+//     commit gets the replay, in that same one round trip. On SQLite Respond claims in
+//     the order's transaction likewise (one fsync instead of two).
+//   - Both predict their reply (the insert echoes what it was given) and return it to
+//     Respond. When the insert conflicts with an object the key wrote before (its
+//     record was lost or expired), nothing commits, and the request takes the
+//     read-then-write path (InTx) that explains the conflict.
 //
 // With Config.ProcessorURL, POST /v1/charges charges through a card processor (`idem
 // processor`) with recovery points (SPEC §13, charge_steps.go): the charge is recorded

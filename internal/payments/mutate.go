@@ -16,15 +16,20 @@ import (
 // reply writes a response rendered inside a transaction.
 type reply func(w http.ResponseWriter)
 
+// mutation is the writes of one mutating request, which may read before they write:
+// it returns the reply they produce.
+type mutation func(ctx context.Context, q querier) (reply, error)
+
 // mutate runs fn, the writes of one mutating request, in one transaction and sends the
-// reply fn rendered (SPEC §7).
+// reply fn rendered (SPEC §7): the lease path's InTx, for writes that read first or
+// follow a foreign call. (A creation whose writes are known goes through write.)
 //
 // When the transaction is the idempotency store's own and the request holds a key, the
 // reply is written inside the transaction, into the middleware's capture, before
 // COMMIT: the store's helper then completes the record with exactly that response in
 // the same transaction. Otherwise the reply is written only after COMMIT succeeded, so
 // that the client never receives a response whose effects did not commit.
-func (s *Server) mutate(w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, q querier) (reply, error)) {
+func (s *Server) mutate(w http.ResponseWriter, r *http.Request, fn mutation) {
 	inside := s.db.CompletesRecords() && idem.FromContext(r.Context()) != nil
 	var out reply
 	wrote := false
@@ -44,9 +49,9 @@ func (s *Server) mutate(w http.ResponseWriter, r *http.Request, fn func(ctx cont
 		if !wrote {
 			out(w)
 		}
-	case errors.Is(err, idem.ErrClaimDeferred), errors.Is(err, idem.ErrKeyInProgress):
-		// The transaction found the key taken and committed nothing (a ClaimInHandler
-		// route): the middleware answers, and discards whatever is written here.
+	case errors.Is(err, idem.ErrAnswered):
+		// A ClaimInHandler route's claim found the key taken: the transaction did not
+		// run, and the middleware answers (a replay, a refusal).
 	case wrote:
 		// The COMMIT or the fenced completion failed after the reply went into the
 		// capture: the middleware sends 503 store_unavailable instead of it.

@@ -119,18 +119,13 @@ func (s *Server) createOrder(w http.ResponseWriter, r *http.Request) {
 	id, sc, now := newID("ord_"), scope(r), s.now().Unix()
 	o := &order{ID: id, Amount: in.Amount, Currency: in.Currency, Description: in.Description, Status: in.Status,
 		Created: now, Updated: now, IdempotencyKey: k.key, Fingerprint: k.fingerprint, KeyExpiresAt: k.expiresAt}
-	if s.batch != nil {
-		body := o.render()
-		if s.mutateBatch(w, r, orderReply(http.StatusCreated, id, body), func(b *pgx.Batch) {
-			b.Queue(s.db.queries["order_insert_strict"], sc, id, in.Amount, in.Currency, in.Description, in.Status, now, k.key, k.fingerprint, k.expiresAt)
-			if k.key != nil {
-				b.Queue(s.db.queries["order_key_insert"], sc, *k.key, id, k.fingerprint, *k.expiresAt, http.StatusCreated, body)
-			}
-		}) {
-			return
+	rendered := o.render()
+	s.write(w, r, orderReply(http.StatusCreated, id, rendered), func(b *pgx.Batch) {
+		b.Queue(s.db.queries["order_insert_strict"], sc, id, in.Amount, in.Currency, in.Description, in.Status, now, k.key, k.fingerprint, k.expiresAt)
+		if k.key != nil {
+			b.Queue(s.db.queries["order_key_insert"], sc, *k.key, id, k.fingerprint, *k.expiresAt, http.StatusCreated, rendered)
 		}
-	}
-	s.mutate(w, r, func(ctx context.Context, q querier) (reply, error) {
+	}, func(ctx context.Context, q querier) (reply, error) {
 		if out, err := s.orderBackstop(ctx, r, q, sc, k); out != nil || err != nil {
 			return out, err
 		}

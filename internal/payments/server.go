@@ -121,11 +121,6 @@ type Server struct {
 	processor *processorClient
 	// mw is the idempotency middleware; nil with DisableIdempotency.
 	mw *idem.Middleware
-	// batch, on PostgreSQL, sends a creation's transaction in one round trip; nil on
-	// SQLite. claimsInTx is true when it can also claim the key (the store's own
-	// helper), so that POST /v1/orders claims in its transaction.
-	batch      PostgresBatchFunc
-	claimsInTx bool
 }
 
 // New returns the payments API on cfg's store and database. It panics with a
@@ -167,7 +162,9 @@ func New(cfg Config) *Server {
 		cfg.TTL = idem.DefaultTTL
 	}
 	s := &Server{cfg: cfg, db: cfg.DB, logger: cfg.Logger, now: cfg.Now, ttl: cfg.TTL}
-	s.batch, s.claimsInTx = pipelined(cfg)
+	if cfg.DisableIdempotency {
+		s.db = cfg.DB.withoutRecords()
+	}
 	if cfg.ProcessorURL != "" {
 		s.processor = newProcessorClient(cfg.ProcessorURL, cfg.ProcessorClient)
 	}
@@ -202,8 +199,10 @@ func (s *Server) Pattern(r *http.Request) string {
 
 func (s *Server) routes() {
 	// Every route is wrapped by the idempotency middleware, inside the mux, so that
-	// POST /v1/orders can claim its key in its own transaction (one round trip for the
-	// whole request on PostgreSQL, RouteOptions.ClaimInHandler).
+	// POST /v1/orders, whose writes all go to the store's database, can claim its key
+	// in its own transaction through the store's Respond (one round trip for the whole
+	// request on PostgreSQL, RouteOptions.ClaimInHandler). POST /v1/charges calls the
+	// card processor between its claim and its writes: the lease path.
 	wrap := func(h http.HandlerFunc) http.Handler { return h }
 	claiming := wrap
 	if !s.cfg.DisableIdempotency {
@@ -225,7 +224,7 @@ func (s *Server) routes() {
 		s.mw = mw
 		wrap = func(h http.HandlerFunc) http.Handler { return mw.Handler(h) }
 		claiming = wrap
-		if s.claimsInTx {
+		if s.db.pgStore != nil || s.db.sqliteStore != nil { // the store's Respond
 			inTx := mw.Route(idem.RouteOptions{ClaimInHandler: true})
 			claiming = func(h http.HandlerFunc) http.Handler { return inTx(h) }
 		}

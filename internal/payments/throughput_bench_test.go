@@ -172,7 +172,7 @@ func benchServer(b *testing.B, db string, plain, syncClaim bool) *httptest.Serve
 		if err := st.Migrate(ctx); err != nil {
 			b.Fatal(err)
 		}
-		cfg.Store, cfg.DB = st, NewPostgresDB(st.Pool(), st.InTx)
+		cfg.Store, cfg.DB = st, NewPostgresStoreDB(st)
 	case "sqlite":
 		st, err := sqlite.Open(ctx, filepath.Join(b.TempDir(), "idem.db"), sqlite.Config{SynchronousClaim: syncClaim})
 		if err != nil {
@@ -182,7 +182,7 @@ func benchServer(b *testing.B, db string, plain, syncClaim bool) *httptest.Serve
 		if err := st.Migrate(ctx); err != nil {
 			b.Fatal(err)
 		}
-		cfg.Store, cfg.DB = st, NewSQLiteDB(st.DB(), st.InTx)
+		cfg.Store, cfg.DB = st, NewSQLiteStoreDB(st)
 	}
 	if _, err := cfg.DB.Migrate(ctx); err != nil {
 		b.Fatal(err)

@@ -58,7 +58,7 @@ func (d *DB) Migrate(ctx context.Context) error {
 			return err
 		})
 	}
-	return d.sqlite.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	return d.sqlite.InTx(idem.WithoutKey(ctx), func(ctx context.Context, tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, schema)
 		return err
 	})

@@ -17,11 +17,16 @@
 // in-flight duplicate cost one; a takeover two (see queries.go for the full table).
 // Statements run at READ COMMITTED and a replay writes nothing.
 //
-// [Store.InTx] runs a handler's own writes and the record's completion in one
-// transaction (SPEC §7): either both commit or neither does, and the client never
-// receives a response whose effects did not commit. The fenced completion and COMMIT
-// travel in one pipelined round trip; a lost lease raises SQLSTATE IDL01 inside the
-// transaction so that the queued COMMIT is skipped.
+// [Store.Respond] and [Store.InTx] run a handler's own writes and the record's
+// completion in one transaction (SPEC §7): either both commit or neither does, and the
+// client never receives a response whose effects did not commit. Respond is the path
+// of a handler whose writes all go to this database: its function queues them and
+// returns the response, and on an idem.RouteOptions.ClaimInHandler route the claim,
+// the writes and the completed record travel in one pipelined round trip. InTx is the
+// lease path's, for a handler that calls something outside the database before it
+// writes: the fenced completion and COMMIT travel in one pipelined round trip; a lost
+// lease raises SQLSTATE IDL01 inside the transaction so that the queued COMMIT is
+// skipped.
 //
 // # database/sql
 //

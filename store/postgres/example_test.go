@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -58,6 +59,29 @@ func ExampleStore_InTx() {
 	}
 }
 
+// A handler whose writes all go to the store's database returns its response, and
+// Respond commits the writes, the record completed with that response and the key's
+// claim in one transaction: on a ClaimInHandler route one pipelined round trip for
+// the whole request (and for a replay). (Compiled, not run: it needs a database.)
+func ExampleStore_Respond() {
+	var store *postgres.Store // opened and migrated as in the InTx example
+	mw := idem.New(idem.Config{Store: store, Scope: func(r *http.Request) (string, error) { return "user-1", nil }})
+	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		order := struct {
+			ID     string `json:"id"`
+			Amount int64  `json:"amount"`
+		}{ID: "ord_" + rand.Text(), Amount: 2000} // made here: the response is known before the insert runs
+		err := store.Respond(w, r, func(b *pgx.Batch) (*idem.Response, error) {
+			b.Queue(`INSERT INTO orders (id, amount) VALUES ($1, $2)`, order.ID, order.Amount)
+			return idem.JSONResponse(http.StatusCreated, order)
+		})
+		if err != nil { // the insert failed: nothing committed, nothing was sent
+			http.Error(w, "the order could not be created", http.StatusConflict)
+		}
+	})
+	http.Handle("POST /v1/orders", mw.Route(idem.RouteOptions{ClaimInHandler: true})(createOrder))
+}
+
 // Applications that manage their own transactions complete the record with
 // CompleteTx, in the transaction that holds their writes, and report the outcome to
 // the request's handle.
@@ -77,13 +101,20 @@ func ExampleStore_CompleteTx() {
 		}
 		w.WriteHeader(http.StatusCreated)
 
-		h := idem.FromContext(ctx)
-		if h == nil { // no idempotency key on this request
+		h, err := idem.TxHandle(ctx)
+		switch {
+		case err != nil: // not the request's context, or not behind the middleware
+			http.Error(w, "internal error", http.StatusInternalServerError)
+			return
+		case h == nil: // no idempotency key on this request (idem.WithoutKey)
 			_ = tx.Commit(ctx)
 			return
 		}
-		p, ok := h.PrepareCompletion()
-		if ok {
+		p, err := h.PrepareCompletion() // after the response was written
+		if err != nil {
+			return // idem.ErrNoResponse: the middleware answers 500
+		}
+		if p != nil {
 			if err := store.CompleteTx(ctx, tx, p); err != nil {
 				h.CompletionFailed(err) // ErrLeaseLost: the key was taken over; roll back
 				return
@@ -93,7 +124,7 @@ func ExampleStore_CompleteTx() {
 			h.CompletionFailed(err)
 			return
 		}
-		if ok {
+		if p != nil {
 			h.Completed()
 		}
 	}

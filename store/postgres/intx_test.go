@@ -255,11 +255,11 @@ func TestInTxWhoseCommitFailsAnswers503AndStoresNothing(t *testing.T) {
 	})
 }
 
-func TestInTxWithoutHandleIsAPlainTransaction(t *testing.T) {
+func TestInTxWithoutKeyIsAPlainTransaction(t *testing.T) {
 	t.Parallel()
 	forEachTxHelper(t, func(t *testing.T, tx txHelper) {
 		app := newChargeApp(t, tx)
-		ctx := t.Context()
+		ctx := idem.WithoutKey(t.Context())
 		insert := func(name string) func(context.Context, txConn) error {
 			return func(ctx context.Context, c txConn) error {
 				return c.exec(ctx, `INSERT INTO `+app.s.table("charges")+` (name) VALUES ($1)`, name)
@@ -310,7 +310,7 @@ func TestInTxRunsAtReadCommitted(t *testing.T) {
 		if err := s.Pool().QueryRow(t.Context(), `SHOW default_transaction_isolation`).Scan(&def); err != nil || def != "serializable" {
 			t.Fatalf("test bug: default isolation = %q, %v", def, err)
 		}
-		err = tx.run(s, t.Context(), func(ctx context.Context, c txConn) error {
+		err = tx.run(s, idem.WithoutKey(t.Context()), func(ctx context.Context, c txConn) error {
 			return c.scan(ctx, `SHOW transaction_isolation`, &level)
 		})
 		if err != nil {
@@ -320,6 +320,25 @@ func TestInTxRunsAtReadCommitted(t *testing.T) {
 			t.Errorf("%s isolation = %q, want read committed", tx.name, level)
 		}
 	})
+	// And Respond's pipelined transaction.
+	dbURL, schema := pgtest.Schema(t)
+	s, err := postgres.Open(t.Context(), pgtest.WithParam(t, dbURL, "default_transaction_isolation", "serializable"), postgres.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var level string
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	err = s.Respond(httptest.NewRecorder(), r.WithContext(idem.WithoutKey(t.Context())), func(b *pgx.Batch) (*idem.Response, error) {
+		b.Queue(`SHOW transaction_isolation`).QueryRow(func(row pgx.Row) error { return row.Scan(&level) })
+		return &idem.Response{Status: http.StatusOK}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if level != "read committed" {
+		t.Errorf("Respond isolation = %q, want read committed", level)
+	}
 }
 
 // TestInTxRefusesTheCompletionOfALostClaim is the safety argument of claims committed

@@ -21,13 +21,15 @@ package postgres
 //   - expired record:      2 (RecordClaim, then the fenced RecordClaimExpired update)
 //   - §7 InTx:             1 (BEGIN) + the handler's statements + 1 (the fenced
 //     completion and COMMIT, pipelined in one batch); a replay of it is 1 as above
-//   - §7 InTxBatch:        1 (BEGIN, the handler's statements, the fenced completion
-//     and COMMIT in one batch), so a whole request is 2 with the claim
-//   - InTxBatch on a RouteOptions.ClaimInHandler route: 1 for the whole request
-//     (BEGIN, lock_timeout, the record inserted completed, the handler's statements,
-//     COMMIT); a replay or duplicate 4 (the batch finds the key; ROLLBACK; pgx
-//     deallocates the failed batch's cached statements; RecordClaim), and the next
-//     request on that connection 1 more (pgx prepares them again)
+//   - §7 Respond:          1 (the handler's statements and the fenced completion in
+//     one pipelined implicit transaction), so a whole request is 2 with the claim
+//   - Respond on a RouteOptions.ClaimInHandler route: 1 for the whole request (the
+//     record's read, its insert already completed with a bounded lock_timeout, the
+//     handler's statements; committed at the batch's end); a replay, an in-flight
+//     duplicate or a reused key 1 too (the insert fails, the transaction rolls back at
+//     the batch's end without a ROLLBACK, and the read answers it; its statements are
+//     prepared by name, so pgx's cache drops none of them); an expired record or a
+//     lapsed lease 1 + 2 (the claim) + 1 (the statements under the lease)
 //
 // TestNewKeyClaimIsOneRoundTrip and its neighbours in roundtrip_test.go count them on
 // the wire.
@@ -55,6 +57,7 @@ type queries struct {
 	recordComplete      string
 	recordCompleteTx    string
 	recordInsertDone    string
+	recordInsertAfter   string
 	recordRelease       string
 	recordStep          string
 	recordStepTx        string
@@ -95,6 +98,7 @@ func newQueries(schema string) *queries {
 		recordComplete:      q("RecordComplete"),
 		recordCompleteTx:    q("RecordCompleteTx"),
 		recordInsertDone:    q("RecordInsertCompleted"),
+		recordInsertAfter:   q("RecordInsertCompletedAfter"),
 		recordRelease:       q("RecordRelease"),
 		recordStep:          q("RecordStep"),
 		recordStepTx:        q("RecordStepTx"),

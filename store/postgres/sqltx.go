@@ -29,21 +29,27 @@ func (s *Store) DB() *sql.DB {
 }
 
 // InSQLTx is [Store.InTx] for database/sql: it runs fn in a READ COMMITTED transaction
-// of [Store.DB] and, when ctx carries the request's [idem.Handle], completes the
-// idempotency record in that same transaction (SPEC §7): the application's writes and
-// the stored response commit together or not at all.
+// of [Store.DB] and completes the idempotency record of the request's [idem.Handle]
+// (in ctx) in that same transaction (SPEC §7): the application's writes and the stored
+// response commit together or not at all.
 //
-// The handler writes its response inside fn. When fn returns an error the transaction
-// rolls back and InSQLTx returns that error. Otherwise InSQLTx asks the handle for the
-// completion (none when the response releases the key, SPEC §6), runs it fenced by the
-// lock token, and commits. When the fence finds the key taken over
+// The handler writes its response inside fn: as InTx, InSQLTx refuses to commit a
+// response not written yet ([idem.ErrNoResponse]). When fn returns an error the
+// transaction rolls back and InSQLTx returns that error. Otherwise InSQLTx asks the
+// handle for the completion (none when the response releases the key, SPEC §6), runs it
+// fenced by the lock token, and commits. When the fence finds the key taken over
 // ([idem.ErrLeaseLost]: the transaction rolls back) or COMMIT fails, the handle learns
 // it and the middleware answers 503 store_unavailable instead of the handler's
-// response. Without a handle InSQLTx is a plain transaction.
+// response. A ctx without a Handle is refused with [idem.ErrNoHandle], unless marked
+// by [idem.WithoutKey]: a plain transaction.
 //
 // InSQLTx never retries: a failed COMMIT's outcome may be unknown, and fn has written a
 // response. A panic in fn rolls back and is re-raised.
 func (s *Store) InSQLTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	h, err := s.txHandle(ctx, "InSQLTx")
+	if err != nil {
+		return err
+	}
 	tx, err := s.DB().BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return interpretError(err)
@@ -58,12 +64,15 @@ func (s *Store) InSQLTx(ctx context.Context, fn func(ctx context.Context, tx *sq
 		_ = tx.Rollback()
 		return err
 	}
-	h := idem.FromContext(ctx)
 	if h == nil {
 		return interpretError(tx.Commit())
 	}
-	params, ok := h.PrepareCompletion()
-	if ok {
+	params, err := h.PrepareCompletion()
+	if err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if params != nil {
 		if err := s.CompleteSQLTx(ctx, tx, params); err != nil {
 			_ = tx.Rollback()
 			h.CompletionFailed(err)
@@ -75,7 +84,7 @@ func (s *Store) InSQLTx(ctx context.Context, fn func(ctx context.Context, tx *sq
 		h.CompletionFailed(err)
 		return err
 	}
-	if ok {
+	if params != nil {
 		h.Completed()
 	}
 	return nil

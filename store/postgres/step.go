@@ -34,11 +34,15 @@ import (
 //		return insertPendingCharge(ctx, tx, in)
 //	})
 //
-// Without an [idem.Handle] in ctx (a request without a key) Step is a plain
-// transaction. Step never retries: fn has run.
+// A ctx without an [idem.Handle] is refused with [idem.ErrNoHandle], unless marked by
+// [idem.WithoutKey] (a request without a key): a plain transaction. Step never
+// retries: fn has run.
 func Step[T any](ctx context.Context, s *Store, step string, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (T, error) {
 	var v, zero T
-	h := idem.FromContext(ctx)
+	h, err := s.txHandle(ctx, "Step")
+	if err != nil {
+		return zero, err
+	}
 	if h != nil {
 		if done, err := h.StepResult(step, &v); done || err != nil {
 			return v, err

@@ -364,7 +364,7 @@ func TestUnreachableDatabaseIsUnavailable(t *testing.T) {
 	}
 	defer s.Close()
 	everyOperation(t, s, wantUnavailable)
-	err = s.InTx(t.Context(), func(context.Context, pgx.Tx) error { return nil })
+	err = s.InTx(idem.WithoutKey(t.Context()), func(context.Context, pgx.Tx) error { return nil })
 	wantUnavailable(t, "InTx", err)
 }
 

@@ -11,21 +11,37 @@ import (
 	"github.com/idem-go/idem"
 )
 
-// InTx runs fn in a READ COMMITTED transaction and, when ctx carries the request's
-// [idem.Handle], completes the idempotency record in that same transaction (SPEC §7):
-// the application's writes and the stored response commit together or not at all.
+// InTx runs fn in a READ COMMITTED transaction and completes the idempotency record of
+// the request's [idem.Handle] (in ctx) in that same transaction (SPEC §7): the
+// application's writes and the stored response commit together or not at all. It is
+// the lease path's helper, for a handler that calls something outside the database
+// (a card processor) before its writes, or whose writes depend on what it reads; a
+// handler whose statements are known before they run is faster with [Store.Respond].
 //
-// The handler writes its response inside fn. When fn returns an error the transaction
-// rolls back and InTx returns that error. Otherwise InTx asks the handle for the
-// completion (none when the response releases the key, SPEC §6) and sends it, fenced by
-// the lock token, together with COMMIT in one round trip. When the fence finds the key
-// taken over ([idem.ErrLeaseLost]: the transaction rolls back) or COMMIT fails, the
-// handle learns it and the middleware answers 503 store_unavailable instead of the
-// handler's response. Without a handle InTx is a plain transaction.
+// The handler writes its response inside fn: InTx refuses to commit a response the
+// handler has not written yet ([idem.ErrNoResponse]: nothing commits, the client gets
+// 500 internal_error, nothing is stored, and the mistake is logged), and a write after
+// the completion fails (the client gets the stored response). When fn returns an
+// error the transaction rolls back and InTx returns that error. Otherwise InTx asks the
+// handle for the completion (none when the response releases the key, SPEC §6) and
+// sends it, fenced by the lock token, together with COMMIT in one round trip. When the
+// fence finds the key taken over ([idem.ErrLeaseLost]: the transaction rolls back) or
+// COMMIT fails, the handle learns it and the middleware answers 503 store_unavailable
+// instead of the handler's response.
+//
+// A ctx without a Handle is refused with [idem.ErrNoHandle] (a context other than the
+// request's would silently lose the guarantee), unless marked by [idem.WithoutKey]: a
+// plain transaction. On an idem.RouteOptions.ClaimInHandler route InTx claims the key
+// first, the usual way, and returns [idem.ErrAnswered] without running fn when the
+// middleware answers instead (a replay, a duplicate).
 //
 // InTx never retries: a failed COMMIT's outcome may be unknown, and fn has written a
 // response. A panic in fn rolls back and is re-raised.
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	h, err := s.txHandle(ctx, "InTx")
+	if err != nil {
+		return err
+	}
 	conn, tx, err := s.beginApp(ctx)
 	if err != nil {
 		return err
@@ -36,17 +52,35 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return err
 	}
-	h := idem.FromContext(ctx)
 	var params *idem.RecordCompleteParams
 	if h != nil {
-		if p, ok := h.PrepareCompletion(); ok {
-			params = p
+		if params, err = h.PrepareCompletion(); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return err
 		}
 	}
 	if params == nil {
 		return s.commit(ctx, tx, h)
 	}
 	return s.completeAndCommit(ctx, conn, tx, h, params)
+}
+
+// txHandle is the Handle a SPEC §7 helper (what, for the log) completes, claimed
+// under a lease: none for a context marked idem.WithoutKey, idem.ErrNoHandle (logged)
+// for one without a Handle, idem.ErrAnswered when a ClaimInHandler route's claim did
+// not acquire the key.
+func (s *Store) txHandle(ctx context.Context, what string) (*idem.Handle, error) {
+	h, err := idem.TxHandle(ctx)
+	if err != nil {
+		s.logger.ErrorContext(ctx, "postgres: "+what+" refused a context without the request's idem.Handle", "error", err)
+		return nil, err
+	}
+	if h != nil {
+		if err := h.AcquireForTx(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
 }
 
 // beginApp begins the READ COMMITTED transaction of an application's function (InTx,

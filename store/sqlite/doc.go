@@ -4,8 +4,12 @@
 // Any number of goroutines and processes on one host may share the file (SPEC §14); it
 // must live on a local disk, not NFS, whose locks SQLite cannot trust. Records survive
 // restarts. The application's own tables may live in the same file, which is what makes
-// [Store.InTx] possible: the handler's writes and the record's completion commit in one
-// transaction or not at all (SPEC §7). It must be a file: [Open] refuses every form of
+// [Store.Respond] and [Store.InTx] possible: the handler's writes and the record's
+// completion commit in one transaction or not at all (SPEC §7). Respond is the path of a
+// handler whose writes all go to this file (it returns its response; on an
+// idem.RouteOptions.ClaimInHandler route the claim is made in that same transaction, one
+// fsync for the whole request); InTx the lease path's, for a handler that calls
+// something outside the database first. It must be a file: [Open] refuses every form of
 // in-memory or temporary database, which would be private to one pooled connection.
 //
 // # Connections and locking

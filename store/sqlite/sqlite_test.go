@@ -69,7 +69,8 @@ type txHarness struct{}
 
 func (txHarness) WriteAndComplete(ctx context.Context, s idem.Store, p *idem.RecordCompleteParams, marker string) error {
 	st := s.(*sqlite.Store)
-	return st.InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+	// A transaction of the application's own that completes p by hand: no Handle.
+	return st.InTx(idem.WithoutKey(ctx), func(ctx context.Context, tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO app_marker (name) VALUES (?)`, marker); err != nil {
 			return err
 		}

@@ -277,7 +277,7 @@ func holdWriteLock(t *testing.T, other *sqlite.Store) (release func()) {
 	locked, done := make(chan struct{}), make(chan struct{})
 	errc := make(chan error, 1)
 	go func() {
-		errc <- other.InTx(context.Background(), func(ctx context.Context, tx *sql.Tx) error {
+		errc <- other.InTx(idem.WithoutKey(context.Background()), func(ctx context.Context, tx *sql.Tx) error {
 			close(locked)
 			<-done
 			return nil
@@ -376,7 +376,7 @@ func TestInTxRollsBackWhenFnFails(t *testing.T) {
 	s, _ := openStore(t, sqlite.Config{})
 	createMarkerTable(t, s)
 	boom := errors.New("boom")
-	err := s.InTx(context.Background(), func(ctx context.Context, tx *sql.Tx) error {
+	err := s.InTx(idem.WithoutKey(context.Background()), func(ctx context.Context, tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO app_marker VALUES ('x')`); err != nil {
 			return err
 		}
@@ -400,7 +400,7 @@ func TestInTxRollsBackAndRepanicsWhenFnPanics(t *testing.T) {
 				t.Fatal("InTx did not re-raise fn's panic")
 			}
 		}()
-		_ = s.InTx(context.Background(), func(ctx context.Context, tx *sql.Tx) error {
+		_ = s.InTx(idem.WithoutKey(context.Background()), func(ctx context.Context, tx *sql.Tx) error {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO app_marker VALUES ('x')`); err != nil {
 				return err
 			}
@@ -411,7 +411,7 @@ func TestInTxRollsBackAndRepanicsWhenFnPanics(t *testing.T) {
 		t.Fatal("the write of a panicking fn committed")
 	}
 	// The write turn and the connection were given back.
-	if err := s.InTx(context.Background(), func(context.Context, *sql.Tx) error { return nil }); err != nil {
+	if err := s.InTx(idem.WithoutKey(context.Background()), func(context.Context, *sql.Tx) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -4,66 +4,67 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
+	"net/http"
 
 	"github.com/idem-go/idem"
 )
 
-// InTx runs fn in one BEGIN IMMEDIATE transaction and commits it: the SPEC §7 helper
-// that commits the application's writes and the idempotency record's completion
-// together, or neither.
+// InTx runs fn in one BEGIN IMMEDIATE transaction and commits it together with the
+// completion of the request's idempotency record (the [idem.Handle] in ctx): the SPEC
+// §7 helper of the lease path, for a handler that calls something outside the
+// database (a card processor) before its writes. A handler whose writes all go to
+// this database is simpler with [Store.Respond], which takes the response from its
+// function's return.
 //
-// When ctx carries an [idem.Handle] (the request came through the idem middleware with
-// a key), after fn returns nil InTx asks the handle for the completion of the response
-// the handler wrote (inside fn) and runs it, fenced by the lock token, in the same
-// transaction. If another request took the key over, the transaction rolls back and
-// InTx returns [idem.ErrLeaseLost]; if COMMIT fails, it returns that error. In both
-// cases the middleware answers 503 store_unavailable instead of the handler's
-// response, because its effects did not commit. Without a handle InTx is a plain
-// transaction.
+// The handler writes its response inside fn: after fn returns nil InTx asks the handle
+// for the completion of that response and runs it, fenced by the lock token, in the
+// same transaction. InTx refuses to commit a response the handler has not written yet
+// ([idem.ErrNoResponse]: nothing commits, the client gets 500 internal_error, nothing
+// is stored, and the mistake is logged), and a write after the completion fails (the
+// client gets the stored response). If another request took the key over, the
+// transaction rolls back and InTx returns [idem.ErrLeaseLost]; if COMMIT fails, it
+// returns that error. In both cases the middleware answers 503 store_unavailable
+// instead of the handler's response, because its effects did not commit.
+//
+// A ctx without a Handle is refused with [idem.ErrNoHandle] (a context other than the
+// request's would silently lose the guarantee), unless marked by [idem.WithoutKey]: a
+// plain transaction. On an idem.RouteOptions.ClaimInHandler route InTx claims the key
+// first, the usual way, and returns [idem.ErrAnswered] without running fn when the
+// middleware answers instead (a replay, a duplicate).
 //
 // When fn returns an error (or panics) the transaction rolls back and InTx returns
 // that error (or re-panics). fn runs once: only BEGIN is retried while another process
 // holds the write lock. fn must not call InTx or write outside tx, which would wait
 // for the write lock that tx holds.
 //
-// On a route that claims in the handler (idem.RouteOptions.ClaimInHandler) InTx also
-// claims the key, first thing in its transaction: the claim, the application's writes
-// and the completion commit together, with one fsync and no lease to renew (the write
-// lock is the lock). When the key is already there, in any state but expired, nothing
-// commits: InTx calls [idem.Handle.DeferClaim] and returns an error wrapping
-// [idem.ErrClaimDeferred] without running fn, and the middleware claims the usual way.
-//
 // The transaction holds SQLite's one write lock (and this process's write turn) while
 // fn runs, so keep slow work, such as a call to a card processor, outside fn. While it
 // holds the lock no process can take the key over; the middleware's lease renewal,
 // which waits for the lock meanwhile, is aborted when the completion begins.
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	h := idem.FromContext(ctx)
+	h, err := s.txHandle(ctx, "InTx")
+	if err != nil {
+		return err
+	}
 	tx, end, err := s.beginApp(ctx, "InTx")
 	if err != nil {
 		return err
 	}
 	defer end()
 
-	claimed, err := s.claimInTx(ctx, tx, h)
-	if err != nil {
-		return err
-	}
 	if err := fn(ctx, tx); err != nil {
 		return err
 	}
-	completing := false
+	var p *idem.RecordCompleteParams
 	if h != nil {
-		var p *idem.RecordCompleteParams
-		if p, completing = h.PrepareCompletion(); completing {
+		if p, err = h.PrepareCompletion(); err != nil {
+			return err
+		}
+		if p != nil {
 			if err := s.CompleteTx(ctx, tx, p); err != nil {
 				h.CompletionFailed(err)
 				return err
 			}
-		} else if err := releaseClaimInTx(ctx, tx, claimed); err != nil {
-			h.CompletionFailed(err)
-			return err
 		}
 	}
 	if err := tx.Commit(); err != nil {
@@ -75,10 +76,126 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 		}
 		return err
 	}
-	if completing {
+	if p != nil {
 		h.Completed()
 	}
 	return nil
+}
+
+// Respond answers the request r with the response fn returns, after committing fn's
+// writes in tx together with the key's idempotency record, in one transaction (SPEC
+// §7). It is the path for a handler whose writes all go to this database: the
+// handler returns its response instead of writing it, and neither has to mind an
+// order.
+//
+//	err := st.Respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+//		if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, amount) VALUES (?, ?)`, id, amount); err != nil {
+//			return nil, err
+//		}
+//		return idem.JSONResponse(http.StatusCreated, order)
+//	})
+//	if err != nil { ... } // nothing committed and nothing was sent: answer it
+//
+// On a route with idem.RouteOptions.ClaimInHandler the key is claimed first inside the
+// transaction (BEGIN IMMEDIATE holds SQLite's write lock: no other process can claim
+// it meanwhile), then fn runs, and the record is completed with fn's response before
+// COMMIT: one transaction and one fsync for the whole request, no lease. When the key
+// is already there nothing commits and fn does not run: Respond answers what the claim
+// found (the stored response, 409 request_in_progress, key_reused), or, when it takes
+// over an expired record or a lapsed lease, claims it the usual way and runs fn once
+// more under the lease. Elsewhere (the middleware claimed the key before the handler)
+// it completes the record, fenced by the lock token, in fn's transaction. A request
+// marked idem.WithoutKey (no key) gets a plain transaction.
+//
+// Respond sends the response when the transaction committed, and returns nil once the
+// request is answered (with fn's response, a replay, or a refusal; when the
+// transaction fails on the store's side the middleware answers 503
+// store_unavailable and logs it). Whatever the handler writes after that is refused.
+// It returns an error, having sent nothing and committed nothing, when the handler
+// must answer: fn's error. Then anything the handler answers goes through the
+// middleware as usual: stored or releasing the key by its status (SPEC §6). It returns
+// [idem.ErrNoHandle] for a request that is neither behind the middleware nor marked
+// idem.WithoutKey. fn may run twice (the fallback above), each time in a transaction
+// that commits at most once; as with InTx, it must not write outside tx.
+func (s *Store) Respond(w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, tx *sql.Tx) (*idem.Response, error)) error {
+	if _, err := idem.TxHandle(r.Context()); err != nil {
+		s.logger.ErrorContext(r.Context(), "sqlite: Respond refused a request without an idem.Handle", "error", err)
+		return err
+	}
+	return idem.ServeTx(w, r, func(ctx context.Context, rec *idem.TxRecord) (*idem.Response, error) {
+		return s.respondOnce(ctx, rec, fn)
+	})
+}
+
+// respondOnce runs one transaction of Respond: the claim rec asks for, fn, and the
+// record's completion.
+func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx context.Context, tx *sql.Tx) (*idem.Response, error)) (*idem.Response, error) {
+	tx, end, err := s.beginApp(ctx, "Respond")
+	if err != nil {
+		return nil, &idem.StoreError{Op: "begin", Err: err}
+	}
+	defer end()
+	claim := rec.Claim()
+	if claim != nil {
+		res, err := claimTx(ctx, tx, claim, now(claim.Now))
+		if err != nil {
+			return nil, &idem.StoreError{Op: "claim", Err: interpretError(err)}
+		}
+		if res.Outcome != idem.ClaimAcquired || res.TookOver {
+			// A replay, a duplicate or a mismatch is answered from what the claim read;
+			// a lapsed lease is taken over the usual way (the middleware logs
+			// takeovers). Nothing commits.
+			found := res.Record
+			if res.Outcome == idem.ClaimAcquired {
+				found = nil
+			}
+			return nil, &idem.KeyTakenError{Found: found, Now: res.Now}
+		}
+	}
+	resp, err := fn(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	p, err := rec.Complete(resp)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case p != nil:
+		if err := completeTx(ctx, tx, p); err != nil {
+			if errors.Is(err, idem.ErrLeaseLost) {
+				return nil, err
+			}
+			return nil, &idem.StoreError{Op: "complete", Err: interpretError(err)}
+		}
+	case claim != nil:
+		// The response releases the key (SPEC §6): the claim made above never commits.
+		if err := releaseClaimInTx(ctx, tx, claim); err != nil {
+			return nil, &idem.StoreError{Op: "release", Err: err}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, &idem.StoreError{Op: "commit", Err: interpretError(err)}
+	}
+	return resp, nil
+}
+
+// txHandle is the Handle a SPEC §7 helper (what, for the log) completes, claimed
+// under a lease: none for a context marked idem.WithoutKey, idem.ErrNoHandle (logged)
+// for one without a Handle, idem.ErrAnswered when a ClaimInHandler route's claim did
+// not acquire the key.
+func (s *Store) txHandle(ctx context.Context, what string) (*idem.Handle, error) {
+	h, err := idem.TxHandle(ctx)
+	if err != nil {
+		s.logger.ErrorContext(ctx, "sqlite: "+what+" refused a context without the request's idem.Handle", "error", err)
+		return nil, err
+	}
+	if h != nil {
+		if err := h.AcquireForTx(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
 }
 
 // beginApp begins the transaction of an application's function (InTx, Step): it takes
@@ -116,35 +233,8 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p *idem.RecordComple
 	return interpretError(err)
 }
 
-// claimInTx claims the key of a ClaimInHandler route inside tx, before the handler's
-// writes. It returns the claim it made (nil when the route does not claim in the
-// handler), or an error wrapping idem.ErrClaimDeferred, having told the handle, when
-// the key is taken.
-func (s *Store) claimInTx(ctx context.Context, tx *sql.Tx, h *idem.Handle) (*idem.RecordClaimParams, error) {
-	if h == nil {
-		return nil, nil
-	}
-	p, ok := h.PrepareClaim()
-	if !ok {
-		return nil, nil
-	}
-	res, err := claimTx(ctx, tx, p, now(p.Now))
-	if err != nil {
-		err = interpretError(err)
-		h.CompletionFailed(err)
-		return nil, err
-	}
-	if res.Outcome != idem.ClaimAcquired || res.TookOver {
-		// A replay, a duplicate or a mismatch (or a lapsed lease: the middleware logs
-		// takeovers) is the middleware's to answer.
-		h.DeferClaim()
-		return nil, fmt.Errorf("%w (%s)", idem.ErrClaimDeferred, res.Outcome)
-	}
-	return p, nil
-}
-
-// releaseClaimInTx deletes, in tx, a claim made by claimInTx (none when p is nil)
-// whose response is not to be stored (SPEC §6), so that it never commits.
+// releaseClaimInTx deletes, in tx, a claim made by Respond's transaction whose
+// response is not to be stored (SPEC §6), so that it never commits.
 func releaseClaimInTx(ctx context.Context, tx *sql.Tx, p *idem.RecordClaimParams) error {
 	if p == nil {
 		return nil

@@ -162,7 +162,7 @@ func (c *Child[Tx]) Handle(ctx context.Context, id string, delivery int, process
 // plain is a consumer without idempotency: the effect in a transaction, then the
 // acknowledgement.
 func (c *Child[Tx]) plain(ctx context.Context, id string) consume.Result {
-	err := c.inTx(ctx, func(ctx context.Context, tx Tx) error { return c.Effect(ctx, tx, id) })
+	err := c.inTx(idem.WithoutKey(ctx), func(ctx context.Context, tx Tx) error { return c.Effect(ctx, tx, id) })
 	if err != nil {
 		return consume.Result{Action: consume.Nak, Delay: RetryDelay, Err: err}
 	}

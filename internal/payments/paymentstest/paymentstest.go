@@ -29,7 +29,7 @@ func Handler(t testing.TB, mod func(*payments.Config)) http.Handler {
 	if err := st.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	db := payments.NewSQLiteDB(st.DB(), st.InTx)
+	db := payments.NewSQLiteStoreDB(st)
 	if _, err := db.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}

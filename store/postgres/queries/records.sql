@@ -258,24 +258,36 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key
   AND NOT (r.state = 'in_flight' AND r.lease_end > clock.now);
 
 -- name: RecordInsertCompleted
--- The claim and the completion of a ClaimInHandler transaction (InTxBatch) in one
+-- The claim and the completion of a ClaimInHandler transaction (Respond) in one
 -- INSERT: the record is born completed, in the transaction that holds the
 -- application's writes, so that it needs no lease, token or heartbeat (the open
--- transaction is the lock). A record already there, whatever its state, raises
--- unique_violation (23505) and aborts the transaction: the middleware then claims the
--- usual way. An uncommitted insert of the same key makes this one wait, at most the
--- lock_timeout that this statement sets for its transaction ($12) before it inserts
--- (55P03): the INSERT reads its row from the materialised clock, so set_config runs
--- before the insert can wait, and a lock wait reads lock_timeout when it begins.
+-- transaction is the lock). A record already there, whatever its state, is left alone
+-- (ON CONFLICT DO NOTHING checks the index before it writes anything: a replay costs a
+-- read, not a dead tuple) and idem_fence raises IDL01, aborting the transaction: the
+-- caller then answers from the record it read just before, or claims the usual way. An
+-- uncommitted insert of the same key makes this one wait, at most the lock_timeout that
+-- this statement sets for its transaction ($12) before it inserts (55P03): the INSERT
+-- reads its row from the materialised clock, so set_config runs before the insert can
+-- wait, and a lock wait reads lock_timeout when it begins. RecordInsertCompletedAfter
+-- puts lock_timeout back for the application's statements.
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 status,
 -- $7 headers, $8 body, $9 not stored, $10 ttl (µs), $11 injected now, $12 lock timeout.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($11::timestamptz, clock_timestamp()) AS now,
            set_config('lock_timeout', $12, true) AS lock_timeout
+), inserted AS (
+    INSERT INTO {{schema}}idem_records
+        (scope, key, id, fingerprint_version, fingerprint, state, response_status,
+         response_headers, response_body, response_not_stored, created_at, expires_at)
+    SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, $9, clock.now,
+           clock.now + $10::bigint * interval '1 microsecond'
+    FROM clock
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING 1
 )
-INSERT INTO {{schema}}idem_records
-    (scope, key, id, fingerprint_version, fingerprint, state, response_status,
-     response_headers, response_body, response_not_stored, created_at, expires_at)
-SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, $9, clock.now,
-       clock.now + $10::bigint * interval '1 microsecond'
-FROM clock;
+SELECT {{schema}}idem_fence(EXISTS (SELECT 1 FROM inserted));
+
+-- name: RecordInsertCompletedAfter
+-- Puts the transaction's lock_timeout back to the session's after RecordInsertCompleted:
+-- the application's statements wait for their locks as they would without idem.
+SET LOCAL lock_timeout TO DEFAULT;

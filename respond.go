@@ -1,0 +1,329 @@
+package idem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// The SPEC §7 helpers' side of the root package: what store packages build their
+// transaction helpers on (InTx for the lease path, Respond for the one-round-trip path),
+// and the mistakes those helpers refuse loudly rather than let pass.
+
+// ErrNoHandle is returned by the store packages' SPEC §7 helpers for a context that
+// carries no [Handle] and was not marked by [WithoutKey]: most likely a context other
+// than the request's (a server's, context.Background()) passed inside a keyed
+// request's handler, which would otherwise run a plain transaction and lose the
+// guarantee that the writes and the stored response commit together.
+var ErrNoHandle = errors.New("idem: the context carries no idem.Handle: pass the request's own context (r.Context()) " +
+	"of a request behind the idem middleware, or idem.WithoutKey(ctx) for a transaction that completes no record")
+
+// ErrNoResponse is returned by a SPEC §7 helper whose transaction was to commit with
+// the handler's response while the handler had written none yet (it writes after the
+// helper returns: the natural order, and the wrong one with InTx). Nothing commits;
+// the middleware answers 500 internal_error, stores nothing and logs the mistake, and
+// the handler's later writes are refused. Write the response inside the
+// transaction's function, or use the store's Respond, which takes the response its
+// function returns.
+var ErrNoResponse = errors.New("idem: the handler wrote no response before its transaction was to commit with it: " +
+	"write the response inside the transaction's function, or return it from the store's Respond")
+
+// ErrAnswered is returned by a SPEC §7 helper on a [RouteOptions.ClaimInHandler] route
+// when the claim it made first did not acquire the key: the middleware answers the
+// request itself (the stored response, 409 request_in_progress, key_reused, or 503
+// store_unavailable), the helper ran nothing, and whatever the handler writes after
+// it is discarded. A handler may treat it as any other error.
+var ErrAnswered = errors.New("idem: the key was not acquired: the middleware answers this request itself")
+
+// withoutKey marks a context whose operations run without a key on purpose
+// (WithoutKey); it is the value of handleKey there.
+type withoutKey struct{}
+
+// WithoutKey returns ctx marked as running no keyed operation on purpose: the store
+// packages' SPEC §7 helpers then run a plain transaction that completes no record,
+// instead of failing with [ErrNoHandle]. The middleware marks the requests it lets
+// through without a key (a route or method where the key is optional or off) unless
+// their method is safe (GET, HEAD, OPTIONS, TRACE); a handler on a route without the
+// middleware, or a background job, marks its own context. Inside a keyed operation it
+// hides the operation's Handle: a transaction of its own that must not complete the
+// record.
+func WithoutKey(ctx context.Context) context.Context {
+	return context.WithValue(ctx, handleKey{}, withoutKey{})
+}
+
+// TxHandle returns the claim that a SPEC §7 helper's transaction completes, for store
+// packages: the [Handle] ctx carries, or nil (and no error) when ctx was marked by
+// [WithoutKey], or [ErrNoHandle].
+func TxHandle(ctx context.Context) (*Handle, error) {
+	switch v := ctx.Value(handleKey{}).(type) {
+	case *Handle:
+		return v, nil
+	case withoutKey:
+		return nil, nil
+	}
+	return nil, ErrNoHandle
+}
+
+// AcquireForTx is for store packages' SPEC §7 helpers whose transaction completes a
+// record held under a lease (InTx, steps): it makes sure the handle holds its key
+// before the application's transaction begins. On a [RouteOptions.ClaimInHandler]
+// route, where the middleware did not claim, it claims the key now the usual way;
+// when that claim does not acquire the key, the middleware answers the request with
+// what the claim found (a replay, 409, key_reused, 503) and AcquireForTx returns
+// [ErrAnswered]: the helper runs nothing and returns that error. Everywhere else it
+// returns nil at once.
+func (h *Handle) AcquireForTx(ctx context.Context) error {
+	return h.acquireForTx(ctx, nil)
+}
+
+// acquireForTx is AcquireForTx whose claim starts from what a transaction found of
+// the key (see Guard.claimFrom), when found is not nil.
+func (h *Handle) acquireForTx(ctx context.Context, found *RecordClaimResult) error {
+	if !h.inTx {
+		return nil
+	}
+	resp, err := h.g.claimFrom(ctx, h, found)
+	if resp == nil && err == nil {
+		// Held under a lease from now on, without a heartbeat: the handler's context
+		// ends with the lease (executeClaimingInHandler), and the fence refuses a
+		// completion after a takeover.
+		h.inTx, h.claimedInTx = false, false
+		return nil
+	}
+	if a, ok := h.describer.(answerer); ok {
+		a.answerLater(resp, err)
+	}
+	return ErrAnswered
+}
+
+// answerer is the middleware's request: it answers, once the handler has returned, a
+// claim that a helper made inside the handler and that did not acquire the key.
+type answerer interface {
+	answerLater(resp *Response, err error)
+}
+
+// KeyTakenError is what a store's [TxFunc] returns when the claim of [TxRecord.Claim]
+// found the key already there, and nothing committed. Found is what the transaction
+// read of the key's record (nil when it read none: an expired record, or one inserted
+// by a transaction that committed after the read), and Now the store's time of that
+// read: [ServeTx] answers a completed record, one in flight and one of another
+// fingerprint as a claim that found them would, without asking the store again, and
+// claims the key the usual way otherwise. It matches [ErrClaimDeferred].
+type KeyTakenError struct {
+	Found *Record
+	Now   time.Time
+	// Err is the store's error (a unique violation), for logs.
+	Err error
+}
+
+func (e *KeyTakenError) Error() string {
+	if e.Err == nil {
+		return ErrClaimDeferred.Error()
+	}
+	return ErrClaimDeferred.Error() + ": " + e.Err.Error()
+}
+
+// Is reports whether target is [ErrClaimDeferred].
+func (e *KeyTakenError) Is(target error) bool { return target == ErrClaimDeferred }
+
+// Unwrap returns the store's error.
+func (e *KeyTakenError) Unwrap() error { return e.Err }
+
+// found is the claim result the record found stands for, or nil when the key must be
+// claimed afresh (absent, expired, a lapsed lease: the store decides those).
+func (e *KeyTakenError) found(p *RecordClaimParams) *RecordClaimResult {
+	if e == nil || e.Found == nil {
+		return nil
+	}
+	res := &RecordClaimResult{Record: e.Found, Now: e.Now}
+	switch p.Decide(e.Found, e.Now) {
+	case DecideReplay:
+		res.Outcome = ClaimCompleted
+	case DecideInFlight:
+		res.Outcome = ClaimInFlight
+	case DecideMismatch:
+		res.Outcome = ClaimMismatch
+	default:
+		return nil
+	}
+	return res
+}
+
+// TxFunc is one attempt of a store package's Respond transaction, run by [ServeTx]:
+// in one transaction of the store's database, the handler's writes and what rec says
+// to do with the key's record. It returns the handler's response, which it passes to
+// [TxRecord.Complete] before the record's statement (and before COMMIT).
+//
+// Its errors tell ServeTx what happened: a [*KeyTakenError] (or any error wrapping
+// [ErrClaimDeferred]) when the claim of [TxRecord.Claim] found the key already there
+// (nothing committed);
+// [ErrKeyInProgress] when a concurrent transaction holding the key did not commit in
+// time; [ErrLeaseLost] when the fenced completion found the key taken over; a
+// [*StoreError] when BEGIN, a record statement, COMMIT or the connection failed (a
+// COMMIT's outcome may be unknown). Any other error is the handler's own (its
+// function's, or a statement of its writes): nothing committed, and ServeTx returns
+// it for the handler to answer.
+type TxFunc func(ctx context.Context, rec *TxRecord) (*Response, error)
+
+// TxRecord is what one attempt of a Respond transaction does with the key's record,
+// besides the handler's writes. Store packages use it inside a [TxFunc].
+type TxRecord struct {
+	h      *Handle
+	x      *request
+	claim  *RecordClaimParams
+	params *RecordCompleteParams
+	frozen bool // Complete wrote the response into the capture and froze it
+	resp   *Response
+}
+
+// Claim returns the claim the transaction makes first: non-nil on a
+// [RouteOptions.ClaimInHandler] route, whose key nobody holds yet; the record it
+// inserts holds the completion of [TxRecord.Complete] when that returns one (and is
+// deleted again, or never inserted, when it does not). Nil when the middleware holds
+// the key already (the completion is then fenced by its token) and for a transaction
+// without a key ([WithoutKey]).
+func (t *TxRecord) Claim() *RecordClaimParams { return t.claim }
+
+// Complete fixes resp as the request's response: the client gets exactly it if the
+// transaction commits, and it returns the completion to run (or, with [TxRecord.Claim],
+// to insert) inside the transaction before COMMIT. It returns nil params (no error)
+// when resp releases the key (SPEC §6) or the transaction has no key: the transaction
+// then records nothing. An error (resp is nil, or the handler wrote a response before
+// calling Respond) means: roll back and return it.
+func (t *TxRecord) Complete(resp *Response) (*RecordCompleteParams, error) {
+	if resp == nil {
+		return nil, errors.New("idem: Respond's function returned a nil response")
+	}
+	if resp.Status < 200 || resp.Status > 999 {
+		return nil, fmt.Errorf("idem: Respond's function returned status %d; a response's status is 200 to 999", resp.Status)
+	}
+	t.resp = resp
+	if t.h == nil {
+		return nil, nil
+	}
+	c := t.x.capture
+	if c.wroteHeader || c.passThrough {
+		return nil, errors.New("idem: the handler wrote a response before calling Respond: return the response from Respond's function instead")
+	}
+	writeResponse(c, resp)
+	t.frozen = true
+	p, err := t.h.PrepareCompletion()
+	t.params = p
+	return p, err
+}
+
+// undo discards what Complete prepared, after a transaction that committed nothing:
+// the capture is empty again, and the next completion freezes another response.
+func (t *TxRecord) undo() {
+	if !t.frozen {
+		return
+	}
+	t.x.capture.reopen()
+	h := t.h
+	h.mu.Lock()
+	h.decided, h.store, h.params, h.failed = false, false, nil, nil
+	h.mu.Unlock()
+	t.frozen = false
+}
+
+// writeResponse writes resp to w: its headers, status and body.
+func writeResponse(w http.ResponseWriter, resp *Response) {
+	dst := w.Header()
+	for k, v := range resp.Header {
+		dst[k] = v
+	}
+	w.WriteHeader(resp.Status)
+	if len(resp.Body) > 0 {
+		_, _ = w.Write(resp.Body)
+	}
+}
+
+// ServeTx is what store packages build their Respond helper on: it answers the request
+// r with the response run returns, after run committed the handler's writes and the
+// key's record in one transaction (SPEC §7). On a [RouteOptions.ClaimInHandler] route
+// the first attempt claims the key inside that transaction ([TxRecord.Claim]); when it
+// finds the key already there, ServeTx claims it the usual way and, when that acquires
+// it (an expired record, a lapsed lease), runs one more attempt completing the record
+// under the lease, or else has the middleware answer what the claim found (the stored
+// response, 409, key_reused). Either way the handler has nothing more to do, and
+// ServeTx returns nil; it also returns nil when the transaction failed on the store's
+// side (the middleware answers 409 or 503 store_unavailable, and logs it).
+//
+// It returns an error only when the handler must answer: the handler's own (run's
+// function or one of its statements failed, and nothing committed), or a misuse
+// ([ErrNoHandle]: the request carries no Handle; a request not behind the middleware,
+// or a response written before). Whatever the handler writes after ServeTx returned
+// nil is refused (Write fails, and the middleware logs it); the client gets the
+// answer ServeTx settled.
+//
+// A request marked by [WithoutKey] (no key) gets a plain transaction whose response
+// ServeTx writes to w after COMMIT.
+func ServeTx(w http.ResponseWriter, r *http.Request, run TxFunc) error {
+	ctx := r.Context()
+	h, err := TxHandle(ctx)
+	if err != nil {
+		return err
+	}
+	if h == nil {
+		rec := &TxRecord{}
+		resp, err := run(ctx, rec)
+		if err != nil {
+			return err
+		}
+		writeResponse(w, resp)
+		return nil
+	}
+	x, _ := h.describer.(*request)
+	if x == nil || x.capture == nil {
+		return errors.New("idem: Respond needs a request behind the idem middleware (its Handle came from elsewhere)")
+	}
+	for {
+		rec := &TxRecord{h: h, x: x}
+		if h.inTx {
+			h.newClaim()
+			h.claimedInTx = true
+			rec.claim = &h.claim
+		}
+		_, err := run(ctx, rec)
+		switch {
+		case err == nil:
+			if rec.params != nil {
+				h.Completed()
+			}
+			return nil
+		case errors.Is(err, ErrClaimDeferred) && rec.claim != nil:
+			rec.undo()
+			h.claimedInTx = false
+			var taken *KeyTakenError
+			errors.As(err, &taken)
+			if h.acquireForTx(ctx, taken.found(rec.claim)) != nil {
+				return nil // the middleware answers what the claim found
+			}
+			// Held now (an expired record, a lapsed lease): once more, fenced.
+		case errors.Is(err, ErrKeyInProgress), errors.Is(err, ErrLeaseLost), errors.Is(err, ErrStoreUnavailable):
+			// The middleware answers 409 or 503 instead of the response, which stays
+			// frozen: later writes are refused.
+			h.CompletionFailed(err)
+			return nil
+		default:
+			rec.undo()
+			if rec.claim != nil {
+				h.claimedInTx = false
+			}
+			return err
+		}
+	}
+}
+
+// JSONResponse returns a response with status and v encoded as JSON, with
+// Content-Type application/json: what a Respond function returns for a JSON API.
+func JSONResponse(status int, v any) (*Response, error) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("idem: encoding the response: %w", err)
+	}
+	return &Response{Status: status, Header: http.Header{"Content-Type": {"application/json"}}, Body: body}, nil
+}

@@ -1,0 +1,310 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-go/idem"
+)
+
+// DefaultClaimLockTimeout is how long a [Store.Respond] transaction that claims its key
+// (idem.RouteOptions.ClaimInHandler) waits for a concurrent, uncommitted claim of the
+// same key before the request answers 409 request_in_progress.
+const DefaultClaimLockTimeout = 100 * time.Millisecond
+
+// Respond answers the request r with the response fn returns, after committing the
+// statements fn queues on b together with the key's idempotency record, in one
+// transaction (SPEC §7). It is the path for a handler whose writes all go to this
+// database and are known before they run: the handler returns its response instead of
+// writing it, and neither has to mind an order.
+//
+//	err := st.Respond(w, r, func(b *pgx.Batch) (*idem.Response, error) {
+//		b.Queue(`INSERT INTO orders (id, scope, amount) VALUES ($1, $2, $3)`, id, scope, amount)
+//		return idem.JSONResponse(http.StatusCreated, order)
+//	})
+//	if err != nil { ... } // nothing committed and nothing was sent: answer it
+//
+// On a route with idem.RouteOptions.ClaimInHandler the whole request is one round trip:
+// BEGIN, the record inserted already completed with the response (with a bounded
+// lock_timeout, Config.ClaimLockTimeout), the statements and COMMIT, pipelined. When
+// the key is already there, nothing commits and Respond claims it the usual way: it
+// answers the stored response, 409 request_in_progress or key_reused, or, having
+// taken over an expired record or a lapsed lease, sends the statements once more with
+// the record's fenced completion. Elsewhere (the middleware claimed the key before the
+// handler) it is BEGIN, the statements, the fenced completion and COMMIT: one round
+// trip after the claim's. A request marked idem.WithoutKey (no key) gets BEGIN, the
+// statements and COMMIT.
+//
+// Respond sends the response when the transaction committed, and returns nil once the
+// request is answered (with fn's response, a replay, or a refusal; when the
+// transaction fails on the store's side the middleware answers 503 store_unavailable,
+// or 409 when a concurrent request holds the key, and logs it). Whatever the handler
+// writes after that is refused. It returns an error, having sent nothing and
+// committed nothing, when the handler must answer: fn's error, or the error of one of
+// fn's statements (a constraint, a raised exception: a statement that must stop the
+// transaction fails on the server, as nothing in between can stop the COMMIT queued
+// behind it). Then anything the handler answers goes through the middleware as
+// usual: stored or releasing the key by its status (SPEC §6). It returns
+// [idem.ErrNoHandle] for a request that is neither behind the middleware nor marked
+// idem.WithoutKey. fn runs once; its statements may be sent twice (the fallback
+// above), each time in a transaction that commits at most once.
+//
+// Respond never retries a transaction that may have committed.
+func (s *Store) Respond(w http.ResponseWriter, r *http.Request, fn func(b *pgx.Batch) (*idem.Response, error)) error {
+	if _, err := idem.TxHandle(r.Context()); err != nil {
+		s.logger.ErrorContext(r.Context(), "postgres: Respond refused a request without an idem.Handle", "error", err)
+		return err
+	}
+	app := &pgx.Batch{}
+	resp, err := fn(app)
+	if err != nil {
+		return err
+	}
+	return idem.ServeTx(w, r, func(ctx context.Context, rec *idem.TxRecord) (*idem.Response, error) {
+		return resp, s.respondOnce(ctx, rec, resp, app)
+	})
+}
+
+// readCommitted opens each transaction of Respond. A pipelined batch without BEGIN is
+// one implicit transaction, committed at its end, or rolled back by the first error
+// with nothing more to send (no ROLLBACK round trip).
+const readCommitted = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+
+// respondOnce sends one transaction of Respond, pipelined in one round trip: READ
+// COMMITTED, the record's claim (a read of the key's record, then the insert of the
+// completed record) or its fenced completion, as rec says, and the statements of app.
+func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idem.Response, app *pgx.Batch) error {
+	done, err := rec.Complete(resp)
+	if err != nil {
+		return err
+	}
+	claim := rec.Claim()
+	if done == nil {
+		claim = nil // the response releases the key: nothing to record
+	}
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(app.QueuedQueries)+4)}
+	b.Queue(readCommitted)
+	if claim != nil {
+		b.Queue(s.q.recordGet, []byte(claim.Scope), []byte(claim.Key), nowParam(claim.Now))
+		args, err := insertDoneArgs(claim, done, strconv.FormatInt(s.claimLockTimeout.Milliseconds(), 10)+"ms")
+		if err != nil {
+			return err
+		}
+		b.Queue(s.q.recordInsertDone, args...)
+		b.Queue(s.q.recordInsertAfter)
+	}
+	for _, q := range app.QueuedQueries {
+		// A copy: pgx keeps what it learnt of the statement on the queued query, and
+		// a second attempt runs on another connection.
+		b.QueuedQueries = append(b.QueuedQueries, &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments, Fn: q.Fn})
+	}
+	fenced := done != nil && claim == nil
+	if fenced {
+		args, err := completeArgs(done)
+		if err != nil {
+			return err
+		}
+		b.Queue(s.q.recordCompleteTx, args...)
+	}
+
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return &idem.StoreError{Op: "begin", Err: interpretError(err)}
+	}
+	defer conn.Release() // a connection left inside a transaction is closed, not reused
+	if err := prepareNamed(ctx, conn.Conn(), b); err != nil {
+		return &idem.StoreError{Op: "prepare", Err: interpretError(err)}
+	}
+	return s.sendBatch(ctx, conn, b, claim, len(app.QueuedQueries), fenced)
+}
+
+// sendBatch sends b and reads its results in order, classifying the first error for
+// idem.ServeTx: the claim's (an idem.KeyTakenError carrying the record the batch read,
+// or idem.ErrKeyInProgress), a statement of the application's (as is), the fence's
+// (idem.ErrLeaseLost), or the store's (an idem.StoreError). After the first error the
+// server skipped every statement up to the end of the batch, and rolled its implicit
+// transaction back.
+func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch, claim *idem.RecordClaimParams, app int, fenced bool) error {
+	br := conn.SendBatch(ctx, b)
+	var (
+		err    error
+		found  *idem.Record
+		now    time.Time
+		forget string // a statement whose plan the server refused
+	)
+	next := 0 // the statement exec reads the results of
+	var callbackErr error
+	exec := func(what string) {
+		q := b.QueuedQueries[next]
+		sql := q.SQL
+		next++
+		if err != nil {
+			return
+		}
+		if what == "app" && q.Fn != nil {
+			// A callback of the application's (QueryRow, Query, Exec on the queued
+			// query) reads the statement's results. Its own error cannot stop the
+			// transaction, which the server commits at the batch's end: it is logged.
+			if cbErr := q.Fn(br); cbErr != nil {
+				var pgErr *pgconn.PgError
+				if errors.As(cbErr, &pgErr) {
+					err = classifyApp(cbErr, &forget, sql)
+				} else if callbackErr == nil { // a broken connection fails Close too
+					callbackErr = cbErr
+				}
+			}
+			return
+		}
+		if what == "read" {
+			found, now, err = scanRecord(br.QueryRow(), claim.Scope, claim.Key, nil)
+			if errors.Is(err, pgx.ErrNoRows) {
+				found, err = nil, nil
+			} else if err != nil {
+				err = &idem.StoreError{Op: "claim", Err: interpretError(err)}
+			}
+			return
+		}
+		_, err = br.Exec()
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil:
+		case what == "claim" && (errors.Is(interpretError(err), idem.ErrLeaseLost) || isUniqueViolation(err, "idem_records")):
+			// The fence: the record was there (the insert did nothing).
+			err = &idem.KeyTakenError{Found: found, Now: now, Err: err}
+		case what == "claim" && isLockTimeout(err):
+			err = idem.ErrKeyInProgress
+		case what == "app" && errors.As(err, &pgErr):
+			err = classifyApp(err, &forget, sql)
+		case what == "complete" && errors.Is(interpretError(err), idem.ErrLeaseLost):
+			err = idem.ErrLeaseLost
+		default:
+			err = &idem.StoreError{Op: what, Err: interpretError(err)}
+		}
+	}
+	exec("begin")
+	if claim != nil {
+		exec("read")
+		exec("claim")
+		exec("after")
+	}
+	for range app {
+		exec("app")
+	}
+	if fenced {
+		exec("complete")
+	}
+	// Close reads to the batch's end, where the implicit transaction commits: an
+	// error there is the commit's.
+	if closeErr := br.Close(); err == nil && closeErr != nil {
+		err = &idem.StoreError{Op: "commit", Err: interpretError(closeErr)}
+	}
+	if pc := conn.Conn().PgConn(); err != nil && pc.TxStatus() != 'I' {
+		// Left in a transaction (a statement of the application's began one): roll it
+		// back through pgconn, without the deallocations pgx.Conn would send first.
+		if _, rbErr := pc.Exec(context.WithoutCancel(ctx), "ROLLBACK").ReadAll(); rbErr != nil {
+			_ = pc.Close(context.WithoutCancel(ctx)) // never reuse it half-open
+		}
+	}
+	if forget != "" {
+		forgetNamed(ctx, conn.Conn(), forget)
+	}
+	if callbackErr != nil {
+		s.logger.ErrorContext(ctx, "postgres: a callback of Respond's statements failed; the transaction's outcome stands",
+			"error", callbackErr, "committed", err == nil)
+	}
+	return err
+}
+
+// classifyApp returns the error of one of the application's statements as Respond
+// returns it: a server's error as is (after a schema change, the statement is to be
+// prepared again: forget), anything else as the store's.
+func classifyApp(err error, forget *string, sql string) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return &idem.StoreError{Op: "app", Err: interpretError(err)}
+	}
+	if pgErr.Code == "0A000" { // cached plan must not change result type
+		*forget = sql
+	}
+	return err
+}
+
+// maxNamedStatements bounds how many of the applications' statements prepareNamed
+// prepares by name on one connection; further ones go through pgx's statement cache.
+const maxNamedStatements = 128
+
+// namedKey is the key of the connection's CustomData that holds the set of the
+// applications' statements prepareNamed prepared on it.
+const namedKey = "idem.postgres.named"
+
+// prepareNamed prepares the statements of b on conn by name (the SQL), once per
+// connection. pgx drops every statement of a batch that fails from its statement cache,
+// which costs a DEALLOCATE and a PREPARE on the connection's next use of them; a
+// Respond batch fails on every replay of a ClaimInHandler route (its insert of the
+// record meets the key's), and a statement prepared by name is not in that cache. The
+// applications' statements count against maxNamedStatements per connection (dynamic
+// SQL must not grow the server's prepared statements without bound).
+func prepareNamed(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) error {
+	data := conn.PgConn().CustomData()
+	named, _ := data[namedKey].(map[string]bool)
+	if named == nil {
+		named = make(map[string]bool)
+		data[namedKey] = named
+	}
+	for _, q := range b.QueuedQueries {
+		if named[q.SQL] {
+			continue
+		}
+		if len(named) >= maxNamedStatements {
+			continue
+		}
+		if _, err := conn.Prepare(ctx, q.SQL, q.SQL); err != nil {
+			return err
+		}
+		named[q.SQL] = true
+	}
+	return nil
+}
+
+// forgetNamed deallocates a statement prepareNamed prepared on conn whose plan the
+// server refuses after a schema change ("cached plan must not change result type"),
+// so that the next batch prepares it again.
+func forgetNamed(ctx context.Context, conn *pgx.Conn, sql string) {
+	if named, _ := conn.PgConn().CustomData()[namedKey].(map[string]bool); named[sql] {
+		delete(named, sql)
+		_ = conn.Deallocate(context.WithoutCancel(ctx), sql)
+	}
+}
+
+// insertDoneArgs are the arguments of RecordInsertCompleted.
+func insertDoneArgs(c *idem.RecordClaimParams, p *idem.RecordCompleteParams, lockTimeout string) ([]any, error) {
+	resp := p.Response
+	if resp == nil {
+		return nil, errors.New("postgres: RecordCompleteParams.Response is nil")
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	return []any{[]byte(c.Scope), []byte(c.Key), c.RecordID, c.Fingerprint.Version, c.Fingerprint.Sum[:],
+		resp.Status, encodeHeaders(resp.Header), body, resp.NotStored, micros(p.TTL), nowParam(c.Now), lockTimeout}, nil
+}
+
+// isUniqueViolation reports whether err is a unique violation on table.
+func isUniqueViolation(err error, table string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.TableName == table
+}
+
+// isLockTimeout reports whether err is lock_not_available: lock_timeout ran out.
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
