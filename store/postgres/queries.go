@@ -5,7 +5,7 @@ package postgres
 // time a pooled connection runs it; and the pool does not ping a connection unless it sat
 // idle for more than a second):
 //
-//   - new key:             1 (RecordClaim: one call of idem_claim, a read then an insert)
+//   - new key:             1 (RecordClaim: one call of idem_claim_v2, a read then an insert)
 //     + 1 to complete      (RecordComplete, or RecordRelease)
 //   - replay:              1 (RecordClaim returns the completed record; nothing written)
 //   - in-flight duplicate: 1 (RecordClaim returns the in-flight record; nothing written)

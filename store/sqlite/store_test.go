@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
@@ -449,4 +450,12 @@ func TestOpenMustExistRefusesAMissingFileAndCreatesNothing(t *testing.T) {
 		}
 		s.Close()
 	}
+}
+
+// The migrations after 0003 only add (tables, columns that are NULL or have a default,
+// indexes), so that a process of the previous version keeps working on a file that the
+// next one migrated during a rolling upgrade (docs/operations.md).
+func TestMigrationsAfter0003OnlyAdd(t *testing.T) {
+	t.Parallel()
+	testkit.MigrationsOnlyAdd(t, "migrations", 3)
 }

@@ -8,17 +8,22 @@
 -- order that scanRecord reads them.
 
 -- name: RecordClaim
--- One round trip for every outcome but the rare takeover: idem_claim (migration 0003)
+-- One round trip for every outcome but the rare takeover: idem_claim_v2 (migration
+-- 0006; idem_claim of 0003 to 0005 under a name whose result never changes in place)
 -- reads the record by its primary key and returns it, or, when there is none, inserts
 -- the in-flight record; a concurrent claim that committed between its read and its
 -- insert is read on its next turn, on the server. Zero rows (only after repeated races)
--- means: the caller retries.
+-- means: the caller retries. The columns are named, not *, so that the function may
+-- gain columns without changing this statement's result.
 -- When $10 is true the statement's own (implicit) transaction commits without waiting
--- for the WAL flush (SET LOCAL synchronous_commit inside idem_claim). Why losing such a
--- claim in a crash is safe: doc.go, "Durable claims".
+-- for the WAL flush (SET LOCAL synchronous_commit inside idem_claim_v2). Why losing such
+-- a claim in a crash is safe: doc.go, "Durable claims".
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 token,
 -- $7 lease (µs), $8 ttl (µs), $9 injected now (NULL: the store's clock), $10 async commit.
-SELECT * FROM {{schema}}idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
+SELECT claimed, id, fingerprint_version, fingerprint, state, lock_token, lease_end,
+       response_status, response_headers, response_body, response_not_stored, outcome_unknown,
+       recovery_point, steps, operation, created_at, expires_at, now
+FROM {{schema}}idem_claim_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: RecordClaimExpired
 -- Claims an expired record afresh (SPEC §5.1, §8): new id, created_at, fingerprint,
