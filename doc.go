@@ -23,19 +23,27 @@
 //	mw := idem.New(idem.Config{Store: store, Scope: principalOf}) // the authenticated principal
 //	http.Handle("/v1/", authenticate(mw.Handler(api)))
 //
-// A handler makes its writes and writes its response inside the store's SPEC §7
-// helper, with the request's context: store/sqlite's (*Store).InTx, store/postgres's
-// (*Store).InTx (a pgx.Tx) or (*Store).InSQLTx (a *sql.Tx, for database/sql code), or
-// package backstop's (*Backstop).InTx with Redis. The writes, the response and the
-// key's record commit together, or none of them does:
+// A handler whose writes all go to the store's database returns its response from the
+// store's Respond, with the request: store/sqlite's (*Store).Respond (a *sql.Tx),
+// store/postgres's (*Store).Respond (statements on a pgx.Batch, one round trip on a
+// [RouteOptions.ClaimInHandler] route) or (*Store).RespondSQL (a *sql.Tx, for
+// database/sql code), or package backstop's (*Backstop).Respond with Redis. The writes,
+// the response and the key's record commit together, or none of them does, and the
+// request is answered with that response, or with what the key calls for (a replay,
+// 409, key_reused); an error comes back only when the writes failed:
 //
-//	err := store.InTx(r.Context(), func(ctx context.Context, tx *sql.Tx) error {
+//	mux.Handle("POST /v1/charges", mw.Route(idem.RouteOptions{ClaimInHandler: true})(createCharge))
+//	// in createCharge:
+//	err := store.Respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
 //		if _, err := tx.ExecContext(ctx, `INSERT INTO charges …`, …); err != nil {
-//			return err
+//			return nil, err
 //		}
-//		writeJSON(w, http.StatusCreated, charge) // the response the record keeps
-//		return nil
+//		return idem.JSONResponse(http.StatusCreated, charge)
 //	})
+//
+// A handler that calls something outside the database first (a card processor) takes
+// the lease path instead: the middleware holds the key while it runs, and it writes its
+// response inside the store's InTx (SPEC §13's steps build on it).
 //
 // Without HTTP, [Do] and [DoTx] run a function at most once per (scope, key). The
 // README's quick start (examples/sqlite, examples/postgres, examples/postgres-sql,

@@ -187,10 +187,16 @@ func (b *Backstop) Migrate(ctx context.Context) error {
 // database's error when the transaction cannot begin, insert the row or commit; a failed
 // COMMIT is also reported to the handle, so that the middleware answers 503
 // store_unavailable rather than a response whose writes did not commit. A panic in fn
-// rolls back and is re-raised. Without a handle InTx is a plain transaction.
+// rolls back and is re-raised. A request whose context carries no Handle gets
+// [idem.ErrNoHandle], unless it is marked by [idem.WithoutKey] (the middleware marks the
+// requests it lets through without a key): a plain transaction.
 func (b *Backstop) InTx(w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	ctx := r.Context()
-	h := idem.FromContext(ctx)
+	h, err := idem.TxHandle(ctx)
+	if err != nil {
+		b.logger.ErrorContext(ctx, "backstop: refused a request without the request's idem.Handle", slog.Any("error", err))
+		return err
+	}
 	var opts *sql.TxOptions
 	if b.dialect == Postgres {
 		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
@@ -239,6 +245,67 @@ func (b *Backstop) InTx(w http.ResponseWriter, r *http.Request, fn func(ctx cont
 	}
 	b.maybeClean()
 	return nil
+}
+
+// Respond is InTx for a handler that returns its response instead of writing it, as
+// the SQL stores' Respond: fn runs the operation's writes on tx and returns the
+// response; Respond keeps it in the key's row, commits, and the request is answered with
+// it, or with what the key's row calls for (the kept response, key_reused). It returns
+// an error only when fn failed: nothing committed and nothing was sent, and the handler
+// answers. When the database fails, the request is answered 503 store_unavailable
+// (which frees the key) and Respond returns nil. A write after Respond answered is
+// refused. A request marked by [idem.WithoutKey] gets a plain transaction, its response
+// written after COMMIT (a failed COMMIT is then returned).
+func (b *Backstop) Respond(w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, tx *sql.Tx) (*idem.Response, error)) error {
+	h, err := idem.TxHandle(r.Context())
+	if err != nil {
+		b.logger.ErrorContext(r.Context(), "backstop: refused a request without the request's idem.Handle", slog.Any("error", err))
+		return err
+	}
+	var (
+		resp         *idem.Response
+		fnErr, wrote bool
+	)
+	err = b.InTx(w, r, func(ctx context.Context, tx *sql.Tx) error {
+		var err error
+		if resp, err = fn(ctx, tx); err != nil {
+			fnErr = true
+			return err
+		}
+		if resp == nil {
+			fnErr = true
+			return errors.New("backstop: Respond's function returned a nil response")
+		}
+		if h != nil {
+			// Into the middleware's capture, inside the transaction: the row keeps it.
+			writeResponse(w, resp)
+			wrote = true
+		}
+		return nil
+	})
+	switch {
+	case err == nil && h == nil:
+		writeResponse(w, resp) // after COMMIT
+		return nil
+	case err == nil, fnErr, h == nil:
+		return err
+	}
+	// The database failed. Once the response was written, InTx told the handle, and the
+	// middleware answers 503 in its place; before, nothing was written.
+	b.logger.WarnContext(r.Context(), "backstop: the transaction failed; answering 503", slog.Any("error", err))
+	if !wrote {
+		idem.WriteError(w, r, b.profile, idem.CodeStoreUnavailable, "")
+	}
+	return nil
+}
+
+// writeResponse writes resp to w: its headers, status and body.
+func writeResponse(w http.ResponseWriter, resp *idem.Response) {
+	for name, values := range resp.Header {
+		w.Header()[name] = values
+	}
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body)
 }
 
 func commit(tx *sql.Tx) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -33,6 +34,9 @@ const ttl = time.Hour
 type app struct {
 	db      *sql.DB
 	dialect backstop.Dialect
+	// respond makes the handler return its response from Backstop.Respond rather than
+	// write it inside Backstop.InTx.
+	respond bool
 	redis   *redis.Store
 	bs      *backstop.Backstop
 	clock   *testkit.Clock
@@ -75,7 +79,7 @@ func openDB(t *testing.T, d backstop.Dialect) *sql.DB {
 	return db
 }
 
-func newApp(t *testing.T, d backstop.Dialect) *app {
+func newApp(t *testing.T, d backstop.Dialect, respond bool) *app {
 	t.Helper()
 	srv := redistest.StartServer(t)
 	store, err := redis.Open(t.Context(), srv.URL(), redis.Config{})
@@ -83,7 +87,7 @@ func newApp(t *testing.T, d backstop.Dialect) *app {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	a := &app{db: openDB(t, d), dialect: d, redis: store, clock: testkit.NewClock(time.Now().UTC().Truncate(time.Millisecond))}
+	a := &app{db: openDB(t, d), dialect: d, respond: respond, redis: store, clock: testkit.NewClock(time.Now().UTC().Truncate(time.Millisecond))}
 	if a.bs, err = backstop.New(a.db, backstop.Config{Dialect: d, Clock: a.clock.Now}); err != nil {
 		t.Fatal(err)
 	}
@@ -96,31 +100,45 @@ func newApp(t *testing.T, d backstop.Dialect) *app {
 }
 
 // createCharge inserts the charge named by X-Test-Name with the amount of the body and
-// answers 201 with a fresh id, inside the backstop's InTx; X-Test-Status answers that
-// status instead, after the insert.
+// answers 201 with a fresh id, inside the backstop's InTx, or returning the response
+// from its Respond; X-Test-Status answers that status instead, after the insert.
 func (a *app) createCharge(w http.ResponseWriter, r *http.Request) {
 	name := r.Header.Get("X-Test-Name")
 	body, _ := io.ReadAll(r.Body)
-	err := a.bs.InTx(w, r, func(ctx context.Context, tx *sql.Tx) error {
+	insert := func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
 		q := `INSERT INTO charges (name, amount) VALUES ($1, $2)`
 		if a.dialect == backstop.SQLite {
 			q = `INSERT INTO charges (name, amount) VALUES (?1, ?2)`
 		}
 		if _, err := tx.ExecContext(ctx, q, name, len(body)); err != nil {
-			return err
+			return nil, err
 		}
 		a.gates.Pass(name)
-		w.Header().Set("Content-Type", "application/json")
 		if s := r.Header.Get("X-Test-Status"); s != "" {
 			var status int
 			fmt.Sscan(s, &status)
-			w.WriteHeader(status)
-			return nil
+			return &idem.Response{Status: status, Header: http.Header{"Content-Type": {"application/json"}}}, nil
 		}
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"id":"ch_%s","object":"charge","name":%q}`, rand.Text(), name)
-		return nil
-	})
+		return &idem.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: fmt.Appendf(nil, `{"id":"ch_%s","object":"charge","name":%q}`, rand.Text(), name)}, nil
+	}
+	var err error
+	if a.respond {
+		err = a.bs.Respond(w, r, insert)
+	} else {
+		err = a.bs.InTx(w, r, func(ctx context.Context, tx *sql.Tx) error {
+			resp, err := insert(ctx, tx)
+			if err != nil {
+				return err
+			}
+			for k, v := range resp.Header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(resp.Status)
+			_, _ = w.Write(resp.Body)
+			return nil
+		})
+	}
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 	}
@@ -159,13 +177,20 @@ func (a *app) charges(t *testing.T) int {
 	return n
 }
 
-// forEachDialect runs test on SQLite and on PostgreSQL, as parallel subtests.
+// forEachDialect runs test on SQLite and on PostgreSQL, through InTx and through
+// Respond, as parallel subtests.
 func forEachDialect(t *testing.T, test func(t *testing.T, a *app)) {
 	for _, d := range []backstop.Dialect{backstop.SQLite, backstop.Postgres} {
-		t.Run(d.String(), func(t *testing.T) {
-			t.Parallel()
-			test(t, newApp(t, d))
-		})
+		for _, respond := range []bool{false, true} {
+			helper := "InTx"
+			if respond {
+				helper = "Respond"
+			}
+			t.Run(d.String()+"/"+helper, func(t *testing.T) {
+				t.Parallel()
+				test(t, newApp(t, d, respond))
+			})
+		}
 	}
 }
 
@@ -350,4 +375,26 @@ func TestInTxDeletesExpiredRowsAsItGoes(t *testing.T) {
 			t.Fatalf("%d backstop rows (%v) after the hundredth, want only its own: the 99 expired ones deleted", rows, err)
 		}
 	})
+}
+
+// Respond answers 503 store_unavailable when the database fails, and a request that is
+// not behind the middleware is refused with ErrNoHandle.
+func TestRespondAnswers503WhenTheDatabaseFails(t *testing.T) {
+	t.Parallel()
+	a := newApp(t, backstop.SQLite, true)
+	if err := a.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := a.post("key-db-down-1", "down", body)
+	if got.Code != http.StatusServiceUnavailable || !strings.Contains(got.Body.String(), "store_unavailable") {
+		t.Fatalf("POST with the database closed = %d %s, want 503 store_unavailable", got.Code, got.Body)
+	}
+	req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(body))
+	err := a.bs.Respond(httptest.NewRecorder(), req, func(context.Context, *sql.Tx) (*idem.Response, error) {
+		t.Error("Respond ran its function for a request without a Handle")
+		return nil, nil
+	})
+	if !errors.Is(err, idem.ErrNoHandle) {
+		t.Fatalf("Respond without the middleware = %v, want ErrNoHandle", err)
+	}
 }

@@ -42,18 +42,15 @@ func Example() {
 	}
 
 	createCharge := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		err := bs.InTx(w, r, func(ctx context.Context, tx *sql.Tx) error {
+		err := bs.Respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
 			var id int64
 			err := tx.QueryRowContext(ctx, `INSERT INTO charges (amount) VALUES (2000) RETURNING id`).Scan(&id)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusCreated)
-			fmt.Fprintf(w, `{"id":"ch_%d","object":"charge","amount":2000}`, id)
-			return nil
+			return idem.JSONResponse(http.StatusCreated, map[string]any{"id": fmt.Sprintf("ch_%d", id), "object": "charge", "amount": 2000})
 		})
-		if err != nil {
+		if err != nil { // the insert failed: nothing committed, nothing was sent
 			http.Error(w, "internal error", http.StatusInternalServerError)
 		}
 	})

@@ -1,6 +1,6 @@
 // Command postgres-sql is the quick start of idem's README on PostgreSQL for an
 // application written against database/sql: the store's DB is a *sql.DB on its pgx pool
-// (pgx's database/sql driver), and InSQLTx hands the handler a *sql.Tx. POST
+// (pgx's database/sql driver), and RespondSQL hands the handler a *sql.Tx. POST
 // /v1/charges runs at most once per Idempotency-Key, from any number of processes on any
 // hosts; each charge commits together with the response it answered (SPEC §7): a retry
 // gets that response again, never a second charge.
@@ -74,12 +74,12 @@ func open(ctx context.Context, url string) (*postgres.Store, error) {
 	return store, nil
 }
 
-// newHandler is the API: authentication first, then idem, then the routes.
+// newHandler is the API: authentication first, then the routes, each behind idem.
 func newHandler(store *postgres.Store) http.Handler {
 	mw := idem.New(idem.Config{Store: store, Scope: principal})
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/charges", createCharge(store))
-	return authenticate(mw.Handler(mux))
+	mux.Handle("POST /v1/charges", mw.Handler(createCharge(store)))
+	return authenticate(mux)
 }
 
 type chargeParams struct {
@@ -87,8 +87,9 @@ type chargeParams struct {
 	Currency string `json:"currency"`
 }
 
-// createCharge inserts a charge and writes its response inside store.InSQLTx: the
-// charge, the response and the key's record commit together, or none of them does.
+// createCharge inserts the charge on the *sql.Tx that store.RespondSQL hands it and
+// returns the charge's response: the charge, the response and the key's record commit
+// together, or none of them does.
 func createCharge(store *postgres.Store) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var p chargeParams
@@ -96,16 +97,15 @@ func createCharge(store *postgres.Store) http.HandlerFunc {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "amount and currency required"}) // a 400 frees the key
 			return
 		}
-		err := store.InSQLTx(r.Context(), func(ctx context.Context, tx *sql.Tx) error {
+		err := store.RespondSQL(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
 			id := "ch_" + rand.Text()
 			_, err := tx.ExecContext(ctx, `INSERT INTO charges (id, amount, currency) VALUES ($1, $2, $3)`, id, p.Amount, p.Currency)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			writeJSON(w, http.StatusCreated, map[string]any{"id": id, "object": "charge", "amount": p.Amount, "currency": p.Currency})
-			return nil
+			return idem.JSONResponse(http.StatusCreated, map[string]any{"id": id, "object": "charge", "amount": p.Amount, "currency": p.Currency})
 		})
-		if err != nil { // nothing committed (idem answers 503 itself when the commit failed)
+		if err != nil { // the insert failed: nothing committed, nothing was sent
 			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "internal error"})
 		}
 	}

@@ -109,25 +109,24 @@ type chargeParams struct {
 	Currency string `json:"currency"`
 }
 
-// createCharge inserts a charge and writes its response inside the backstop's InTx: the
+// createCharge inserts a charge and returns its response to the backstop's Respond: the
 // charge, the response and the key's row commit together, or none of them does. A key
-// whose row is there already runs nothing: InTx answers with the row's response.
+// whose row is there already runs nothing: Respond answers with the row's response.
 func (a *app) createCharge(w http.ResponseWriter, r *http.Request) {
 	var p chargeParams
 	if err := json.NewDecoder(r.Body).Decode(&p); err != nil || p.Amount <= 0 || len(p.Currency) != 3 {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "amount and currency required"}) // a 400 frees the key
 		return
 	}
-	err := a.bs.InTx(w, r, func(ctx context.Context, tx *sql.Tx) error {
+	err := a.bs.Respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
 		id := "ch_" + rand.Text()
 		_, err := tx.ExecContext(ctx, `INSERT INTO charges (id, amount, currency) VALUES (?, ?, ?)`, id, p.Amount, p.Currency)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		writeJSON(w, http.StatusCreated, map[string]any{"id": id, "object": "charge", "amount": p.Amount, "currency": p.Currency})
-		return nil
+		return idem.JSONResponse(http.StatusCreated, map[string]any{"id": id, "object": "charge", "amount": p.Amount, "currency": p.Currency})
 	})
-	if err != nil { // nothing committed (idem answers 503 itself when the commit failed)
+	if err != nil { // the insert failed: nothing committed, nothing was sent
 		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "internal error"})
 	}
 }

@@ -32,10 +32,13 @@
 //
 // Applications written against database/sql (sqlc's database/sql mode, sqlx, GORM)
 // get the same guarantee through pgx's database/sql driver: [Store.DB] is a *sql.DB on
-// the store's own pool, and [Store.InSQLTx] takes a *sql.Tx where InTx takes a pgx.Tx.
-// It costs one round trip more (database/sql cannot pipeline the completion with
-// COMMIT: five for a request with one INSERT, against InTx's four).
-// [Store.CompleteSQLTx] completes a record in a transaction the application manages.
+// the store's own pool; [Store.RespondSQL] is [Store.Respond] with a *sql.Tx on which
+// the handler runs its statements, and [Store.InSQLTx] takes a *sql.Tx where InTx takes
+// a pgx.Tx. database/sql sends one statement per round trip: it cannot pipeline the
+// completion with COMMIT (InSQLTx: five round trips for a request with one INSERT,
+// against InTx's four), nor the claim with the writes (RespondSQL on a ClaimInHandler
+// route claims first, the usual way). [Store.CompleteSQLTx] completes a record in a
+// transaction the application manages.
 //
 // # Durable claims
 //

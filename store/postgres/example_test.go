@@ -155,3 +155,25 @@ func ExampleStore_InSQLTx() {
 	}
 	_ = createCharge
 }
+
+// An application written against database/sql takes the Respond path through
+// Store.RespondSQL: its function runs the statements on a *sql.Tx of Store.DB and
+// returns the response, which commits with the charge and the key's record. (Needs a
+// database, so the example is compiled, not run.)
+func ExampleStore_RespondSQL() {
+	var store *postgres.Store // opened and migrated as in the InTx example
+	createCharge := func(w http.ResponseWriter, r *http.Request) {
+		err := store.RespondSQL(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+			var id int64
+			err := tx.QueryRowContext(ctx, `INSERT INTO charges (amount) VALUES (2000) RETURNING id`).Scan(&id)
+			if err != nil {
+				return nil, err
+			}
+			return idem.JSONResponse(http.StatusCreated, map[string]any{"id": fmt.Sprintf("ch_%d", id), "object": "charge", "amount": 2000})
+		})
+		if err != nil { // the insert failed: nothing committed, nothing was sent
+			http.Error(w, "internal error", http.StatusInternalServerError)
+		}
+	}
+	_ = createCharge
+}

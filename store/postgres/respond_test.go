@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,15 +32,53 @@ func rowHandler(s *postgres.Store, table string) http.Handler {
 			b.Queue(`INSERT INTO `+table+` (key) VALUES ($1)`, key)
 			return idem.JSONResponse(http.StatusCreated, map[string]string{"key": key})
 		})
-		var pgErr *pgconn.PgError
-		switch {
-		case err == nil:
-		case errors.As(err, &pgErr) && pgErr.Code == "23505":
-			http.Error(w, `{"exists":true}`, http.StatusConflict)
-		default:
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-		}
+		answerRowError(w, err)
 	})
+}
+
+// answerRowError answers a row handler's error: a unique violation of its table (the
+// key wrote a row before, and its record is gone) with 409, which releases the key.
+func answerRowError(w http.ResponseWriter, err error) {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+	case errors.As(err, &pgErr) && pgErr.Code == "23505":
+		http.Error(w, `{"exists":true}`, http.StatusConflict)
+	default:
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	}
+}
+
+// rowHandlerSQL is rowHandler through RespondSQL (database/sql): the INSERT runs on a
+// *sql.Tx of Store.DB.
+func rowHandlerSQL(s *postgres.Store, table string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		err := s.RespondSQL(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (key) VALUES ($1)`, key); err != nil {
+				return nil, err
+			}
+			return idem.JSONResponse(http.StatusCreated, map[string]string{"key": key})
+		})
+		answerRowError(w, err)
+	})
+}
+
+// respondHelpers are the store's Respond helpers, as the handler of a rowApp: pgx's
+// (statements queued on a batch) and database/sql's (RespondSQL).
+var respondHelpers = []struct {
+	name    string
+	handler func(s *postgres.Store, table string) http.Handler
+}{{"Respond", rowHandler}, {"RespondSQL", rowHandlerSQL}}
+
+// eachRespond runs test for each Respond helper on both routes, as parallel subtests.
+func eachRespond(t *testing.T, test func(t *testing.T, inHandler bool, handler func(s *postgres.Store, table string) http.Handler)) {
+	for _, r := range respondHelpers {
+		t.Run(r.name, func(t *testing.T) {
+			t.Parallel()
+			bothRoutes(t, func(t *testing.T, inHandler bool) { test(t, inHandler, r.handler) })
+		})
+	}
 }
 
 // rowApp is the middleware, with logs kept, in front of h(table) on a route that
@@ -115,8 +154,8 @@ func bothRoutes(t *testing.T, test func(t *testing.T, claimInHandler bool)) {
 
 func TestRespondCommitsTheRowAndTheRecordTogether(t *testing.T) {
 	t.Parallel()
-	bothRoutes(t, func(t *testing.T, inHandler bool) {
-		app := newRowApp(t, inHandler, rowHandler)
+	eachRespond(t, func(t *testing.T, inHandler bool, handler func(s *postgres.Store, table string) http.Handler) {
+		app := newRowApp(t, inHandler, handler)
 		first := app.post("key-together")
 		if first.Code != http.StatusCreated || first.Body.String() != `{"key":"key-together"}` ||
 			first.Header().Get("Content-Type") != "application/json" {
@@ -137,8 +176,8 @@ func TestRespondCommitsTheRowAndTheRecordTogether(t *testing.T) {
 // goes through the middleware (409 releases the key: nothing is recorded).
 func TestRespondReturnsTheStatementsErrorForTheHandlerToAnswer(t *testing.T) {
 	t.Parallel()
-	bothRoutes(t, func(t *testing.T, inHandler bool) {
-		app := newRowApp(t, inHandler, rowHandler)
+	eachRespond(t, func(t *testing.T, inHandler bool, handler func(s *postgres.Store, table string) http.Handler) {
+		app := newRowApp(t, inHandler, handler)
 		if _, err := app.s.Pool().Exec(t.Context(), `INSERT INTO `+app.table+` (key) VALUES ('key-conflict')`); err != nil {
 			t.Fatal(err)
 		}
@@ -156,8 +195,8 @@ func TestRespondReturnsTheStatementsErrorForTheHandlerToAnswer(t *testing.T) {
 // every other answer is its replay or 409 request_in_progress.
 func TestRespondDuplicatesExecuteOnce(t *testing.T) {
 	t.Parallel()
-	bothRoutes(t, func(t *testing.T, inHandler bool) {
-		app := newRowApp(t, inHandler, rowHandler)
+	eachRespond(t, func(t *testing.T, inHandler bool, handler func(s *postgres.Store, table string) http.Handler) {
+		app := newRowApp(t, inHandler, handler)
 		const n = 25
 		answers := make([]*httptest.ResponseRecorder, n)
 		var wg sync.WaitGroup
@@ -232,23 +271,28 @@ func TestRespondDuplicateOfAnUncommittedClaimIs409(t *testing.T) {
 // once more under the lease: one more row, and the new response stored.
 func TestRespondClaimsAnExpiredKeyAfresh(t *testing.T) {
 	t.Parallel()
-	app := newRowApp(t, true, rowHandler)
-	if got := app.post("key-expiring"); got.Code != http.StatusCreated {
-		t.Fatalf("first = %d %s", got.Code, got.Body)
-	}
-	if _, err := app.s.Pool().Exec(t.Context(), `DELETE FROM `+app.table); err != nil {
-		t.Fatal(err)
-	}
-	app.clock.Advance(idem.DefaultTTL + time.Minute)
-	got := app.post("key-expiring")
-	if got.Code != http.StatusCreated || got.Header().Get("Idempotent-Replayed") != "" {
-		t.Fatalf("after expiry = %d %s %v, want a new execution", got.Code, got.Body, got.Header())
-	}
-	if n := app.rows(t); n != 1 {
-		t.Fatalf("%d rows, want the new one", n)
-	}
-	if replay := app.post("key-expiring"); replay.Header().Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("replay = %d %s, want the new response replayed", replay.Code, replay.Body)
+	for _, r := range respondHelpers {
+		t.Run(r.name, func(t *testing.T) {
+			t.Parallel()
+			app := newRowApp(t, true, r.handler)
+			if got := app.post("key-expiring"); got.Code != http.StatusCreated {
+				t.Fatalf("first = %d %s", got.Code, got.Body)
+			}
+			if _, err := app.s.Pool().Exec(t.Context(), `DELETE FROM `+app.table); err != nil {
+				t.Fatal(err)
+			}
+			app.clock.Advance(idem.DefaultTTL + time.Minute)
+			got := app.post("key-expiring")
+			if got.Code != http.StatusCreated || got.Header().Get("Idempotent-Replayed") != "" {
+				t.Fatalf("after expiry = %d %s %v, want a new execution", got.Code, got.Body, got.Header())
+			}
+			if n := app.rows(t); n != 1 {
+				t.Fatalf("%d rows, want the new one", n)
+			}
+			if replay := app.post("key-expiring"); replay.Header().Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("replay = %d %s, want the new response replayed", replay.Code, replay.Body)
+			}
+		})
 	}
 }
 
@@ -257,9 +301,9 @@ func TestRespondClaimsAnExpiredKeyAfresh(t *testing.T) {
 // ErrNoHandle, unless marked WithoutKey (a plain transaction).
 func TestRespondRefusesAWriteAfterItAnswered(t *testing.T) {
 	t.Parallel()
-	bothRoutes(t, func(t *testing.T, inHandler bool) {
+	eachRespond(t, func(t *testing.T, inHandler bool, handler func(s *postgres.Store, table string) http.Handler) {
 		app := newRowApp(t, inHandler, func(s *postgres.Store, table string) http.Handler {
-			inner := rowHandler(s, table)
+			inner := handler(s, table)
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				inner.ServeHTTP(w, r)
 				w.WriteHeader(http.StatusOK) // too late
@@ -399,3 +443,55 @@ func TestRespondRoundTrips(t *testing.T) {
 }
 
 func rand8() string { return fmt.Sprint(time.Now().UnixNano() % 100000000) }
+
+// A RespondSQL whose lease lapsed while its transaction ran (a retry took the key over
+// and committed) is refused by the fence: its row rolls back and its client gets 503;
+// the winner's response is the one stored.
+func TestRespondSQLWhoseKeyWasTakenOverAnswers503(t *testing.T) {
+	t.Parallel()
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	app := newRowApp(t, false, func(s *postgres.Store, table string) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			name := r.Header.Get("X-Name")
+			err := s.RespondSQL(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+				if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (key) VALUES ($1)`, name); err != nil {
+					return nil, err
+				}
+				if name == "slow" {
+					close(entered)
+					<-proceed
+				}
+				return idem.JSONResponse(http.StatusCreated, map[string]string{"name": name})
+			})
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+			}
+		})
+	})
+	post := func(name string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/rows", strings.NewReader(`{}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "key-taken-over")
+		req.Header.Set("X-Name", name)
+		rec := httptest.NewRecorder()
+		app.handler.ServeHTTP(rec, req)
+		return rec
+	}
+	slowDone := make(chan *httptest.ResponseRecorder, 1)
+	go func() { slowDone <- post("slow") }()
+	<-entered
+	app.clock.Advance(11 * time.Second) // the slow request's lease lapses
+	if retry := post("retry"); retry.Code != http.StatusCreated {
+		t.Fatalf("retry after the lease lapsed = %d %s, want 201 (takeover)", retry.Code, retry.Body)
+	}
+	close(proceed)
+	if slow := <-slowDone; slow.Code != http.StatusServiceUnavailable || !strings.Contains(slow.Body.String(), "store_unavailable") {
+		t.Fatalf("the overtaken request = %d %s, want 503 store_unavailable", slow.Code, slow.Body)
+	}
+	if n := app.rows(t); n != 1 {
+		t.Fatalf("%d rows, want only the winner's: the overtaken write rolls back", n)
+	}
+	if replay := post("again"); !strings.Contains(replay.Body.String(), `"retry"`) {
+		t.Fatalf("replay = %d %s, want the winner's response", replay.Code, replay.Body)
+	}
+}

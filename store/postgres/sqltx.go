@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net/http"
 
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -13,9 +14,9 @@ import (
 // The database/sql route to SPEC §7, for applications written against database/sql
 // (sqlc in its database/sql mode, sqlx, GORM and others over pgx's driver): DB is a
 // *sql.DB on the store's own pool, through pgx's database/sql driver
-// (github.com/jackc/pgx/v5/stdlib), and InSQLTx and CompleteSQLTx complete the record
-// in its transactions. It costs one round trip more than InTx: database/sql cannot
-// pipeline the fenced completion with COMMIT.
+// (github.com/jackc/pgx/v5/stdlib), and RespondSQL, InSQLTx and CompleteSQLTx complete
+// the record in its transactions. database/sql sends one statement per round trip: it
+// cannot pipeline the fenced completion with COMMIT, nor the claim with the writes.
 
 // DB returns a *sql.DB whose connections come from the store's pool, through pgx's
 // database/sql driver: made on first use, shared afterwards, and closed by
@@ -26,6 +27,66 @@ import (
 func (s *Store) DB() *sql.DB {
 	s.sqlOnce.Do(func() { s.sqlDB = stdlib.OpenDBFromPool(s.pool) })
 	return s.sqlDB
+}
+
+// RespondSQL is [Store.Respond] for database/sql: fn runs the handler's statements on
+// a *sql.Tx of [Store.DB] (READ COMMITTED) and returns the response; RespondSQL
+// completes the key's record with that response in the same transaction (SPEC §7),
+// commits, and sends it, or sends what the key calls for (the stored response, 409,
+// key_reused). Its contract is Respond's: return the response, never write it; an
+// error comes back only when fn failed (nothing committed, nothing sent: answer it);
+// a write after RespondSQL answered is refused; a request neither behind the
+// middleware nor marked [idem.WithoutKey] gets [idem.ErrNoHandle].
+//
+// database/sql cannot pipeline, so on a route with idem.RouteOptions.ClaimInHandler
+// RespondSQL has the middleware claim the key the usual way first, then runs fn's
+// transaction with the record's fenced completion: a new key costs the claim, BEGIN,
+// fn's statements, the completion and COMMIT, as on the lease path. When the fence finds
+// the key taken over, or COMMIT fails, the middleware answers 503 store_unavailable.
+// fn runs at most once. RespondSQL never retries a transaction that may have committed.
+func (s *Store) RespondSQL(w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, tx *sql.Tx) (*idem.Response, error)) error {
+	if _, err := idem.TxHandle(r.Context()); err != nil {
+		s.logger.ErrorContext(r.Context(), "postgres: RespondSQL refused a request without an idem.Handle", "error", err)
+		return err
+	}
+	return idem.ServeTx(w, r, func(ctx context.Context, rec *idem.TxRecord) (*idem.Response, error) {
+		if rec.Claim() != nil {
+			// No claim inside the transaction: the middleware claims the key first,
+			// then ServeTx runs this once more, fenced by the claim's token.
+			return nil, &idem.KeyTakenError{}
+		}
+		return s.respondSQLOnce(ctx, rec, fn)
+	})
+}
+
+// respondSQLOnce runs RespondSQL's transaction: fn, then the record's fenced
+// completion with fn's response, then COMMIT.
+func (s *Store) respondSQLOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx context.Context, tx *sql.Tx) (*idem.Response, error)) (*idem.Response, error) {
+	tx, err := s.DB().BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return nil, &idem.StoreError{Op: "begin", Err: interpretError(err)}
+	}
+	defer func() { _ = tx.Rollback() }() // after COMMIT it does nothing
+	resp, err := fn(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	p, err := rec.Complete(resp)
+	if err != nil {
+		return nil, err
+	}
+	if p != nil {
+		if err := s.CompleteSQLTx(ctx, tx, p); err != nil {
+			if errors.Is(err, idem.ErrLeaseLost) {
+				return nil, err
+			}
+			return nil, &idem.StoreError{Op: "complete", Err: err}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, &idem.StoreError{Op: "commit", Err: interpretError(err)}
+	}
+	return resp, nil
 }
 
 // InSQLTx is [Store.InTx] for database/sql: it runs fn in a READ COMMITTED transaction
