@@ -26,7 +26,9 @@
 // lease path's, for a handler that calls something outside the database before it
 // writes: the fenced completion and COMMIT travel in one pipelined round trip; a lost
 // lease raises SQLSTATE IDL01 inside the transaction so that the queued COMMIT is
-// skipped.
+// skipped. A replay on a ClaimInHandler route stops its transaction with SQLSTATE
+// IDL02 (idem_stop) before anything is written: the server logs it as an ERROR, one
+// line per such replay (log_min_messages).
 //
 // # database/sql
 //

@@ -26,10 +26,11 @@ package postgres
 //   - Respond on a RouteOptions.ClaimInHandler route: 1 for the whole request (the
 //     record's read, its insert already completed with a bounded lock_timeout, the
 //     handler's statements; committed at the batch's end); a replay, an in-flight
-//     duplicate or a reused key 1 too (the insert fails, the transaction rolls back at
-//     the batch's end without a ROLLBACK, and the read answers it; its statements are
-//     prepared by name, so pgx's cache drops none of them); an expired record or a
-//     lapsed lease 1 + 2 (the claim) + 1 (the statements under the lease)
+//     duplicate or a reused key 1 too (the read sends the record, then idem_stop
+//     raises IDL02 before anything is written, the transaction rolls back at the
+//     batch's end without a ROLLBACK, and the record read answers the request; the
+//     statements are prepared by name, so pgx's cache drops none of them); an expired
+//     record or a lapsed lease 1 + 2 (the claim) + 1 (the statements under the lease)
 //
 // TestNewKeyClaimIsOneRoundTrip and its neighbours in roundtrip_test.go count them on
 // the wire.
@@ -56,6 +57,7 @@ type queries struct {
 	recordMarkUnknown   string
 	recordComplete      string
 	recordCompleteTx    string
+	recordGetOrStop     string
 	recordInsertDone    string
 	recordInsertAfter   string
 	recordRelease       string
@@ -97,6 +99,7 @@ func newQueries(schema string) *queries {
 		recordMarkUnknown:   q("RecordMarkUnknown"),
 		recordComplete:      q("RecordComplete"),
 		recordCompleteTx:    q("RecordCompleteTx"),
+		recordGetOrStop:     q("RecordGetOrStop"),
 		recordInsertDone:    q("RecordInsertCompleted"),
 		recordInsertAfter:   q("RecordInsertCompletedAfter"),
 		recordRelease:       q("RecordRelease"),

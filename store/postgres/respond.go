@@ -92,7 +92,7 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idem.
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(app.QueuedQueries)+4)}
 	b.Queue(readCommitted)
 	if claim != nil {
-		b.Queue(s.q.recordGet, []byte(claim.Scope), []byte(claim.Key), nowParam(claim.Now))
+		b.Queue(s.q.recordGetOrStop, []byte(claim.Scope), []byte(claim.Key), nowParam(claim.Now))
 		args, err := insertDoneArgs(claim, done, strconv.FormatInt(s.claimLockTimeout.Milliseconds(), 10)+"ms")
 		if err != nil {
 			return err
@@ -135,8 +135,6 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 	br := conn.SendBatch(ctx, b)
 	var (
 		err    error
-		found  *idem.Record
-		now    time.Time
 		forget string // a statement whose plan the server refused
 	)
 	next := 0 // the statement exec reads the results of
@@ -163,21 +161,16 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 			return
 		}
 		if what == "read" {
-			found, now, err = scanRecord(br.QueryRow(), claim.Scope, claim.Key, nil)
-			if errors.Is(err, pgx.ErrNoRows) {
-				found, err = nil, nil
-			} else if err != nil {
-				err = &idem.StoreError{Op: "claim", Err: interpretError(err)}
-			}
+			err = readOrStop(br, claim)
 			return
 		}
 		_, err = br.Exec()
 		var pgErr *pgconn.PgError
 		switch {
 		case err == nil:
-		case what == "claim" && (errors.Is(interpretError(err), idem.ErrLeaseLost) || isUniqueViolation(err, "idem_records")):
-			// The fence: the record was there (the insert did nothing).
-			err = &idem.KeyTakenError{Found: found, Now: now, Err: err}
+		case what == "claim" && isUniqueViolation(err, "idem_records"):
+			// Inserted by another claim since the read.
+			err = &idem.KeyTakenError{Err: err}
 		case what == "claim" && isLockTimeout(err):
 			err = idem.ErrKeyInProgress
 		case what == "app" && errors.As(err, &pgErr):
@@ -235,6 +228,47 @@ func classifyApp(err error, forget *string, sql string) error {
 	}
 	return err
 }
+
+// readOrStop reads the results of RecordGetOrStop: no error when the key is absent; an
+// idem.KeyTakenError with the live record it read (or none, for an expired record)
+// when the key is there, whose fence stopped the transaction.
+func readOrStop(br pgx.BatchResults, claim *idem.RecordClaimParams) error {
+	rows, err := br.Query()
+	if err != nil {
+		return readError(err, nil, time.Time{})
+	}
+	defer rows.Close()
+	var (
+		found *idem.Record
+		now   time.Time
+	)
+	for rows.Next() { // the live record, if any, comes before the fence's error
+		blk := newScannedRecord(claim.Scope, claim.Key, nil)
+		if err := rows.Scan(&blk.row); err != nil {
+			return &idem.StoreError{Op: "claim", Err: interpretError(err)}
+		}
+		if found, now, err = blk.record(); err != nil {
+			return &idem.StoreError{Op: "claim", Err: err}
+		}
+	}
+	return readError(rows.Err(), found, now)
+}
+
+// readError classifies the error of RecordGetOrStop: idem_stop's means the key is there.
+func readError(err error, found *idem.Record, now time.Time) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &pgErr) && pgErr.Code == sqlstateStop:
+		return &idem.KeyTakenError{Found: found, Now: now, Err: err}
+	}
+	return &idem.StoreError{Op: "claim", Err: interpretError(err)}
+}
+
+// sqlstateStop is raised by idem_stop (migration 0007) when a ClaimInHandler
+// transaction finds its key recorded already.
+const sqlstateStop = "IDL02"
 
 // maxNamedStatements bounds how many of the applications' statements prepareNamed
 // prepares by name on one connection; further ones go through pgx's statement cache.

@@ -130,12 +130,28 @@ func (s *Store) Respond(w http.ResponseWriter, r *http.Request, fn func(ctx cont
 // respondOnce runs one transaction of Respond: the claim rec asks for, fn, and the
 // record's completion.
 func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx context.Context, tx *sql.Tx) (*idem.Response, error)) (*idem.Response, error) {
+	claim := rec.Claim()
+	if claim != nil {
+		// As RecordClaim does: a plain read first, so that a replay, a duplicate or a
+		// reused key is answered without queueing for the write lock.
+		t := now(claim.Now)
+		var existing *idem.Record
+		err := s.retryBusy(ctx, "claim read", func() (err error) {
+			existing, err = getRecord(ctx, s.db, claim.Scope, claim.Key)
+			return err
+		})
+		if err != nil {
+			return nil, &idem.StoreError{Op: "claim", Err: interpretError(err)}
+		}
+		if res := answerWithoutWriting(existing, claim.Fingerprint, t); res != nil {
+			return nil, &idem.KeyTakenError{Found: res.Record, Now: t}
+		}
+	}
 	tx, end, err := s.beginApp(ctx, "Respond")
 	if err != nil {
 		return nil, &idem.StoreError{Op: "begin", Err: err}
 	}
 	defer end()
-	claim := rec.Claim()
 	if claim != nil {
 		res, err := claimTx(ctx, tx, claim, now(claim.Now))
 		if err != nil {

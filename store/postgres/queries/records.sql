@@ -8,22 +8,34 @@
 -- order that scanRecord reads them.
 
 -- name: RecordClaim
--- One round trip for every outcome but the rare takeover: idem_claim_v2 (migration
--- 0006; idem_claim of 0003 to 0005 under a name whose result never changes in place)
--- reads the record by its primary key and returns it, or, when there is none, inserts
--- the in-flight record; a concurrent claim that committed between its read and its
--- insert is read on its next turn, on the server. Zero rows (only after repeated races)
--- means: the caller retries. The columns are named, not *, so that the function may
--- gain columns without changing this statement's result.
+-- One round trip for every outcome but the rare takeover. A key that is there (a replay,
+-- a duplicate, a reused key: most claims of a key after its first) is one read by the
+-- primary key in plain SQL, as cheap as any read of a row by its key; only when the read
+-- finds nothing does idem_claim_v2 (migration 0006; idem_claim of 0003 to 0005 under a
+-- name whose result never changes in place) run, which reads again and inserts the
+-- in-flight record, and reads a concurrent claim that committed in between on its next
+-- turn, on the server. (The function alone cost every replay a PL/pgSQL call and its
+-- tuplestore: 1.4 times a plain read's work on the server.) The two branches share the
+-- statement's snapshot, so exactly one of them answers. Zero rows (only after repeated
+-- races) means: the caller retries. The columns are named, not *, so that the function
+-- may gain columns without changing this statement's result.
 -- When $10 is true the statement's own (implicit) transaction commits without waiting
 -- for the WAL flush (SET LOCAL synchronous_commit inside idem_claim_v2). Why losing such
 -- a claim in a crash is safe: doc.go, "Durable claims".
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 token,
 -- $7 lease (µs), $8 ttl (µs), $9 injected now (NULL: the store's clock), $10 async commit.
+SELECT false, r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
+       r.response_status, r.response_headers, r.response_body, r.response_not_stored,
+       r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at,
+       coalesce($9::timestamptz, clock_timestamp())
+FROM {{schema}}idem_records r
+WHERE r.scope = $1 AND r.key = $2
+UNION ALL
 SELECT claimed, id, fingerprint_version, fingerprint, state, lock_token, lease_end,
        response_status, response_headers, response_body, response_not_stored, outcome_unknown,
        recovery_point, steps, operation, created_at, expires_at, now
-FROM {{schema}}idem_claim_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
+FROM {{schema}}idem_claim_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+WHERE NOT EXISTS (SELECT 1 FROM {{schema}}idem_records WHERE scope = $1 AND key = $2);
 
 -- name: RecordClaimExpired
 -- Claims an expired record afresh (SPEC §5.1, §8): new id, created_at, fingerprint,
@@ -262,35 +274,52 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key
   AND r.expires_at < clock.now - $1::bigint * interval '1 microsecond'
   AND NOT (r.state = 'in_flight' AND r.lease_end > clock.now);
 
+-- name: RecordGetOrStop
+-- The first statement of a ClaimInHandler transaction (Respond): the key's live record,
+-- and then, when any record of the key is there (live or expired), idem_stop (migration
+-- 0006) raises IDL02, which aborts the transaction before its insert and the
+-- application's statements run: nothing is written, and the caller answers from the row
+-- it received before the error (a replay, a duplicate, a reused key), or, for an
+-- expired record, claims the usual way. When the key is absent it returns no row and
+-- raises nothing. (The server logs each such stop as an ERROR, with IDL02's message.)
+-- $1 scope, $2 key, $3 injected now.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce($3::timestamptz, clock_timestamp()) AS now
+)
+SELECT r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
+       r.response_status, r.response_headers, r.response_body, r.response_not_stored,
+       r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now
+FROM {{schema}}idem_records r, clock
+WHERE r.scope = $1 AND r.key = $2 AND r.expires_at > clock.now
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL
+WHERE {{schema}}idem_stop(EXISTS (
+    SELECT 1 FROM {{schema}}idem_records WHERE scope = $1 AND key = $2));
+
 -- name: RecordInsertCompleted
 -- The claim and the completion of a ClaimInHandler transaction (Respond) in one
--- INSERT: the record is born completed, in the transaction that holds the
--- application's writes, so that it needs no lease, token or heartbeat (the open
--- transaction is the lock). A record already there, whatever its state, is left alone
--- (ON CONFLICT DO NOTHING checks the index before it writes anything: a replay costs a
--- read, not a dead tuple) and idem_fence raises IDL01, aborting the transaction: the
--- caller then answers from the record it read just before, or claims the usual way. An
--- uncommitted insert of the same key makes this one wait, at most the lock_timeout that
--- this statement sets for its transaction ($12) before it inserts (55P03): the INSERT
--- reads its row from the materialised clock, so set_config runs before the insert can
--- wait, and a lock wait reads lock_timeout when it begins. RecordInsertCompletedAfter
--- puts lock_timeout back for the application's statements.
+-- INSERT, after RecordGetOrStop found the key absent: the record is born completed, in
+-- the transaction that holds the application's writes, so that it needs no lease, token
+-- or heartbeat (the open transaction is the lock). A record inserted since
+-- RecordGetOrStop's read raises unique_violation (23505): the caller claims the usual
+-- way. An uncommitted insert of the same key makes this one wait, at most the
+-- lock_timeout that this statement sets for its transaction ($12) before it inserts
+-- (55P03): the INSERT reads its row from the materialised clock, so set_config runs
+-- before the insert can wait, and a lock wait reads lock_timeout when it begins.
+-- RecordInsertCompletedAfter puts lock_timeout back for the application's statements.
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 status,
 -- $7 headers, $8 body, $9 not stored, $10 ttl (µs), $11 injected now, $12 lock timeout.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($11::timestamptz, clock_timestamp()) AS now,
            set_config('lock_timeout', $12, true) AS lock_timeout
-), inserted AS (
-    INSERT INTO {{schema}}idem_records
-        (scope, key, id, fingerprint_version, fingerprint, state, response_status,
-         response_headers, response_body, response_not_stored, created_at, expires_at)
-    SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, $9, clock.now,
-           clock.now + $10::bigint * interval '1 microsecond'
-    FROM clock
-    ON CONFLICT (scope, key) DO NOTHING
-    RETURNING 1
 )
-SELECT {{schema}}idem_fence(EXISTS (SELECT 1 FROM inserted));
+INSERT INTO {{schema}}idem_records
+    (scope, key, id, fingerprint_version, fingerprint, state, response_status,
+     response_headers, response_body, response_not_stored, created_at, expires_at)
+SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, $9, clock.now,
+       clock.now + $10::bigint * interval '1 microsecond'
+FROM clock;
 
 -- name: RecordInsertCompletedAfter
 -- Puts the transaction's lock_timeout back to the session's after RecordInsertCompleted:
