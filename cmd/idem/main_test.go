@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/pgtest"
@@ -119,6 +122,7 @@ func TestBadFlagsAndURLsAreOneLineErrorsWithExitStatus2(t *testing.T) {
 		{[]string{"payments", "--store", store, "--processor-url", "http://h:1", "--processor-latency", "1s"}, "--processor-latency"},
 		{[]string{"payments", "--store", store, "--processor-url", "http://h:1", "--processor-timeout", "0s"}, "--processor-timeout"},
 		{[]string{"payments", "--store", store, "--completer-interval", "0s"}, "--completer-interval"},
+		{[]string{"payments", "--store", store, "--migrate-timeout", "0s"}, "--migrate-timeout"},
 		{[]string{"payments", "--store", store, "--charge-on-lapse", "retry"}, "charge-on-lapse"},
 		{[]string{"payments", "--store", store, "--charge-on-lapse", "unknown", "--processor-url", "http://h:1"}, "--charge-on-lapse unknown"},
 		{[]string{"payments", "--store", "redis://127.0.0.1:6379", "--db", store, "--processor-url", "http://h:1"}, "--processor-url needs an SQL --store"},
@@ -173,7 +177,7 @@ func TestHelpExplainsEveryFlag(t *testing.T) {
 	t.Parallel()
 	for cmd, flags := range map[string][]string{
 		"payments": {"addr", "store", "db", "ttl", "retention", "lock-timeout", "processor-latency", "profile", "disable-idempotency", "log-format", "log-level",
-			"store-timeout", "read-header-timeout", "read-timeout", "idle-timeout", "max-header-bytes", "metrics-addr",
+			"store-timeout", "migrate-timeout", "read-header-timeout", "read-timeout", "idle-timeout", "max-header-bytes", "metrics-addr",
 			"processor-url", "processor-timeout", "completer-interval", "charge-on-lapse"},
 		"processor":   {"addr", "store", "latency", "fail-rate", "lost-reply-rate", "ttl", "lock-timeout", "store-timeout", "log-format", "log-level"},
 		"migrate":     {"store", "create"},
@@ -535,5 +539,66 @@ func TestToolsRefuseAMissingSQLiteFileAndCreateNothing(t *testing.T) {
 	}
 	if code, stdout, stderr := runCmd(t, "purge", "--store", typo); code != exitOK || stdout != "purged 0 records\n" {
 		t.Fatalf("purge after migrate --create: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
+// A migration at start that cannot finish (here: another process holds the migration
+// lock and never lets go) ends the start with one line naming --migrate-timeout and
+// exit status 1, instead of hanging; on SQLite (the file's write lock) and on
+// PostgreSQL (the migration's advisory lock).
+func TestPaymentsExitsWhenItsMigrationCannotFinish(t *testing.T) {
+	t.Parallel()
+	const timeout = 500 * time.Millisecond
+	for _, tc := range []struct {
+		name string
+		// hold takes the lock and returns the --store URL.
+		hold func(t *testing.T) string
+	}{
+		{"sqlite", func(t *testing.T) string {
+			store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+			mustRun(t, exitOK, "migrate", "--create", "--store", store)
+			db, err := sql.Open("sqlite", strings.TrimPrefix(store, "sqlite:"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			conn, err := db.Conn(testenv.Context(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = conn.Close() })
+			if _, err := conn.ExecContext(testenv.Context(t), "BEGIN IMMEDIATE"); err != nil {
+				t.Fatal(err)
+			}
+			return store
+		}},
+		{"postgres", func(t *testing.T) string {
+			dbURL, schema := pgtest.Schema(t)
+			conn, err := pgx.Connect(testenv.Context(t), dbURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = conn.Close(context.Background()) })
+			if _, err := conn.Exec(testenv.Context(t), "SELECT pg_advisory_lock(hashtextextended($1, 0))", "idem/postgres migrate "+schema); err != nil {
+				t.Fatal(err)
+			}
+			return pgtest.SearchPathURL(t, dbURL, schema)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			store := tc.hold(t)
+			start := time.Now()
+			code, stdout, stderr := runCmd(t, "payments", "--addr", "127.0.0.1:0", "--store", store, "--migrate-timeout", timeout.String())
+			elapsed := time.Since(start)
+			if code != exitFailure || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "--migrate-timeout") {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1 and one line naming --migrate-timeout", code, stdout, stderr)
+			}
+			// SQLite waits one busy_timeout (5 s) at most past the deadline.
+			if elapsed > timeout+10*time.Second {
+				t.Fatalf("the start gave up after %v, want about --migrate-timeout (%v)", elapsed, timeout)
+			}
+			t.Logf("%s after %v", strings.TrimSpace(stderr), elapsed.Round(time.Millisecond))
+		})
 	}
 }

@@ -24,7 +24,8 @@ const paymentsSynopsis = `[--addr 127.0.0.1:8080] [--store URL] [--db URL] [--tt
                      [--profile seed|ietf]
                      [--disable-idempotency] [--replay-cache 0] [--metrics-addr ADDR]
                      [--log-format text|json] [--log-level info]
-                     [--store-timeout 5s] [--read-header-timeout 10s] [--read-timeout 30s]
+                     [--store-timeout 5s] [--migrate-timeout 1m]
+                     [--read-header-timeout 10s] [--read-timeout 30s]
                      [--idle-timeout 60s] [--max-header-bytes 32768]
 
 Serves the reference payments API (POST/GET /v1/charges, /v1/orders, GET /healthz),
@@ -46,8 +47,10 @@ connections (WAL: readers run beside the one writer), PostgreSQL 32; the simulat
 processor holds no connection, so far more requests can be in flight.
 
 Bounds (docs/operations.md): a store that stops answering costs a keyed request at
-most --store-timeout before it is answered 503 store_unavailable with Retry-After, and
-GET /healthz at most 2 s before 503; a client holds a connection no longer than the
+most --store-timeout before it is answered 503 store_unavailable with Retry-After, a
+GET of charges or orders as long before 503 db_unavailable, and GET /healthz at most
+2 s before 503; a migration at start that cannot finish within --migrate-timeout (a
+lock held by a stuck process, a database that stopped answering) exits 1; a client holds a connection no longer than the
 read and idle timeouts allow, and request-body memory that grows with the bytes it
 sent, never with the Content-Length it announced.
 
@@ -81,7 +84,7 @@ type paymentsFlags struct {
 	replayCache        int
 	log                logFlags
 	// Bounds on a stalled store (SPEC §9) and on what a client can hold (SPEC §15).
-	storeTimeout                                time.Duration
+	storeTimeout, migrateTimeout                time.Duration
 	readHeaderTimeout, readTimeout, idleTimeout time.Duration
 	maxHeaderBytes                              int
 	// metricsAddr is the metrics listener's address; empty: no metrics listener.
@@ -129,6 +132,10 @@ const (
 	// defaultMaxHeaderBytes bounds a request's header block (an API's headers are a
 	// few hundred bytes; net/http's own default is 1 MiB).
 	defaultMaxHeaderBytes = 32 << 10
+	// defaultMigrateTimeout bounds the migrations at start, waiting for another
+	// process's migration included: they take milliseconds, or the time of another
+	// process's migration, unless something is stuck.
+	defaultMigrateTimeout = time.Minute
 )
 
 func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -150,7 +157,8 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.StringVar(&f.profile, "profile", "seed", "shape of the middleware's errors: seed (Stripe's) or ietf (RFC 9457 problem details)")
 	fs.BoolVar(&f.disableIdempotency, "disable-idempotency", false, "serve the same API without the idempotency middleware (to measure its cost)")
 	fs.IntVar(&f.replayCache, "replay-cache", 0, "keep up to `N` completed responses in memory so that replays skip the store (idem.Config.ReplayCacheSize; 0, the default, is off: the library's default)")
-	fs.DurationVar(&f.storeTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on each store call before the handler runs (claim, in-flight polls): past it the request gets 503 store_unavailable with Retry-After; also bounds connecting to PostgreSQL and Redis and each Redis read and write, unless the URL sets connect_timeout, dial_timeout, read_timeout or write_timeout")
+	fs.DurationVar(&f.storeTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on each store call before the handler runs (claim, in-flight polls): past it the request gets 503 store_unavailable with Retry-After; also bounds each read of the payments database by GET /v1/charges and /v1/orders/{id} (503 db_unavailable), connecting to PostgreSQL and Redis and each Redis read and write, unless the URL sets connect_timeout, dial_timeout, read_timeout or write_timeout")
+	fs.DurationVar(&f.migrateTimeout, "migrate-timeout", defaultMigrateTimeout, "bound on the migrations of the store and the payments tables at start, waiting for another process's migration included: past it the command exits 1")
 	fs.DurationVar(&f.readHeaderTimeout, "read-header-timeout", defaultReadHeaderTimeout, "bound on reading a request's headers; past it the connection is closed")
 	fs.DurationVar(&f.readTimeout, "read-timeout", defaultReadTimeout, "bound on reading a whole request, body included; past it the connection is closed and the request is not served (a keyed request is refused 400 body_unreadable, storing nothing)")
 	fs.DurationVar(&f.idleTimeout, "idle-timeout", defaultIdleTimeout, "how long a kept-alive connection may wait for its next request before it is closed")
@@ -190,11 +198,8 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return failure(stderr, name, err)
 	}
 	defer closeDB()
-	if err := st.migrate(ctx); err != nil {
-		return failure(stderr, name, fmt.Errorf("migrating the store %s: %w", storeURL, err))
-	}
-	if _, err := db.Migrate(ctx); err != nil {
-		return failure(stderr, name, fmt.Errorf("migrating the payments schema in %s: %w", dbURL, err))
+	if err := migrateAtStart(ctx, f.migrateTimeout, st, db, storeURL, dbURL); err != nil {
+		return failure(stderr, name, err)
 	}
 
 	// Metrics cost nothing unless served: without --metrics-addr the middleware has
@@ -209,7 +214,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		Store: st.store, DB: db, Profile: profile, TTL: f.ttl, Lease: f.lease,
 		ProcessorLatency: f.latency, ProcessorURL: f.processorURL, ProcessorClient: processorClient(f.processorTimeout, libLogger),
 		ChargeOnLapse: idem.LapsePolicy(f.chargeOnLapse), DisableIdempotency: f.disableIdempotency, Logger: libLogger,
-		ReplayCacheSize: f.replayCache, StoreTimeout: f.storeTimeout, Observer: observer,
+		ReplayCacheSize: f.replayCache, StoreTimeout: f.storeTimeout, DBReadTimeout: f.storeTimeout, Observer: observer,
 	})
 	apiHandler := api.Handler()
 	if m != nil {
@@ -263,6 +268,27 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	logger.Info("idem payments listening", listening...)
 	return serve(ctx, name, apiL, metrics, shutdownGrace+f.latency, logger, stderr)
+}
+
+// migrateAtStart migrates the store and then the payments tables, within timeout (a
+// lock that a stuck process holds, or a database that stopped answering, must not
+// hang the start).
+func migrateAtStart(ctx context.Context, timeout time.Duration, st *openedStore, db *payments.DB, storeURL, dbURL storeURL) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	explain := func(what string, err error) error {
+		if ctx.Err() == context.DeadlineExceeded {
+			return fmt.Errorf("migrating %s did not finish within --migrate-timeout %v (another process holds the migration lock, or the database does not answer): %w", what, timeout, err)
+		}
+		return fmt.Errorf("migrating %s: %w", what, err)
+	}
+	if err := st.migrate(ctx); err != nil {
+		return explain("the store "+storeURL.String(), err)
+	}
+	if _, err := db.Migrate(ctx); err != nil {
+		return explain("the payments schema in "+dbURL.String(), err)
+	}
+	return nil
 }
 
 // listener is a server and the listener it serves; a zero listener serves nothing.
@@ -368,6 +394,8 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 		err = errors.New("--addr must not be empty")
 	case f.storeTimeout <= 0:
 		err = fmt.Errorf("--store-timeout must be positive, got %v", f.storeTimeout)
+	case f.migrateTimeout <= 0:
+		err = fmt.Errorf("--migrate-timeout must be positive, got %v", f.migrateTimeout)
 	case f.readHeaderTimeout <= 0:
 		err = fmt.Errorf("--read-header-timeout must be positive, got %v", f.readHeaderTimeout)
 	case f.readTimeout <= 0:

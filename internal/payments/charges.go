@@ -216,12 +216,14 @@ func (s *Server) callProcessor(w http.ResponseWriter, r *http.Request) bool {
 // getCharge is GET /v1/charges/{id}: 200, or 404 also for another principal's charge.
 func (s *Server) getCharge(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	c, err := scanCharge(s.db.reader().queryRow(r.Context(), "charge_get", scope(r), id))
+	ctx, cancel := s.readCtx(r)
+	defer cancel()
+	c, err := scanCharge(s.db.reader().queryRow(ctx, "charge_get", scope(r), id))
 	switch {
 	case errors.Is(err, errNoRows):
 		writeAPIError(w, errNotFound("charge", id))
 	case err != nil:
-		s.logger.WarnContext(r.Context(), "payments: reading a charge", "err", err)
+		s.logger.WarnContext(ctx, "payments: reading a charge", "err", err)
 		writeAPIError(w, errUnavailable())
 	default:
 		writeJSON(w, http.StatusOK, c.render())
@@ -244,7 +246,9 @@ func (s *Server) listCharges(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, aerr)
 		return
 	}
-	sc, ctx, q := scope(r), r.Context(), s.db.reader()
+	ctx, cancel := s.readCtx(r)
+	defer cancel()
+	sc, q := scope(r), s.db.reader()
 	name, args := "charge_list", []any{sc, limit + 1}
 	if after := query.Get("starting_after"); after != "" {
 		cursor, err := scanCharge(q.queryRow(ctx, "charge_get", sc, after))
@@ -253,6 +257,7 @@ func (s *Server) listCharges(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if err != nil {
+			s.logger.WarnContext(ctx, "payments: reading a charge", "err", err)
 			writeAPIError(w, errUnavailable())
 			return
 		}

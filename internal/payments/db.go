@@ -10,6 +10,7 @@ import (
 	"path"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -119,6 +120,18 @@ func (d *DB) Ping(ctx context.Context) error {
 		return d.pool.Ping(ctx)
 	}
 	return d.sqlDB.PingContext(ctx)
+}
+
+// DeleteExpiredOrderKeys deletes at most limit rows of order_keys whose key expired
+// by now, oldest first, and returns how many it deleted: a retry of such a key starts
+// a new operation (SPEC §8), so the row answers nothing any more. The API calls it as
+// it writes orders; call it from a job of your own to catch up after a burst.
+func (d *DB) DeleteExpiredOrderKeys(ctx context.Context, now time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("payments: DeleteExpiredOrderKeys: limit must be positive, got %d", limit)
+	}
+	n, err := d.reader().exec(ctx, "order_key_delete_expired", now.UnixMilli(), limit)
+	return int(n), err
 }
 
 // CompletesRecords reports whether a mutation's transaction also completes the

@@ -40,6 +40,9 @@ func writeAPIError(w http.ResponseWriter, e *apiError) {
 		}
 	}
 	b, _ := json.Marshal(errorBody{Error: errorDetail{Type: typ, Code: e.code, Message: e.message, Param: e.param, Charge: e.charge}})
+	if e.status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1") // the database or the processor may answer again soon
+	}
 	writeJSON(w, e.status, b)
 }
 

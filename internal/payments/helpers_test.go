@@ -125,6 +125,22 @@ func newBundle(t testing.TB, st idem.Store, db *DB, opts ...option) *bundle {
 	return &bundle{t: t, srv: srv, handler: srv.Handler(), store: st, db: db}
 }
 
+// count returns how many rows table holds in the bundle's database.
+func (b *bundle) count(table string) int {
+	b.t.Helper()
+	var n int
+	var err error
+	if b.db.dialect == dialectPostgres {
+		err = b.db.pool.QueryRow(testenv.Context(b.t), "SELECT count(*) FROM "+table).Scan(&n)
+	} else {
+		err = b.db.sqlDB.QueryRowContext(testenv.Context(b.t), "SELECT count(*) FROM "+table).Scan(&n)
+	}
+	if err != nil {
+		b.t.Fatalf("counting %s: %v", table, err)
+	}
+	return n
+}
+
 // req describes one request to the API.
 type req struct {
 	method, path string

@@ -138,6 +138,9 @@ func (s *Server) createOrder(w http.ResponseWriter, r *http.Request) {
 		}
 		return orderReply(http.StatusCreated, o.ID, o.render()), nil
 	})
+	if k.key != nil {
+		s.orderKeyWritten(r.Context())
+	}
 }
 
 // putOrder is PUT /v1/orders/{id}: a full replace, 201 + Location when it created the
@@ -181,6 +184,9 @@ func (s *Server) putOrder(w http.ResponseWriter, r *http.Request) {
 		}
 		return nil, errKeyConflict // the order kept appearing and disappearing: retry
 	})
+	if k.key != nil {
+		s.orderKeyWritten(r.Context())
+	}
 }
 
 // orderKey is a row of order_keys: a key that wrote an order, and what it answered.
@@ -255,12 +261,14 @@ func (s *Server) getOrder(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, errNotFound("order", id))
 		return
 	}
-	o, err := scanOrder(s.db.reader().queryRow(r.Context(), "order_get", scope(r), id))
+	ctx, cancel := s.readCtx(r)
+	defer cancel()
+	o, err := scanOrder(s.db.reader().queryRow(ctx, "order_get", scope(r), id))
 	switch {
 	case errors.Is(err, errNoRows):
 		writeAPIError(w, errNotFound("order", id))
 	case err != nil:
-		s.logger.WarnContext(r.Context(), "payments: reading an order", "err", err)
+		s.logger.WarnContext(ctx, "payments: reading an order", "err", err)
 		writeAPIError(w, errUnavailable())
 	default:
 		writeJSON(w, http.StatusOK, o.render())

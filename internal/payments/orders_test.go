@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem"
 )
@@ -209,6 +210,37 @@ func TestOrderKeyRecordedWithoutItsAnswerRendersTheOrderOrSaysItIsDeleted(t *tes
 		wantStatus(t, gone, http.StatusConflict)
 		if apiErr(t, gone)["code"] != "order_deleted" {
 			t.Fatalf("retry after the DELETE: %s", gone.Body)
+		}
+	})
+}
+
+// The rows of order_keys are deleted once their key expired, a batch after every
+// cleanEvery-th keyed order write, so that the table holds about a TTL's worth of
+// keys rather than every key ever sent; rows of live keys stay.
+func TestExpiredOrderKeysAreDeletedAsOrdersAreWritten(t *testing.T) {
+	eachDB(t, func(t *testing.T, newBundle func(...option) *bundle) {
+		clock := newSkippableClock()
+		b := newBundle(withClock(clock.now))
+		b.srv.cleanEvery = 3
+		write := func(method, path string) {
+			t.Helper()
+			w := b.do(req{method: method, path: path, token: "tok_a", key: newKey(), body: `{"amount": 100, "currency": "usd"}`})
+			if w.Code != http.StatusCreated && w.Code != http.StatusOK {
+				t.Fatalf("%s %s: %d %s", method, path, w.Code, w.Body)
+			}
+		}
+		write("POST", "/v1/orders")
+		write("PUT", "/v1/orders/ord_put")
+		if n := b.count("order_keys"); n != 2 {
+			t.Fatalf("order_keys holds %d rows after two keyed writes, want 2", n)
+		}
+		clock.advance(idem.DefaultTTL + time.Hour) // both keys expire
+		write("POST", "/v1/orders")                // the third write cleans
+		if n := b.count("order_keys"); n != 1 {
+			t.Fatalf("order_keys holds %d rows after the cleanup, want the live key's only", n)
+		}
+		if _, err := b.db.DeleteExpiredOrderKeys(t.Context(), clock.now(), 0); err == nil {
+			t.Error("DeleteExpiredOrderKeys with limit 0 succeeded")
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -93,6 +94,12 @@ type Config struct {
 	// runs (idem.Config.StoreTimeout). Defaults to [idem.DefaultStoreTimeout].
 	StoreTimeout time.Duration
 
+	// DBReadTimeout bounds each read of the database outside a keyed request (GET
+	// /v1/charges, GET /v1/charges/{id}, GET /v1/orders/{id}): a database that does
+	// not answer in time gets 503 db_unavailable, not a hang. It also bounds the
+	// deletion of expired order keys. Defaults to [idem.DefaultStoreTimeout].
+	DBReadTimeout time.Duration
+
 	// Observer is told what the idempotency middleware does (idem.Config.Observer),
 	// such as an idemprom.Metrics' observer. Defaults to nil (none).
 	Observer *idem.Observer
@@ -119,6 +126,10 @@ type Server struct {
 	beforeCharge func(r *http.Request)
 	// processor calls the card processor; nil without Config.ProcessorURL.
 	processor *processorClient
+	// orderKeysWritten counts keyed order writes, so that every cleanEvery-th one
+	// deletes a batch of expired order keys (orderKeyWritten).
+	orderKeysWritten atomic.Int64
+	cleanEvery       int64
 	// mw is the idempotency middleware; nil with DisableIdempotency.
 	mw *idem.Middleware
 }
@@ -161,7 +172,13 @@ func New(cfg Config) *Server {
 	if cfg.TTL == 0 {
 		cfg.TTL = idem.DefaultTTL
 	}
-	s := &Server{cfg: cfg, db: cfg.DB, logger: cfg.Logger, now: cfg.Now, ttl: cfg.TTL}
+	if cfg.DBReadTimeout < 0 {
+		panic("payments: Config.DBReadTimeout must not be negative")
+	}
+	if cfg.DBReadTimeout == 0 {
+		cfg.DBReadTimeout = idem.DefaultStoreTimeout
+	}
+	s := &Server{cfg: cfg, db: cfg.DB, logger: cfg.Logger, now: cfg.Now, ttl: cfg.TTL, cleanEvery: orderKeysCleanEvery}
 	if cfg.DisableIdempotency {
 		s.db = cfg.DB.withoutRecords()
 	}
@@ -281,6 +298,34 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(body + "\n"))
+}
+
+// readCtx is the context of a read outside a keyed request: r's, ending after
+// Config.DBReadTimeout.
+func (s *Server) readCtx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), s.cfg.DBReadTimeout)
+}
+
+// Cleanup of order_keys: a keyed order write inserts a row, and every
+// orderKeysCleanEvery-th one deletes at most orderKeysCleanBatch rows whose key
+// expired, so that the table holds about a TTL's worth of keys.
+const (
+	orderKeysCleanEvery = 100
+	orderKeysCleanBatch = 100
+)
+
+// orderKeyWritten counts a keyed order write, and after every cleanEvery-th deletes
+// a batch of order keys that expired, within Config.DBReadTimeout. A failure is logged
+// at debug level: the next cleanup deletes what this one did not.
+func (s *Server) orderKeyWritten(ctx context.Context) {
+	if s.orderKeysWritten.Add(1)%s.cleanEvery != 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.DBReadTimeout)
+	defer cancel()
+	if _, err := s.db.DeleteExpiredOrderKeys(ctx, s.now(), orderKeysCleanBatch); err != nil {
+		s.logger.DebugContext(ctx, "payments: deleting expired order keys failed; the next cleanup retries", "err", err)
+	}
 }
 
 func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/memory"
 )
 
@@ -187,4 +188,14 @@ func TestAStoreOfItsOwnUsesPlainTransactions(t *testing.T) {
 		t.Fatalf("not replayed: %d %s", again.Code, again.Body)
 	}
 	wantStatus(t, b.do(req{method: "PUT", path: "/v1/orders/ord_plain", token: "tok_a", key: newKey(), body: `{"amount": 1, "currency": "usd"}`}), http.StatusCreated)
+}
+
+// The payments migrations after 004 only add, so that a process of the previous
+// version keeps working beside a database that the next one migrated during a rolling
+// upgrade (docs/operations.md).
+func TestMigrationsAfter004OnlyAdd(t *testing.T) {
+	t.Parallel()
+	for _, dialect := range []string{"postgres", "sqlite"} {
+		testkit.MigrationsOnlyAdd(t, filepath.Join("migrations", dialect), 4)
+	}
 }

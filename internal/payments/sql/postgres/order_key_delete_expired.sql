@@ -1,0 +1,10 @@
+-- Deletes at most $2 rows of order_keys whose key expired by $1 (unix ms), oldest
+-- first, skipping rows that transactions hold.
+DELETE FROM order_keys
+WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM order_keys
+    WHERE key_expires_at <= $1
+    ORDER BY key_expires_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+));
