@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -62,6 +63,36 @@ func TestCleanerDeletesOnlyExpiredRecordsInBatches(t *testing.T) {
 	}
 	if got := st.Len(); got != 3 {
 		t.Errorf("%d records left, want the 2 live and the 1 leased", got)
+	}
+}
+
+// A pass pauses between its batches, so that requests meet the store between them: two
+// pauses of BatchPause between three batches, none after the last (short) one.
+func TestCleanerPausesBetweenBatches(t *testing.T) {
+	t.Parallel()
+	st := memory.New()
+	clk := newClock()
+	seedRecords(t, st, clk.Now(), "expired", 5, time.Hour, time.Second, true)
+	clk.Advance(2 * time.Hour)
+	const pause = 40 * time.Millisecond
+	c := idem.NewCleaner(st, idem.CleanerConfig{BatchSize: 2, BatchPause: pause, Clock: clk.Now})
+	start := time.Now()
+	if n, err := c.Pass(context.Background()); n != 5 || err != nil {
+		t.Fatalf("pass deleted %d, %v; want 5", n, err)
+	}
+	if took := time.Since(start); took < 2*pause {
+		t.Fatalf("the pass took %v, want at least two pauses of %v between its three batches", took, pause)
+	}
+	// A pass ends at once when its context does, pause or not.
+	seedRecords(t, st, clk.Now(), "again", 4, time.Hour, time.Second, true)
+	clk.Advance(2 * time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	slow := idem.NewCleaner(st, idem.CleanerConfig{BatchSize: 2, BatchPause: time.Hour, Clock: clk.Now})
+	done := make(chan error, 1)
+	go func() { _, err := slow.Pass(ctx); done <- err }()
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) && err != nil {
+		t.Fatalf("cancelled pass = %v", err)
 	}
 }
 
@@ -167,6 +198,7 @@ func TestCleanerConfigValidateNamesTheNegativeField(t *testing.T) {
 		{idem.CleanerConfig{Retention: -time.Hour}, "CleanerConfig.Retention"},
 		{idem.CleanerConfig{BatchTimeout: -1}, "CleanerConfig.BatchTimeout"},
 		{idem.CleanerConfig{BatchSize: -1}, "CleanerConfig.BatchSize"},
+		{idem.CleanerConfig{BatchPause: -1}, "CleanerConfig.BatchPause"},
 	} {
 		if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Validate(%+v) = %v, want an error naming %s", tc.cfg, err, tc.want)

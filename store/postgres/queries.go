@@ -57,7 +57,6 @@ type queries struct {
 	recordMarkUnknown   string
 	recordComplete      string
 	recordCompleteTx    string
-	recordGetOrStop     string
 	recordInsertDone    string
 	recordInsertAfter   string
 	recordRelease       string
@@ -99,7 +98,6 @@ func newQueries(schema string) *queries {
 		recordMarkUnknown:   q("RecordMarkUnknown"),
 		recordComplete:      q("RecordComplete"),
 		recordCompleteTx:    q("RecordCompleteTx"),
-		recordGetOrStop:     q("RecordGetOrStop"),
 		recordInsertDone:    q("RecordInsertCompleted"),
 		recordInsertAfter:   q("RecordInsertCompletedAfter"),
 		recordRelease:       q("RecordRelease"),

@@ -92,7 +92,6 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idem.
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(app.QueuedQueries)+4)}
 	b.Queue(readCommitted)
 	if claim != nil {
-		b.Queue(s.q.recordGetOrStop, []byte(claim.Scope), []byte(claim.Key), nowParam(claim.Now))
 		args, err := insertDoneArgs(claim, done, strconv.FormatInt(s.claimLockTimeout.Milliseconds(), 10)+"ms")
 		if err != nil {
 			return err
@@ -136,6 +135,8 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 	var (
 		err    error
 		forget string // a statement whose plan the server refused
+		found  *idem.Record
+		now    time.Time
 	)
 	next := 0 // the statement exec reads the results of
 	var callbackErr error
@@ -160,19 +161,16 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 			}
 			return
 		}
-		if what == "read" {
-			err = readOrStop(br, claim)
+		if what == "claim" {
+			found, now, err = claimOrFind(br, claim)
 			return
 		}
 		_, err = br.Exec()
 		var pgErr *pgconn.PgError
 		switch {
 		case err == nil:
-		case what == "claim" && isUniqueViolation(err, "idem_records"):
-			// Inserted by another claim since the read.
-			err = &idem.KeyTakenError{Err: err}
-		case what == "claim" && isLockTimeout(err):
-			err = idem.ErrKeyInProgress
+		case what == "after" && errors.As(err, &pgErr) && pgErr.Code == sqlstateStop:
+			err = &idem.KeyTakenError{Found: found, Now: now, Err: err} // the key is there
 		case what == "app" && errors.As(err, &pgErr):
 			err = classifyApp(err, &forget, sql)
 		case what == "complete" && errors.Is(interpretError(err), idem.ErrLeaseLost):
@@ -183,7 +181,6 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 	}
 	exec("begin")
 	if claim != nil {
-		exec("read")
 		exec("claim")
 		exec("after")
 	}
@@ -229,39 +226,42 @@ func classifyApp(err error, forget *string, sql string) error {
 	return err
 }
 
-// readOrStop reads the results of RecordGetOrStop: no error when the key is absent; an
-// idem.KeyTakenError with the live record it read (or none, for an expired record)
-// when the key is there, whose fence stopped the transaction.
-func readOrStop(br pgx.BatchResults, claim *idem.RecordClaimParams) error {
+// claimOrFind reads the results of RecordInsertCompleted: no row when it inserted the
+// record; the key's record (live or expired) when it was there, which the next
+// statement's stop turns into an idem.KeyTakenError; an idem.KeyTakenError without a
+// record when a claim committed since the statement's snapshot inserted it;
+// ErrKeyInProgress when a concurrent uncommitted claim held it past the lock timeout.
+func claimOrFind(br pgx.BatchResults, claim *idem.RecordClaimParams) (*idem.Record, time.Time, error) {
 	rows, err := br.Query()
 	if err != nil {
-		return readError(err, nil, time.Time{})
+		return nil, time.Time{}, claimError(err)
 	}
 	defer rows.Close()
 	var (
 		found *idem.Record
 		now   time.Time
 	)
-	for rows.Next() { // the live record, if any, comes before the fence's error
+	for rows.Next() {
 		blk := newScannedRecord(claim.Scope, claim.Key, nil)
 		if err := rows.Scan(&blk.row); err != nil {
-			return &idem.StoreError{Op: "claim", Err: interpretError(err)}
+			return nil, time.Time{}, &idem.StoreError{Op: "claim", Err: interpretError(err)}
 		}
 		if found, now, err = blk.record(); err != nil {
-			return &idem.StoreError{Op: "claim", Err: err}
+			return nil, time.Time{}, &idem.StoreError{Op: "claim", Err: err}
 		}
 	}
-	return readError(rows.Err(), found, now)
+	return found, now, claimError(rows.Err())
 }
 
-// readError classifies the error of RecordGetOrStop: idem_stop's means the key is there.
-func readError(err error, found *idem.Record, now time.Time) error {
-	var pgErr *pgconn.PgError
+// claimError classifies the error of RecordInsertCompleted.
+func claimError(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.As(err, &pgErr) && pgErr.Code == sqlstateStop:
-		return &idem.KeyTakenError{Found: found, Now: now, Err: err}
+	case isUniqueViolation(err, "idem_records"): // inserted by a claim since the snapshot
+		return &idem.KeyTakenError{Err: err}
+	case isLockTimeout(err):
+		return idem.ErrKeyInProgress
 	}
 	return &idem.StoreError{Op: "claim", Err: interpretError(err)}
 }

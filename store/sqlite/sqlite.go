@@ -30,6 +30,13 @@ const (
 	DefaultMaxOpenConns = 8
 )
 
+// DefaultCleanerBatchSize is the batch size of the store's cleaner (Config.Cleaner):
+// smaller than idem.DefaultCleanerBatchSize, because a batch holds the file's one write
+// lock, which every claim and completion waits for. Deleting a backlog of 100,000
+// expired records beside requests raised their p99 3.7 times in batches of 1000 and 1.7
+// times in batches of 200, the cleaner pausing as long as each batch took.
+const DefaultCleanerBatchSize = 200
+
 // Config configures a [Store]. The zero value is ready to use.
 type Config struct {
 	// BusyTimeout is SQLite's per-connection busy_timeout: how long one statement
@@ -66,8 +73,9 @@ type Config struct {
 	// first pass one jittered Cleaner.Interval after Open ([idem.Cleaner.Start]).
 	// Cleaner.Retention keeps records that long after they expire, for audits; its
 	// warnings go to Cleaner.Logger, else to Logger when set, else to slog.Default.
-	// Defaults to the zero [idem.CleanerConfig]: a pass every minute, batches of 1000,
-	// no retention.
+	// Defaults to the zero [idem.CleanerConfig] but for its BatchSize,
+	// [DefaultCleanerBatchSize] (each batch holds SQLite's one write lock): a pass
+	// every minute, batches of 200 paced by the time each took, no retention.
 	Cleaner idem.CleanerConfig
 
 	// DisableCleaner starts no cleaner, for a process that opens the store for a
@@ -93,6 +101,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if err := c.Cleaner.Validate(); err != nil {
 		return c, fmt.Errorf("sqlite: Config.Cleaner: %w", err)
+	}
+	if c.Cleaner.BatchSize == 0 {
+		c.Cleaner.BatchSize = DefaultCleanerBatchSize
 	}
 	if c.Cleaner.Logger == nil && c.Logger != nil {
 		c.Cleaner.Logger = c.Logger

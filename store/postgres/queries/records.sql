@@ -274,54 +274,57 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key
   AND r.expires_at < clock.now - $1::bigint * interval '1 microsecond'
   AND NOT (r.state = 'in_flight' AND r.lease_end > clock.now);
 
--- name: RecordGetOrStop
--- The first statement of a ClaimInHandler transaction (Respond): the key's live record,
--- and then, when any record of the key is there (live or expired), idem_stop (migration
--- 0006) raises IDL02, which aborts the transaction before its insert and the
--- application's statements run: nothing is written, and the caller answers from the row
--- it received before the error (a replay, a duplicate, a reused key), or, for an
--- expired record, claims the usual way. When the key is absent it returns no row and
--- raises nothing. (The server logs each such stop as an ERROR, with IDL02's message.)
--- $1 scope, $2 key, $3 injected now.
-WITH clock AS MATERIALIZED (
-    SELECT coalesce($3::timestamptz, clock_timestamp()) AS now
-)
-SELECT r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
-       r.response_status, r.response_headers, r.response_body, r.response_not_stored,
-       r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now
-FROM {{schema}}idem_records r, clock
-WHERE r.scope = $1 AND r.key = $2 AND r.expires_at > clock.now
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL
-WHERE {{schema}}idem_stop(EXISTS (
-    SELECT 1 FROM {{schema}}idem_records WHERE scope = $1 AND key = $2));
-
 -- name: RecordInsertCompleted
--- The claim and the completion of a ClaimInHandler transaction (Respond) in one
--- INSERT, after RecordGetOrStop found the key absent: the record is born completed, in
--- the transaction that holds the application's writes, so that it needs no lease, token
--- or heartbeat (the open transaction is the lock). A record inserted since
--- RecordGetOrStop's read raises unique_violation (23505): the caller claims the usual
--- way. An uncommitted insert of the same key makes this one wait, at most the
--- lock_timeout that this statement sets for its transaction ($12) before it inserts
--- (55P03): the INSERT reads its row from the materialised clock, so set_config runs
--- before the insert can wait, and a lock wait reads lock_timeout when it begins.
--- RecordInsertCompletedAfter puts lock_timeout back for the application's statements.
+-- The claim and the completion of a ClaimInHandler transaction (Respond), its first
+-- statement after the isolation level. When the key is absent, it inserts the record
+-- already completed, in the transaction that holds the application's writes, so that it
+-- needs no lease, token or heartbeat (the open transaction is the lock), and returns no
+-- row. When a record of the key is there (live or expired) it writes nothing and returns
+-- it, having set idem.stop for RecordInsertCompletedAfter, which then aborts the
+-- transaction before the application's statements run: the caller answers from the row
+-- (a replay, a duplicate, a reused key), or, for an expired record, claims the usual
+-- way. (An error in this statement would cost the row: PostgreSQL sends the rows of a
+-- statement with a data-modifying WITH only once it completed.) A record that a
+-- concurrent claim committed after this statement's snapshot raises unique_violation
+-- (23505): the caller claims the usual way. An uncommitted insert of the same key makes
+-- this one wait, at most the lock_timeout that the statement sets for its transaction
+-- ($12) before it inserts (55P03): the clock's CTE, materialised, runs set_config (having
+-- kept the session's value) before the insert can wait, and a lock wait reads
+-- lock_timeout when it begins.
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 status,
 -- $7 headers, $8 body, $9 not stored, $10 ttl (µs), $11 injected now, $12 lock timeout.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($11::timestamptz, clock_timestamp()) AS now,
+           set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS kept,
            set_config('lock_timeout', $12, true) AS lock_timeout
+), found AS MATERIALIZED (
+    SELECT r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
+           r.response_status, r.response_headers, r.response_body, r.response_not_stored,
+           r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at
+    FROM {{schema}}idem_records r
+    WHERE r.scope = $1 AND r.key = $2
+), inserted AS (
+    INSERT INTO {{schema}}idem_records
+        (scope, key, id, fingerprint_version, fingerprint, state, response_status,
+         response_headers, response_body, response_not_stored, created_at, expires_at)
+    SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, $9, clock.now,
+           clock.now + $10::bigint * interval '1 microsecond'
+    FROM clock
+    WHERE NOT EXISTS (SELECT 1 FROM found)
+    RETURNING 1
 )
-INSERT INTO {{schema}}idem_records
-    (scope, key, id, fingerprint_version, fingerprint, state, response_status,
-     response_headers, response_body, response_not_stored, created_at, expires_at)
-SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, $9, clock.now,
-       clock.now + $10::bigint * interval '1 microsecond'
-FROM clock;
+SELECT f.id, f.fingerprint_version, f.fingerprint, f.state, f.lock_token, f.lease_end,
+       f.response_status, f.response_headers, f.response_body, f.response_not_stored,
+       f.outcome_unknown, f.recovery_point, f.steps, f.operation, f.created_at, f.expires_at,
+       clock.now
+FROM found f, clock
+WHERE set_config('idem.stop', 'on', true) IS NOT NULL;
 
 -- name: RecordInsertCompletedAfter
--- Puts the transaction's lock_timeout back to the session's after RecordInsertCompleted:
+-- The second statement of a ClaimInHandler transaction: idem_stop (migration 0007)
+-- raises IDL02 when RecordInsertCompleted found the key there, aborting the transaction
+-- before the application's statements run (the server logs it as an ERROR, with
+-- IDL02's message); otherwise it puts lock_timeout back to the session's value, so that
 -- the application's statements wait for their locks as they would without idem.
-SET LOCAL lock_timeout TO DEFAULT;
+SELECT {{schema}}idem_stop(current_setting('idem.stop', true) = 'on'),
+       set_config('lock_timeout', current_setting('idem.lock_timeout'), true);
