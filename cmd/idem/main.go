@@ -9,6 +9,8 @@
 //	idem migrate  --store URL
 //	idem purge    --store URL [--older-than DURATION]
 //	idem load     --url URL [--concurrency N] [--duration D | --requests N] ...
+//	idem keys     get|list|delete|resolve --store URL ...
+//	idem version
 //
 // Store URLs are sqlite:PATH (or sqlite://PATH), postgres://…, postgresql://…,
 // redis://… and rediss://… (one Redis), and redis+cluster://… and rediss+cluster://…
@@ -44,7 +46,8 @@ commands:
   migrate    create or upgrade an idempotency store's schema
   purge      delete expired idempotency records
   load       load and verify the payments API (exactly-once)
-  keys       inspect and delete idempotency records (get, list, delete)
+  keys       inspect, delete and resolve idempotency records (get, list, delete, resolve)
+  version    print the command's version, commit and Go version
 
 Run 'idem <command> --help' for the flags of a command. Every flag can also be set by
 an environment variable, IDEM_ and the flag's name in upper case with _ for -
@@ -78,6 +81,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runLoad(ctx, args[1:], stdout, stderr)
 	case "keys":
 		return runKeys(ctx, args[1:], stdout, stderr)
+	case "version", "--version", "-version":
+		return runVersion(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

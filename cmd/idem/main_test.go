@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -600,5 +601,18 @@ func TestPaymentsExitsWhenItsMigrationCannotFinish(t *testing.T) {
 			}
 			t.Logf("%s after %v", strings.TrimSpace(stderr), elapsed.Round(time.Millisecond))
 		})
+	}
+}
+
+func TestVersionPrintsTheBuildsVersionAndGo(t *testing.T) {
+	t.Parallel()
+	for _, arg := range []string{"version", "--version"} {
+		code, stdout, _ := runCmd(t, arg)
+		if code != exitOK || !regexp.MustCompile(`^idem \S+ .*`+regexp.QuoteMeta(runtime.Version())+"\n$").MatchString(stdout) {
+			t.Errorf("idem %s: exit %d, stdout %q", arg, code, stdout)
+		}
+	}
+	if code, _, stderr := runCmd(t, "version", "extra"); code != exitUsage || !strings.Contains(stderr, "takes no arguments") {
+		t.Errorf("idem version extra: exit %d, stderr %q", code, stderr)
 	}
 }
