@@ -86,6 +86,7 @@ func (s *svg) text(x, y float64, anchor, class, t string) {
 	s.f(`<text x="%.1f" y="%.1f" text-anchor="%s" class="%s">%s</text>`+"\n", x, y, anchor, class, html.EscapeString(t))
 }
 
+// chartWidth is the chart's width, unless the labels of the bars need more.
 const (
 	chartWidth = 960.0
 	colNew     = "#2f6db5"
@@ -97,15 +98,15 @@ func drawChart(w io.Writer, title string, m minimalResults, steps []step) error 
 	var s svg
 	y := 40.0
 	body := &svg{}
-	body.text(chartWidth/2, 26, "middle", "title", title)
+	width := chartWidth
 	if len(m.Pairs) > 0 {
-		y = drawRatios(body, y, m)
+		y, width = drawRatios(body, y, m)
 	}
 	if len(steps) > 0 {
-		y = drawScale(body, y+20, steps)
+		y = drawScale(body, y+20, width, steps)
 	}
 	s.f(`<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="system-ui, -apple-system, 'Segoe UI', sans-serif">`+"\n",
-		chartWidth, y+20, chartWidth, y+20)
+		width, y+20, width, y+20)
 	s.WriteString(`<style>
 text { font-size: 12px; fill: #222; }
 .title { font-size: 18px; font-weight: 600; }
@@ -118,6 +119,7 @@ text { font-size: 12px; fill: #222; }
 </style>
 <rect width="100%" height="100%" fill="white"/>
 `)
+	s.text(width/2, 26, "middle", "title", title)
 	s.WriteString(body.String())
 	s.f("</svg>\n")
 	_, err := io.WriteString(w, s.String())
@@ -125,13 +127,31 @@ text { font-size: 12px; fill: #222; }
 }
 
 // drawRatios draws one bar per pair: idempotent req/s over the baseline's, with the
-// target as a red tick. It returns the y below it.
-func drawRatios(s *svg, y float64, m minimalResults) float64 {
+// target as a red tick. It returns the y below it and the width the labels needed.
+func drawRatios(s *svg, y float64, m minimalResults) (float64, float64) {
 	s.text(20, y+8, "start", "head", "Throughput of each idempotent path, as a share of its baseline (PostgreSQL, the same run, interleaved)")
 	s.text(20, y+24, "start", "note", fmt.Sprintf("%d concurrent clients, %s runs, %d rounds; the minimal handler INSERTs one row and answers 201; replays against GET by primary key",
 		m.Concurrency, m.Duration, m.Rounds))
 	y += 40
-	left, right := 430.0, chartWidth-60
+	// A pair run again once the store was filled says at how many records; the others
+	// ran on the records the replays needed.
+	fewest := int64(math.MaxInt64)
+	for _, p := range m.Pairs {
+		fewest = min(fewest, p.Records)
+	}
+	labels := make([]string, len(m.Pairs))
+	longest := 0
+	for i, p := range m.Pairs {
+		labels[i] = p.Name
+		if p.Records > fewest {
+			labels[i] += fmt.Sprintf(", at %s records", human(p.Records))
+		}
+		longest = max(longest, len([]rune(labels[i])))
+	}
+	// About 6.5 px a character at 12 px: the labels end where the bars start.
+	left := math.Max(300, 20+6.5*float64(longest)+8)
+	width := math.Max(chartWidth, left+560)
+	right := width - 70
 	maxRatio := 1.0
 	for _, p := range m.Pairs {
 		t, _ := strconv.ParseFloat(p.Target, 64)
@@ -143,21 +163,22 @@ func drawRatios(s *svg, y float64, m minimalResults) float64 {
 	top := y
 	for i, p := range m.Pairs {
 		ry := y + float64(i)*rowH
-		label := p.Name
-		if p.Records > 0 {
-			label += fmt.Sprintf(" — %s records", human(p.Records))
-		}
-		s.text(left-8, ry+15, "end", "", label)
+		s.text(left-8, ry+15, "end", "", labels[i])
 		col := colNew
 		if p.Group == "replay" {
 			col = colReplay
 		}
 		s.f(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" rx="2"/>`+"\n", left, ry+4, math.Max(p.Ratio*scale, 1), rowH-8, col)
-		s.text(left+p.Ratio*scale+6, ry+16, "start", "value", fmt.Sprintf("%.2f×", p.Ratio))
+		end := left + p.Ratio*scale
 		if t, err := strconv.ParseFloat(p.Target, 64); err == nil {
 			tx := left + t*scale
 			s.f(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="2.5"/>`+"\n", tx, ry+1, tx, ry+rowH-1, colTarget)
+			// The value goes right of the tick when the bar ends near it.
+			if tx > end-4 && tx < end+44 {
+				end = tx
+			}
 		}
+		s.text(end+6, ry+16, "start", "value", fmt.Sprintf("%.2f×", p.Ratio))
 	}
 	bottom := y + float64(len(m.Pairs))*rowH
 	for v := 0.0; v <= maxRatio+1e-9; v += 0.5 {
@@ -174,15 +195,15 @@ func drawRatios(s *svg, y float64, m minimalResults) float64 {
 		s.text(x+18, ly, "start", "note", l.text)
 		x += 190
 	}
-	return ly + 10
+	return ly + 10, width
 }
 
 // drawScale draws claim and lookup latency (p50 and p99) against the table's size, one
 // panel per store, on logarithmic axes.
-func drawScale(s *svg, y float64, steps []step) float64 {
+func drawScale(s *svg, y, width float64, steps []step) float64 {
 	s.text(20, y+8, "start", "head", "Claim and lookup latency by table size (log scales)")
 	s.text(20, y+24, "start", "note", "the store's own calls, 8 workers; a lookup is a replay's claim of a random stored key, a claim a new key's claim and completion")
-	y += 40
+	y += 60
 	stores := []string{}
 	for _, st := range steps {
 		if !contains(stores, st.Store) {
@@ -190,7 +211,7 @@ func drawScale(s *svg, y float64, steps []step) float64 {
 		}
 	}
 	const panelH, gap = 240.0, 40.0
-	panelW := (chartWidth - 80 - gap*float64(len(stores)-1)) / float64(len(stores))
+	panelW := (width - 80 - gap*float64(len(stores)-1)) / float64(len(stores))
 	minMS, maxMS := math.Inf(1), 0.0
 	minN, maxN := math.Inf(1), 0.0
 	for _, st := range steps {
