@@ -41,10 +41,13 @@ type Config struct {
 	// is opt-in. Defaults to false: every claim is flushed.
 	AsynchronousClaim bool
 
-	// ClaimLockTimeout bounds how long an [Store.InTxBatch] transaction that claims
-	// its key (RouteOptions.ClaimInHandler) waits for a concurrent, uncommitted claim of
-	// the same key; the duplicate then answers 409 request_in_progress. It must not be
-	// negative. Defaults to [DefaultClaimLockTimeout].
+	// ClaimLockTimeout bounds how long a [Store.Respond] transaction that claims its
+	// key (RouteOptions.ClaimInHandler) waits for a concurrent, uncommitted claim of the
+	// same key; the duplicate then answers 409 request_in_progress. It is PostgreSQL's
+	// lock_timeout for the claim statement, so it bounds every lock that statement
+	// waits for: on a database stalled on I/O a fresh key can meet it too (and answer
+	// 409; nothing ran, a retry executes). It must not be negative. Defaults to
+	// [DefaultClaimLockTimeout].
 	ClaimLockTimeout time.Duration
 
 	// Logger receives the store's rare log lines (takeovers, retried statements,
