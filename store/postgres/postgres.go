@@ -43,10 +43,10 @@ type Config struct {
 
 	// ClaimLockTimeout bounds how long a [Store.Respond] transaction that claims its
 	// key (RouteOptions.ClaimInHandler) waits for a concurrent, uncommitted claim of the
-	// same key; the duplicate then answers 409 request_in_progress. It is PostgreSQL's
-	// lock_timeout for the claim statement, so it bounds every lock that statement
-	// waits for: on a database stalled on I/O a fresh key can meet it too (and answer
-	// 409; nothing ran, a retry executes). It must not be negative. Defaults to
+	// same key (whose advisory lock it holds); the duplicate then answers 409
+	// request_in_progress. The claim's insert waits for any other lock (the table's
+	// extension lock on a database slow with I/O) up to 5 s, so that a fresh key is not
+	// answered 409 for a slow disk. It must not be negative. Defaults to
 	// [DefaultClaimLockTimeout].
 	ClaimLockTimeout time.Duration
 

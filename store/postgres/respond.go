@@ -19,6 +19,32 @@ import (
 // same key before the request answers 409 request_in_progress.
 const DefaultClaimLockTimeout = 100 * time.Millisecond
 
+// claimInsertLockTimeout bounds the other lock waits of a ClaimInHandler claim's insert
+// (the table's extension lock, which a database busy with I/O can hold longer than
+// ClaimLockTimeout; a row of the key that a transaction of another route updates):
+// long enough that a slow disk does not answer a fresh key 409, short enough that a
+// stuck transaction does not hold the request forever (it answers 409 too).
+const claimInsertLockTimeout = "5s"
+
+// keyLockClass is the first key of the advisory locks of ClaimInHandler claims
+// (pg_advisory_xact_lock(int4, int4): 'idm1'); the second is keyLockID of the key.
+const keyLockClass = 0x69646d31
+
+// keyLockID is the second key of the advisory lock that a ClaimInHandler claim holds
+// for its (scope, key) until its transaction ends: 32-bit FNV-1a of scope, a zero
+// byte and key. Two keys that share it only make one wait for the other.
+func keyLockID(scope, key string) int32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(scope); i++ {
+		h = (h ^ uint32(scope[i])) * 16777619
+	}
+	h *= 16777619 // the zero byte: h ^ 0 == h
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint32(key[i])) * 16777619
+	}
+	return int32(h)
+}
+
 // Respond answers the request r with the response fn returns, after committing the
 // statements fn queues on b together with the key's idempotency record, in one
 // transaction (SPEC §7). It is the path for a handler whose writes all go to this
@@ -32,8 +58,9 @@ const DefaultClaimLockTimeout = 100 * time.Millisecond
 //	if err != nil { ... } // nothing committed and nothing was sent: answer it
 //
 // On a route with idem.RouteOptions.ClaimInHandler the whole request is one round trip:
-// BEGIN, the record inserted already completed with the response (with a bounded
-// lock_timeout, Config.ClaimLockTimeout), the statements and COMMIT, pipelined. When
+// BEGIN, the record inserted already completed with the response (under the key's
+// advisory lock, waited for at most Config.ClaimLockTimeout), the statements and
+// COMMIT, pipelined. When
 // the key is already there, nothing commits and Respond claims it the usual way: it
 // answers the stored response, 409 request_in_progress or key_reused, or, having
 // taken over an expired record or a lapsed lease, sends the statements once more with
@@ -328,7 +355,8 @@ func insertDoneArgs(c *idem.RecordClaimParams, p *idem.RecordCompleteParams, loc
 		body = []byte{}
 	}
 	return []any{[]byte(c.Scope), []byte(c.Key), c.RecordID, c.Fingerprint.Version, c.Fingerprint.Sum[:],
-		resp.Status, encodeHeaders(resp.Header), body, resp.NotStored, micros(p.TTL), nowParam(c.Now), lockTimeout}, nil
+		resp.Status, encodeHeaders(resp.Header), body, resp.NotStored, micros(p.TTL), nowParam(c.Now), lockTimeout,
+		keyLockID(c.Scope, c.Key), claimInsertLockTimeout}, nil
 }
 
 // isUniqueViolation reports whether err is a unique violation on table.

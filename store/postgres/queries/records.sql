@@ -286,17 +286,25 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key
 -- way. (An error in this statement would cost the row: PostgreSQL sends the rows of a
 -- statement with a data-modifying WITH only once it completed.) A record that a
 -- concurrent claim committed after this statement's snapshot raises unique_violation
--- (23505): the caller claims the usual way. An uncommitted insert of the same key makes
--- this one wait, at most the lock_timeout that the statement sets for its transaction
--- ($12) before it inserts (55P03): the clock's CTE, materialised, runs set_config (having
--- kept the session's value) before the insert can wait, and a lock wait reads
--- lock_timeout when it begins.
+-- (23505): the caller claims the usual way. A concurrent claim of the same key in
+-- flight holds the key's advisory lock ($13, transaction-scoped, taken here before the
+-- insert): this one waits for it at most the lock_timeout set for that wait ($12), then
+-- fails with lock_not_available (55P03: 409 request_in_progress). Only that wait is so
+-- short: the insert's own lock waits (the relation's extension lock, which a database
+-- busy with I/O can hold past 100 ms; a row of the key that another route's transaction
+-- updates) get the longer bound $14, so that a fresh key is not answered 409 because the
+-- disk was slow. The clock's CTE, materialised, runs its expressions in order before
+-- the insert can wait (keep the session's lock_timeout, set the key's bound, take the
+-- key's lock, set the insert's bound), and a lock wait reads lock_timeout when it begins.
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 status,
--- $7 headers, $8 body, $9 not stored, $10 ttl (µs), $11 injected now, $12 lock timeout.
+-- $7 headers, $8 body, $9 not stored, $10 ttl (µs), $11 injected now, $12 the key's lock
+-- timeout, $13 the key's advisory lock id, $14 the insert's lock timeout.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($11::timestamptz, clock_timestamp()) AS now,
            set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS kept,
-           set_config('lock_timeout', $12, true) AS lock_timeout
+           set_config('lock_timeout', $12, true) AS key_wait,
+           pg_advisory_xact_lock(1768189233, $13::int4)::text AS key_lock,
+           set_config('lock_timeout', $14, true) AS insert_wait
 ), found AS MATERIALIZED (
     SELECT r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
            r.response_status, r.response_headers, r.response_body, r.response_not_stored,
