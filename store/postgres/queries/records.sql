@@ -293,32 +293,37 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key
 -- short: the insert's own lock waits (the relation's extension lock, which a database
 -- busy with I/O can hold past 100 ms; a row of the key that another route's transaction
 -- updates) get the longer bound $14, so that a fresh key is not answered 409 because the
--- disk was slow. The clock's CTE, materialised, runs its expressions in order before
--- the insert can wait (keep the session's lock_timeout, set the key's bound, take the
--- key's lock, set the insert's bound), and a lock wait reads lock_timeout when it begins.
+-- disk was slow. Only a claim that found no record takes the key's lock, so that
+-- concurrent replays of a key never wait for each other. The materialised CTEs run
+-- their expressions in order before the insert can wait (clock keeps the session's
+-- lock_timeout; keylock, a row only when found is empty, sets the key's bound, takes
+-- the key's lock and sets the insert's bound; the insert reads keylock's row), and a
+-- lock wait reads lock_timeout when it begins.
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 status,
 -- $7 headers, $8 body, $9 not stored, $10 ttl (µs), $11 injected now, $12 the key's lock
 -- timeout, $13 the key's advisory lock id, $14 the insert's lock timeout.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($11::timestamptz, clock_timestamp()) AS now,
-           set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS kept,
-           set_config('lock_timeout', $12, true) AS key_wait,
-           pg_advisory_xact_lock(1768189233, $13::int4)::text AS key_lock,
-           set_config('lock_timeout', $14, true) AS insert_wait
+           set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS kept
 ), found AS MATERIALIZED (
     SELECT r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
            r.response_status, r.response_headers, r.response_body, r.response_not_stored,
            r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at
     FROM {{schema}}idem_records r
     WHERE r.scope = $1 AND r.key = $2
+), keylock AS MATERIALIZED (
+    SELECT set_config('lock_timeout', $12, true) AS key_wait,
+           pg_advisory_xact_lock(1768189233, $13::int4)::text AS key_lock,
+           set_config('lock_timeout', $14, true) AS insert_wait
+    FROM clock
+    WHERE NOT EXISTS (SELECT 1 FROM found)
 ), inserted AS (
     INSERT INTO {{schema}}idem_records
         (scope, key, id, fingerprint_version, fingerprint, state, response_status,
          response_headers, response_body, response_not_stored, created_at, expires_at)
     SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, $9, clock.now,
            clock.now + $10::bigint * interval '1 microsecond'
-    FROM clock
-    WHERE NOT EXISTS (SELECT 1 FROM found)
+    FROM clock, keylock
     RETURNING 1
 )
 SELECT f.id, f.fingerprint_version, f.fingerprint, f.state, f.lock_token, f.lease_end,
