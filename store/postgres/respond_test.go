@@ -225,26 +225,41 @@ func TestRespondDuplicatesExecuteOnce(t *testing.T) {
 	})
 }
 
-// holdKey begins the transaction of a concurrent ClaimInHandler claim of key that has
-// inserted its record, uncommitted; with keyLock it holds the key's advisory lock too,
-// as Respond's claim does.
-func holdKey(t *testing.T, app *rowApp, key string, keyLock bool) pgx.Tx {
+// lockKey begins a transaction that holds key's advisory lock, as a concurrent
+// ClaimInHandler claim of a key it found absent does until its transaction ends.
+func lockKey(t *testing.T, app *rowApp, key string) pgx.Tx {
 	t.Helper()
 	tx, err := app.s.Pool().Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	class, id := postgres.KeyLock("user-1", key)
+	if _, err := tx.Exec(t.Context(), `SELECT pg_advisory_xact_lock($1, $2)`, class, id); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// holdKey begins the transaction of a concurrent ClaimInHandler claim of key that has
+// inserted its record, uncommitted; with keyLock it holds the key's advisory lock too,
+// as Respond's claim does.
+func holdKey(t *testing.T, app *rowApp, key string, keyLock bool) pgx.Tx {
+	t.Helper()
+	var tx pgx.Tx
 	if keyLock {
-		class, id := postgres.KeyLock("user-1", key)
-		if _, err := tx.Exec(t.Context(), `SELECT pg_advisory_xact_lock($1, $2)`, class, id); err != nil {
+		tx = lockKey(t, app, key)
+	} else {
+		var err error
+		if tx, err = app.s.Pool().Begin(t.Context()); err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	}
 	same := httptest.NewRequest(http.MethodPost, "/rows", strings.NewReader(`{}`))
 	same.Header.Set("Content-Type", "application/json")
 	fp := idem.FingerprintRequest(same, []byte(`{}`))
-	_, err = tx.Exec(t.Context(), `INSERT INTO `+app.s.table("idem_records")+`
+	_, err := tx.Exec(t.Context(), `INSERT INTO `+app.s.table("idem_records")+`
 		(scope, key, id, fingerprint_version, fingerprint, state, response_status, response_headers, response_body, created_at, expires_at)
 		VALUES ('user-1', $3, 'rec-1', $1, $2, 'completed', 201, ''::bytea, $4, now(), now() + interval '1 hour')`,
 		fp.Version, fp.Sum[:], []byte(key), []byte(`{"key":"`+key+`"}`))
@@ -317,15 +332,7 @@ func TestRespondReplayDoesNotWaitForTheKeysLock(t *testing.T) {
 	if first := app.post("key-replayed"); first.Code != http.StatusCreated {
 		t.Fatalf("first = %d %s", first.Code, first.Body)
 	}
-	tx, err := app.s.Pool().Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	class, id := postgres.KeyLock("user-1", "key-replayed")
-	if _, err := tx.Exec(t.Context(), `SELECT pg_advisory_xact_lock($1, $2)`, class, id); err != nil {
-		t.Fatal(err)
-	}
+	lockKey(t, app, "key-replayed")
 	rec := app.post("key-replayed")
 	if rec.Code != http.StatusCreated || rec.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("replay beside a holder of the key's lock = %d %s, want the replay", rec.Code, rec.Body)
