@@ -95,11 +95,9 @@ func runPrepare(ctx context.Context, args []string) error {
 	return prepareKeys(ctx, &f)
 }
 
-// prepareKeys sends each of f's keys, concurrently, until it answers 201. A 409 is
-// an attempt of the same key still in flight (net/http re-sends a request that carries
-// an Idempotency-Key when its reused connection fails before an answer; on a loaded
-// machine the first attempt can still be running): the key is sent again, as a client
-// would, after a pause, for up to 10 s.
+// prepareKeys sends each of f's keys once, concurrently, expecting 201: any other
+// answer to a key sent once is a defect, and stops the run (a 409 here found that a
+// slow disk answered fresh keys 409 on PostgreSQL's ClaimInHandler path).
 func prepareKeys(ctx context.Context, f *loadFlags) error {
 	c := newClient(f.concurrency)
 	var next atomic.Int64
@@ -109,10 +107,6 @@ func prepareKeys(ctx context.Context, f *loadFlags) error {
 		wg.Go(func() {
 			for i := next.Add(1) - 1; i < f.keys; i = next.Add(1) - 1 {
 				status, _, err := f.send(ctx, c, i)
-				for try := 0; err == nil && status == http.StatusConflict && try < 200; try++ {
-					time.Sleep(50 * time.Millisecond)
-					status, _, err = f.send(ctx, c, i)
-				}
 				if err == nil && status != http.StatusCreated {
 					err = fmt.Errorf("POST %s of key %d answered %d", f.path, i, status)
 				}

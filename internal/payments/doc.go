@@ -28,8 +28,8 @@
 //     without idempotency 1 and 1.
 //   - POST /v1/orders claims its key in its own transaction
 //     (idem.RouteOptions.ClaimInHandler, Respond): the record's read, the record
-//     inserted completed (waiting at most 100 ms for a concurrent claim of the key), the order and its order_keys
-//     row in one round trip and 1 flush. A duplicate that finds the first uncommitted
+//     inserted completed (waiting at most 100 ms for a concurrent claim of the key),
+//     the order and its order_keys row in one round trip and 1 flush. A duplicate that finds the first uncommitted
 //     waits at most the lock timeout and gets 409 request_in_progress; one after the
 //     commit gets the replay, in that same one round trip. On SQLite Respond claims in
 //     the order's transaction likewise (one fsync instead of two).

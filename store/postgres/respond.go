@@ -28,6 +28,9 @@ const claimInsertLockTimeout = "5s"
 
 // keyLockClass is the first key of the advisory locks of ClaimInHandler claims
 // (pg_advisory_xact_lock(int4, int4): 'idm1'); the second is keyLockID of the key.
+// RecordInsertCompleted writes it as a literal (1768189233); the tests that stand in
+// for a concurrent claim take the lock through this constant, and would wait seconds
+// instead of ClaimLockTimeout if the two differed.
 const keyLockClass = 0x69646d31
 
 // keyLockID is the second key of the advisory lock that a ClaimInHandler claim holds
@@ -60,11 +63,10 @@ func keyLockID(scope, key string) int32 {
 // On a route with idem.RouteOptions.ClaimInHandler the whole request is one round trip:
 // BEGIN, the record inserted already completed with the response (under the key's
 // advisory lock, waited for at most Config.ClaimLockTimeout), the statements and
-// COMMIT, pipelined. When
-// the key is already there, nothing commits and Respond claims it the usual way: it
-// answers the stored response, 409 request_in_progress or key_reused, or, having
-// taken over an expired record or a lapsed lease, sends the statements once more with
-// the record's fenced completion. Elsewhere (the middleware claimed the key before the
+// COMMIT, pipelined. When the key is already there, nothing commits and Respond
+// claims it the usual way: it answers the stored response, 409 request_in_progress or
+// key_reused, or, having taken over an expired record or a lapsed lease, sends the
+// statements once more with the record's fenced completion. Elsewhere (the middleware claimed the key before the
 // handler) it is BEGIN, the statements, the fenced completion and COMMIT: one round
 // trip after the claim's. A request marked idem.WithoutKey (no key) gets BEGIN, the
 // statements and COMMIT.
