@@ -13,8 +13,8 @@ import (
 	"testing"
 )
 
-// sections are the numbered sections of the contract, §1 to §16.
-const sections = 16
+// sections are the numbered sections of the contract, §1 to §18.
+const sections = 18
 
 var (
 	heading = regexp.MustCompile(`(?m)^## §(\d+) `)
