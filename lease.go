@@ -43,6 +43,9 @@ type heartbeat struct {
 	ctx     context.Context
 	abort   context.CancelFunc
 	running sync.WaitGroup // a renewal in progress
+	// finished is set by stopAndWait: the operation ended, and a renewal under way
+	// is called off for that reason, not because the lease was lost.
+	finished bool
 }
 
 // heartbeatRun is what one heartbeat needs.
@@ -167,6 +170,12 @@ func (hb *heartbeat) beat() {
 	}
 }
 
+func (hb *heartbeat) isFinished() bool {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return hb.finished
+}
+
 func (hb *heartbeat) isStopped() bool {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
@@ -189,11 +198,21 @@ func (run *heartbeatRun) renew(ctx context.Context, hb *heartbeat) bool {
 	if next := realStarted.Add(g.cfg.Heartbeat); next.Before(end) {
 		end = next
 	}
-	ctx, cancel := context.WithDeadline(ctx, end)
+	callCtx, cancel := context.WithDeadline(ctx, end)
 	callStart := run.h.storeCallStart()
-	_, err := g.cfg.Store.RecordRenew(ctx, &p)
-	run.h.observeStoreCall(StoreOpRenew, callStart, err)
+	_, err := g.cfg.Store.RecordRenew(callCtx, &p)
 	cancel()
+	if err != nil && ctx.Err() != nil && hb.isFinished() {
+		// Called off: the operation ended (its completion or release stopped the
+		// heartbeat) while the renewal was under way. That is not the store failing,
+		// and an observer must not count it as an error. (A renewal called off by the
+		// lease's end is one: the store did not answer in time.)
+		if g.hooks.renewed != nil {
+			g.hooks.renewed(err)
+		}
+		return false
+	}
+	run.h.observeStoreCall(StoreOpRenew, callStart, err)
 	if g.hooks.renewed != nil {
 		defer g.hooks.renewed(err)
 	}
@@ -237,7 +256,7 @@ func (run *heartbeatRun) renew(ctx context.Context, hb *heartbeat) bool {
 func (hb *heartbeat) stopAndWait() {
 	hb.mu.Lock()
 	if !hb.stopped {
-		hb.stopped = true
+		hb.stopped, hb.finished = true, true
 		hb.timer.Stop()
 		if hb.leaseEnd != nil {
 			hb.leaseEnd.Stop()

@@ -610,3 +610,27 @@ func TestMultiObserverFansOutEveryFunc(t *testing.T) {
 		}
 	}
 }
+
+// A renewal that the end of its operation calls off (the heartbeat stops it for the
+// completion) is not a store error: idem_store_errors_total{op="renew"} must not count
+// healthy requests (issue 19 item 4; the alert docs/operations.md gives fired on them).
+func TestObserverDoesNotCountARenewalCalledOffByTheEndOfItsOperation(t *testing.T) {
+	t.Parallel()
+	b, rec := observed(t, nil)
+	b.store.renewBlocks = make(chan struct{})
+	renewed := make(chan error, 1)
+	idem.OnRenew(b.mw, func(err error) { renewed <- err })
+	h := newHeld()
+	done := make(chan struct{})
+	go func() { serve(b.mw.Handler(h), req("POST", "/x", key, "{}")); close(done) }()
+	<-h.entered
+	b.clock.Advance(10 * time.Second)
+	b.ticker.Tick()
+	<-b.store.renewBlocks // a renewal is under way in the store
+	close(h.gate)         // the handler answers: the heartbeat stops, calling the renewal off
+	<-done
+	if err := <-renewed; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the renewal ended with %v, want it called off (context.Canceled)", err)
+	}
+	wantEvents(t, "a renewal called off", rec, "store:claim", "claimed:acquired", "store:complete", "completed:stored")
+}
