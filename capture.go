@@ -96,7 +96,10 @@ func (c *capture) WriteHeader(code int) {
 		panic(fmt.Sprintf("invalid WriteHeader code %v", code)) // as net/http does
 	}
 	if c.frozen && !c.passThrough {
-		c.refused()
+		// Ignored without a word: a status line alone after the response was fixed
+		// changes nothing the client gets, and frameworks write one once the handler
+		// returned whatever it wrote (gin's WriteHeaderNow). Late body bytes are
+		// refused and reported (beforeWrite).
 		return
 	}
 	if c.wroteHeader {
@@ -150,7 +153,9 @@ func (c *capture) WriteString(s string) (int, error) {
 // switches to pass-through when the body would pass the storage limit.
 func (c *capture) beforeWrite(n int) error {
 	if c.frozen && !c.passThrough {
-		c.refused()
+		if n > 0 {
+			c.refused()
+		}
 		return errCaptureFrozen
 	}
 	if !c.wroteHeader {

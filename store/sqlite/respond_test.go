@@ -236,6 +236,30 @@ func TestRespondRefusesAWriteAfterItAnswered(t *testing.T) {
 	})
 }
 
+// A framework that writes the status line once the handler returned, whatever the
+// handler wrote (gin's WriteHeaderNow: WriteHeader(200) when its own writer saw no
+// write, as Respond writes to the middleware's capture beneath it), is not a late
+// write: nothing is logged, and the client gets Respond's response (issue 19 item 5:
+// gin + Respond logged an ERROR on every new key).
+func TestRespondIgnoresAFrameworksStatusLineAfterTheHandler(t *testing.T) {
+	t.Parallel()
+	bothRoutes(t, func(t *testing.T, inHandler bool) {
+		app := newRowApp(t, inHandler, func(app *rowApp, h http.HandlerFunc) http.HandlerFunc {
+			return func(w http.ResponseWriter, r *http.Request) {
+				h(w, r)
+				w.WriteHeader(http.StatusOK) // gin's WriteHeaderNow
+			}
+		})
+		got, replay := app.post("key-ginx"), app.post("key-ginx")
+		if got.Code != http.StatusCreated || got.Body.String() != `{"key":"key-ginx"}` || replay.Body.String() != got.Body.String() {
+			t.Fatalf("answer %d %q, replay %q; want the stored 201 both times", got.Code, got.Body, replay.Body)
+		}
+		if strings.Contains(app.logs.String(), "level=ERROR") {
+			t.Fatalf("an error was logged for a status line written after the handler:\n%s", app.logs)
+		}
+	})
+}
+
 func TestRespondWithoutTheMiddlewareNeedsWithoutKey(t *testing.T) {
 	t.Parallel()
 	s, _ := openStore(t, sqlite.Config{})
