@@ -128,6 +128,7 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idem.
 		b.Queue(s.q.recordInsertDone, args...)
 		b.Queue(s.q.recordInsertAfter)
 	}
+	appFrom := len(b.QueuedQueries)
 	for _, q := range app.QueuedQueries {
 		// A copy: pgx keeps what it learnt of the statement on the queued query, and
 		// a second attempt runs on another connection.
@@ -147,7 +148,20 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idem.
 		return &idem.StoreError{Op: "begin", Err: interpretError(err)}
 	}
 	defer conn.Release() // a connection left inside a transaction is closed, not reused
-	if err := prepareNamed(ctx, conn.Conn(), b); err != nil {
+	appTo := appFrom + len(app.QueuedQueries)
+	for _, part := range [][]*pgx.QueuedQuery{b.QueuedQueries[:appFrom], b.QueuedQueries[appTo:]} {
+		if err := prepareNamed(ctx, conn.Conn(), part); err != nil {
+			return &idem.StoreError{Op: "prepare", Err: interpretError(err)}
+		}
+	}
+	if err := prepareNamed(ctx, conn.Conn(), b.QueuedQueries[appFrom:appTo]); err != nil {
+		// The server refused one of the application's statements (a table that does
+		// not exist, a syntax error): the handler's error to answer, never the store
+		// being unavailable. Anything else (the connection broke) is the store's.
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			return err
+		}
 		return &idem.StoreError{Op: "prepare", Err: interpretError(err)}
 	}
 	return s.sendBatch(ctx, conn, b, claim, len(app.QueuedQueries), fenced)
@@ -307,21 +321,21 @@ const maxNamedStatements = 128
 // applications' statements prepareNamed prepared on it.
 const namedKey = "idem.postgres.named"
 
-// prepareNamed prepares the statements of b on conn by name (the SQL), once per
+// prepareNamed prepares the statements qs of a batch on conn by name (the SQL), once per
 // connection. pgx drops every statement of a batch that fails from its statement cache,
 // which costs a DEALLOCATE and a PREPARE on the connection's next use of them; a
 // Respond batch fails on every replay of a ClaimInHandler route (its insert of the
 // record meets the key's), and a statement prepared by name is not in that cache. The
 // applications' statements count against maxNamedStatements per connection (dynamic
 // SQL must not grow the server's prepared statements without bound).
-func prepareNamed(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) error {
+func prepareNamed(ctx context.Context, conn *pgx.Conn, qs []*pgx.QueuedQuery) error {
 	data := conn.PgConn().CustomData()
 	named, _ := data[namedKey].(map[string]bool)
 	if named == nil {
 		named = make(map[string]bool)
 		data[namedKey] = named
 	}
-	for _, q := range b.QueuedQueries {
+	for _, q := range qs {
 		if named[q.SQL] {
 			continue
 		}

@@ -191,6 +191,30 @@ func TestRespondReturnsTheStatementsErrorForTheHandlerToAnswer(t *testing.T) {
 	})
 }
 
+// A statement the server refuses before it runs (a table that does not exist: a bad
+// migration) is the application's error, not the store's: Respond returns it for the
+// handler to answer, on both routes, and the client never gets 503 store_unavailable,
+// which would have it retry forever and blame the idempotency store (issue 19 item 3:
+// pgx prepares the statements first, and the refused PREPARE was answered 503).
+func TestRespondReturnsAStatementTheServerRefusesForTheHandlerToAnswer(t *testing.T) {
+	t.Parallel()
+	eachRespond(t, func(t *testing.T, inHandler bool, handler func(s *postgres.Store, table string) http.Handler) {
+		app := newRowApp(t, inHandler, handler)
+		if _, err := app.s.Pool().Exec(t.Context(), `DROP TABLE `+app.table); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 { // the second finds nothing prepared either
+			got := app.post("key-missing-table")
+			if got.Code != http.StatusInternalServerError || !strings.Contains(got.Body.String(), "does not exist") {
+				t.Fatalf("POST = %d %s, want the handler's 500 with the server's error", got.Code, got.Body)
+			}
+		}
+		if _, err := app.s.RecordGet(t.Context(), &idem.RecordGetParams{Scope: "user-1", Key: "key-missing-table"}); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("RecordGet = %v, want no record: nothing committed and 500 releases the key", err)
+		}
+	})
+}
+
 // TestRespondDuplicatesExecuteOnce: 25 concurrent requests with one key write one row;
 // every other answer is its replay or 409 request_in_progress.
 func TestRespondDuplicatesExecuteOnce(t *testing.T) {
