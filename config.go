@@ -37,6 +37,12 @@ const (
 	// claim, each poll of an in-flight wait): a store that does not answer within it
 	// gets 503 store_unavailable, not a hung request (SPEC §9).
 	DefaultStoreTimeout = 5 * time.Second
+	// MaxTTL is the longest TTL of any record (about 100 years): the longest that
+	// every store represents for a record created in the next century and a half
+	// (SQLite keeps expires_at as integer nanoseconds since 1970, which overflow in
+	// 2262). A longer TTL is refused wherever one is given; use MaxTTL for records
+	// that must outlive everything.
+	MaxTTL = 100 * 365 * 24 * time.Hour
 	// MaxLeaseMargin caps how long before its lease ends a handler whose renewals
 	// failed is cancelled: the margin is Lease/10, at most this (SPEC §5, Lease).
 	MaxLeaseMargin = time.Second
@@ -117,7 +123,7 @@ type Config struct {
 	MinKeyLength int
 
 	// TTL is how long a record lives after its creation; routes may override it. It
-	// must be longer than Lease (New panics otherwise): a record whose TTL ran out
+	// must be longer than Lease and at most [MaxTTL] (New panics otherwise): a record whose TTL ran out
 	// before its handler finished would be completed already expired, and a retry
 	// would execute the operation again. Make it longer than the slowest handler too;
 	// a record completed after its TTL is logged at warn level. Defaults to
@@ -256,8 +262,8 @@ type RouteOptions struct {
 	// Requirement overrides the method table for these routes. Defaults to
 	// [KeyByMethod].
 	Requirement Requirement
-	// TTL overrides Config.TTL; like it, it must be longer than Config.Lease. Defaults
-	// to Config.TTL.
+	// TTL overrides Config.TTL; like it, it must be longer than Config.Lease and at
+	// most [MaxTTL]. Defaults to Config.TTL.
 	TTL time.Duration
 	// StorePolicy overrides Config.StorePolicy. Defaults to Config.StorePolicy.
 	StorePolicy func(status int) bool

@@ -100,3 +100,45 @@ func TestMinKeyLengthIsConfigurable(t *testing.T) {
 		t.Errorf("36-byte key: %d", w.Code)
 	}
 }
+
+// A TTL longer than idem.MaxTTL is refused wherever a TTL is given: every store must
+// represent every record's expiry (issue 19 item 6: SQLite turned an overflowing
+// expires_at into a REAL, and every retry of the key answered 503 forever).
+func TestTTLsLongerThanMaxTTLAreRefused(t *testing.T) {
+	t.Parallel()
+	tooLong := idem.MaxTTL + time.Hour
+	wantPanic := func(t *testing.T, want string, f func()) {
+		t.Helper()
+		defer func() {
+			t.Helper()
+			got := fmt.Sprint(recover())
+			if !strings.HasPrefix(got, "idem: ") || !strings.Contains(got, want) || !strings.Contains(got, "MaxTTL") {
+				t.Errorf("panic %q, want one naming %q and MaxTTL", got, want)
+			}
+		}()
+		f()
+	}
+	wantPanic(t, "Config.TTL", func() { idem.New(idem.Config{Store: memory.New(), Scope: bearerScope, TTL: tooLong}) })
+	wantPanic(t, "GuardConfig.TTL", func() { idem.NewGuard(idem.GuardConfig{Store: memory.New(), TTL: tooLong}) })
+	m := idem.New(idem.Config{Store: memory.New(), Scope: bearerScope})
+	wantPanic(t, "RouteOptions.TTL", func() { m.Route(idem.RouteOptions{TTL: tooLong}) })
+	wantPanic(t, "Call.TTL", func() {
+		_, _, _ = m.Guard().Begin(t.Context(), idem.Call{Scope: "s", Key: "key-too-long-ttl", TTL: tooLong})
+	})
+	if err := m.Guard().CheckTTL(tooLong); err == nil || !strings.Contains(err.Error(), "MaxTTL") {
+		t.Errorf("Guard.CheckTTL(MaxTTL + 1h) = %v, want an error naming MaxTTL", err)
+	}
+	for _, ok := range []time.Duration{0, idem.MaxTTL} {
+		if err := m.Guard().CheckTTL(ok); err != nil {
+			t.Errorf("Guard.CheckTTL(%v) = %v, want nil", ok, err)
+		}
+	}
+	h, _, err := m.Guard().Begin(t.Context(), idem.Call{Scope: "s", Key: "key-set-ttl", TTL: idem.MaxTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	if err := h.SetTTL(tooLong); err == nil || !strings.Contains(err.Error(), "MaxTTL") {
+		t.Errorf("Handle.SetTTL(MaxTTL + 1h) = %v, want an error naming MaxTTL", err)
+	}
+}

@@ -51,7 +51,7 @@ type GuardConfig struct {
 	Store Store
 
 	// TTL is how long a record lives after its creation; a [Call] may override it. It
-	// must be longer than Lease (NewGuard panics otherwise): a record whose TTL ran out
+	// must be longer than Lease and at most [MaxTTL] (NewGuard panics otherwise): a record whose TTL ran out
 	// before its operation finished would be completed already expired, and a repeat
 	// would execute again. Defaults to [DefaultTTL].
 	TTL time.Duration
@@ -139,12 +139,39 @@ func newGuard(c GuardConfig, name string) *Guard {
 	return g
 }
 
-// checkTTL panics unless ttl outlives lease: a record that expires before its lease
-// can end would be completed already expired, and its retry would execute again.
+// checkTTL panics unless ttl is a valid TTL (ttlError).
 func checkTTL(field string, ttl time.Duration, cfgName string, lease time.Duration) {
-	if ttl <= lease {
-		panic(fmt.Sprintf("idem: %s (%v) must be longer than %s.Lease (%v): a record completed after its TTL is expired at birth, and a retry executes again", field, ttl, cfgName, lease))
+	if err := ttlError(field, ttl, cfgName, lease); err != nil {
+		panic(err.Error())
 	}
+}
+
+// ttlError reports why ttl, the value of field, is not a TTL: it must outlive lease (a
+// record that expires before its lease can end would be completed already expired,
+// and its retry would execute again) and be at most MaxTTL (what every store
+// represents).
+func ttlError(field string, ttl time.Duration, cfgName string, lease time.Duration) error {
+	switch {
+	case ttl <= lease:
+		return fmt.Errorf("idem: %s (%v) must be longer than %s.Lease (%v): a record completed after its TTL is expired at birth, and a retry executes again", field, ttl, cfgName, lease)
+	case ttl > MaxTTL:
+		return fmt.Errorf("idem: %s (%v) is longer than idem.MaxTTL (%v, about 100 years), the longest expiry every store represents; use MaxTTL for records that must outlive everything", field, ttl, MaxTTL)
+	}
+	return nil
+}
+
+// CheckTTL reports whether calls of g may use ttl as their [Call.TTL]: zero (the
+// guard's TTL), or longer than the guard's lease and at most [MaxTTL]. [Guard.Begin]
+// panics on such a TTL; an adapter that takes a TTL in its own configuration (a
+// queue consumer's) checks it with CheckTTL when it is built.
+func (g *Guard) CheckTTL(ttl time.Duration) error {
+	if ttl == 0 {
+		return nil
+	}
+	if ttl < 0 {
+		return fmt.Errorf("idem: a TTL must not be negative, got %v", ttl)
+	}
+	return ttlError("the TTL", ttl, g.name, g.cfg.Lease)
 }
 
 // leaseMargin is how long before its lease ends a holder stops: Lease/10, at most
@@ -178,7 +205,7 @@ type Call struct {
 	// function's input, [FingerprintRequest] for an HTTP request.
 	Fingerprint Fingerprint
 	// TTL overrides GuardConfig.TTL for this record; like it, it must be longer than
-	// the lease. Defaults to GuardConfig.TTL.
+	// the lease and at most [MaxTTL] ([Guard.CheckTTL]). Defaults to GuardConfig.TTL.
 	TTL time.Duration
 	// Name names the operation, in the Observer's events (a metric label, such as
 	// "invoice.send": keep it to a small set of values) and in the record's steps
@@ -211,7 +238,7 @@ type Call struct {
 // The operation's context, h.Context(), is a child of ctx: it ends when ctx does, and
 // with cause [ErrLeaseLost] when the lease is lost. Pass context.WithoutCancel(ctx) to
 // let the operation run on when the caller goes away, as the middleware does. Begin
-// panics when c.TTL is not longer than the lease.
+// panics when c.TTL is not a TTL ([Guard.CheckTTL]).
 func (g *Guard) Begin(ctx context.Context, c Call) (h *Handle, replay *Response, err error) {
 	switch {
 	case c.Scope == "":

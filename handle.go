@@ -217,6 +217,9 @@ func (h *Handle) SetTTL(d time.Duration) error {
 	if lease := h.g.cfg.Lease; d <= lease {
 		return fmt.Errorf("idem: Handle.SetTTL(%v): a TTL must be longer than the lease (%v), or the record is completed already expired", d, lease)
 	}
+	if d > MaxTTL {
+		return fmt.Errorf("idem: Handle.SetTTL(%v): a TTL must be at most idem.MaxTTL (%v), the longest expiry every store represents", d, MaxTTL)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.decided {

@@ -101,6 +101,9 @@ func New[Tx any](cfg Config[Tx]) *Processor[Tx] {
 		panic(fmt.Sprintf("consume: Config durations must not be negative (TTL %v, InProgressDelay %v, RetryDelay %v)",
 			cfg.TTL, cfg.InProgressDelay, cfg.RetryDelay))
 	}
+	if err := cfg.Guard.CheckTTL(cfg.TTL); err != nil {
+		panic("consume: Config.TTL: " + err.Error())
+	}
 	if cfg.RetryDelay == 0 {
 		cfg.RetryDelay = DefaultRetryDelay
 	}

@@ -250,6 +250,9 @@ func TestProcessorRefusesAnIncompleteConfig(t *testing.T) {
 	for name, f := range map[string]func(){
 		"consume: Config.Guard is required": func() { consume.New(consume.Config[*sql.Tx]{InTx: st.Store.InTx}) },
 		"consume: Config.InTx is required":  func() { consume.New(consume.Config[*sql.Tx]{Guard: st.Guard}) },
+		"consume: Config.TTL": func() { // not longer than the lease: refused when built, not at the first message
+			consume.New(consume.Config[*sql.Tx]{Guard: st.Guard, InTx: st.Store.InTx, TTL: time.Second})
+		},
 		"consume: Message.Scope is required": func() {
 			st.p.Process(t.Context(), consume.Message{ID: "m-1"}, st.invoice(msg("m-1", "")))
 		},

@@ -115,6 +115,8 @@ func TestBadFlagsAndURLsAreOneLineErrorsWithExitStatus2(t *testing.T) {
 		{[]string{"payments", "--store", store, "--retention", "-1h"}, "--retention"},
 		{[]string{"payments", "--store", store, "--ttl", "30s", "--lock-timeout", "30s"}, "--ttl (30s) must be longer than --lock-timeout (30s)"},
 		{[]string{"payments", "--store", store, "--ttl", "10s"}, "--ttl (10s) must be longer than --lock-timeout (30s)"},
+		{[]string{"payments", "--store", store, "--ttl", "2200000h"}, "--ttl (2200000h0m0s) is longer than 876000h0m0s (idem.MaxTTL"},
+		{[]string{"processor", "--store", store, "--ttl", "2200000h"}, "--ttl (2200000h0m0s) is longer than 876000h0m0s (idem.MaxTTL"},
 		{[]string{"payments", "--store", store, "--processor-latency", "-1s"}, "--processor-latency"},
 		{[]string{"payments", "--store", store, "--profile", "rfc"}, "--profile"},
 		{[]string{"payments", "--store", store, "--processor-url", "127.0.0.1:8090"}, "--processor-url"},

@@ -370,10 +370,8 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 		err = fmt.Errorf("--retention must not be negative, got %v", f.retention)
 	case f.lease < minLease:
 		err = fmt.Errorf("--lock-timeout must be at least %v, got %v", minLease, f.lease)
-	case f.ttl <= f.lease:
-		// A record that expires before its lease can end is completed expired at birth,
-		// and a retry executes again (idem.Config.TTL).
-		err = fmt.Errorf("--ttl (%v) must be longer than --lock-timeout (%v)", f.ttl, f.lease)
+	case recordTTLError(f.ttl, f.lease) != nil:
+		err = recordTTLError(f.ttl, f.lease)
 	case f.replayCache < 0:
 		err = fmt.Errorf("--replay-cache must not be negative, got %d", f.replayCache)
 	case f.latency < 0:
@@ -438,4 +436,18 @@ func (l *lapseFlag) Set(s string) error {
 		}
 	}
 	return errors.New("want take_over or unknown")
+}
+
+// recordTTLError says why --ttl cannot be the TTL of records leased for --lock-timeout
+// lease: a record that expires before its lease can end is completed expired at birth,
+// and a retry executes again (idem.Config.TTL); one past idem.MaxTTL is an expiry that
+// not every store represents.
+func recordTTLError(ttl, lease time.Duration) error {
+	switch {
+	case ttl <= lease:
+		return fmt.Errorf("--ttl (%v) must be longer than --lock-timeout (%v)", ttl, lease)
+	case ttl > idem.MaxTTL:
+		return fmt.Errorf("--ttl (%v) is longer than %v (idem.MaxTTL, about 100 years), the longest expiry every store represents", ttl, idem.MaxTTL)
+	}
+	return nil
 }

@@ -119,8 +119,8 @@ func (f *processorFlags) validate() (storeURL, error) {
 		return u, fmt.Errorf("--lost-reply-rate must be between 0 and 1, got %v", f.lostReplyRate)
 	case f.lease < minLease:
 		return u, fmt.Errorf("--lock-timeout must be at least %v, got %v", minLease, f.lease)
-	case f.ttl <= f.lease:
-		return u, fmt.Errorf("--ttl (%v) must be longer than --lock-timeout (%v)", f.ttl, f.lease)
+	case recordTTLError(f.ttl, f.lease) != nil:
+		return u, recordTTLError(f.ttl, f.lease)
 	case f.bound <= 0:
 		return u, fmt.Errorf("--store-timeout must be positive, got %v", f.bound)
 	}

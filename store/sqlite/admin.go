@@ -80,7 +80,7 @@ func scanListed(rows *sql.Rows) (*admin.Record, error) {
 		fp               []byte
 		state            string
 		leaseEnd, status sql.NullInt64
-		created, expires int64
+		created, expires nanosColumn
 	)
 	err := rows.Scan(&r.Scope, &r.Key, &r.ID, &r.Fingerprint.Version, &fp, &state, &leaseEnd,
 		&status, &r.BodySize, &r.NotStored, &r.RecoveryPoint, &created, &expires, &r.OutcomeUnknown)
@@ -92,7 +92,7 @@ func scanListed(rows *sql.Rows) (*admin.Record, error) {
 	}
 	copy(r.Fingerprint.Sum[:], fp)
 	r.State = idem.State(state)
-	r.CreatedAt, r.ExpiresAt = fromNanos(created), fromNanos(expires)
+	r.CreatedAt, r.ExpiresAt = fromNanos(int64(created)), fromNanos(int64(expires))
 	if leaseEnd.Valid && r.State == idem.StateInFlight {
 		r.LeaseEnd = fromNanos(leaseEnd.Int64)
 	}

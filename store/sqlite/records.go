@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -23,6 +24,31 @@ func now(injected time.Time) time.Time {
 func nanos(t time.Time) int64 { return t.UnixNano() }
 
 func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
+
+// nanosColumn scans a time column: integer unix nanoseconds, or the REAL that SQLite
+// made of an expiry that overflowed int64 (a TTL past idem.MaxTTL, which versions
+// before it accepted), read as the latest time int64 holds, so that such a record is
+// readable, replayed and removable rather than an error on every read.
+type nanosColumn int64
+
+func (n *nanosColumn) Scan(v any) error {
+	switch v := v.(type) {
+	case int64:
+		*n = nanosColumn(v)
+	case float64:
+		switch {
+		case v >= math.MaxInt64:
+			*n = math.MaxInt64
+		case v <= math.MinInt64:
+			*n = math.MinInt64
+		default:
+			*n = nanosColumn(v)
+		}
+	default:
+		return fmt.Errorf("sqlite: a time column holds %T, want integer nanoseconds", v)
+	}
+	return nil
+}
 
 // queryer is what reading a record needs: the pool or a transaction.
 type queryer interface {
@@ -55,8 +81,8 @@ func scanRecord(row rowScanner) (*idem.Record, error) {
 		body      []byte
 		notStored bool
 		unknown   bool
-		created   int64
-		expires   int64
+		created   nanosColumn
+		expires   nanosColumn
 	)
 	err := row.Scan(
 		&rec.Scope, &rec.Key, &rec.ID, &rec.Fingerprint.Version, &fpSum, &state, &token, &leaseEnd,
@@ -73,8 +99,8 @@ func scanRecord(row rowScanner) (*idem.Record, error) {
 	if leaseEnd.Valid {
 		rec.LeaseEnd = fromNanos(leaseEnd.Int64)
 	}
-	rec.CreatedAt = fromNanos(created)
-	rec.ExpiresAt = fromNanos(expires)
+	rec.CreatedAt = fromNanos(int64(created))
+	rec.ExpiresAt = fromNanos(int64(expires))
 	if rec.State == idem.StateCompleted {
 		h, err := decodeHeaders(headers)
 		if err != nil {
@@ -372,6 +398,13 @@ func (s *Store) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExp
 		n, err = execRows(ctx, tx, queryRecordDeleteExp,
 			sql.Named("cutoff", nanos(t.Add(-p.Retention))), sql.Named("now", nanos(t)),
 			sql.Named("limit", p.Limit))
+		if err != nil || n == int64(p.Limit) {
+			return err
+		}
+		// Then the records whose expiry overflowed (nanosColumn): at the end of the
+		// expires_at index, a seek away.
+		m, err := execRows(ctx, tx, queryRecordDeleteOverflowed, sql.Named("limit", int64(p.Limit)-n))
+		n += m
 		return err
 	})
 	if err != nil {

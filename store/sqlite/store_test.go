@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin"
 	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/sqlite"
 )
@@ -458,4 +459,54 @@ func TestOpenMustExistRefusesAMissingFileAndCreatesNothing(t *testing.T) {
 func TestMigrationsAfter0003OnlyAdd(t *testing.T) {
 	t.Parallel()
 	testkit.MigrationsOnlyAdd(t, "migrations", 3)
+}
+
+// A record that an earlier version wrote with a TTL past what SQLite represents (its
+// expires_at overflowed int64, and SQLite kept a REAL: issue 19 item 6) is readable
+// again: a retry gets its response, `idem keys` inspects, lists and deletes it, and
+// the cleanup (the cleaner and `idem purge`) removes it, where every one of them failed
+// on it before ("converting driver.Value type float64 … to a int64").
+func TestARecordWithAnOverflowedExpiryIsReadableAndRemovable(t *testing.T) {
+	t.Parallel()
+	s, _ := openStore(t, sqlite.Config{DisableCleaner: true})
+	ctx := t.Context()
+	overflow := func(key string) {
+		t.Helper()
+		p := claimParams("user-1", key, "tok-"+key, time.Time{})
+		mustClaim(t, s, p, idem.ClaimAcquired)
+		err := s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: "user-1", Key: key, Token: p.Token, TTL: time.Hour,
+			Response: &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// What `created_at + :ttl` made of a TTL of 2,200,000 hours.
+		if _, err := s.DB().ExecContext(ctx, `UPDATE idem_records SET expires_at = created_at + 7920000000000000000.0 WHERE key = ?`, key); err != nil {
+			t.Fatal(err)
+		}
+		var typ string
+		if err := s.DB().QueryRowContext(ctx, `SELECT typeof(expires_at) FROM idem_records WHERE key = ?`, key).Scan(&typ); err != nil || typ != "real" {
+			t.Fatalf("typeof(expires_at) = %q, %v; want the REAL an overflow leaves", typ, err)
+		}
+	}
+	overflow("key-overflow-1")
+	overflow("key-overflow-2")
+
+	res := mustClaim(t, s, claimParams("user-1", "key-overflow-1", "tok-retry", time.Time{}), idem.ClaimCompleted)
+	if string(res.Record.Response.Body) != `{"id":"ch_1"}` {
+		t.Fatalf("the retry found %q, want the stored response", res.Record.Response.Body)
+	}
+	if _, err := s.RecordInspect(ctx, &admin.RecordInspectParams{Scope: "user-1", Key: "key-overflow-1"}); err != nil {
+		t.Fatalf("RecordInspect: %v", err)
+	}
+	list, err := s.RecordList(ctx, &admin.RecordListParams{Limit: 10})
+	if err != nil || len(list.Records) != 2 {
+		t.Fatalf("RecordList = %v, %v; want both records", list, err)
+	}
+	if err := s.RecordDelete(ctx, &admin.RecordDeleteParams{Scope: "user-1", Key: "key-overflow-1"}); err != nil {
+		t.Fatalf("RecordDelete: %v", err)
+	}
+	n, err := s.RecordDeleteExpired(ctx, &idem.RecordDeleteExpiredParams{Limit: 10})
+	if err != nil || n != 1 {
+		t.Fatalf("RecordDeleteExpired = %d, %v; want the other overflowed record removed", n, err)
+	}
 }
