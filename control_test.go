@@ -115,6 +115,88 @@ func TestFingerprintJSONFieldsCoversTheChosenMembersOnly(t *testing.T) {
 	}
 }
 
+// Nested members are named by a dotted path ("payment.amount") or a JSON Pointer
+// ("/payment/amount", RFC 6901, for a member whose name holds a dot). Issue 19 item 8:
+// "payment.amount" covered nothing, and a different charge under the key was
+// answered the first one's 201.
+func TestFingerprintJSONFieldsCoversNestedMembersByPath(t *testing.T) {
+	t.Parallel()
+	fp := func(f idem.FingerprintFunc, body string) idem.Fingerprint {
+		return f(req("POST", "/x", key, body), []byte(body))
+	}
+	base := `{"payment": {"amount": 100, "currency": "usd", "note": "n1"}, "trace": "t1", "a.b": 1}`
+	for _, tt := range []struct {
+		name string
+		f    idem.FingerprintFunc
+		alt  string
+		same bool
+	}{
+		{"dotted: the chosen member changed", idem.FingerprintJSONFields("payment.amount"), `{"payment": {"amount": 999999, "currency": "usd", "note": "n1"}, "trace": "t1", "a.b": 1}`, false},
+		{"dotted: its siblings changed", idem.FingerprintJSONFields("payment.amount"), `{"payment": {"note": "n2", "amount": 100}, "trace": "t2"}`, true},
+		{"dotted: the chosen member missing", idem.FingerprintJSONFields("payment.amount"), `{"payment": {"currency": "usd"}}`, false},
+		{"dotted: its parent not an object", idem.FingerprintJSONFields("payment.amount"), `{"payment": [100]}`, false},
+		{"pointer: the chosen member changed", idem.FingerprintJSONFields("/payment/amount"), `{"payment": {"amount": 101}}`, false},
+		{"pointer: its siblings changed", idem.FingerprintJSONFields("/payment/amount", "/payment/currency"), `{"payment": {"currency": "usd", "amount": 100}}`, true},
+		{"pointer: a name with a dot", idem.FingerprintJSONFields("/a.b"), `{"a.b": 2}`, false},
+		{"pointer: a name with a dot, others changed", idem.FingerprintJSONFields("/a.b"), `{"a.b": 1, "payment": null}`, true},
+		{"a parent covers its members", idem.FingerprintJSONFields("payment", "payment.amount"), `{"payment": {"amount": 100, "currency": "usd", "note": "n2"}}`, false},
+		{"except: a nested member changed", idem.FingerprintJSONExcept("payment.note", "trace"), `{"trace": "t9", "a.b": 1, "payment": {"note": "n9", "currency": "usd", "amount": 100}}`, true},
+		{"except: another nested member changed", idem.FingerprintJSONExcept("payment.note"), `{"payment": {"amount": 101, "currency": "usd", "note": "n1"}, "trace": "t1", "a.b": 1}`, false},
+	} {
+		if got := fp(tt.f, base) == fp(tt.f, tt.alt); got != tt.same {
+			t.Errorf("%s: same fingerprint = %v, want %v", tt.name, got, tt.same)
+		}
+	}
+	if fp(idem.FingerprintJSONFields("payment.amount"), base) != fp(idem.FingerprintJSONFields("/payment/amount"), base) {
+		t.Error("a dotted path and the JSON Pointer of the same member fingerprint differently")
+	}
+}
+
+// Top-level names fingerprint as they did before nested paths existed, so that the
+// retries of records already stored still match them.
+func TestFingerprintJSONFieldsOfTopLevelNamesAreUnchanged(t *testing.T) {
+	t.Parallel()
+	body := `{"amount": 2000, "currency": "usd", "trace_id": "t1", "note": {"b": 1, "a": 2}}`
+	r := req("POST", "/x", key, body)
+	for _, tt := range []struct {
+		f    idem.FingerprintFunc
+		want string
+	}{
+		{idem.FingerprintJSONFields("amount", "currency"), "d44f3951d335ecf85658896252775c89742976cd5d20a8f1bb9f5663fa0f2bfa"},
+		{idem.FingerprintJSONExcept("trace_id"), "f9521e1da6bbeb1894202045bf5688056747f92f55c01094fb85fbed367164ef"},
+	} {
+		if got := fmt.Sprintf("%x", tt.f(r, []byte(body)).Sum); got != tt.want {
+			t.Errorf("fingerprint %s, want %s (as before nested paths)", got, tt.want)
+		}
+	}
+}
+
+// A name that can match no member is refused when the function is built, naming it.
+func TestFingerprintJSONFieldsRefusesNamesThatCannotMatch(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"", "payment.", ".amount", "payment..amount", "/payment/~2", "/payment~"} {
+		for fn, f := range map[string]func(...string) idem.FingerprintFunc{
+			"FingerprintJSONFields": idem.FingerprintJSONFields, "FingerprintJSONExcept": idem.FingerprintJSONExcept,
+		} {
+			func() {
+				defer func() {
+					got := fmt.Sprint(recover())
+					if !strings.HasPrefix(got, "idem: "+fn) || !strings.Contains(got, fmt.Sprintf("%q", name)) {
+						t.Errorf("%s(%q): panic %q, want one naming the function and the name", fn, name, got)
+					}
+				}()
+				f(name)
+			}()
+		}
+	}
+	defer func() {
+		if got := fmt.Sprint(recover()); !strings.Contains(got, "no name") {
+			t.Errorf("FingerprintJSONFields(): panic %q, want one saying it names nothing", got)
+		}
+	}()
+	idem.FingerprintJSONFields()
+}
+
 func TestErrorWriterIsConfigurable(t *testing.T) {
 	t.Parallel()
 	var got []idem.Problem

@@ -83,28 +83,99 @@ func (st *fpState) appendRequest(r *http.Request) []byte {
 }
 
 // FingerprintJSONFields returns a [FingerprintFunc] that covers, of a JSON body, only
-// the named top-level members (compared as CanonicalJSON writes them), with the
-// method, path and query as [FingerprintRequest] covers them: a retry that changes
-// other members (a client's trace id, a timestamp) is still the same operation. A
-// member named but absent differs from one present. A request whose body is not a
-// JSON object (by Content-Type and content) is fingerprinted as FingerprintRequest
-// does. Changing the list changes the fingerprints of requests already recorded (they
-// answer key_reused until their records expire).
-func FingerprintJSONFields(include ...string) FingerprintFunc { return jsonMembers(include, true) }
-
-// FingerprintJSONExcept is [FingerprintJSONFields] covering every top-level member of
-// a JSON body except the named ones.
-func FingerprintJSONExcept(exclude ...string) FingerprintFunc { return jsonMembers(exclude, false) }
-
-// jsonMembers fingerprints the members of a JSON object body whose name is in names
-// (keep) or not in names (!keep).
-func jsonMembers(names []string, keep bool) FingerprintFunc {
-	set := make(map[string]bool, len(names))
-	for _, n := range names {
-		set[n] = true
+// the named members (compared as CanonicalJSON writes them), with the method, path
+// and query as [FingerprintRequest] covers them: a retry that changes other members (a
+// client's trace id, a timestamp) is still the same operation. A member named but
+// absent differs from one present. A request whose body is not a JSON object (by
+// Content-Type and content) is fingerprinted as FingerprintRequest does. Changing the
+// list changes the fingerprints of requests already recorded (they answer key_reused
+// until their records expire).
+//
+// A name is a member of the top-level object ("amount"), a dotted path to a nested
+// member ("payment.amount": the member amount of the object payment), or a JSON
+// Pointer (RFC 6901, "/payment/amount"), which also names members whose names hold a
+// dot ("/a.b") or are empty. Paths go through objects only: a member whose parent is
+// not an object (an array, a number) is absent, and an array is covered whole by
+// naming it. A name that can match nothing (empty, an empty segment such as
+// "payment..amount" or "payment.", a pointer with an escape other than ~0 and ~1), or
+// no name at all, panics: the function would cover less than it says.
+func FingerprintJSONFields(include ...string) FingerprintFunc {
+	if len(include) == 0 {
+		panic("idem: FingerprintJSONFields: no name given: the body would not be covered at all (use FingerprintRequest for the whole body)")
 	}
+	return jsonMembers(newPathTrie("FingerprintJSONFields", include), true)
+}
+
+// FingerprintJSONExcept is [FingerprintJSONFields] covering every member of a JSON
+// body except the named ones (names as FingerprintJSONFields takes them: top-level,
+// dotted paths or JSON Pointers).
+func FingerprintJSONExcept(exclude ...string) FingerprintFunc {
+	return jsonMembers(newPathTrie("FingerprintJSONExcept", exclude), false)
+}
+
+// pathTrie holds the member paths of FingerprintJSONFields and FingerprintJSONExcept:
+// end marks a named member, kids the members below one named on the way.
+type pathTrie struct {
+	end  bool
+	kids map[string]*pathTrie
+}
+
+// newPathTrie parses names (fn's arguments) into a trie, panicking on a name that can
+// match nothing.
+func newPathTrie(fn string, names []string) *pathTrie {
+	root := &pathTrie{}
+	for _, name := range names {
+		segs, err := parseMemberPath(name)
+		if err != nil {
+			panic(fmt.Sprintf("idem: %s: the member %q can never match: %v", fn, name, err))
+		}
+		t := root
+		for _, seg := range segs {
+			if t.kids == nil {
+				t.kids = map[string]*pathTrie{}
+			}
+			if t.kids[seg] == nil {
+				t.kids[seg] = &pathTrie{}
+			}
+			t = t.kids[seg]
+		}
+		t.end = true
+	}
+	return root
+}
+
+// parseMemberPath splits a member's name into the member names of its path: a JSON
+// Pointer when it starts with "/", else a dotted path.
+func parseMemberPath(name string) ([]string, error) {
+	if name == "" {
+		return nil, errors.New("an empty name")
+	}
+	if ptr, ok := strings.CutPrefix(name, "/"); ok {
+		segs := strings.Split(ptr, "/")
+		for i, seg := range segs {
+			for j := 0; j < len(seg); j++ {
+				if seg[j] == '~' && (j+1 == len(seg) || (seg[j+1] != '0' && seg[j+1] != '1')) {
+					return nil, errors.New("a JSON Pointer escapes only ~0 (~) and ~1 (/)")
+				}
+			}
+			segs[i] = strings.ReplaceAll(strings.ReplaceAll(seg, "~1", "/"), "~0", "~")
+		}
+		return segs, nil
+	}
+	segs := strings.Split(name, ".")
+	for _, seg := range segs {
+		if seg == "" {
+			return nil, errors.New(`a dotted path has an empty member name (name a member with a dot or an empty name by its JSON Pointer, "/a.b")`)
+		}
+	}
+	return segs, nil
+}
+
+// jsonMembers fingerprints the members of a JSON object body that paths names (keep)
+// or all but those (!keep).
+func jsonMembers(paths *pathTrie, keep bool) FingerprintFunc {
 	return func(r *http.Request, body []byte) Fingerprint {
-		selected, ok := selectMembers(r, body, set, keep)
+		selected, ok := selectMembers(r, body, paths, keep)
 		if !ok {
 			return FingerprintRequest(r, body)
 		}
@@ -115,8 +186,9 @@ func jsonMembers(names []string, keep bool) FingerprintFunc {
 }
 
 // selectMembers returns the canonical JSON of the members of body, a JSON object, that
-// set selects, or false when body is not a JSON object.
-func selectMembers(r *http.Request, body []byte, set map[string]bool, keep bool) ([]byte, bool) {
+// paths selects (keep) or leaves (!keep), or false when body is not a JSON object. The
+// selected members keep their nesting; objects are written with their members sorted.
+func selectMembers(r *http.Request, body []byte, paths *pathTrie, keep bool) ([]byte, bool) {
 	if bodyKind(contentType(r.Header)) != kindJSON {
 		return nil, false
 	}
@@ -128,18 +200,68 @@ func selectMembers(r *http.Request, body []byte, set map[string]bool, keep bool)
 	if err := json.Unmarshal(canon, &members); err != nil {
 		return nil, false
 	}
-	for name := range members {
-		if set[name] != keep {
-			delete(members, name)
-		}
+	var selected map[string]any
+	if keep {
+		selected = projectMembers(members, paths)
+	} else {
+		selected = pruneMembers(members, paths)
 	}
 	var out bytes.Buffer
 	enc := json.NewEncoder(&out)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(members); err != nil { // sorted by name
+	if err := enc.Encode(selected); err != nil { // sorted by name
 		return nil, false
 	}
 	return out.Bytes(), true
+}
+
+// projectMembers returns the members of obj that t names, nested as they are.
+func projectMembers(obj map[string]json.RawMessage, t *pathTrie) map[string]any {
+	out := make(map[string]any, len(t.kids))
+	for name, kid := range t.kids {
+		v, ok := obj[name]
+		switch {
+		case !ok:
+		case kid.end:
+			out[name] = v
+		default:
+			if child, ok := jsonObject(v); ok {
+				if sub := projectMembers(child, kid); len(sub) > 0 {
+					out[name] = sub
+				}
+			}
+		}
+	}
+	return out
+}
+
+// pruneMembers returns the members of obj without those t names.
+func pruneMembers(obj map[string]json.RawMessage, t *pathTrie) map[string]any {
+	out := make(map[string]any, len(obj))
+	for name, v := range obj {
+		kid := t.kids[name]
+		switch {
+		case kid == nil:
+			out[name] = v
+		case kid.end:
+		default:
+			if child, ok := jsonObject(v); ok {
+				out[name] = pruneMembers(child, kid)
+			} else {
+				out[name] = v
+			}
+		}
+	}
+	return out
+}
+
+// jsonObject decodes v when it is a JSON object.
+func jsonObject(v json.RawMessage) (map[string]json.RawMessage, bool) {
+	if len(v) == 0 || v[0] != '{' {
+		return nil, false
+	}
+	var obj map[string]json.RawMessage
+	return obj, json.Unmarshal(v, &obj) == nil
 }
 
 // sum256 hashes the framed fields b followed by the body field (tag, data). The body
