@@ -229,7 +229,8 @@ type Call struct {
 //     stores its result with [Handle.SetResponse] and [Handle.Complete], or releases
 //     the key with [Handle.Release] so that a repeat executes afresh;
 //   - a replay (replay): the stored result of an earlier execution;
-//   - an error: [ErrKeyReused] (another fingerprint), an [*InProgressError] matching
+//   - an error: [ErrKeyInvalid] (a key longer than [MaxKeyLength] bytes, or with a
+//     control character), [ErrKeyReused] (another fingerprint), an [*InProgressError] matching
 //     [ErrKeyInProgress] (executing elsewhere; with InFlightWait, after waiting),
 //     [ErrResponseNotStored] (completed, result not kept), a [*StoreError] matching
 //     [ErrStoreUnavailable] (the store failed or did not answer within StoreTimeout),
@@ -240,11 +241,17 @@ type Call struct {
 // let the operation run on when the caller goes away, as the middleware does. Begin
 // panics when c.TTL is not a TTL ([Guard.CheckTTL]).
 func (g *Guard) Begin(ctx context.Context, c Call) (h *Handle, replay *Response, err error) {
+	if g == nil {
+		panic("idem: Guard.Begin (or Do, DoTx) on a nil *Guard: build one with idem.NewGuard, or take a middleware's with Middleware.Guard")
+	}
 	switch {
 	case c.Scope == "":
 		return nil, nil, ErrScopeRequired
 	case c.Key == "":
 		return nil, nil, ErrKeyRequired
+	}
+	if err := checkCallKey(c.Key); err != nil {
+		return nil, nil, err
 	}
 	if !c.OnLapse.valid() {
 		panic(fmt.Sprintf("idem: Call.OnLapse is not a known policy: %v", c.OnLapse))
@@ -260,6 +267,23 @@ func (g *Guard) Begin(ctx context.Context, c Call) (h *Handle, replay *Response,
 	}
 	h.start(ctx)
 	return h, nil, nil
+}
+
+// checkCallKey refuses a Call's key that no adapter could pass: longer than
+// MaxKeyLength bytes, or holding an ASCII control character, which would break every
+// log line and listing that shows it. (The HTTP key is stricter, SPEC §3; a function's
+// key, a message id or a job id, may hold spaces and any UTF-8.) The error never
+// contains the key.
+func checkCallKey(key string) error {
+	if len(key) > MaxKeyLength {
+		return fmt.Errorf("%w: key is %d bytes, at most %d allowed", ErrKeyInvalid, len(key), MaxKeyLength)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c == 0x7f {
+			return fmt.Errorf("%w: control character 0x%02x at byte %d", ErrKeyInvalid, c, i+1)
+		}
+	}
+	return nil
 }
 
 // callTTL is ttl, or the guard's TTL when zero; it panics, naming field, when ttl does

@@ -119,6 +119,54 @@ func TestBeginRefusesACallWithoutScopeOrKey(t *testing.T) {
 	}
 }
 
+// Keys that the HTTP, gRPC and consumer adapters could never pass are refused by the
+// core too, before the store is asked: longer than idem.MaxKeyLength bytes, or with
+// control characters, which would break every log line and listing that shows them
+// (issue 19 item 9: Do took a 100,000-byte key and keys with NUL or a newline).
+func TestBeginRefusesKeysNoAdapterCouldPass(t *testing.T) {
+	t.Parallel()
+	g, st := newGuard(t, nil)
+	for _, k := range []string{strings.Repeat("k", idem.MaxKeyLength+1), strings.Repeat("k", 100_000), "key\x00with-nul", "key\nwith-newline", "key\x7fdel"} {
+		_, _, err := g.Begin(context.Background(), idem.Call{Scope: "alice", Key: k})
+		if !errors.Is(err, idem.ErrKeyInvalid) || strings.Contains(err.Error(), k) {
+			t.Errorf("key of %d bytes: Begin = %v, want an error wrapping ErrKeyInvalid that does not hold the key", len(k), err)
+		}
+	}
+	if st.calls() != 0 {
+		t.Errorf("%d store calls for refused keys", st.calls())
+	}
+	for _, k := range []string{strings.Repeat("k", idem.MaxKeyLength), "job 42 of tenant été", "x"} {
+		h, _, err := g.Begin(context.Background(), idem.Call{Scope: "alice", Key: k})
+		if err != nil {
+			t.Errorf("key %q: Begin = %v, want a claim", k, err)
+			continue
+		}
+		_ = h.Release()
+	}
+}
+
+// Do, DoTx and Begin on a nil *Guard panic with a message that says what is wrong,
+// as every other misuse does, rather than a bare nil dereference.
+func TestANilGuardPanicsNamingIt(t *testing.T) {
+	t.Parallel()
+	var g *idem.Guard
+	for name, f := range map[string]func(){
+		"Begin": func() { _, _, _ = g.Begin(context.Background(), chargeCall(1)) },
+		"Do": func() {
+			_, _, _ = idem.Do(context.Background(), g, chargeCall(1), func(context.Context) (int, error) { return 1, nil })
+		},
+	} {
+		func() {
+			defer func() {
+				if got := fmt.Sprint(recover()); !strings.HasPrefix(got, "idem: ") || !strings.Contains(got, "nil *Guard") {
+					t.Errorf("%s: panic %q, want one naming the nil *Guard", name, got)
+				}
+			}()
+			f()
+		}()
+	}
+}
+
 func TestGuardPanicsNamingTheField(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {

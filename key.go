@@ -18,8 +18,9 @@ const MaxKeyLength = 255
 var ErrKeyRequired = errors.New("idem: Idempotency-Key header required")
 
 // ErrKeyInvalid is wrapped by every error [ParseKey] returns for a header that is present
-// but unusable; the wrapping error says why. The middleware answers it with 400
-// key_invalid.
+// but unusable, and by [Guard.Begin]'s (and so [Do]'s) for a key longer than
+// [MaxKeyLength] bytes or with a control character; the wrapping error says why. The
+// middleware answers it with 400 key_invalid.
 var ErrKeyInvalid = errors.New("idem: invalid Idempotency-Key")
 
 // keyByte marks the bytes a key may contain: visible ASCII without '"', ',' and '\'
