@@ -18,7 +18,11 @@
 // policy keeps. The call's name, for the guard's Observer and the record, is the full
 // method name. A call without a key passes through unless its method requires one
 // ([ServerConfig.Methods]); since gRPC has no method table telling safe calls from
-// unsafe ones, a key is optional by default.
+// unsafe ones, a key is optional by default. Streaming calls cannot run at most once
+// per key (a stream has no one response to store): [StreamServerInterceptor], installed
+// beside the unary one, refuses those that carry a key or whose method requires one
+// with FAILED_PRECONDITION ([CodeStreamNotSupported]) and logs an error naming the
+// method, so that none runs unprotected while its client believes otherwise.
 //
 // The handler runs under a context that carries the claim ([FromContext]) and does
 // not end when the client cancels or its deadline passes, as the HTTP middleware's

@@ -49,10 +49,13 @@ func principal(ctx context.Context) (string, error) {
 // the same key: the retry gets the first response replayed.
 func Example() {
 	guard := idem.NewGuard(idem.GuardConfig{Store: memory.New()}) // store/sqlite or store/postgres in production
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
-		// ... the authentication interceptor first, then:
-		grpcidem.UnaryServerInterceptor(grpcidem.ServerConfig{Guard: guard, Scope: principal}),
-	))
+	cfg := grpcidem.ServerConfig{Guard: guard, Scope: principal}
+	srv := grpc.NewServer(
+		// ... the authentication interceptors first, then:
+		grpc.ChainUnaryInterceptor(grpcidem.UnaryServerInterceptor(cfg)),
+		// Refuses streaming calls that ask for a key: a stream cannot run at most once.
+		grpc.ChainStreamInterceptor(grpcidem.StreamServerInterceptor(cfg)),
+	)
 	testpb.RegisterPaymentsServer(srv, &chargeService{})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -124,11 +125,54 @@ type server struct {
 
 // UnaryServerInterceptor returns the interceptor that makes keyed unary calls
 // idempotent (SPEC §16); see the package documentation for what it does and the
-// status of each outcome. Streaming calls are not intercepted. It panics with a
+// status of each outcome. Streaming calls are not intercepted: install
+// [StreamServerInterceptor] beside it, which refuses streaming calls that ask for a
+// key. It panics with a
 // "grpcidem: " message naming the field when cfg is invalid.
 func UnaryServerInterceptor(cfg ServerConfig) grpc.UnaryServerInterceptor {
 	s := newServer(cfg)
 	return s.intercept
+}
+
+// CodeStreamNotSupported is the SPEC §9-style code of a streaming call that asked for
+// an idempotency key ([StreamServerInterceptor]): it carries one, or its method
+// requires one.
+const CodeStreamNotSupported = "stream_not_supported"
+
+// StreamServerInterceptor returns the interceptor that keeps streaming calls from
+// running silently unprotected. idem makes unary calls idempotent; a stream has no one
+// response to store and replay, so a streaming call cannot run at most once per key.
+// A streaming call that carries a key, or whose method requires one
+// ([MethodOptions.Requirement], ServerConfig.Requirement), is refused with
+// FAILED_PRECONDITION (code [CodeStreamNotSupported]) before its handler runs, and an
+// error naming the method is logged (once per method and interceptor); a streaming call
+// without a key, of a method that does not require one, passes through. Install it
+// beside [UnaryServerInterceptor] with the same config:
+//
+//	grpc.NewServer(
+//		grpc.ChainUnaryInterceptor(auth, grpcidem.UnaryServerInterceptor(cfg)),
+//		grpc.ChainStreamInterceptor(authStream, grpcidem.StreamServerInterceptor(cfg)),
+//	)
+//
+// It panics, as UnaryServerInterceptor does, when cfg is invalid.
+func StreamServerInterceptor(cfg ServerConfig) grpc.StreamServerInterceptor {
+	s := newServer(cfg)
+	var logged sync.Map // method name → true
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		md, _ := metadata.FromIncomingContext(ss.Context())
+		keyed := len(md.Get(MetadataKey)) > 0
+		q := s.method(info.FullMethod).Requirement
+		if q == idem.KeyOff || (!keyed && q != idem.KeyRequired) {
+			return handler(srv, ss)
+		}
+		if _, seen := logged.LoadOrStore(info.FullMethod, true); !seen {
+			s.Logger.ErrorContext(ss.Context(), "grpcidem: a streaming call asked for an idempotency key, which streaming methods cannot honour; "+
+				"refusing it (make the method unary, or set its MethodOptions.Requirement to idem.KeyOff and send no key)",
+				"method", info.FullMethod, "requirement", q.String(), "keyed", keyed)
+		}
+		return newStatus(codes.FailedPrecondition, CodeStreamNotSupported,
+			"streaming methods cannot run at most once per idempotency key; call it without one", 0)
+	}
 }
 
 func newServer(c ServerConfig) *server {
