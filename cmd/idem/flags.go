@@ -81,7 +81,68 @@ func parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (code int,
 	if err := setFromEnv(fs, os.LookupEnv); err != nil {
 		return usageError(stderr, fs, err.Error()), true
 	}
+	warnUnknownEnv(fs, os.Environ(), stderr)
 	return 0, false
+}
+
+// testEnvPrefix starts the variables of the repository's tests (IDEM_TEST_POSTGRES_URL),
+// which are not any command's.
+const testEnvPrefix = envPrefix + "TEST_"
+
+// warnUnknownEnv names on stderr, one line each, the IDEM_ variables of environ that
+// name no flag of fs (a typo such as IDEM_LOCKTIMEOUT would otherwise be ignored
+// without a word), with the command's variable it most likely meant. They are only
+// named, not refused: a variable of another subcommand in a shared environment is
+// harmless.
+func warnUnknownEnv(fs *flag.FlagSet, environ []string, stderr io.Writer) {
+	known := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { known[envName(f.Name)] = true })
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, envPrefix) || strings.HasPrefix(name, testEnvPrefix) || known[name] {
+			continue
+		}
+		line := fmt.Sprintf("%s: %s is not a variable of this command; ignored", fs.Name(), name)
+		if meant := closestVariable(name, known); meant != "" {
+			line += " (did you mean " + meant + "?)"
+		}
+		fmt.Fprintln(stderr, line)
+	}
+}
+
+// closestVariable returns the variable of known that name most likely misspells: the
+// same letters without the underscores, or at most two edits away; "" when none is.
+func closestVariable(name string, known map[string]bool) string {
+	squash := func(s string) string { return strings.ReplaceAll(strings.TrimPrefix(s, envPrefix), "_", "") }
+	best, bestDist := "", 3
+	for v := range known {
+		d := editDistance(squash(name), squash(v))
+		if d < bestDist || (d == bestDist && v < best) {
+			best, bestDist = v, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance of a and b (bytes).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 // setFromEnv sets each flag of fs that was not set on the command line from its

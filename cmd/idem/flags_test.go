@@ -183,3 +183,29 @@ func TestPaymentsLogsJSONLines(t *testing.T) {
 		t.Fatalf("start line's time: %v", err)
 	}
 }
+
+// A variable that looks like one of the command's but names no flag of it (a typo:
+// IDEM_LOCKTIMEOUT) is named on stderr at start, with the variable it most likely
+// meant, rather than ignored without a word (issue 19 item 9). The tests' own
+// IDEM_TEST_* variables are not the command's and are never named.
+func TestUnknownVariablesAreNamedAtStart(t *testing.T) {
+	t.Parallel()
+	fs, _, _, _, _ := testFlags()
+	var stderr strings.Builder
+	warnUnknownEnv(fs, []string{"IDEM_TTLL=1h", "IDEM_STORE=sqlite:x.db", "IDEM_TEST_POSTGRES_URL=postgres://h/test",
+		"IDEM_REPLAYCACHE=5", "IDEM_BOGUS=1", "PATH=/bin", "IDEM_=x"}, &stderr)
+	got := stderr.String()
+	for _, want := range []string{
+		"idem test: IDEM_TTLL is not a variable of this command; ignored (did you mean IDEM_TTL?)\n",
+		"idem test: IDEM_REPLAYCACHE is not a variable of this command; ignored (did you mean IDEM_REPLAY_CACHE?)\n",
+		"idem test: IDEM_BOGUS is not a variable of this command; ignored\n",
+		"idem test: IDEM_ is not a variable of this command; ignored\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "IDEM_STORE") || strings.Contains(got, "IDEM_TEST_") || strings.Count(got, "\n") != 4 {
+		t.Errorf("stderr names a known or a test variable, or more than the four unknown ones:\n%s", got)
+	}
+}
