@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 )
 
 // envPrefix starts the environment variable of every flag (SPEC §15): --lock-timeout
@@ -67,6 +69,10 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 // returns done, the command must return code: 0 after --help (usage on stdout), 2 after
 // a bad flag, a bad variable or a stray argument (one line on stderr).
 func parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (code int, done bool) {
+	if c, ok := stdout.(*flagCollector); ok {
+		c.add(fs) // commandVariables asks for the flags only
+		return exitOK, true
+	}
 	err := fs.Parse(args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
@@ -90,33 +96,83 @@ func parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (code int,
 const testEnvPrefix = envPrefix + "TEST_"
 
 // warnUnknownEnv names on stderr, one line each, the IDEM_ variables of environ that
-// name no flag of fs (a typo such as IDEM_LOCKTIMEOUT would otherwise be ignored
-// without a word), with the command's variable it most likely meant. They are only
-// named, not refused: a variable of another subcommand in a shared environment is
-// harmless.
+// name no flag of any idem command (a typo such as IDEM_LOCKTIMEOUT would otherwise be
+// ignored without a word), with the variable it most likely meant, of fs first. A
+// variable of another command is not named: a shared environment may hold it. Empty
+// variables count as unset, as they do for flags.
 func warnUnknownEnv(fs *flag.FlagSet, environ []string, stderr io.Writer) {
-	known := map[string]bool{}
-	fs.VisitAll(func(f *flag.Flag) { known[envName(f.Name)] = true })
+	own := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { own[envName(f.Name)] = true })
 	for _, kv := range environ {
-		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, envPrefix) || strings.HasPrefix(name, testEnvPrefix) || known[name] {
+		name, value, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, envPrefix) || strings.HasPrefix(name, testEnvPrefix) || value == "" || own[name] {
 			continue
 		}
-		line := fmt.Sprintf("%s: %s is not a variable of this command; ignored", fs.Name(), name)
-		if meant := closestVariable(name, known); meant != "" {
+		all := commandVariables()
+		if all[name] {
+			continue
+		}
+		line := fmt.Sprintf("%s: %s is not a variable of any idem command; ignored", fs.Name(), name)
+		meant := closestVariable(name, own)
+		if meant == "" {
+			meant = closestVariable(name, all)
+		}
+		if meant != "" {
 			line += " (did you mean " + meant + "?)"
 		}
 		fmt.Fprintln(stderr, line)
 	}
 }
 
+// commands are the command lines whose flags commandVariables collects: every command
+// that parses flags (TestCommandVariablesCoverEveryCommand keeps the list whole).
+var commands = [][]string{{"payments"}, {"processor"}, {"migrate"}, {"purge"}, {"load"},
+	{"keys", "get"}, {"keys", "list"}, {"keys", "delete"}, {"keys", "resolve"}}
+
+// commandVariables returns the environment variable of every flag of every command,
+// collected once by running each command with a flagCollector as its stdout: parse
+// hands it the command's flag set and stops before the command does anything.
+func commandVariables() map[string]bool {
+	collectOnce.Do(func() {
+		c := &flagCollector{vars: map[string]bool{}}
+		for _, args := range commands {
+			run(context.Background(), args, c, io.Discard)
+		}
+		collected = c.vars
+	})
+	return collected
+}
+
+var (
+	collectOnce sync.Once
+	collected   map[string]bool
+)
+
+// flagCollector is the stdout of a command run by commandVariables.
+type flagCollector struct {
+	vars map[string]bool
+	n    int // flag sets added
+}
+
+func (c *flagCollector) Write(p []byte) (int, error) { return len(p), nil }
+
+func (c *flagCollector) add(fs *flag.FlagSet) {
+	c.n++
+	fs.VisitAll(func(f *flag.Flag) { c.vars[envName(f.Name)] = true })
+}
+
 // closestVariable returns the variable of known that name most likely misspells: the
-// same letters without the underscores, or at most two edits away; "" when none is.
+// same letters without the underscores, or one edit away (two for names of eight
+// letters or more); "" when none is.
 func closestVariable(name string, known map[string]bool) string {
 	squash := func(s string) string { return strings.ReplaceAll(strings.TrimPrefix(s, envPrefix), "_", "") }
+	n := squash(name)
 	best, bestDist := "", 3
 	for v := range known {
-		d := editDistance(squash(name), squash(v))
+		d := editDistance(n, squash(v))
+		if d == 2 && len(n) < 8 { // two edits make one short name of another (TTL, URL)
+			continue
+		}
 		if d < bestDist || (d == bestDist && v < best) {
 			best, bestDist = v, d
 		}

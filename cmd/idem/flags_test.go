@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -184,28 +185,60 @@ func TestPaymentsLogsJSONLines(t *testing.T) {
 	}
 }
 
-// A variable that looks like one of the command's but names no flag of it (a typo:
-// IDEM_LOCKTIMEOUT) is named on stderr at start, with the variable it most likely
-// meant, rather than ignored without a word (issue 19 item 9). The tests' own
-// IDEM_TEST_* variables are not the command's and are never named.
+// A variable that names no flag of any command (a typo: IDEM_LOCKTIMEOUT) is named on
+// stderr at start, with the variable it most likely meant, rather than ignored without
+// a word (issue 19 item 9). A variable of another command (IDEM_PROCESSOR_URL beside
+// idem processor), an empty one, and the tests' own IDEM_TEST_* are not named.
 func TestUnknownVariablesAreNamedAtStart(t *testing.T) {
 	t.Parallel()
 	fs, _, _, _, _ := testFlags()
 	var stderr strings.Builder
 	warnUnknownEnv(fs, []string{"IDEM_TTLL=1h", "IDEM_STORE=sqlite:x.db", "IDEM_TEST_POSTGRES_URL=postgres://h/test",
-		"IDEM_REPLAYCACHE=5", "IDEM_BOGUS=1", "PATH=/bin", "IDEM_=x"}, &stderr)
+		"IDEM_REPLAYCACHE=5", "IDEM_BOGUS=1", "PATH=/bin", "IDEM_=x", "IDEM_PROCESSOR_URL=http://h:1",
+		"IDEM_LOCKTIMEOUT=1s", "IDEM_EMPTY=", "IDEM_OLDER_THAN=1h"}, &stderr)
 	got := stderr.String()
 	for _, want := range []string{
-		"idem test: IDEM_TTLL is not a variable of this command; ignored (did you mean IDEM_TTL?)\n",
-		"idem test: IDEM_REPLAYCACHE is not a variable of this command; ignored (did you mean IDEM_REPLAY_CACHE?)\n",
-		"idem test: IDEM_BOGUS is not a variable of this command; ignored\n",
-		"idem test: IDEM_ is not a variable of this command; ignored\n",
+		"idem test: IDEM_TTLL is not a variable of any idem command; ignored (did you mean IDEM_TTL?)\n",
+		"idem test: IDEM_REPLAYCACHE is not a variable of any idem command; ignored (did you mean IDEM_REPLAY_CACHE?)\n",
+		"idem test: IDEM_LOCKTIMEOUT is not a variable of any idem command; ignored (did you mean IDEM_LOCK_TIMEOUT?)\n",
+		"idem test: IDEM_BOGUS is not a variable of any idem command; ignored\n",
+		"idem test: IDEM_ is not a variable of any idem command; ignored\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, got)
 		}
 	}
-	if strings.Contains(got, "IDEM_STORE") || strings.Contains(got, "IDEM_TEST_") || strings.Count(got, "\n") != 4 {
-		t.Errorf("stderr names a known or a test variable, or more than the four unknown ones:\n%s", got)
+	if strings.Count(got, "\n") != 5 {
+		t.Errorf("stderr names more than the five unknown variables:\n%s", got)
+	}
+}
+
+// commandVariables knows the flags of every command that parses flags.
+func TestCommandVariablesCoverEveryCommand(t *testing.T) {
+	t.Parallel()
+	c := &flagCollector{vars: map[string]bool{}}
+	for _, args := range commands {
+		if code := run(t.Context(), args, c, io.Discard); code != exitOK {
+			t.Errorf("idem %v with a collector: exit %d", args, code)
+		}
+	}
+	if c.n != len(commands) {
+		t.Fatalf("%d flag sets collected for %d commands", c.n, len(commands))
+	}
+	for _, v := range []string{"IDEM_PROCESSOR_URL", "IDEM_OLDER_THAN", "IDEM_CONCURRENCY", "IDEM_FORCE", "IDEM_LOST_REPLY_RATE"} {
+		if !commandVariables()[v] {
+			t.Errorf("commandVariables lacks %s", v)
+		}
+	}
+	for _, line := range strings.Split(usage, "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(line, "  ") && f[0] != "version" && f[0] != "keys" {
+			found := false
+			for _, args := range commands {
+				found = found || args[0] == f[0]
+			}
+			if !found {
+				t.Errorf("the command %q of the usage is missing from commands", f[0])
+			}
+		}
 	}
 }
