@@ -234,7 +234,9 @@ type Config struct {
 	ProblemTypeBase string
 
 	// Logger receives the middleware's logs. Keys are logged as a short hash, never
-	// in full; bodies are never logged. Defaults to [slog.Default].
+	// in full; bodies are never logged. Repeated warnings and errors are summarised,
+	// one line and a count per [DefaultLogSummaryInterval] ([NewLogSummaryHandler]).
+	// Defaults to [slog.Default].
 	Logger *slog.Logger
 
 	// Clock, when set, replaces the store's clock for every lease and expiry decision

@@ -89,7 +89,9 @@ type GuardConfig struct {
 	ReplayCacheSize int
 
 	// Logger receives the guard's logs. Keys are logged as a short hash, never in
-	// full; results are never logged. Defaults to [slog.Default].
+	// full; results are never logged. Repeated warnings and errors are summarised, one
+	// line and a count per [DefaultLogSummaryInterval] ([NewLogSummaryHandler]).
+	// Defaults to [slog.Default].
 	Logger *slog.Logger
 
 	// Clock, when set, replaces the store's clock for every lease and expiry decision
@@ -131,6 +133,8 @@ func newGuard(c GuardConfig, name string) *Guard {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	// Under an outage every call fails alike: one line per failure and interval.
+	c.Logger = slog.New(NewLogSummaryHandler(c.Logger.Handler(), 0))
 	g := &Guard{cfg: c, name: name, newBeat: newRealBeat, newLeaseTimer: newRealBeat,
 		cutOffs: make(chan struct{}, maxCutOffWatches)}
 	if c.ReplayCacheSize > 0 {

@@ -79,7 +79,10 @@ type Config[Tx any] struct {
 	RetryDelay time.Duration
 
 	// Logger receives a line for every message that is not acknowledged, with a short
-	// hash of its id (never the id or the payload). Defaults to [slog.Default].
+	// hash of its id (never the id or the payload); repeated warnings and errors (a
+	// store outage naks every delivery alike) are summarised, one line and a count per
+	// idem.DefaultLogSummaryInterval (idem.NewLogSummaryHandler). Defaults to
+	// [slog.Default].
 	Logger *slog.Logger
 }
 
@@ -110,6 +113,9 @@ func New[Tx any](cfg Config[Tx]) *Processor[Tx] {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	// A broker redelivers a failing message every RetryDelay: one line per failure
+	// and interval, not per delivery.
+	cfg.Logger = slog.New(idem.NewLogSummaryHandler(cfg.Logger.Handler(), 0))
 	return &Processor[Tx]{cfg: cfg}
 }
 

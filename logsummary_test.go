@@ -1,0 +1,66 @@
+package idem_test
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testkit"
+)
+
+// Under an outage every request fails alike; the log says so once per interval with a
+// count instead of once per attempt (issue 19: two consumers wrote ~14,500 lines in a
+// 3-second PostgreSQL outage).
+func TestRepeatedFailuresAreSummarisedOncePerInterval(t *testing.T) {
+	t.Parallel()
+	buf := &testkit.Buffer{}
+	const interval = 50 * time.Millisecond
+	log := slog.New(idem.NewLogSummaryHandler(slog.NewTextHandler(buf, nil), interval))
+	for i := range 100 {
+		log.Error("idem: store claim failed", "key_hash", i)
+		log.With("route", "r").Warn("consume: not processed")
+		log.Info("idem: took over a key")
+	}
+	lines := func() []string { return strings.Split(strings.TrimSpace(buf.String()), "\n") }
+	if got := lines(); len(got) != 102 ||
+		!strings.Contains(got[0], `msg="idem: store claim failed" key_hash=0`) || !strings.Contains(got[1], "route=r") {
+		t.Fatalf("%d lines before the interval ended, want the first error, the first warning and 100 infos:\n%s", len(got), buf)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(buf.String(), "repeated=") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no summaries after the interval:\n%s", buf)
+		}
+		time.Sleep(interval / 5) // polling for the timer's write, bounded by the deadline
+	}
+	for _, want := range []string{
+		`level=ERROR msg="idem: store claim failed" repeated=99 interval=50ms`,
+		`level=WARN msg="consume: not processed" route=r repeated=99 interval=50ms`,
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("no summary %q:\n%s", want, buf)
+		}
+	}
+	// A new interval begins with the next failure, written in full.
+	log.Error("idem: store claim failed", "key_hash", "again")
+	if got := lines(); !strings.Contains(got[len(got)-1], "key_hash=again") {
+		t.Fatalf("the first failure after the interval was not written: %s", got[len(got)-1])
+	}
+}
+
+// The middleware (through its guard) logs a store outage once per interval, whatever
+// the number of requests that fail on it.
+func TestAStoreOutageIsLoggedOncePerInterval(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.store.down.Store(true)
+	h := b.mw.Handler(&counter{})
+	for i := range 20 {
+		wantCode(t, serve(h, req("POST", "/x", key+itoa(int64(i)), "{}")), 503, idem.CodeStoreUnavailable)
+	}
+	if n := strings.Count(b.logs.String(), "idem: store claim failed"); n != 1 {
+		t.Fatalf("%d lines for 20 failed claims in one interval, want 1:\n%s", n, b.logs)
+	}
+}
