@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"time"
 )
 
 // ErrClaimDeferred is for store packages: a [TxFunc] returns an error wrapping it when
@@ -26,6 +27,32 @@ func (c *capture) reopen() {
 	clear(c.header)
 	c.body.Reset()
 	c.status, c.wroteHeader, c.frozen = 0, false, false
+}
+
+// runClaimingInHandler runs a ClaimInHandler route's request. A primary-key read of
+// the key comes first (Handle.lookup), so that a retry is answered before the
+// handler runs, as on the lease path: the stored response, key_reused, or what the
+// usual claim finds of a record in flight (409, or a lapsed lease taken over, after
+// which the handler runs under that lease). Only a key without a live record runs the
+// handler with the claim still to make, in the transaction of the store's Respond.
+func (x *request) runClaimingInHandler(next http.Handler) {
+	g, h := x.rt.m.g, &x.h
+	ctx := x.r.Context()
+	first, found, err := h.lookup(ctx)
+	if err != nil {
+		h.observeClaim(OutcomeStoreError, false, time.Now(), err)
+		x.answer(nil, g.storeError(ctx, h, "lookup", err))
+		return
+	}
+	if !found {
+		x.executeClaimingInHandler(next)
+		return
+	}
+	if resp, err := g.claimFrom(ctx, h, first); resp != nil || err != nil {
+		x.answer(resp, err)
+		return
+	}
+	x.execute(next) // acquired the usual way: the handler runs under the lease
 }
 
 // executeClaimingInHandler runs a ClaimInHandler route's handler before the key is
@@ -96,30 +123,57 @@ func (x *request) endClaimingInHandler() {
 }
 
 // answerUnclaimed answers what a ClaimInHandler route's handler wrote without a
-// transaction that recorded it (it answered an error before or instead of Respond):
-// nothing to record when the response releases the key; otherwise the key is claimed
-// now, the usual way, and the response stored, unless the claim finds the key taken
-// (then the client gets what the claim found: the stored response, 409, key_reused).
-// Nothing written at all is a mistake, answered 500 and never stored.
+// transaction that recorded it. A response that releases the key (an error answered
+// before Respond: 400, 409, 5xx, SPEC §6) records nothing and is sent. Any other is a
+// misuse, answered 500 and never stored, with an error naming the route: the route
+// promises that its handler's writes commit with the key's record through the store's
+// Respond, and a handler that wrote its response itself (its writes, if any, through
+// the database directly) would run once per duplicate, the retries answered as
+// replays of executions they did not replay (issue 19 item 1). A response streamed
+// already cannot be taken back: it is logged the same way. Nothing written at all is
+// a mistake too, answered 500.
 func (x *request) answerUnclaimed() {
 	h, c := &x.h, x.capture
 	if c.empty() {
 		x.rt.m.cfg.Logger.ErrorContext(x.r.Context(), "idem: the handler of a ClaimInHandler route returned without a response; "+
-			"answering 500 (return the response from the store's Respond)", x.attrs()...)
+			"answering 500 (return the response from the store's Respond)", x.attrs(slog.String("route", x.routeName()))...)
 		x.writeError(CodeInternalError, "")
 		return
 	}
 	c.finish()
-	if c.passThrough || !x.rt.policy(c.status) {
+	store := x.rt.policy(c.status)
+	h.mu.Lock()
+	if h.overridden {
+		store = h.overrideStore
+	}
+	h.mu.Unlock()
+	if !store {
 		c.send()
 		return
 	}
-	if resp, err := x.rt.m.g.claim(x.r.Context(), h); resp != nil || err != nil {
-		x.answer(resp, err)
+	const fix = "its writes, if any, are not protected and run again on every retry; return the response from the store's Respond " +
+		"(or write it inside InTx), or mount the route without RouteOptions.ClaimInHandler"
+	if c.passThrough {
+		x.rt.m.cfg.Logger.ErrorContext(x.r.Context(), "idem: the handler of a ClaimInHandler route streamed a response without the store's Respond; "+fix,
+			x.attrs(slog.String("route", x.routeName()), slog.Int("status", c.status))...)
 		return
 	}
-	h.inTx = false
-	x.finish()
+	x.rt.m.cfg.Logger.ErrorContext(x.r.Context(), "idem: the handler of a ClaimInHandler route answered without the store's Respond; answering 500 instead: "+fix,
+		x.attrs(slog.String("route", x.routeName()), slog.Int("status", c.status))...)
+	c.reopen()
+	x.writeError(CodeInternalError, "")
+}
+
+// routeName names the request's route in a log line: the route's Name, the ServeMux
+// pattern, or the method and path.
+func (x *request) routeName() string {
+	switch {
+	case x.rt.name != "":
+		return x.rt.name
+	case x.r.Pattern != "":
+		return x.r.Pattern
+	}
+	return x.r.Method + " " + x.r.URL.Path
 }
 
 // answerLater makes the middleware answer, once the handler has returned, what a claim

@@ -280,22 +280,25 @@ type RouteOptions struct {
 	// ClaimInHandler says that the route's handlers write only to the store's
 	// database, through the store's Respond (store/postgres's and store/sqlite's
 	// (*Store).Respond): the middleware parses the key, the scope and the fingerprint
-	// as usual but does not claim, and Respond claims the key inside the one
-	// transaction that also holds the handler's writes and its completed record (on
-	// PostgreSQL BEGIN, the record, the writes and COMMIT travel in one round trip).
-	// No lease or heartbeat is needed: the open transaction is the lock, and a crash
-	// rolls everything back. When that transaction finds the key already there,
-	// Respond claims it the usual way and answers what the claim finds (the stored
-	// response, 409, key_reused), or, when it acquires the key (an expired record, a
-	// lapsed lease), runs the writes again under the lease. A duplicate that finds
-	// the claim uncommitted waits a bounded time (the store's lock timeout) and gets
-	// 409 request_in_progress. A helper that needs a lease (InTx) claims the key first
-	// the usual way ([Handle.AcquireForTx]); a response the handler writes without
-	// either is stored after the key is claimed then (a response that releases the
-	// key, SPEC §6, is just sent), and a handler that writes nothing gets 500
-	// internal_error. Unsuitable for a handler that calls anything outside the
-	// database before its transaction: a duplicate runs that call too. Defaults to
-	// false.
+	// as usual, reads the key (one primary-key read) and answers a key that is there as
+	// the lease route does, without running the handler (the stored response,
+	// key_reused, 409 or the wait for a record in flight, a lapsed lease taken over and
+	// the handler run under it); for a key without a live record it runs the handler
+	// without a claim, and Respond claims the key inside the one transaction that also
+	// holds the handler's writes and its completed record (on PostgreSQL BEGIN, the
+	// record, the writes and COMMIT travel in one round trip). No lease or heartbeat is
+	// needed: the open transaction is the lock, and a crash rolls everything back. When
+	// a concurrent request recorded the key in between, Respond answers what the key
+	// calls for; a duplicate that finds the claim uncommitted waits a bounded time (the
+	// store's lock timeout) and gets 409 request_in_progress. A helper that needs a
+	// lease (InTx, backstop's) claims the key first the usual way
+	// ([Handle.AcquireForTx]). A handler that answers a response to store without a
+	// helper (its writes through the database directly) is a misuse, answered 500
+	// internal_error, never stored, and logged at error level naming the route: it
+	// would run once per duplicate. Route panics when the store has no such Respond
+	// (Capabilities.Transactions false: Redis, memory). Unsuitable for a handler that
+	// calls anything outside the database before its transaction: a concurrent
+	// duplicate runs that call too. Defaults to false.
 	ClaimInHandler bool
 
 	// Resume, when set, is the function that finishes the operation of a record whose

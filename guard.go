@@ -575,6 +575,34 @@ func (h *Handle) await(ctx context.Context, until, stopAt time.Time, backoff *ti
 	}
 }
 
+// lookup reads h's key before an operation that claims it in its own transaction (a
+// [RouteOptions.ClaimInHandler] route), under StoreTimeout, and says what a claim would
+// find there without asking the store again: a completed record of the call's
+// fingerprint (ClaimCompleted), or a live record of another (ClaimMismatch). It
+// returns nil, nil when no live record is there (the operation's transaction claims
+// the key), and nil with found set when one is there whose fate the store's clock must
+// decide (in flight: live, or a lapsed lease to take over): then the caller claims it
+// the usual way.
+func (h *Handle) lookup(ctx context.Context) (res *RecordClaimResult, found bool, err error) {
+	g := h.g
+	ctx, cancel := context.WithDeadline(ctx, callDeadline(g.cfg.StoreTimeout, time.Time{}))
+	defer cancel()
+	start := h.storeCallStart()
+	rec, err := g.cfg.Store.RecordGet(ctx, &RecordGetParams{Scope: h.scope, Key: h.key, Now: g.storeNow()})
+	h.observeStoreCall(StoreOpLookup, start, err)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, err
+	case !h.claim.Fingerprint.Matches(rec.Fingerprint):
+		return &RecordClaimResult{Outcome: ClaimMismatch, Record: rec}, true, nil
+	case rec.State == StateCompleted:
+		return &RecordClaimResult{Outcome: ClaimCompleted, Record: rec}, true, nil
+	}
+	return nil, true, nil
+}
+
 // poll reads the record of an in-flight operation under StoreTimeout, ending by
 // stopAt.
 func (h *Handle) poll(ctx context.Context, stopAt time.Time) (*Record, error) {

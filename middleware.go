@@ -37,6 +37,9 @@ import (
 type Middleware struct {
 	cfg *config
 	g   *Guard
+	// unnamed warns, once, of keyed requests whose route has no name while an
+	// Observer labels its events with it.
+	unnamed sync.Once
 }
 
 // route is a RouteOptions resolved against the Config.
@@ -80,6 +83,11 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 	}
 	if !opts.OnLapse.valid() {
 		panic(fmt.Sprintf("idem: RouteOptions.OnLapse is not a known policy: %v", opts.OnLapse))
+	}
+	if opts.ClaimInHandler && !m.g.cfg.Store.Capabilities().Transactions {
+		panic("idem: RouteOptions.ClaimInHandler needs a store whose package claims the key in the handler's transaction " +
+			"(store/sqlite's or store/postgres's Respond); this store has none (Capabilities.Transactions is false): " +
+			"mount the route without ClaimInHandler (with Redis, answer through backstop's Respond)")
 	}
 	if opts.Resume != nil {
 		if opts.Name == "" {
@@ -186,6 +194,14 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	x.h.describer, x.h.managed, x.h.route, x.h.operation, x.h.claim.OnLapse = x, true, rt.name, rt.name, rt.onLapse
 	if rt.name == "" {
 		x.h.route = r.Pattern
+		if r.Pattern == "" && m.cfg.Observer != nil {
+			m.unnamed.Do(func() {
+				m.cfg.Logger.WarnContext(r.Context(), "idem: keyed requests reach the middleware without a route name, so the Observer's "+
+					"metrics and spans label them route=\"\": mount it after the router matched the route (a ServeMux pattern; chi's "+
+					"r.With or a Group's Use; gin and echo: an adapter that sets Request.Pattern, as in examples/), or name the "+
+					"route with RouteOptions.Name", "method", r.Method, "path", r.URL.Path)
+			})
+		}
 	}
 	if !x.readBody(r) {
 		return
@@ -331,7 +347,7 @@ func (x *request) run(next http.Handler) {
 		return
 	}
 	if x.rt.claimInHandler {
-		x.executeClaimingInHandler(next)
+		x.runClaimingInHandler(next)
 		return
 	}
 	if resp, err := g.claim(x.r.Context(), h); resp != nil || err != nil {

@@ -232,6 +232,7 @@ type StoreOp string
 const (
 	StoreOpClaim         StoreOp = "claim"          // Store.RecordClaim
 	StoreOpWait          StoreOp = "wait"           // Store.RecordGet, polling an in-flight key
+	StoreOpLookup        StoreOp = "lookup"         // Store.RecordGet, a ClaimInHandler route's read before its handler
 	StoreOpComplete      StoreOp = "complete"       // Store.RecordComplete
 	StoreOpRelease       StoreOp = "release"        // Store.RecordRelease
 	StoreOpRenew         StoreOp = "renew"          // Store.RecordRenew

@@ -197,6 +197,17 @@ func (b *Backstop) InTx(w http.ResponseWriter, r *http.Request, fn func(ctx cont
 		b.logger.ErrorContext(ctx, "backstop: refused a request without the request's idem.Handle", slog.Any("error", err))
 		return err
 	}
+	if h != nil {
+		// On a ClaimInHandler route of a SQL store, the key is claimed first, under a
+		// lease, as the stores' own lease helpers do; when the claim does not acquire it
+		// the middleware answers, and nothing runs.
+		if err := h.AcquireForTx(ctx); err != nil {
+			if errors.Is(err, idem.ErrAnswered) {
+				return nil
+			}
+			return err
+		}
+	}
 	var opts *sql.TxOptions
 	if b.dialect == Postgres {
 		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}

@@ -24,6 +24,7 @@ import (
 	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/redis"
 	"github.com/idem-go/idem/store/redis/redistest"
+	"github.com/idem-go/idem/store/sqlite"
 )
 
 // ttl is the records' and rows' lifetime in these tests.
@@ -396,5 +397,44 @@ func TestRespondAnswers503WhenTheDatabaseFails(t *testing.T) {
 	})
 	if !errors.Is(err, idem.ErrNoHandle) {
 		t.Fatalf("Respond without the middleware = %v, want ErrNoHandle", err)
+	}
+}
+
+// On a ClaimInHandler route of a SQL store (the backstop beside a store that has its
+// own Respond), InTx and Respond claim the key first under a lease, as the stores' own
+// lease helpers do: the first request answers 201, its retry the replay, one charge.
+// Without the claim the committed operation was answered 500 on every request.
+func TestOnAClaimInHandlerRouteTheKeyIsClaimedFirst(t *testing.T) {
+	t.Parallel()
+	for _, respond := range []bool{false, true} {
+		t.Run(fmt.Sprintf("respond=%v", respond), func(t *testing.T) {
+			t.Parallel()
+			a := &app{db: openDB(t, backstop.SQLite), dialect: backstop.SQLite, respond: respond, clock: testkit.NewClock(time.Now().UTC())}
+			var err error
+			if a.bs, err = backstop.New(a.db, backstop.Config{Dialect: backstop.SQLite}); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.bs.Migrate(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = st.Close() })
+			if err := st.Migrate(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			mw := idem.New(idem.Config{Store: st, TTL: ttl, Scope: func(*http.Request) (string, error) { return "user-1", nil }})
+			a.handler = mw.Route(idem.RouteOptions{ClaimInHandler: true})(http.HandlerFunc(a.createCharge))
+			first, retry := a.post("key-claim-in-handler", "c1", body), a.post("key-claim-in-handler", "c1", body)
+			if first.Code != http.StatusCreated || retry.Code != http.StatusCreated || retry.Body.String() != first.Body.String() ||
+				retry.Header().Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("first %d %s, retry %d %s; want the 201 and its replay", first.Code, first.Body, retry.Code, retry.Body)
+			}
+			if n := a.charges(t); n != 1 {
+				t.Fatalf("%d charges, want 1", n)
+			}
+		})
 	}
 }

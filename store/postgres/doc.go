@@ -21,14 +21,15 @@
 // completion in one transaction (SPEC §7): either both commit or neither does, and the
 // client never receives a response whose effects did not commit. Respond is the path
 // of a handler whose writes all go to this database: its function queues them and
-// returns the response, and on an idem.RouteOptions.ClaimInHandler route the claim,
-// the writes and the completed record travel in one pipelined round trip. InTx is the
+// returns the response, and on an idem.RouteOptions.ClaimInHandler route (after the
+// middleware's read of the key, which answers a retry before the handler runs) the
+// claim, the writes and the completed record travel in one pipelined round trip. InTx is the
 // lease path's, for a handler that calls something outside the database before it
 // writes: the fenced completion and COMMIT travel in one pipelined round trip; a lost
 // lease raises SQLSTATE IDL01 inside the transaction so that the queued COMMIT is
-// skipped. A replay on a ClaimInHandler route stops its transaction with SQLSTATE
-// IDL02 (idem_stop) before anything is written: the server logs it as an ERROR, one
-// line per such replay (log_min_messages).
+// skipped. A duplicate that records the key between the middleware's read and a
+// ClaimInHandler transaction stops that transaction with SQLSTATE IDL02 (idem_stop)
+// before anything is written: the server logs it as an ERROR (log_min_messages).
 //
 // # database/sql
 //

@@ -23,14 +23,17 @@ package postgres
 //     completion and COMMIT, pipelined in one batch); a replay of it is 1 as above
 //   - §7 Respond:          1 (the handler's statements and the fenced completion in
 //     one pipelined implicit transaction), so a whole request is 2 with the claim
-//   - Respond on a RouteOptions.ClaimInHandler route: 1 for the whole request (the
-//     record's read, its insert already completed with a bounded lock_timeout, the
-//     handler's statements; committed at the batch's end); a replay, an in-flight
-//     duplicate or a reused key 1 too (the read sends the record, then idem_stop
-//     raises IDL02 before anything is written, the transaction rolls back at the
-//     batch's end without a ROLLBACK, and the record read answers the request; the
-//     statements are prepared by name, so pgx's cache drops none of them); an expired
-//     record or a lapsed lease 1 + 2 (the claim) + 1 (the statements under the lease)
+//   - Respond on a RouteOptions.ClaimInHandler route: 1 (RecordGet, the middleware's
+//     read of the key before the handler) + 1 (the record's read, its insert already
+//     completed with a bounded lock_timeout, the handler's statements; committed at
+//     the batch's end); a replay, a reused key or an in-flight duplicate is the read
+//     alone (the in-flight one then claims: +1), the handler never runs. A duplicate
+//     that records the key between the read and the transaction makes the
+//     transaction stop (idem_stop raises IDL02 before anything is written, the
+//     transaction rolls back at the batch's end without a ROLLBACK, and the record
+//     read answers the request; the statements are prepared by name, so pgx's cache
+//     drops none of them); an expired record or a lapsed lease 1 + 2 (the claim) + 1
+//     (the statements under the lease)
 //
 // TestNewKeyClaimIsOneRoundTrip and its neighbours in roundtrip_test.go count them on
 // the wire.

@@ -60,16 +60,18 @@ func keyLockID(scope, key string) int32 {
 //	})
 //	if err != nil { ... } // nothing committed and nothing was sent: answer it
 //
-// On a route with idem.RouteOptions.ClaimInHandler the whole request is one round trip:
-// BEGIN, the record inserted already completed with the response (under the key's
-// advisory lock, waited for at most Config.ClaimLockTimeout), the statements and
-// COMMIT, pipelined. When the key is already there, nothing commits and Respond
-// claims it the usual way: it answers the stored response, 409 request_in_progress or
+// On a route with idem.RouteOptions.ClaimInHandler (the middleware read the key before
+// the handler and found no live record: a retry is answered from that read and never
+// reaches Respond) the handler's transaction is one round trip: BEGIN, the record
+// inserted already completed with the response (under the key's advisory lock, waited
+// for at most Config.ClaimLockTimeout), the statements and COMMIT, pipelined. When a
+// concurrent request recorded the key in between, nothing commits and Respond claims
+// it the usual way: it answers the stored response, 409 request_in_progress or
 // key_reused, or, having taken over an expired record or a lapsed lease, sends the
-// statements once more with the record's fenced completion. Elsewhere (the middleware claimed the key before the
-// handler) it is BEGIN, the statements, the fenced completion and COMMIT: one round
-// trip after the claim's. A request marked idem.WithoutKey (no key) gets BEGIN, the
-// statements and COMMIT.
+// statements once more with the record's fenced completion. Elsewhere (the middleware
+// claimed the key before the handler) it is BEGIN, the statements, the fenced
+// completion and COMMIT: one round trip after the claim's. A request marked
+// idem.WithoutKey (no key) gets BEGIN, the statements and COMMIT.
 //
 // Respond sends the response when the transaction committed, and returns nil once the
 // request is answered (with fn's response, a replay, or a refusal; when the
@@ -77,9 +79,10 @@ func keyLockID(scope, key string) int32 {
 // or 409 when a concurrent request holds the key, and logs it). Whatever the handler
 // writes after that is refused. It returns an error, having sent nothing and
 // committed nothing, when the handler must answer: fn's error, or the error of one of
-// fn's statements (a constraint, a raised exception: a statement that must stop the
-// transaction fails on the server, as nothing in between can stop the COMMIT queued
-// behind it). Then anything the handler answers goes through the middleware as
+// fn's statements, whether the server refused it before it ran (a table that does not
+// exist) or it failed while running (a constraint, a raised exception: a statement
+// that must stop the transaction fails on the server, as nothing in between can stop
+// the COMMIT queued behind it); never as the store being unavailable. Then anything the handler answers goes through the middleware as
 // usual: stored or releasing the key by its status (SPEC §6). It returns
 // [idem.ErrNoHandle] for a request that is neither behind the middleware nor marked
 // idem.WithoutKey. fn runs once; its statements may be sent twice (the fallback
