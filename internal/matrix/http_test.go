@@ -1,0 +1,208 @@
+package matrix
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+	"github.com/go-chi/chi/v5"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
+)
+
+func init() { gin.SetMode(gin.ReleaseMode) }
+
+// duplicates is how many concurrent requests of one key each cell sends.
+const duplicates = 16
+
+// mount puts the middleware, with opts, where m says, in front of h on POST
+// /v1/charges. It panics when the middleware refuses opts.
+func mount(m Mount, mw *idem.Middleware, opts idem.RouteOptions, h http.Handler) http.Handler {
+	switch m {
+	case OneRoute:
+		mux := http.NewServeMux()
+		mux.Handle("POST /v1/charges", mw.Route(opts)(h))
+		return mux
+	case WholeMux:
+		mux := http.NewServeMux()
+		mux.Handle("POST /v1/charges", h)
+		return mw.Route(opts)(mux)
+	case Chi:
+		r := chi.NewRouter()
+		r.Use(mw.Route(opts))
+		r.Post("/v1/charges", h.ServeHTTP)
+		return r
+	case Gin:
+		engine := gin.New()
+		engine.POST("/v1/charges", gin.WrapH(h))
+		return mw.Route(opts)(engine)
+	}
+	panic("no mount " + string(m))
+}
+
+// TestHTTPCombinations runs every cell of the HTTP table: store × route kind × helper
+// × mounting.
+func TestHTTPCombinations(t *testing.T) {
+	t.Parallel()
+	for _, s := range Stores {
+		t.Run(string(s), func(t *testing.T) {
+			t.Parallel()
+			for _, r := range Routes {
+				for _, h := range Helpers {
+					for _, m := range Mounts {
+						want, _ := Expect(s, r, h, m)
+						if want == None {
+							continue
+						}
+						name := fmt.Sprintf("%s route, %s, mounted on %s, is %s", r, HelperAPI(s, h), m, want)
+						t.Run(name, func(t *testing.T) { runHTTPCell(t, s, r, h, m, want) })
+					}
+				}
+			}
+		})
+	}
+}
+
+// answer is what one request got.
+type answer struct {
+	status   int
+	body     string
+	replayed bool
+	code     string // the error code of an idem error
+}
+
+func (a answer) String() string {
+	return fmt.Sprintf("%d %s (replayed %v)", a.status, strings.TrimSpace(a.body), a.replayed)
+}
+
+func post(t *testing.T, c *http.Client, url, key string) answer {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/charges", strings.NewReader(`{"amount":2000,"currency":"usd"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer sk_test_matrix")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Errorf("POST: %v", err)
+		return answer{}
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	a := answer{status: resp.StatusCode, body: string(b), replayed: resp.Header.Get("Idempotent-Replayed") == "true"}
+	if i := strings.Index(a.body, `"code":"`); i >= 0 {
+		a.code, _, _ = strings.Cut(a.body[i+len(`"code":"`):], `"`)
+	}
+	return a
+}
+
+func scope(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil }
+
+func runHTTPCell(t *testing.T, s Store, r Route, h Helper, m Mount, want Outcome) {
+	t.Parallel()
+	e := openEnv(t, s)
+	logs := &lockedBuffer{}
+	mw := idem.New(idem.Config{Store: e.store, Scope: scope, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	opts := idem.RouteOptions{ClaimInHandler: r == ClaimInHandler}
+	var handler http.Handler
+	refusal := func() (p any) {
+		defer func() { p = recover() }()
+		handler = mount(m, mw, opts, e.handler(h))
+		return nil
+	}()
+	if want == Refused {
+		if msg := fmt.Sprint(refusal); refusal == nil || !strings.HasPrefix(msg, "idem: ") {
+			t.Fatalf("building it did not panic with an idem error, got %v", refusal)
+		}
+		return
+	}
+	if refusal != nil {
+		t.Fatalf("building it panicked: %v", refusal)
+	}
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+	client := srv.Client()
+	client.Transport.(*http.Transport).MaxIdleConnsPerHost = duplicates
+
+	seqKey, concKey := "seq-"+newID(), "conc-"+newID()
+	first := post(t, client, srv.URL, seqKey)
+	retry := post(t, client, srv.URL, seqKey)
+	conc := make([]answer, duplicates)
+	var wg sync.WaitGroup
+	for i := range conc {
+		wg.Go(func() { conc[i] = post(t, client, srv.URL, concKey) })
+	}
+	wg.Wait()
+	all := append([]answer{first, retry}, conc...)
+	t.Logf("first %v; retry %v; concurrent %v", first, retry, conc)
+
+	switch want {
+	case ExactlyOnce:
+		if first.status != http.StatusCreated || first.replayed {
+			t.Fatalf("first answer %v, want 201 not replayed", first)
+		}
+		if retry.status != first.status || retry.body != first.body || !retry.replayed {
+			t.Fatalf("retry %v, want the first answer replayed: %v", retry, first)
+		}
+		wantExactlyOnce(t, "the concurrent duplicates", conc)
+		for _, key := range []string{seqKey, concKey} {
+			if n := e.charges(t, key); n != 1 {
+				t.Fatalf("%d charges of one key, want 1", n)
+			}
+		}
+		if strings.Contains(logs.String(), "level=ERROR") {
+			t.Fatalf("an error was logged by a combination that holds:\n%s", logs)
+		}
+	case Loud:
+		if first.status < 500 {
+			t.Fatalf("first answer %v, want a 5xx", first)
+		}
+		for _, a := range all {
+			if a.status/100 == 2 || a.replayed {
+				t.Fatalf("an answer %v is a 2xx or a replay: a misuse must fail loudly on every request", a)
+			}
+		}
+		if l := logs.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "/v1/charges") {
+			t.Fatalf("no error naming the route was logged:\n%s", l)
+		}
+	}
+}
+
+// wantExactlyOnce checks the answers of concurrent duplicates of one key: exactly one
+// execution answered (a 201 not replayed); every other answer is its replay, byte for
+// byte, or an in-flight 409.
+func wantExactlyOnce(t *testing.T, what string, answers []answer) {
+	t.Helper()
+	var executed []answer
+	for _, a := range answers {
+		if a.status/100 == 2 && !a.replayed {
+			executed = append(executed, a)
+		}
+	}
+	if len(executed) != 1 {
+		t.Fatalf("%s: %d answers from an execution, want 1: %v", what, len(executed), answers)
+	}
+	for _, a := range answers {
+		switch {
+		case a.status/100 == 2 && a.body != executed[0].body:
+			t.Fatalf("%s: an answer %v differs from the execution's %v", what, a, executed[0])
+		case a.status/100 == 2:
+		case a.status == http.StatusConflict && a.code == idem.CodeRequestInProgress:
+		default:
+			t.Fatalf("%s: an answer %v is neither the execution's nor 409 request_in_progress", what, a)
+		}
+	}
+}
+
+// The suite needs its services: it fails without them under CI=true, and skips cells
+// without them otherwise (testenv).
+var _ = testenv.CI
