@@ -1,0 +1,279 @@
+package check
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/client"
+)
+
+// Status is the verdict of one check.
+type Status string
+
+// The verdicts. Only StatusFail makes `idem check` exit 1.
+const (
+	// StatusPass: the endpoint behaved as the rule says.
+	StatusPass Status = "pass"
+	// StatusWarn: no rule was broken in a way that loses or leaks a result, but the
+	// endpoint did something a client should know of (keys are optional, a 409
+	// without Retry-After, keys shared across principals).
+	StatusWarn Status = "warn"
+	// StatusFail: the endpoint broke the rule; the evidence shows how.
+	StatusFail Status = "fail"
+	// StatusSkip: the check could not be made (GET is not served at the URL, no
+	// second principal was given); the summary says why.
+	StatusSkip Status = "skip"
+)
+
+// Profile says which answers count as right where the rules differ (SPEC §9).
+type Profile string
+
+// The profiles.
+const (
+	// ProfileSeed is idem's default and the design note's: a changed body is 409
+	// key_reused, a duplicate in flight 409 request_in_progress with Retry-After.
+	ProfileSeed Profile = "seed"
+	// ProfileIETF is draft-ietf-httpapi-idempotency-key-header: a changed body is
+	// 422, a duplicate in flight 409.
+	ProfileIETF Profile = "ietf"
+	// ProfileStripe is Stripe's API: a changed body is 400 idempotency_error, a
+	// duplicate in flight 409 (or 429).
+	ProfileStripe Profile = "stripe"
+)
+
+// Draft is the version of the IETF draft whose sections the rules cite.
+const Draft = "draft-ietf-httpapi-idempotency-key-header-07"
+
+// ParseProfile parses "seed", "ietf" or "stripe".
+func ParseProfile(s string) (Profile, error) {
+	switch p := Profile(s); p {
+	case ProfileSeed, ProfileIETF, ProfileStripe:
+		return p, nil
+	}
+	return "", fmt.Errorf("unknown profile %q: want seed, ietf or stripe", s)
+}
+
+// keyReusedStatus is the status of an answer to a used key with another body.
+func (p Profile) keyReusedStatus() int {
+	switch p {
+	case ProfileIETF:
+		return idem.ProfileIETF.Status(idem.CodeKeyReused)
+	case ProfileStripe:
+		return http.StatusBadRequest
+	}
+	return idem.ProfileSeed.Status(idem.CodeKeyReused)
+}
+
+// inFlight reports whether status answers a duplicate whose first request is still
+// running, in profile p: 409 in every profile, 429 too, and 503 but in Stripe's.
+func (p Profile) inFlight(status int) bool {
+	switch status {
+	case http.StatusConflict, http.StatusTooManyRequests:
+		return true
+	case http.StatusServiceUnavailable:
+		return p != ProfileStripe
+	}
+	return false
+}
+
+// Defaults of [Config].
+const (
+	// DefaultConcurrency is how many duplicates the concurrency check sends at once.
+	DefaultConcurrency = 16
+	// DefaultTimeout bounds one request.
+	DefaultTimeout = 10 * time.Second
+	// DefaultMethod is the method of the endpoint.
+	DefaultMethod = http.MethodPost
+)
+
+// Config says what to check and how.
+type Config struct {
+	// URL is the endpoint (required): http:// or https://.
+	URL string
+	// Method is the endpoint's method. Defaults to [DefaultMethod].
+	Method string
+	// Header is sent with every request (authentication, Content-Type). A body
+	// without a Content-Type header is sent as application/json when it is JSON,
+	// else as application/x-www-form-urlencoded.
+	Header http.Header
+	// Other, when not empty, is a second principal's headers: they replace those of
+	// Header with the same names in the per-principal check's request. Without it
+	// that check is skipped.
+	Other http.Header
+	// Body is a body the endpoint accepts (2xx) (required).
+	Body []byte
+	// BodyAlt is a second valid body, for the changed-body check. Defaults to Body
+	// with one number changed ([AltBody]).
+	BodyAlt []byte
+	// BodyInvalid is a body the endpoint rejects, for the errors-not-stored check.
+	// Nil defaults to {} when Body is a JSON object; otherwise that check is skipped.
+	BodyInvalid []byte
+	// KeyHeader is the name of the key's header. Defaults to [client.HeaderKey],
+	// Idempotency-Key.
+	KeyHeader string
+	// Concurrency is how many duplicates of one key the concurrency check sends at
+	// once; at least 2. Defaults to [DefaultConcurrency].
+	Concurrency int
+	// Profile says which answers count as right. Defaults to [ProfileSeed].
+	Profile Profile
+	// Timeout bounds each request. Defaults to [DefaultTimeout].
+	Timeout time.Duration
+	// Client sends the requests. Defaults to a client that keeps Concurrency
+	// connections, follows no redirect and asks for no compression, with Timeout.
+	Client *http.Client
+	// Checks are the checks to run, in order. Defaults to [Checks].
+	Checks []*Check
+}
+
+// setDefaults fills in the defaults and checks the configuration; errors name the
+// field.
+func (c *Config) setDefaults() error {
+	u, err := url.Parse(c.URL)
+	switch {
+	case c.URL == "":
+		return errors.New("URL is required")
+	case err != nil:
+		return fmt.Errorf("URL: %w", err)
+	case u.Scheme != "http" && u.Scheme != "https" || u.Host == "":
+		return fmt.Errorf("URL %q: want http://host/path or https://host/path", c.URL)
+	case c.Body == nil:
+		return errors.New("Body is required: a body the endpoint accepts")
+	}
+	if c.Method == "" {
+		c.Method = DefaultMethod
+	}
+	c.Method = strings.ToUpper(c.Method)
+	if safeMethod(c.Method) {
+		return fmt.Errorf("Method %s is safe: keys make unsafe methods (POST, PATCH, PUT, DELETE) safe to retry", c.Method)
+	}
+	if c.KeyHeader == "" {
+		c.KeyHeader = client.HeaderKey
+	}
+	c.KeyHeader = http.CanonicalHeaderKey(c.KeyHeader)
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.Concurrency < 2 {
+		return fmt.Errorf("Concurrency must be at least 2 (duplicates), got %d", c.Concurrency)
+	}
+	if c.Profile == "" {
+		c.Profile = ProfileSeed
+	}
+	if _, err := ParseProfile(string(c.Profile)); err != nil {
+		return err
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Header == nil {
+		c.Header = http.Header{}
+	}
+	if c.BodyAlt == nil {
+		alt, err := AltBody(c.Body)
+		if err != nil {
+			return fmt.Errorf("BodyAlt: %w", err)
+		}
+		c.BodyAlt = alt
+	}
+	if c.BodyInvalid == nil && jsonObject(c.Body) {
+		c.BodyInvalid = []byte("{}")
+	}
+	if c.Client == nil {
+		c.Client = newClient(c.Concurrency, c.Timeout)
+	}
+	if c.Checks == nil {
+		c.Checks = Checks()
+	}
+	return nil
+}
+
+// safeMethod reports whether RFC 9110 calls method safe.
+func safeMethod(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}
+
+// newClient returns the checker's client: concurrency+2 connections kept per host,
+// no redirect followed (a 303 to a POST would become a GET), no compression asked
+// for (the bodies compared are the bytes the server sent), the environment's proxy.
+func newClient(concurrency int, timeout time.Duration) *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = concurrency + 2
+	t.DisableCompression = true
+	return &http.Client{
+		Transport:     t,
+		Timeout:       timeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// Check is one conformance check, as go vet's analyzers are: a name, a doc line, its
+// rule and a run function.
+type Check struct {
+	// Name is a short kebab-case name, such as "replay".
+	Name string
+	// Doc says in one line what the check expects.
+	Doc string
+	// rule is where the expectation comes from, per profile.
+	rule func(Profile) string
+	// run sends the check's requests and judges the answers.
+	run func(ctx context.Context, e *env) Result
+}
+
+// Rule says where the check's expectation comes from in profile p.
+func (c *Check) Rule(p Profile) string { return c.rule(p) }
+
+// Result is what one check found.
+type Result struct {
+	// Status is the verdict.
+	Status Status `json:"status"`
+	// Summary says in one line what decided it.
+	Summary string `json:"summary"`
+	// Created is how many resources the check's requests created (the fixture that
+	// several checks share is counted by the report, not here).
+	Created int `json:"created"`
+	// Evidence are the requests and answers that decided it, in order.
+	Evidence []*Exchange `json:"evidence"`
+}
+
+// ErrUnusable is the error of [Run] when the endpoint cannot be checked: it cannot be
+// reached, or it does not accept Body with Header.
+var ErrUnusable = errors.New("endpoint cannot be checked")
+
+// Run checks the endpoint of cfg and returns the report. It first sends Body with a
+// fresh key, the first request of the checks that need a completed key; when that
+// request gets no answer, or an answer other than 2xx, it returns an error wrapping
+// [ErrUnusable] (and no report): the endpoint cannot be reached, or cfg is wrong. A
+// bad cfg is an error too. The checks run one after another; ctx bounds them all.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	e := &env{cfg: &cfg}
+	if err := e.prepare(ctx); err != nil {
+		return nil, err
+	}
+	rep := &Report{
+		URL: redactURL(cfg.URL), Method: cfg.Method, KeyHeader: cfg.KeyHeader, Profile: cfg.Profile,
+		Draft: Draft, Concurrency: cfg.Concurrency, Started: start.UTC(),
+		Created: 1, // the fixture
+	}
+	for _, c := range cfg.Checks {
+		r := c.run(ctx, e)
+		rep.Checks = append(rep.Checks, CheckReport{Name: c.Name, Doc: c.Doc, Rule: c.Rule(cfg.Profile), Result: r})
+		rep.Created += r.Created
+	}
+	rep.Requests = int(e.requests.Load())
+	rep.Duration = Millis(time.Since(start))
+	return rep, nil
+}

@@ -1,0 +1,357 @@
+package check
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-go/idem/client"
+	"github.com/idem-go/idem/internal/secret"
+)
+
+// Bounds of what the checker reads and shows.
+const (
+	// maxBody is the most of a response body the checker reads; a longer body is
+	// compared by its first maxBody bytes.
+	maxBody = 1 << 20
+	// shownBody is the most of a body the report shows.
+	shownBody = 4 << 10
+)
+
+// HeaderReplayed is the header with which idem (and others) mark a replayed answer.
+const HeaderReplayed = "Idempotent-Replayed"
+
+// env is what the checks share: the configuration, the client and the fixture, a key
+// whose first request (Body) completed with 2xx.
+type env struct {
+	cfg      *Config
+	requests atomic.Int64
+	// fixture is the first answer of fixtureKey, sent by prepare.
+	fixtureKey string
+	fixture    *Exchange
+}
+
+// prepare sends Body with a fresh key: the first request of the checks that need a
+// completed key, and the proof that the endpoint can be checked at all.
+func (e *env) prepare(ctx context.Context) error {
+	e.fixtureKey = client.NewKey()
+	x := e.send(ctx, request{label: "first request (--body)", body: e.cfg.Body, keys: []string{e.fixtureKey}})
+	switch {
+	case x.Response == nil:
+		return fmt.Errorf("%w: %s %s: %s", ErrUnusable, e.cfg.Method, redactURL(e.cfg.URL), x.Error)
+	case !is2xx(x.Response.Status):
+		return fmt.Errorf("%w: %s %s with --body and a fresh key answered %s: the checks need a body it accepts (2xx) and the headers it needs (--header)",
+			ErrUnusable, e.cfg.Method, redactURL(e.cfg.URL), x.Response.describe())
+	}
+	e.fixture = x
+	return nil
+}
+
+// request is one request a check sends.
+type request struct {
+	// label says what the request is in the evidence ("retry", "empty key").
+	label string
+	// method defaults to the endpoint's.
+	method string
+	body   []byte
+	// keys are the values of the key's header fields: nil sends no header, {""} an
+	// empty one, two values two fields.
+	keys []string
+	// other sends the second principal's headers.
+	other bool
+}
+
+// Exchange is one request and its answer, as the report shows them.
+type Exchange struct {
+	// Label says what the request was for.
+	Label string `json:"label"`
+	// Request is what was sent, secrets redacted.
+	Request SentRequest `json:"request"`
+	// Response is the answer; nil when there was none.
+	Response *Answer `json:"response,omitempty"`
+	// Error is why there was no answer.
+	Error string `json:"error,omitempty"`
+	// Elapsed is how long the exchange took.
+	Elapsed Millis `json:"elapsed_ms"`
+}
+
+// SentRequest is a request as the report shows it.
+type SentRequest struct {
+	Method string `json:"method"`
+	URL    string `json:"url"`
+	// Header are the headers sent: the values that came from the configuration are
+	// redacted but for Content-Type and Accept (a bearer token shows its scheme and
+	// a short hash, so that two principals can be told apart).
+	Header http.Header `json:"header"`
+	// Body is the body sent, cut at 4 KiB.
+	Body string `json:"body,omitempty"`
+}
+
+// Answer is a response as the report shows it.
+type Answer struct {
+	Status int `json:"status"`
+	// Header are the response's headers, Set-Cookie redacted.
+	Header http.Header `json:"header"`
+	// Body is the body, cut at 4 KiB.
+	Body string `json:"body,omitempty"`
+	// Code is the error code of an error body in idem's profiles (Stripe's shape or
+	// problem+json), if any.
+	Code string `json:"code,omitempty"`
+
+	raw []byte // the body as read, up to maxBody
+}
+
+// Millis is a duration that JSON shows in milliseconds.
+type Millis time.Duration
+
+// MarshalJSON writes the duration as a number of milliseconds.
+func (m Millis) MarshalJSON() ([]byte, error) {
+	return json.Marshal(float64(time.Duration(m).Microseconds()) / 1000)
+}
+
+// UnmarshalJSON reads a number of milliseconds.
+func (m *Millis) UnmarshalJSON(b []byte) error {
+	var ms float64
+	if err := json.Unmarshal(b, &ms); err != nil {
+		return err
+	}
+	*m = Millis(ms * float64(time.Millisecond))
+	return nil
+}
+
+func (m Millis) String() string { return time.Duration(m).Round(time.Millisecond).String() }
+
+// send sends r and returns the exchange; an error is in the exchange, never
+// returned: a check judges a missing answer as any other.
+func (e *env) send(ctx context.Context, r request) *Exchange {
+	method := r.method
+	if method == "" {
+		method = e.cfg.Method
+	}
+	x := &Exchange{Label: r.label, Request: SentRequest{Method: method, URL: redactURL(e.cfg.URL), Body: shown(r.body)}}
+	var body io.Reader
+	if r.body != nil {
+		body = bytes.NewReader(r.body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, e.cfg.URL, body)
+	if err != nil {
+		x.Error = err.Error()
+		return x
+	}
+	req.Header = e.header(r.other)
+	if r.body != nil && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", contentType(r.body))
+	}
+	if r.keys != nil {
+		req.Header[e.cfg.KeyHeader] = r.keys
+	}
+	x.Request.Header = redactHeader(req.Header, e.cfg.KeyHeader)
+	e.requests.Add(1)
+	start := time.Now()
+	resp, err := e.cfg.Client.Do(req)
+	if err != nil {
+		x.Elapsed = Millis(time.Since(start))
+		x.Error = oneLine(secret.RedactURLError(err).Error())
+		return x
+	}
+	defer resp.Body.Close()
+	a := &Answer{Status: resp.StatusCode, Code: client.ErrorCode(resp)}
+	a.raw, err = io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	x.Elapsed = Millis(time.Since(start))
+	if err != nil {
+		x.Error = "reading the body: " + oneLine(err.Error())
+		return x
+	}
+	a.Body = shown(a.raw)
+	a.Header = resp.Header.Clone()
+	if _, ok := a.Header["Set-Cookie"]; ok {
+		a.Header["Set-Cookie"] = []string{"[redacted]"}
+	}
+	x.Response = a
+	return x
+}
+
+// header returns the headers of a request, as the second principal when other.
+func (e *env) header(other bool) http.Header {
+	h := e.cfg.Header.Clone()
+	if h == nil {
+		h = http.Header{}
+	}
+	if other {
+		for k, v := range e.cfg.Other {
+			h[k] = v
+		}
+	}
+	h.Set("User-Agent", "idem-check")
+	return h
+}
+
+// redactHeader returns h with the values that may be secrets redacted: every header
+// but the key's, Content-Type, Accept and User-Agent. An Authorization value keeps its
+// scheme; every redacted value shows a short hash, so that two principals' headers
+// differ in the report.
+func redactHeader(h http.Header, keyHeader string) http.Header {
+	out := make(http.Header, len(h))
+	for k, vs := range h {
+		switch k {
+		case keyHeader, "Content-Type", "Accept", "User-Agent":
+			out[k] = vs
+			continue
+		}
+		for _, v := range vs {
+			out[k] = append(out[k], redactValue(k, v))
+		}
+	}
+	return out
+}
+
+// redactValue hides v, keeping an Authorization scheme and an 8-digit hash of v.
+func redactValue(name, v string) string {
+	sum := sha256.Sum256([]byte(v))
+	hidden := "[redacted sha256:" + hex.EncodeToString(sum[:4]) + "]"
+	if scheme, _, ok := strings.Cut(v, " "); ok && (name == "Authorization" || name == "Proxy-Authorization") {
+		return scheme + " " + hidden
+	}
+	return hidden
+}
+
+// redactURL hides the passwords and the token-like query parameters of a URL.
+func redactURL(u string) string { return secret.RedactURL(u) }
+
+// shown returns b as the report shows a body: cut at shownBody bytes, and "" for nil.
+func shown(b []byte) string {
+	if len(b) > shownBody {
+		return string(b[:shownBody]) + fmt.Sprintf("… (%d bytes)", len(b))
+	}
+	return string(b)
+}
+
+// contentType is the Content-Type of a body the configuration sends without one.
+func contentType(body []byte) string {
+	if json.Valid(body) {
+		return "application/json"
+	}
+	return "application/x-www-form-urlencoded"
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+func is2xx(status int) bool { return status >= 200 && status < 300 }
+
+// describe renders an answer as "201", "409 key_reused" or, without a code, the
+// status and the start of the body.
+func (a *Answer) describe() string {
+	if a.Code != "" {
+		return fmt.Sprintf("%d %s", a.Status, a.Code)
+	}
+	if is2xx(a.Status) {
+		return fmt.Sprint(a.Status)
+	}
+	b := oneLine(string(a.raw))
+	if len(b) > 80 {
+		b = b[:80] + "…"
+	}
+	if b == "" {
+		return fmt.Sprint(a.Status)
+	}
+	return fmt.Sprintf("%d %s", a.Status, b)
+}
+
+// describe renders the exchange's outcome: the answer, or "no answer (…)".
+func (x *Exchange) describe() string {
+	if x.Response == nil {
+		return "no answer (" + x.Error + ")"
+	}
+	return x.Response.describe()
+}
+
+// Outcome renders the exchange's outcome for the report: the answer's status and
+// error code, with a replay marker or Retry-After when present, or "no answer".
+func (x *Exchange) Outcome() string {
+	d := x.describe()
+	if x.replayed() {
+		d += ", " + HeaderReplayed
+	}
+	if x.retryAfter() {
+		d += ", Retry-After: " + x.Response.Header.Get("Retry-After")
+	}
+	return d
+}
+
+// status is the answer's status, 0 without an answer.
+func (x *Exchange) status() int {
+	if x.Response == nil {
+		return 0
+	}
+	return x.Response.Status
+}
+
+// ok reports whether the exchange was answered 2xx.
+func (x *Exchange) ok() bool { return is2xx(x.status()) }
+
+// replayed reports whether the answer says it is a replay.
+func (x *Exchange) replayed() bool {
+	return x.Response != nil && strings.EqualFold(x.Response.Header.Get(HeaderReplayed), "true")
+}
+
+// retryAfter reports whether the answer carries Retry-After.
+func (x *Exchange) retryAfter() bool {
+	return x.Response != nil && x.Response.Header.Get("Retry-After") != ""
+}
+
+// resourceID returns the top-level "id" of a JSON object body (a string, or a number
+// as written), or "".
+func resourceID(body []byte) string {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(body, &obj) != nil {
+		return ""
+	}
+	raw, ok := obj["id"]
+	if !ok {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var n json.Number
+	if json.Unmarshal(raw, &n) == nil {
+		return n.String()
+	}
+	return ""
+}
+
+// identity names the resource a 2xx answer is: "id ch_1" when the body has an id,
+// else "body sha256:…" of the bytes.
+func identity(x *Exchange) string {
+	if id := resourceID(x.Response.raw); id != "" {
+		return id
+	}
+	sum := sha256.Sum256(x.Response.raw)
+	return "body sha256:" + hex.EncodeToString(sum[:6])
+}
+
+// sameResource reports whether two 2xx answers are one resource: identical bodies, or
+// bodies with the same id.
+func sameResource(a, b *Exchange) bool {
+	if !a.ok() || !b.ok() {
+		return false
+	}
+	if bytes.Equal(a.Response.raw, b.Response.raw) {
+		return true
+	}
+	id := resourceID(a.Response.raw)
+	return id != "" && id == resourceID(b.Response.raw)
+}
+
+// errNoNumber is AltBody's error for a body without a number to change.
+var errNoNumber = errors.New("the body has no number to change: give another valid body")

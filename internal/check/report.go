@@ -1,0 +1,179 @@
+package check
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is what [Run] found: the endpoint, the profile, and each check's result.
+type Report struct {
+	// URL is the endpoint, passwords and token-like query parameters redacted.
+	URL    string `json:"url"`
+	Method string `json:"method"`
+	// KeyHeader is the name of the key's header.
+	KeyHeader string `json:"key_header"`
+	// Profile says which answers counted as right.
+	Profile Profile `json:"profile"`
+	// Draft is the IETF draft whose sections the rules cite.
+	Draft string `json:"ietf_draft"`
+	// Concurrency is how many duplicates the concurrency check sent at once.
+	Concurrency int       `json:"concurrency"`
+	Started     time.Time `json:"started"`
+	Duration    Millis    `json:"duration_ms"`
+	// Requests is how many requests the checks sent.
+	Requests int `json:"requests"`
+	// Created is how many resources the requests created: the first request's, which
+	// several checks share, and those each check counted.
+	Created int `json:"created"`
+	// Checks are the results, in the order the checks ran.
+	Checks []CheckReport `json:"checks"`
+}
+
+// CheckReport is one check's result with its name, doc line and rule.
+type CheckReport struct {
+	Name string `json:"name"`
+	Doc  string `json:"doc"`
+	Rule string `json:"rule"`
+	Result
+}
+
+// Failed reports whether a check failed.
+func (r *Report) Failed() bool { return r.Count(StatusFail) > 0 }
+
+// Count returns how many checks ended with s.
+func (r *Report) Count(s Status) int {
+	n := 0
+	for _, c := range r.Checks {
+		if c.Status == s {
+			n++
+		}
+	}
+	return n
+}
+
+// Totals renders the counts, the requests and the resources created in one line:
+// "6 pass, 1 skip · 31 requests in 1.2s · created 3 resources".
+func (r *Report) Totals() string {
+	var parts []string
+	for _, s := range []Status{StatusPass, StatusWarn, StatusFail, StatusSkip} {
+		if n := r.Count(s); n > 0 || s == StatusFail {
+			parts = append(parts, fmt.Sprintf("%d %s", n, s))
+		}
+	}
+	noun := "resources"
+	if r.Created == 1 {
+		noun = "resource"
+	}
+	return fmt.Sprintf("%s · %d requests in %s · created %d %s", strings.Join(parts, ", "), r.Requests, r.Duration, r.Created, noun)
+}
+
+// Title is the report's first line: "idem check: POST https://… (profile seed)".
+func (r *Report) Title() string {
+	return fmt.Sprintf("idem check: %s %s (profile %s)", r.Method, r.URL, r.Profile)
+}
+
+// Text bounds of the terminal report.
+const (
+	// textExchanges is how many exchanges of a check the text shows.
+	textExchanges = 6
+	// textBody is how much of a body an evidence line shows.
+	textBody = 100
+)
+
+// WriteText writes the report for a person: the title, one line per check (its
+// verdict, name and summary), the totals, and then, for each check that failed or
+// warned, its rule and the first exchanges of its evidence.
+func (r *Report) WriteText(w io.Writer) error {
+	ew := &errWriter{w: w}
+	fmt.Fprintf(ew, "%s\n\n", r.Title())
+	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', 0)
+	for _, c := range r.Checks {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", strings.ToUpper(string(c.Status)), c.Name, c.Summary)
+	}
+	tw.Flush()
+	fmt.Fprintf(ew, "\n%s\n", r.Totals())
+	for _, c := range r.Checks {
+		if c.Status != StatusFail && c.Status != StatusWarn {
+			continue
+		}
+		fmt.Fprintf(ew, "\n%s %s: %s\n  rule: %s\n", strings.ToUpper(string(c.Status)), c.Name, c.Doc, c.Rule)
+		for i, x := range c.Evidence {
+			if i == textExchanges {
+				fmt.Fprintf(ew, "  … and %d more: --json or --html shows them all\n", len(c.Evidence)-i)
+				break
+			}
+			writeExchange(ew, x, r.KeyHeader)
+		}
+	}
+	return ew.err
+}
+
+// writeExchange writes one exchange in three lines: its label, the request (method,
+// URL, the key and the body) and the answer.
+func writeExchange(w io.Writer, x *Exchange, keyHeader string) {
+	req := x.Request
+	line := "    → " + req.Method + " " + req.URL
+	if keys, ok := req.Header[keyHeader]; ok {
+		for _, k := range keys {
+			if k == "" || strings.ContainsAny(k, " ,\"") {
+				k = strconv.Quote(k)
+			}
+			line += fmt.Sprintf("  %s: %s", keyHeader, k)
+		}
+	} else {
+		line += "  (no key)"
+	}
+	if req.Body != "" {
+		line += "  " + cut(req.Body, textBody)
+	}
+	fmt.Fprintf(w, "  %s\n%s\n", x.Label, line)
+	if x.Response == nil {
+		fmt.Fprintf(w, "    ← no answer: %s\n", x.Error)
+		return
+	}
+	a := x.Response
+	extra := ""
+	for _, h := range []string{HeaderReplayed, "Retry-After"} {
+		if v := a.Header.Get(h); v != "" {
+			extra += fmt.Sprintf("  %s: %s", h, v)
+		}
+	}
+	fmt.Fprintf(w, "    ← %d%s  %s  (%s)\n", a.Status, extra, cut(a.Body, textBody), x.Elapsed)
+}
+
+// cut shortens s to n bytes on one line.
+func cut(s string, n int) string {
+	s = oneLine(s)
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// WriteJSON writes the report as one indented JSON object.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(r)
+}
+
+// errWriter keeps the first error of a sequence of writes.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return len(p), nil
+	}
+	n, err := e.w.Write(p)
+	e.err = err
+	return n, nil
+}

@@ -1,0 +1,141 @@
+package check_test
+
+import (
+	"bufio"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/internal/check"
+	"github.com/idem-go/idem/internal/testenv"
+)
+
+// startTimeout bounds the start of a test server in another language (a pyenv shim
+// alone takes a second or two on a loaded machine).
+const startTimeout = time.Minute
+
+// startServer runs a test server of testdata (program and its arguments, which must
+// include --port 0) until t ends, and returns its charges endpoint's URL. The server
+// prints "listening on HOST:PORT" once it accepts connections. A missing program
+// skips t, or fails it under CI=true.
+func startServer(t *testing.T, program string, args ...string) string {
+	t.Helper()
+	path, err := exec.LookPath(program)
+	if err != nil {
+		testenv.Unavailable(t, "%s is not on PATH, needed for the test servers of testdata/: %v", program, err)
+	}
+	cmd := exec.Command(path, args...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		if sc.Scan() {
+			line <- sc.Text()
+		}
+		close(line)
+	}()
+	select {
+	case l, ok := <-line:
+		addr, found := strings.CutPrefix(l, "listening on ")
+		if !ok || !found {
+			<-exited
+			t.Fatalf("%s %v printed %q, not its address; stderr:\n%s", program, args, l, stderr.String())
+		}
+		return "http://" + addr + "/v1/charges"
+	case <-time.After(startTimeout):
+		t.Fatalf("%s %v did not say where it listens within %v", program, args, startTimeout)
+	}
+	return ""
+}
+
+// A charges API whose Idempotency-Key support is written by hand in Python, as teams
+// do: without a defect it passes every check; with one of the usual defects it fails
+// exactly the check that defect breaks, with the evidence, and passes the others.
+func TestHandWrittenServersFailExactlyTheCheckOfTheirDefect(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		bug    string
+		check  string       // the check it breaks ("": none)
+		status check.Status // that check's status
+		says   string       // in that check's summary
+		more   func(*testing.T, *check.Report)
+	}{
+		{bug: "none"},
+		{"race", "concurrent-duplicates", check.StatusFail, "the duplicates ran more than once", raceEvidence},
+		{"replay-differs", "replay", check.StatusFail, "with another body: from byte", nil},
+		{"changed-body-replayed", "changed-body", check.StatusFail, "the changed body got the first answer", nil},
+		{"stores-errors", "errors-not-stored", check.StatusFail, "got 409 key_reused with the same key: the key stays bound to the rejected body", nil},
+		{"global-keys", "per-principal", check.StatusFail, "the other principal got the first principal's response", nil},
+		{"accepts-bad-keys", "bad-keys", check.StatusFail, "empty 201 (accepted, but keys are required)", nil},
+		{"keys-on-get", "safe-methods", check.StatusFail, "GET with a fresh key got 200, without a key 400 key_required", nil},
+		{"optional-keys", "bad-keys", check.StatusWarn, "missing 201 (keys are optional)", nil},
+		{"no-retry-after", "concurrent-duplicates", check.StatusWarn, "in-flight 409s had no Retry-After (§5.2)", nil},
+	} {
+		t.Run(c.bug, func(t *testing.T) {
+			t.Parallel()
+			// The race needs duplicates to arrive within the work of the first: half a
+			// second is ample even on a loaded machine.
+			work := "0.2"
+			if c.bug == "race" {
+				work = "0.5"
+			}
+			url := startServer(t, "python3", "testdata/server.py", "--port", "0", "--bug", c.bug, "--work", work)
+			rep := run(t, config(url))
+			except := map[string]check.Status{}
+			if c.check != "" {
+				except[c.check] = c.status
+			}
+			want(t, rep, except)
+			if c.check == "" {
+				return
+			}
+			r := result(t, rep, c.check)
+			if !strings.Contains(r.Summary, c.says) {
+				t.Errorf("%s: %q, want it to say %q", c.check, r.Summary, c.says)
+			}
+			if rep.Failed() != (c.status == check.StatusFail) {
+				t.Errorf("report failed: %v, with %s %s", rep.Failed(), c.check, c.status)
+			}
+			if c.more != nil {
+				c.more(t, rep)
+			}
+		})
+	}
+}
+
+// raceEvidence checks that the evidence of a race shows every duplicate and what it
+// made, and that the report counts the resources the duplicates made.
+func raceEvidence(t *testing.T, rep *check.Report) {
+	r := result(t, rep, "concurrent-duplicates")
+	bodies := map[string]bool{} // a replay's body is its resource's
+	for _, x := range r.Evidence {
+		if x.Response != nil && x.Response.Status == 201 {
+			bodies[x.Response.Body] = true
+		}
+	}
+	if r.Created < 2 || len(r.Evidence) != check.DefaultConcurrency+1 || len(bodies) != r.Created {
+		t.Errorf("concurrent-duplicates: created %d, %d exchanges, %d distinct 201 bodies; want 2 or more created, %d exchanges, one body per resource",
+			r.Created, len(r.Evidence), len(bodies), check.DefaultConcurrency+1)
+	}
+	if rep.Created != 3+r.Created {
+		t.Errorf("the report says %d created, want %d: 3 by the other checks and %d by the duplicates", rep.Created, 3+r.Created, r.Created)
+	}
+}

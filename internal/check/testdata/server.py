@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""A small charges API with hand-written Idempotency-Key support, as a team without idem
+writes it, for the tests of `idem check` (internal/check). Standard library only.
+
+    python3 server.py [--port 0] [--bug NAME] [--work 0.5]
+
+It prints "listening on 127.0.0.1:PORT" once it accepts connections.
+
+POST /v1/charges {"amount": N, "currency": "usd"} with Authorization: Bearer <token>
+(each token a principal) and an Idempotency-Key creates a charge (201), taking --work
+seconds, as a call to a card processor would. GET /v1/charges lists the principal's
+charges. Without --bug it is correct: keys are claimed atomically, scoped per principal,
+in-flight duplicates get 409 request_in_progress with Retry-After, replays are the
+stored bytes, a changed body is 409 key_reused, a rejected body frees its key.
+
+--bug puts in one of the usual defects:
+  race                   check-then-insert: the key is looked up, the charge made, and
+                         only then the record inserted, so duplicates at once all run
+  replay-differs         a replay is rendered again, with a fresh request_id
+  changed-body-replayed  the body is not compared: a changed body gets the first answer
+  stores-errors          a 400 is stored under its key, which stays bound to that body
+  global-keys            keys are not scoped per principal
+  accepts-bad-keys       any key header is taken as it is: empty, too long, a list
+  keys-on-get            GET /v1/charges requires a key too
+  optional-keys          (not a defect) a POST without a key is run without one
+  no-retry-after         an in-flight duplicate's 409 has no Retry-After
+"""
+
+import argparse
+import hashlib
+import json
+import secrets
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+BUGS = ["none", "race", "replay-differs", "changed-body-replayed", "stores-errors", "global-keys",
+        "accepts-bad-keys", "keys-on-get", "optional-keys", "no-retry-after"]
+
+# Visible ASCII without '"', ',' and '\\', as idem's SPEC §3 allows in a key.
+KEY_CHARS = set(chr(c) for c in range(0x21, 0x7F)) - set('",\\')
+
+LOCK = threading.Lock()
+RECORDS = {}  # record key -> {"fp", "state", "status", "body"}
+CHARGES = {}  # principal -> [charge]
+ARGS = None
+
+
+def encode(obj):
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def params_of(body):
+    """The charge's parameters, or None when the body is not a valid charge."""
+    try:
+        p = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(p, dict) or set(p) != {"amount", "currency"}:
+        return None
+    amount, currency = p["amount"], p["currency"]
+    if not isinstance(amount, int) or isinstance(amount, bool) or not 0 < amount <= 99999999:
+        return None
+    if not isinstance(currency, str) or len(currency) != 3:
+        return None
+    return p
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def send(self, status, body, headers=None):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def error(self, status, code, headers=None):
+        self.send(status, encode({"error": {"type": "idempotency_error", "code": code, "message": code}}), headers)
+
+    def principal(self):
+        auth = self.headers.get("Authorization", "")
+        if not auth.startswith("Bearer ") or len(auth) == len("Bearer "):
+            return None
+        return hashlib.sha256(auth[len("Bearer "):].encode()).hexdigest()
+
+    def do_GET(self):
+        if self.path != "/v1/charges":
+            return self.error(404, "not_found")
+        scope = self.principal()
+        if scope is None:
+            return self.error(401, "unauthenticated")
+        if ARGS.bug == "keys-on-get" and not self.headers.get("Idempotency-Key"):
+            return self.error(400, "key_required")
+        with LOCK:
+            data = list(CHARGES.get(scope, []))
+        self.send(200, encode({"object": "list", "data": data}))
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path != "/v1/charges":
+            return self.error(404, "not_found")
+        scope = self.principal()
+        if scope is None:
+            return self.error(401, "unauthenticated")
+        keys = self.headers.get_all("Idempotency-Key") or []
+        if not keys and ARGS.bug == "optional-keys":
+            return self.create(scope, body, None)
+        if not keys:
+            return self.error(400, "key_required")
+        key = keys[0]
+        bad = len(keys) > 1 or not 1 <= len(key) <= 255 or any(c not in KEY_CHARS for c in key)
+        if bad and ARGS.bug != "accepts-bad-keys":
+            return self.error(400, "key_invalid")
+        rk = key if ARGS.bug == "global-keys" else (scope, key)
+        fp = hashlib.sha256(body).hexdigest()
+
+        with LOCK:
+            rec = RECORDS.get(rk)
+            if rec is None and ARGS.bug != "race":
+                RECORDS[rk] = {"fp": fp, "state": "in_flight"}  # the atomic claim
+        if rec is not None:
+            return self.answer_existing(rec, fp)
+        self.create(scope, body, rk)
+
+    def create(self, scope, body, rk):
+        """Runs the charge of a claimed record key rk (None: a request without a key)."""
+        fp = hashlib.sha256(body).hexdigest()
+        params = params_of(body)
+        if params is None:
+            answer = encode({"error": {"type": "invalid_request_error", "code": "parameter_invalid", "message": "amount and currency"}})
+            with LOCK:
+                if rk is None:
+                    pass
+                elif ARGS.bug == "stores-errors":
+                    RECORDS[rk] = {"fp": fp, "state": "completed", "status": 400, "body": answer}
+                else:
+                    RECORDS.pop(rk, None)  # a 400 frees the key
+            return self.send(400, answer)
+
+        time.sleep(ARGS.work)  # the card processor
+        charge = {"id": "ch_" + secrets.token_hex(8), "object": "charge", "amount": params["amount"],
+                  "currency": params["currency"], "created": int(time.time())}
+        answer = encode(charge)
+        with LOCK:
+            CHARGES.setdefault(scope, []).append(charge)
+            if rk is not None:
+                RECORDS[rk] = {"fp": fp, "state": "completed", "status": 201, "body": answer}
+        self.send(201, answer)
+
+    def answer_existing(self, rec, fp):
+        if rec["fp"] != fp and ARGS.bug != "changed-body-replayed":
+            return self.error(409, "key_reused")
+        if rec["state"] == "in_flight":
+            return self.error(409, "request_in_progress", {} if ARGS.bug == "no-retry-after" else {"Retry-After": "1"})
+        body = rec["body"]
+        if ARGS.bug == "replay-differs":
+            obj = json.loads(body)
+            obj["request_id"] = "req_" + secrets.token_hex(6)
+            body = encode(obj)
+        self.send(rec["status"], body, {"Idempotent-Replayed": "true"})
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--bug", choices=BUGS, default="none")
+    p.add_argument("--work", type=float, default=0.5)
+    ARGS = p.parse_args()
+    srv = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
+    print("listening on 127.0.0.1:%d" % srv.server_address[1], flush=True)
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
