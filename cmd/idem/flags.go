@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
+
+	"github.com/idem-go/idem/internal/secret"
 )
 
 // envPrefix starts the environment variable of every flag (SPEC §15): --lock-timeout
@@ -127,7 +130,7 @@ func warnUnknownEnv(fs *flag.FlagSet, environ []string, stderr io.Writer) {
 // commands are the command lines whose flags commandVariables collects: every command
 // that parses flags (TestCommandVariablesCoverEveryCommand keeps the list whole).
 var commands = [][]string{{"payments"}, {"processor"}, {"migrate"}, {"purge"}, {"load"},
-	{"keys", "get"}, {"keys", "list"}, {"keys", "delete"}, {"keys", "resolve"}}
+	{"keys", "get"}, {"keys", "list"}, {"keys", "delete"}, {"keys", "resolve"}, {"check"}}
 
 // commandVariables returns the environment variable of every flag of every command,
 // collected once by running each command with a flagCollector as its stdout: parse
@@ -270,6 +273,21 @@ func failure(stderr io.Writer, command string, err error) int {
 
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
+}
+
+// checkHTTPURL checks the value of a required http:// or https:// URL flag; errors
+// name the flag, show form as the URL wanted, and redact the URL's passwords.
+func checkHTTPURL(name, raw, form string) error {
+	u, err := url.Parse(raw)
+	switch {
+	case raw == "":
+		return fmt.Errorf("--%s is required", name)
+	case err != nil:
+		return fmt.Errorf("--%s: %w", name, secret.RedactURLError(err))
+	case u.Scheme != "http" && u.Scheme != "https" || u.Host == "":
+		return fmt.Errorf("--%s %q: want %s", name, redact(raw), form)
+	}
+	return nil
 }
 
 // storeFlag registers the required --store flag of migrate, purge and keys.

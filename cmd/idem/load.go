@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"time"
 
@@ -101,14 +100,10 @@ func (f *loadFlags) config(visit func(func(*flag.Flag))) (load.Config, error) {
 	set := map[string]bool{}
 	visit(func(fl *flag.Flag) { set[fl.Name] = true })
 	var cfg load.Config
-	u, err := url.Parse(f.url)
+	if err := checkHTTPURL("url", f.url, "http://host:port or https://host:port"); err != nil {
+		return cfg, err
+	}
 	switch {
-	case f.url == "":
-		return cfg, errors.New("--url is required")
-	case err != nil:
-		return cfg, fmt.Errorf("--url: %w", err)
-	case u.Scheme != "http" && u.Scheme != "https" || u.Host == "":
-		return cfg, fmt.Errorf("--url %q: want http://host:port or https://host:port", f.url)
 	case f.concurrency < 1:
 		return cfg, fmt.Errorf("--concurrency must be at least 1, got %d", f.concurrency)
 	case set["duration"] && set["requests"]:

@@ -10,6 +10,8 @@
 //	idem purge    --store URL [--older-than DURATION]
 //	idem load     --url URL [--concurrency N] [--duration D | --requests N] ...
 //	idem keys     get|list|delete|resolve --store URL ...
+//	idem check    --url URL --body BODY [--header 'Name: value']... [--profile seed|ietf|stripe]
+//	              [--as-other 'Name: value']... [--json] [--html FILE] ...
 //	idem version
 //
 // Store URLs are sqlite:PATH (or sqlite://PATH), postgres://…, postgresql://…,
@@ -18,7 +20,8 @@
 // Every subcommand explains its flags with --help. Every flag can also be set by an
 // environment variable, IDEM_<FLAG> (--lock-timeout: IDEM_LOCK_TIMEOUT); the flag wins.
 // A bad flag, variable or URL is a one-line error on stderr and exit status 2; a
-// failure at run time is exit status 1.
+// failure at run time is exit status 1. idem check exits 1 when a check fails, and 2
+// when the endpoint cannot be checked (no answer, or --body not answered 2xx).
 // SPEC §N refers to the behaviour contract, docs/spec.md.
 package main
 
@@ -47,6 +50,7 @@ commands:
   purge      delete expired idempotency records
   load       load and verify the payments API (exactly-once)
   keys       inspect, delete and resolve idempotency records (get, list, delete, resolve)
+  check      check an endpoint's Idempotency-Key support from outside (SPEC §18)
   version    print the command's version, commit and Go version
 
 Run 'idem <command> --help' for the flags of a command. Every flag can also be set by
@@ -81,6 +85,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runLoad(ctx, args[1:], stdout, stderr)
 	case "keys":
 		return runKeys(ctx, args[1:], stdout, stderr)
+	case "check":
+		return runCheck(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		return runVersion(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem/internal/check"
+)
+
+const checkSynopsis = `--url URL --body BODY [--method POST] [--header 'Name: value']...
+                  [--body-alt BODY] [--body-invalid BODY] [--key-header Idempotency-Key]
+                  [--concurrency 16] [--profile seed|ietf|stripe]
+                  [--as-other 'Name: value']... [--timeout 10s] [--json] [--html FILE]
+
+Checks from outside one endpoint's Idempotency-Key support against docs/spec.md, the
+seed's rules and the IETF draft (SPEC §18), and prints one line per check:
+
+  replay                 a retry with the same key and body gets the first answer
+                         again: the same status, Content-Type and body
+  concurrent-duplicates  --concurrency requests with one key sent at once create one
+                         resource (2xx answers with identical bodies or ids); the
+                         others get an in-flight answer (409, or 429/503 per
+                         profile) or the replay
+  changed-body           the same key with --body-alt is refused (409 seed, 422 ietf,
+                         400 stripe), never answered with the first response, and the
+                         first body still gets its first answer
+  errors-not-stored      --body-invalid is rejected, then --body with the same key
+                         succeeds: a rejection is not stored
+  bad-keys               a missing, empty, 256-character or malformed key (a list, two
+                         fields) is refused with 400, or keys are reported optional
+  per-principal          with --as-other, another principal using the same key never
+                         gets the first principal's response
+  safe-methods           a GET of the URL with a key is answered as one without
+
+Each line is PASS, WARN (keys optional, a 409 without Retry-After, keys shared across
+principals), FAIL or SKIP (GET not served, no --as-other), with what decided it; the
+rule and the requests and answers of each FAIL and WARN follow the table (--json and
+--html show the evidence of every check). Every key sent is a fresh UUID v4. The check
+creates only the resources it needs (3 against a correct endpoint, 4 with --as-other)
+and says how many it created: point it at a test or staging environment.
+
+A body given as @FILE is read from FILE. A body without a Content-Type header is sent
+as application/json when it is JSON, else as a form. Header values are redacted in the
+reports but for Content-Type and Accept (an Authorization value keeps its scheme and a
+short hash).
+
+Exit status: 0 when no check fails, 1 when one fails, 2 on a bad flag or when the
+endpoint cannot be checked (no answer, or --body with a fresh key is not answered
+2xx).`
+
+// checkFlags are the flags of `idem check`.
+type checkFlags struct {
+	url, method, body, bodyAlt, bodyInvalid string
+	keyHeader, profile, html                string
+	header, other                           headerFlag
+	concurrency                             int
+	timeout                                 time.Duration
+	json                                    bool
+}
+
+func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	const name = "idem check"
+	var f checkFlags
+	fs := newFlagSet("check", checkSynopsis)
+	fs.StringVar(&f.url, "url", "", "the endpoint's `URL`, such as http://127.0.0.1:8080/v1/charges (required)")
+	fs.StringVar(&f.method, "method", check.DefaultMethod, "the endpoint's `METHOD`: POST, PATCH, PUT or DELETE (not a safe method)")
+	fs.StringVar(&f.body, "body", "", "a `BODY` the endpoint accepts with a 2xx, or @FILE (required)")
+	fs.Var(&f.header, "header", "a header sent with every request, `'Name: value'` (authentication, Content-Type); repeat it for more")
+	fs.StringVar(&f.bodyAlt, "body-alt", "", "a second valid `BODY` for the changed-body check, or @FILE (default: --body with its first number changed)")
+	fs.StringVar(&f.bodyInvalid, "body-invalid", "", "a `BODY` the endpoint rejects (400, 422) for the errors-not-stored check, or @FILE (default: {} when --body is a JSON object, else the check is skipped)")
+	fs.StringVar(&f.keyHeader, "key-header", "Idempotency-Key", "the `NAME` of the key's header")
+	fs.IntVar(&f.concurrency, "concurrency", check.DefaultConcurrency, "how many duplicates of one key the concurrency check sends at once (at least 2)")
+	fs.StringVar(&f.profile, "profile", string(check.ProfileSeed), "the `profile` whose answers count as right: seed (409 key_reused, 409 request_in_progress with Retry-After), ietf (422 for a changed body, 409 in flight) or stripe (400 idempotency_error for a changed body, 409 in flight)")
+	fs.Var(&f.other, "as-other", "a header of a second principal, `'Name: value'`, replacing the --header of that name in the per-principal check; repeat it for more (without it that check is skipped)")
+	fs.DurationVar(&f.timeout, "timeout", check.DefaultTimeout, "bound of one request (and of the retries of an in-flight answer)")
+	fs.BoolVar(&f.json, "json", false, "write the report as JSON on stdout (the table goes to stderr)")
+	fs.StringVar(&f.html, "html", "", "also write the report as a self-contained HTML page to `FILE`, each check's evidence collapsible")
+	if code, done := parse(fs, args, stdout, stderr); done {
+		return code
+	}
+	cfg, err := f.config()
+	if err != nil {
+		return usageError(stderr, fs, err.Error())
+	}
+	rep, err := check.Run(ctx, cfg)
+	if err != nil {
+		return usageError(stderr, fs, err.Error())
+	}
+	table := stdout
+	if f.json {
+		table = stderr
+		if err := rep.WriteJSON(stdout); err != nil {
+			return failure(stderr, name, err)
+		}
+	}
+	if err := rep.WriteText(table); err != nil {
+		return failure(stderr, name, err)
+	}
+	if f.html != "" {
+		if err := writeHTML(f.html, rep); err != nil {
+			return failure(stderr, name, fmt.Errorf("--html: %w", err))
+		}
+	}
+	if rep.Failed() {
+		return exitFailure
+	}
+	return exitOK
+}
+
+// config checks the flags and returns the checker's configuration; errors name the
+// flag.
+func (f *checkFlags) config() (check.Config, error) {
+	var cfg check.Config
+	if err := checkHTTPURL("url", f.url, "http://host/path or https://host/path"); err != nil {
+		return cfg, err
+	}
+	switch {
+	case f.body == "":
+		return cfg, errors.New("--body is required: a body the endpoint accepts")
+	case !validToken(f.method):
+		return cfg, fmt.Errorf("--method %q is not a method", f.method)
+	case !validToken(f.keyHeader):
+		return cfg, fmt.Errorf("--key-header %q is not a header name", f.keyHeader)
+	case f.concurrency < 2:
+		return cfg, fmt.Errorf("--concurrency must be at least 2, got %d", f.concurrency)
+	case f.timeout <= 0:
+		return cfg, fmt.Errorf("--timeout must be positive, got %v", f.timeout)
+	}
+	switch strings.ToUpper(f.method) {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return cfg, fmt.Errorf("--method %s is safe: keys are for POST, PATCH (and PUT, DELETE)", strings.ToUpper(f.method))
+	}
+	profile, err := check.ParseProfile(f.profile)
+	if err != nil {
+		return cfg, fmt.Errorf("--profile: %w", err)
+	}
+	cfg = check.Config{
+		URL: f.url, Method: f.method, KeyHeader: f.keyHeader, Concurrency: f.concurrency,
+		Profile: profile, Timeout: f.timeout,
+	}
+	if cfg.Header, err = f.header.headers("--header"); err != nil {
+		return cfg, err
+	}
+	if cfg.Other, err = f.other.headers("--as-other"); err != nil {
+		return cfg, err
+	}
+	if cfg.Body, err = readBody("--body", f.body); err != nil {
+		return cfg, err
+	}
+	if f.bodyAlt == "" {
+		if cfg.BodyAlt, err = check.AltBody(cfg.Body); err != nil {
+			return cfg, fmt.Errorf("--body has no number to change for the changed-body check: give --body-alt")
+		}
+	} else if cfg.BodyAlt, err = readBody("--body-alt", f.bodyAlt); err != nil {
+		return cfg, err
+	}
+	if f.bodyInvalid != "" {
+		if cfg.BodyInvalid, err = readBody("--body-invalid", f.bodyInvalid); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
+// readBody returns a body flag's value, or the contents of FILE for @FILE.
+func readBody(flagName, v string) ([]byte, error) {
+	path, ok := strings.CutPrefix(v, "@")
+	if !ok {
+		return []byte(v), nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flagName, err)
+	}
+	return b, nil
+}
+
+// writeHTML writes the report's page to path.
+func writeHTML(path string, rep *check.Report) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := rep.WriteHTML(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// headerFlag is a repeatable 'Name: value' flag. Set keeps what it is given and
+// never fails: the flag package would quote a bad value, which may hold a token, in
+// its error; headers parses the values and names a bad one by its place instead.
+type headerFlag []string
+
+// String shows nothing: the values may be secrets.
+func (f *headerFlag) String() string { return "" }
+
+func (f *headerFlag) Set(s string) error {
+	*f = append(*f, s)
+	return nil
+}
+
+// headers parses the values of the flag named flagName.
+func (f headerFlag) headers(flagName string) (http.Header, error) {
+	h := http.Header{}
+	for i, s := range f {
+		name, value, ok := strings.Cut(s, ":")
+		name = strings.TrimSpace(name)
+		switch {
+		case !ok || !validToken(name):
+			return nil, fmt.Errorf("%s (the %s one): want 'Name: value'", flagName, ordinal(i+1))
+		case strings.ContainsAny(value, "\r\n\x00"):
+			return nil, fmt.Errorf("%s %s: the value has a line break or NUL", flagName, name)
+		}
+		h.Add(name, strings.TrimSpace(value))
+	}
+	return h, nil
+}
+
+// ordinal renders 1 as "1st", 2 as "2nd" and so on.
+func ordinal(n int) string {
+	suffix := "th"
+	switch {
+	case n%100 >= 11 && n%100 <= 13:
+	case n%10 == 1:
+		suffix = "st"
+	case n%10 == 2:
+		suffix = "nd"
+	case n%10 == 3:
+		suffix = "rd"
+	}
+	return fmt.Sprintf("%d%s", n, suffix)
+}
+
+// validToken reports whether s is an RFC 9110 token: a method or a header name.
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}

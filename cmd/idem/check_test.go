@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/idem-go/idem/internal/check"
+	"github.com/idem-go/idem/internal/testenv"
+)
+
+// addrAttr finds the API's address in idem payments' start line.
+var addrAttr = regexp.MustCompile(`msg="idem payments listening" addr=(127\.0\.0\.1:\d+) `)
+
+// servePayments runs `idem payments args…` in-process on a free port and a fresh
+// SQLite file until t ends, and returns its base URL.
+func servePayments(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(testenv.Context(t))
+	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	lines, exit := startPayments(ctx, append([]string{"--addr", "127.0.0.1:0", "--store", store}, args...)...)
+	if !lines.Scan() {
+		cancel()
+		t.Fatalf("idem payments wrote no start line; exit %d", <-exit)
+	}
+	m := addrAttr.FindStringSubmatch(lines.Text())
+	rest := restOfLines(lines)
+	t.Cleanup(func() {
+		cancel()
+		<-exit
+		<-rest
+	})
+	if m == nil {
+		t.Fatalf("start line %q", lines.Text())
+	}
+	return "http://" + m[1]
+}
+
+// checkArgs are the arguments of `idem check` against the payments API at base.
+func checkArgs(base string, more ...string) []string {
+	return append([]string{"check", "--url", base + "/v1/charges", "--body", `{"amount": 2000, "currency": "usd"}`,
+		"--header", "Authorization: Bearer sk_test_check_a", "--as-other", "Authorization: Bearer sk_test_check_b"}, more...)
+}
+
+func TestCheckPassesAgainstIdemPaymentsInBothProfiles(t *testing.T) {
+	t.Parallel()
+	for _, profile := range []string{"seed", "ietf"} {
+		t.Run(profile, func(t *testing.T) {
+			t.Parallel()
+			base := servePayments(t, "--profile", profile)
+			page := filepath.Join(t.TempDir(), "report.html")
+			code, stdout, stderr := runCmd(t, checkArgs(base, "--profile", profile, "--html", page)...)
+			if code != exitOK || stderr != "" {
+				t.Fatalf("exit %d, stderr %q; want 0:\n%s", code, stderr, stdout)
+			}
+			if n := strings.Count(stdout, "\n  PASS  "); n != len(check.Checks()) {
+				t.Errorf("%d checks passed, want %d:\n%s", n, len(check.Checks()), stdout)
+			}
+			// The first request's charge, one for the duplicates, one after the
+			// rejected body, one of the other principal.
+			if !strings.Contains(stdout, "7 pass, 0 fail · ") || !strings.Contains(stdout, "created 4 resources") {
+				t.Errorf("the totals do not say 7 pass and 4 resources created:\n%s", stdout)
+			}
+			html, err := os.ReadFile(page)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := strings.Count(string(html), `<details class="check"`); n != len(check.Checks()) {
+				t.Errorf("the --html page has %d check blocks, want %d", n, len(check.Checks()))
+			}
+		})
+	}
+}
+
+func TestCheckJSONGoesToStdoutAndTheTableToStderr(t *testing.T) {
+	t.Parallel()
+	base := servePayments(t)
+	code, stdout, stderr := runCmd(t, checkArgs(base, "--json", "--concurrency", "4")...)
+	if code != exitOK {
+		t.Fatalf("exit %d:\n%s", code, stderr)
+	}
+	var rep check.Report
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatalf("stdout is not the JSON report: %v\n%s", err, stdout)
+	}
+	if len(rep.Checks) != len(check.Checks()) || rep.Failed() || rep.Concurrency != 4 || rep.Created != 4 {
+		t.Errorf("JSON report: %d checks, failed %v, concurrency %d, created %d", len(rep.Checks), rep.Failed(), rep.Concurrency, rep.Created)
+	}
+	if !strings.Contains(stderr, "  PASS  replay ") || strings.Contains(stderr, "sk_test_check") {
+		t.Errorf("stderr is not the table, or shows a token:\n%s", stderr)
+	}
+}
+
+func TestCheckExitsOneWhenACheckFails(t *testing.T) {
+	t.Parallel()
+	base := servePayments(t) // profile seed: a changed body is 409, not the IETF's 422
+	code, stdout, _ := runCmd(t, checkArgs(base, "--profile", "ietf")...)
+	if code != exitFailure {
+		t.Fatalf("exit %d, want 1:\n%s", code, stdout)
+	}
+	for _, s := range []string{
+		"changed-body           the changed body got 409 key_reused; want 422 in profile ietf (409 is profile seed's answer: --profile seed)\n",
+		"  FAIL  changed-body ",
+		"6 pass, 1 fail",
+		"FAIL changed-body: ",
+		"  the same key with --body-alt\n    → POST " + base + `/v1/charges  Idempotency-Key: `,
+		`{"amount": 1999, "currency": "usd"}`,
+		"    ← 409  {\"error\":{\"type\":\"idempotency_error\",\"code\":\"key_reused\"",
+	} {
+		if !strings.Contains(stdout, s) {
+			t.Errorf("the report lacks %q:\n%s", s, stdout)
+		}
+	}
+}
+
+func TestCheckFlagErrorsAreOneLineWithExitStatus2(t *testing.T) {
+	t.Parallel()
+	body := []string{"--body", `{"amount": 1}`}
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"check"}, "--url is required"},
+		{[]string{"check", "--url", "localhost:8080/v1/charges"}, "--url"},
+		{[]string{"check", "--url", "http://127.0.0.1:1/v1/charges"}, "--body is required"},
+		{append([]string{"check", "--url", "http://h/x", "--method", "GET"}, body...), "--method GET is safe"},
+		{append([]string{"check", "--url", "http://h/x", "--method", "PO ST"}, body...), "--method"},
+		{append([]string{"check", "--url", "http://h/x", "--concurrency", "1"}, body...), "--concurrency must be at least 2"},
+		{append([]string{"check", "--url", "http://h/x", "--profile", "rfc"}, body...), "--profile"},
+		{append([]string{"check", "--url", "http://h/x", "--timeout", "0s"}, body...), "--timeout"},
+		{append([]string{"check", "--url", "http://h/x", "--key-header", "Idem Key"}, body...), "--key-header"},
+		{[]string{"check", "--url", "http://h/x", "--body", `{"currency": "usd"}`}, "give --body-alt"},
+		{append([]string{"check", "--url", "http://h/x", "--body-alt", "@/nonexistent/alt.json"}, body...), "--body-alt"},
+		{append([]string{"check", "--url", "http://h/x", "--header", "Authorization Bearer sk_live_secret"}, body...), "--header (the 1st one): want 'Name: value'"},
+		{append([]string{"check", "--url", "http://h/x", "--as-other", "X: 1", "--as-other", ": 2"}, body...), "--as-other (the 2nd one)"},
+		// An endpoint that cannot be reached cannot be checked.
+		{append([]string{"check", "--url", "http://127.0.0.1:1/v1/charges"}, body...), "endpoint cannot be checked: POST http://127.0.0.1:1/v1/charges"},
+	}
+	for _, c := range cases {
+		code, stdout, stderr := runCmd(t, c.args...)
+		if code != exitUsage || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, c.want) {
+			t.Errorf("idem %v: exit %d, stdout %q, stderr %q; want exit 2 and one line naming %s", c.args, code, stdout, stderr, c.want)
+		}
+		if strings.Contains(stderr, "sk_live_secret") {
+			t.Errorf("idem %v: the error shows the header's value: %q", c.args, stderr)
+		}
+	}
+}
+
+func TestCheckHelpDocumentsEveryFlagAndCheck(t *testing.T) {
+	t.Parallel()
+	code, stdout, _ := runCmd(t, "check", "--help")
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	flags := []string{"url", "method", "body", "header", "body-alt", "body-invalid", "key-header", "concurrency", "profile", "as-other", "timeout", "json", "html"}
+	for _, f := range flags {
+		if !strings.Contains(stdout, "\n  --"+f+" ") {
+			t.Errorf("idem check --help does not explain --%s:\n%s", f, stdout)
+		}
+	}
+	if n := strings.Count(stdout, "\n  --"); n != len(flags) {
+		t.Errorf("idem check --help lists %d flags, the test knows %d: document the new one here", n, len(flags))
+	}
+	for _, c := range check.Checks() {
+		if !strings.Contains(stdout, "\n  "+c.Name+" ") {
+			t.Errorf("idem check --help does not explain the check %s", c.Name)
+		}
+	}
+	for _, s := range []string{"Exit status: 0", "seed", "ietf", "stripe", "@FILE", "IDEM_AS_OTHER"} {
+		if !strings.Contains(stdout, s) {
+			t.Errorf("idem check --help does not mention %q", s)
+		}
+	}
+}
