@@ -70,7 +70,7 @@ func runReplay(ctx context.Context, e *env) Result {
 	if retry.replayed() {
 		marker = HeaderReplayed + ": true"
 	}
-	return pass(ev, "%d again with the same body (%s)", retry.status(), marker)
+	return pass(ev, "%d again, the same body (%s)", retry.status(), marker)
 }
 
 // ConcurrencyCheck: duplicates of one key sent at once create one resource.
@@ -149,7 +149,7 @@ func runConcurrency(ctx context.Context, e *env) Result {
 		r.Created = 1
 		return r
 	}
-	r := pass(ev, "%d at once made one resource (%s); answers: %s", n, resources[0], tally)
+	r := pass(ev, "%d at once, one resource (%s): %s", n, resources[0], tally)
 	r.Created = 1
 	return r
 }
@@ -217,7 +217,7 @@ func runChangedBody(ctx context.Context, e *env) Result {
 		}
 		return r
 	}
-	return pass(ev, "refused with %s; the first body still gets its first answer", x.describe())
+	return pass(ev, "%s; the first body still gets its first answer", x.describe())
 }
 
 // otherProfile names the profile whose changed-body status is status, as a hint.
@@ -260,7 +260,7 @@ func runErrorsNotStored(ctx context.Context, e *env) Result {
 	good := again[len(again)-1]
 	switch {
 	case good.ok():
-		r := pass(ev, "--body-invalid got %s, then --body got %d with the same key", bad.describe(), good.status())
+		r := pass(ev, "--body-invalid %s, then --body %d with the same key", bad.describe(), good.status())
 		r.Created = 1
 		return r
 	case good.Response != nil && good.status() == bad.status() && bytes.Equal(good.Response.raw, bad.Response.raw):
@@ -304,7 +304,7 @@ func keyCases(p Profile) []keyCase {
 
 func runBadKeys(ctx context.Context, e *env) Result {
 	var ev []*Exchange
-	var fails, warns, oks []string
+	var fails, warns, oks, names []string
 	created := 0
 	optional := false
 	for _, c := range keyCases(e.cfg.Profile) {
@@ -317,6 +317,7 @@ func runBadKeys(ctx context.Context, e *env) Result {
 		switch {
 		case s == http.StatusBadRequest:
 			oks = append(oks, fmt.Sprintf("%s %s", c.name, x.describe()))
+			names = append(names, c.name)
 		case c.keys == nil && is2xx(s):
 			optional = true
 			warns = append(warns, fmt.Sprintf("missing %d (keys are optional)", s))
@@ -337,7 +338,7 @@ func runBadKeys(ctx context.Context, e *env) Result {
 	case len(warns) > 0:
 		r = warn(ev, "%s", strings.Join(append(warns, oks...), "; "))
 	default:
-		r = pass(ev, "refused: %s", strings.Join(oks, ", "))
+		r = pass(ev, "400 for each: %s", strings.Join(names, ", "))
 	}
 	r.Created = created
 	return r
@@ -353,7 +354,7 @@ var PerPrincipalCheck = &Check{
 
 func runPerPrincipal(ctx context.Context, e *env) Result {
 	if len(e.cfg.Other) == 0 {
-		return skip(nil, "no --as-other: give a second principal's headers (--as-other 'Authorization: Bearer …') to check")
+		return skip(nil, "no --as-other: give a second principal's headers to check")
 	}
 	x := e.send(ctx, request{label: "another principal (--as-other): the same key and body", body: e.cfg.Body, keys: []string{e.fixtureKey}, other: true})
 	ev := []*Exchange{e.fixture, x}
