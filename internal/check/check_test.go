@@ -103,6 +103,8 @@ type idemServer struct {
 	cfg   idem.Config
 	route idem.RouteOptions
 	noGET bool // GET /v1/charges is not served
+	// noContent answers a charge 204 without a body.
+	noContent bool
 }
 
 // start serves s on a loopback port until t ends and returns the endpoint's URL.
@@ -142,6 +144,10 @@ func (s idemServer) start(t *testing.T) string {
 		mu.Lock()
 		charges[r.Header.Get("Authorization")] = append(charges[r.Header.Get("Authorization")], c)
 		mu.Unlock()
+		if s.noContent {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write(c)
@@ -258,6 +264,17 @@ func TestWhatTheChecksCannotJudgeIsAWarning(t *testing.T) {
 	}
 	if rep.Failed() || rep.Created != 3 {
 		t.Errorf("failed %v, created %d; want no failure and 3 created (the first request, the duplicates, --body-invalid)", rep.Failed(), rep.Created)
+	}
+}
+
+// Answers without a body are the same for every execution: one principal's cannot be
+// told from another's.
+func TestBodilessAnswersOfTwoPrincipalsAreAWarning(t *testing.T) {
+	t.Parallel()
+	rep := run(t, config(idemServer{noContent: true}.start(t)))
+	want(t, rep, map[string]check.Status{"per-principal": check.StatusWarn})
+	if c := result(t, rep, "per-principal"); !strings.Contains(c.Summary, "whether it ran cannot be told") {
+		t.Errorf("per-principal: %q", c.Summary)
 	}
 }
 
