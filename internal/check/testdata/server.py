@@ -174,6 +174,7 @@ def main():
     p.add_argument("--bug", choices=BUGS, default="none")
     p.add_argument("--work", type=float, default=0.5)
     ARGS = p.parse_args()
+    ThreadingHTTPServer.request_queue_size = 64  # the duplicates connect at once
     srv = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
     print("listening on 127.0.0.1:%d" % srv.server_address[1], flush=True)
     srv.serve_forever()
