@@ -61,6 +61,8 @@ type summary struct {
 	Max               float64 `json:"max_ms"`
 	// Statuses counts the answers by status ("error": no answer).
 	Statuses map[string]int64 `json:"statuses"`
+	// Cost is what the run cost PostgreSQL per request (benchtool minimal), or nil.
+	Cost *cost `json:"cost,omitempty"`
 }
 
 func runLoad(ctx context.Context, args []string) error {

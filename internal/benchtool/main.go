@@ -11,6 +11,7 @@
 //	benchtool cleanup --db URL --records N                   # requests while the cleaner deletes
 //	benchtool chart   --minimal M --scale S --out chart.svg  # the chart of a scripts/bench run
 //	benchtool report  --minimal M --scale S --cleanup C      # its Markdown
+//	benchtool wal     [--paths /plain,/respond,…]            # what each WAL record of a request is
 //
 // Each subcommand has -h.
 package main
@@ -40,6 +41,7 @@ func main() {
 		"cleanup": runCleanup,
 		"chart":   runChart,
 		"report":  runReport,
+		"wal":     runWAL,
 	}
 	run, ok := cmds[os.Args[1]]
 	if !ok {
@@ -53,5 +55,5 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: benchtool serve|prepare|load|minimal|fill|scale|cleanup|chart|report [flags] (-h for each)")
+	fmt.Fprintln(os.Stderr, "usage: benchtool serve|prepare|load|minimal|fill|scale|cleanup|chart|report|wal [flags] (-h for each)")
 }

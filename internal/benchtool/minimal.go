@@ -106,6 +106,7 @@ func runMinimal(ctx context.Context, args []string) error {
 		return err
 	}
 	defer stop()
+	cm := &meter{admin: admin, db: db, base: base}
 	logf("server on %s, database %s", base, db)
 	for _, p := range []struct {
 		path, prefix string
@@ -138,11 +139,12 @@ func runMinimal(ctx context.Context, args []string) error {
 					if side == 1 {
 						a = p.idemArg
 					}
-					s, err := measure(ctx, base, a, *concurrency, *d)
+					s, err := cm.measure(ctx, a, *concurrency, *d)
 					if err != nil {
 						return err
 					}
-					logf("round %d, %s, %s: %.0f req/s, p99 %.2f ms", r, p.Name, []string{"baseline", "idem"}[side], s.RequestsPerSecond, s.P99)
+					logf("round %d, %s, %s: %.0f req/s, p99 %.2f ms, %.2f commits, %.2f WAL records, %.2f WAL syncs per request",
+						r, p.Name, []string{"baseline", "idem"}[side], s.RequestsPerSecond, s.P99, s.Cost.Commits, s.Cost.WALRecords, s.Cost.WALSyncs)
 					sums[i][side] = append(sums[i][side], s)
 				}
 			}
@@ -221,6 +223,7 @@ func mean(ss []*summary) *summary {
 		m.Max = max(m.Max, s.Max)
 		m.Replayed += s.Replayed
 	}
+	m.Cost = meanCost(ss)
 	return m
 }
 

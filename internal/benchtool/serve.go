@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"time"
@@ -32,6 +33,7 @@ import (
 //	POST /intx          the lease path with InTx, the writes interactive (four)
 //	POST /cached        /respond with the replay cache
 //	GET  /items/{id}    the baseline of replays: a read by primary key
+//	POST /admin/reset   closes the pool's connections (benchtool minimal's cost meter)
 const itemsTable = `CREATE TABLE IF NOT EXISTS bench_items (
 	scope  text   NOT NULL,
 	id     text   NOT NULL,
@@ -93,6 +95,15 @@ func runServe(ctx context.Context, args []string) error {
 	mux.Handle("POST /intx", mw.Handler(http.HandlerFunc(s.inTx)))
 	mux.Handle("POST /cached", cached.Route(inHandler)(http.HandlerFunc(s.respond)))
 	mux.HandleFunc("GET /items/{id}", s.get)
+	// Closes every connection of the pool, so that their backends exit and report their
+	// counts (benchtool minimal's cost meter); the next requests open new ones.
+	// The profiles of the server, to see where a path's time goes (go tool pprof).
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("POST /admin/reset", func(w http.ResponseWriter, r *http.Request) {
+		st.Pool().Reset()
+		w.WriteHeader(http.StatusNoContent)
+	})
 
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
