@@ -108,7 +108,9 @@ func runWAL(ctx context.Context, args []string) error {
 			keys = append(keys, k)
 			total += c
 		}
-		sort.Slice(keys, func(i, j int) bool { return counts[keys[i]] > counts[keys[j]] || counts[keys[i]] == counts[keys[j]] && keys[i] < keys[j] })
+		sort.Slice(keys, func(i, j int) bool {
+			return counts[keys[i]] > counts[keys[j]] || counts[keys[i]] == counts[keys[j]] && keys[i] < keys[j]
+		})
 		for _, k := range keys {
 			fmt.Printf("  %6.2f  %s\n", float64(counts[k])/float64(*n), k)
 		}
