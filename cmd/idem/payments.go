@@ -69,26 +69,18 @@ const (
 
 // paymentsFlags are the flags of `idem payments`.
 type paymentsFlags struct {
-	addr, store, db, profile string
+	recordFlags
+	serverFlags
+	db string
 	// processorURL is the card processor's base URL (idem processor); empty: none.
 	processorURL     string
 	processorTimeout time.Duration
 	// completerInterval is the pause between passes of the completer (SPEC §13).
 	completerInterval time.Duration
 	// chargeOnLapse is the policy of a charge whose key's holder died (SPEC §5.3).
-	chargeOnLapse       lapseFlag
-	ttl, lease, latency time.Duration
-	// retention keeps expired records this long before the cleaner deletes them.
-	retention          time.Duration
+	chargeOnLapse      lapseFlag
+	latency            time.Duration
 	disableIdempotency bool
-	replayCache        int
-	log                logFlags
-	// Bounds on a stalled store (SPEC §9) and on what a client can hold (SPEC §15).
-	storeTimeout, migrateTimeout                time.Duration
-	readHeaderTimeout, readTimeout, idleTimeout time.Duration
-	maxHeaderBytes                              int
-	// metricsAddr is the metrics listener's address; empty: no metrics listener.
-	metricsAddr string
 }
 
 // Calls to the card processor (--processor-url).
@@ -142,28 +134,17 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	const name = "idem payments"
 	var f paymentsFlags
 	fs := newFlagSet("payments", paymentsSynopsis)
-	f.log.register(fs)
-	fs.StringVar(&f.addr, "addr", "127.0.0.1:8080", "`host:port` to listen on (port 0 picks a free one; the start line logs it)")
-	fs.StringVar(&f.store, "store", defaultStore, "idempotency store `URL`")
+	f.serverFlags.register(fs, "127.0.0.1:8080")
+	f.recordFlags.register(fs,
+		"bound on each store call before the handler runs (claim, in-flight polls): past it the request gets 503 store_unavailable with Retry-After; also bounds each read of the payments database by GET /v1/charges and /v1/orders/{id} (503 db_unavailable), connecting to PostgreSQL and Redis and each Redis read and write, unless the URL sets connect_timeout, dial_timeout, read_timeout or write_timeout",
+		"bound on the migrations of the store and the payments tables at start, waiting for another process's migration included: past it the command exits 1")
 	fs.StringVar(&f.db, "db", "", "`URL` of the SQL database keeping charges and orders (default: the --store URL when it is SQL; required with Redis)")
-	fs.DurationVar(&f.ttl, "ttl", idem.DefaultTTL, "how long an idempotency record lives after its creation (longer than --lock-timeout)")
-	fs.DurationVar(&f.retention, "retention", idem.DefaultRetention, "how long the background cleaner keeps a record after it expired (for audits: inspect old keys with 'idem keys'); an expired record never answers a request, kept or not")
-	fs.DurationVar(&f.lease, "lock-timeout", idem.DefaultLease, "lease of a claimed key: after it lapses without renewal another request may take the key over (at least 100ms)")
 	fs.DurationVar(&f.latency, "processor-latency", 0, "simulated card-processor call: POST /v1/charges sleeps this long after the claim, holding no transaction or connection")
 	fs.StringVar(&f.processorURL, "processor-url", "", "base `URL` of a card processor (idem processor, e.g. http://127.0.0.1:8090) that POST /v1/charges charges through, with recovery points (SPEC §13); exclusive with --processor-latency")
 	fs.DurationVar(&f.processorTimeout, "processor-timeout", defaultProcessorTimeout, "bound on each attempt of a call to the card processor (--processor-url)")
 	fs.DurationVar(&f.completerInterval, "completer-interval", idem.DefaultCompleterInterval, "with --processor-url, the pause between passes of the completer, which finishes charges whose client gave up after they were recorded pending (a charge waits at most --lock-timeout plus this)")
 	fs.Var(&f.chargeOnLapse, "charge-on-lapse", "`policy` of a charge without --processor-url that finds its key's holder died: take_over (charge again) or unknown (answer 500 outcome_unknown until 'idem keys resolve', for a processor that cannot deduplicate a charge)")
-	fs.StringVar(&f.profile, "profile", "seed", "shape of the middleware's errors: seed (Stripe's) or ietf (RFC 9457 problem details)")
 	fs.BoolVar(&f.disableIdempotency, "disable-idempotency", false, "serve the same API without the idempotency middleware (to measure its cost)")
-	fs.IntVar(&f.replayCache, "replay-cache", 0, "keep up to `N` completed responses in memory so that replays skip the store (idem.Config.ReplayCacheSize; 0, the default, is off: the library's default)")
-	fs.DurationVar(&f.storeTimeout, "store-timeout", idem.DefaultStoreTimeout, "bound on each store call before the handler runs (claim, in-flight polls): past it the request gets 503 store_unavailable with Retry-After; also bounds each read of the payments database by GET /v1/charges and /v1/orders/{id} (503 db_unavailable), connecting to PostgreSQL and Redis and each Redis read and write, unless the URL sets connect_timeout, dial_timeout, read_timeout or write_timeout")
-	fs.DurationVar(&f.migrateTimeout, "migrate-timeout", defaultMigrateTimeout, "bound on the migrations of the store and the payments tables at start, waiting for another process's migration included: past it the command exits 1")
-	fs.DurationVar(&f.readHeaderTimeout, "read-header-timeout", defaultReadHeaderTimeout, "bound on reading a request's headers; past it the connection is closed")
-	fs.DurationVar(&f.readTimeout, "read-timeout", defaultReadTimeout, "bound on reading a whole request, body included; past it the connection is closed and the request is not served (a keyed request is refused 400 body_unreadable, storing nothing)")
-	fs.DurationVar(&f.idleTimeout, "idle-timeout", defaultIdleTimeout, "how long a kept-alive connection may wait for its next request before it is closed")
-	fs.IntVar(&f.maxHeaderBytes, "max-header-bytes", defaultMaxHeaderBytes, "largest request header block, in `bytes`; a larger one is refused with 431")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "`host:port` of a listener of its own serving Prometheus metrics at GET /metrics, such as 127.0.0.1:9090 (default: none, no metrics are served). It has no authentication: keep it on loopback or a private network")
 	if code, done := parse(fs, args, stdout, stderr); done {
 		return code
 	}
@@ -172,15 +153,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return usageError(stderr, fs, err.Error())
 	}
 
-	level := f.log.level
-	logger := f.log.logger(stderr, level)
-	// Libraries log at warn and above unless debugging, so that the start line is the
-	// only line a healthy start prints.
-	libLevel := slog.LevelWarn
-	if level <= slog.LevelDebug {
-		libLevel = level
-	}
-	libLogger := f.log.logger(stderr, libLevel)
+	logger, libLogger := f.loggers(stderr)
 
 	// The store's own cleaner deletes expired records in the background, keeping them
 	// --retention past their expiry; a Redis store expires them itself.
@@ -220,32 +193,12 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if m != nil {
 		apiHandler = m.instrument(api.Pattern, apiHandler)
 	}
-	newServer := func(h http.Handler) *http.Server {
-		return &http.Server{
-			Handler:           h,
-			ReadHeaderTimeout: f.readHeaderTimeout,
-			ReadTimeout:       f.readTimeout,
-			IdleTimeout:       f.idleTimeout,
-			MaxHeaderBytes:    f.maxHeaderBytes,
-			ErrorLog:          slog.NewLogLogger(libLogger.Handler(), slog.LevelWarn),
-			BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-		}
-	}
-	var listening []any // the start line's attributes of the listeners
-	apiL := listener{srv: newServer(apiHandler)}
-	if apiL.ln, err = net.Listen("tcp", f.addr); err != nil {
+	apiL, metrics, err := f.listen(ctx, apiHandler, m, libLogger)
+	if err != nil {
 		return failure(stderr, name, err)
 	}
-	defer apiL.ln.Close()
-	listening = append(listening, "addr", apiL.ln.Addr().String())
-	var metrics listener
-	if m != nil {
-		metrics.srv = newServer(m.handler())
-		if metrics.ln, err = net.Listen("tcp", f.metricsAddr); err != nil {
-			return failure(stderr, name, fmt.Errorf("--metrics-addr: %w", err))
-		}
-		defer metrics.ln.Close()
-	}
+	defer apiL.close()
+	defer metrics.close()
 
 	if f.processorURL != "" && !f.disableIdempotency {
 		// Finishes the charges whose client gave up after they were recorded pending.
@@ -258,8 +211,8 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if f.disableIdempotency {
 		idempotency = "off"
 	}
-	listening = append(listening, "store", storeURL.String(), "db", dbURL.String(),
-		"profile", profile.String(), "idempotency", idempotency)
+	listening := []any{"addr", apiL.ln.Addr().String(), "store", storeURL.String(), "db", dbURL.String(),
+		"profile", profile.String(), "idempotency", idempotency}
 	if f.processorURL != "" {
 		listening = append(listening, "processor", redact(f.processorURL))
 	}
@@ -270,25 +223,14 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	return serve(ctx, name, apiL, metrics, shutdownGrace+f.latency, logger, stderr)
 }
 
-// migrateAtStart migrates the store and then the payments tables, within timeout (a
-// lock that a stuck process holds, or a database that stopped answering, must not
-// hang the start).
+// migrateAtStart migrates the store and then the payments tables, within timeout.
 func migrateAtStart(ctx context.Context, timeout time.Duration, st *openedStore, db *payments.DB, storeURL, dbURL storeURL) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	explain := func(what string, err error) error {
-		if ctx.Err() == context.DeadlineExceeded {
-			return fmt.Errorf("migrating %s did not finish within --migrate-timeout %v (another process holds the migration lock, or the database does not answer): %w", what, timeout, err)
-		}
-		return fmt.Errorf("migrating %s: %w", what, err)
-	}
-	if err := st.migrate(ctx); err != nil {
-		return explain("the store "+storeURL.String(), err)
-	}
-	if _, err := db.Migrate(ctx); err != nil {
-		return explain("the payments schema in "+dbURL.String(), err)
-	}
-	return nil
+	return migrateWithin(ctx, timeout,
+		migration{"the store " + storeURL.String(), st.migrate},
+		migration{"the payments schema in " + dbURL.String(), func(ctx context.Context) error {
+			_, err := db.Migrate(ctx)
+			return err
+		}})
 }
 
 // listener is a server and the listener it serves; a zero listener serves nothing.
@@ -344,8 +286,8 @@ func serve(ctx context.Context, name string, api, metrics listener, grace time.D
 
 // validate checks the flags and parses the URLs; errors name the flag.
 func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, err error) {
-	if store, err = parseStoreURL(f.store); err != nil {
-		return store, db, profile, fmt.Errorf("--store: %w", err)
+	if store, profile, err = f.recordFlags.validate(); err != nil {
+		return store, db, profile, err
 	}
 	switch {
 	case f.db != "":
@@ -360,20 +302,8 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 	default:
 		return store, db, profile, errors.New("--db is required with a Redis store (sqlite:PATH or postgres://…)")
 	}
-	if profile, err = idem.ParseProfile(f.profile); err != nil {
-		return store, db, profile, fmt.Errorf("--profile %q: want seed or ietf", f.profile)
-	}
+	db.timeout = f.storeTimeout
 	switch {
-	case f.ttl <= 0:
-		err = fmt.Errorf("--ttl must be positive, got %v", f.ttl)
-	case f.retention < 0:
-		err = fmt.Errorf("--retention must not be negative, got %v", f.retention)
-	case f.lease < minLease:
-		err = fmt.Errorf("--lock-timeout must be at least %v, got %v", minLease, f.lease)
-	case recordTTLError(f.ttl, f.lease) != nil:
-		err = recordTTLError(f.ttl, f.lease)
-	case f.replayCache < 0:
-		err = fmt.Errorf("--replay-cache must not be negative, got %d", f.replayCache)
 	case f.latency < 0:
 		err = fmt.Errorf("--processor-latency must not be negative, got %v", f.latency)
 	case f.processorURL != "" && f.latency != 0:
@@ -388,37 +318,21 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 		// A charge's pending row and its record's recovery point commit in one
 		// transaction (SPEC §13): one SQL database keeps both.
 		err = errors.New("--processor-url needs an SQL --store that also keeps the payments data (no other --db): a charge and its record's recovery point commit together")
-	case f.addr == "":
-		err = errors.New("--addr must not be empty")
-	case f.storeTimeout <= 0:
-		err = fmt.Errorf("--store-timeout must be positive, got %v", f.storeTimeout)
-	case f.migrateTimeout <= 0:
-		err = fmt.Errorf("--migrate-timeout must be positive, got %v", f.migrateTimeout)
-	case f.readHeaderTimeout <= 0:
-		err = fmt.Errorf("--read-header-timeout must be positive, got %v", f.readHeaderTimeout)
-	case f.readTimeout <= 0:
-		err = fmt.Errorf("--read-timeout must be positive, got %v", f.readTimeout)
-	case f.idleTimeout <= 0:
-		err = fmt.Errorf("--idle-timeout must be positive, got %v", f.idleTimeout)
-	case f.maxHeaderBytes < 1<<10:
-		err = fmt.Errorf("--max-header-bytes must be at least 1024, got %d", f.maxHeaderBytes)
+	default:
+		err = f.serverFlags.validate()
 	}
 	if err == nil && f.processorURL != "" {
-		err = checkProcessorURL(f.processorURL)
+		err = checkBaseURL("--processor-url", f.processorURL, "the processor's base URL")
 	}
-	if _, _, e := net.SplitHostPort(f.metricsAddr); err == nil && f.metricsAddr != "" && e != nil {
-		err = fmt.Errorf("--metrics-addr %q: want host:port, such as 127.0.0.1:9090", f.metricsAddr)
-	}
-	store.timeout, db.timeout = f.storeTimeout, f.storeTimeout
 	return store, db, profile, err
 }
 
-// checkProcessorURL refuses a --processor-url that is not an absolute http(s) URL of a
-// host, without a query or a fragment.
-func checkProcessorURL(raw string) error {
+// checkBaseURL refuses a base URL (of flag name) that is not an absolute http(s) URL of
+// a host, or that has a query, a fragment or a user; what says what it is for.
+func checkBaseURL(name, raw, what string) error {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-		return fmt.Errorf("--processor-url %q: want http://host:port or https://host:port (the processor's base URL)", redact(raw))
+		return fmt.Errorf("%s %q: want http://host:port or https://host:port (%s)", name, redact(raw), what)
 	}
 	return nil
 }
