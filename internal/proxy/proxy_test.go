@@ -1,0 +1,737 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/proxy"
+	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/internal/testkit"
+	"github.com/idem-go/idem/store/sqlite"
+)
+
+// upstream is a Go HTTP API standing behind the proxy in these tests (e2e runs Node.js
+// and Python ones). It counts the requests of each path and keeps the headers of the
+// last one. Its paths:
+//
+//	/v1/echo?status=N   201 (or N) JSON of what it received, with Location and Set-Cookie
+//	/v1/chunked         the same JSON in two flushed writes: no Content-Length
+//	/v1/sse             an event stream: "first", then, once release is closed, "second"
+//	/v1/big?size=N      N bytes with a Content-Length (&chunked=1: without)
+//	/v1/trailer         a body and a trailer
+//	/v1/slow            answers once release is closed
+//	/v1/drop            closes the connection without answering
+//	/ws                 a protocol upgrade that echoes what it reads
+type upstream struct {
+	srv         *httptest.Server
+	release     chan struct{}
+	releaseOnce sync.Once
+
+	mu      sync.Mutex
+	calls   map[string]int
+	headers http.Header // of the last request
+	host    string      // of the last request
+}
+
+func newUpstream(t *testing.T) *upstream {
+	u := &upstream{release: make(chan struct{}), calls: map[string]int{}}
+	u.srv = httptest.NewServer(http.HandlerFunc(u.serve))
+	t.Cleanup(u.srv.Close)
+	t.Cleanup(u.unblock) // before Close: a held handler must end
+	return u
+}
+
+// unblock closes release, once.
+func (u *upstream) unblock() { u.releaseOnce.Do(func() { close(u.release) }) }
+
+func (u *upstream) count(path string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.calls[path]
+}
+
+func (u *upstream) last() (http.Header, string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.headers.Clone(), u.host
+}
+
+func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	u.mu.Lock()
+	u.calls[r.URL.Path]++
+	n := u.calls[r.URL.Path]
+	u.headers, u.host = r.Header.Clone(), r.Host
+	u.mu.Unlock()
+	q := r.URL.Query()
+	echo := func() []byte {
+		b, _ := json.Marshal(map[string]any{"n": n, "method": r.Method, "path": r.URL.Path, "body": string(body)})
+		return b
+	}
+	switch r.URL.Path {
+	case "/v1/echo":
+		status := http.StatusCreated
+		if s := q.Get("status"); s != "" {
+			status, _ = strconv.Atoi(s)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", fmt.Sprintf("/v1/things/%d", n))
+		w.Header().Set("Set-Cookie", fmt.Sprintf("session=%d", n))
+		w.Header().Set("X-Upstream-Call", strconv.Itoa(n))
+		w.WriteHeader(status)
+		_, _ = w.Write(echo())
+	case "/v1/chunked":
+		b := echo()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(b[:len(b)/2])
+		http.NewResponseController(w).Flush()
+		_, _ = w.Write(b[len(b)/2:])
+	case "/v1/sse":
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprintf(w, "data: first %d\n\n", n)
+		http.NewResponseController(w).Flush()
+		<-u.release
+		fmt.Fprintf(w, "data: second %d\n\n", n)
+	case "/v1/big":
+		size, _ := strconv.Atoi(q.Get("size"))
+		b := bytes.Repeat([]byte{'x'}, size)
+		copy(b, strconv.Itoa(n)+":")
+		w.Header().Set("Content-Type", "text/plain")
+		if q.Get("chunked") == "" {
+			w.Header().Set("Content-Length", strconv.Itoa(size))
+		}
+		w.WriteHeader(http.StatusCreated)
+		for len(b) > 0 {
+			k := min(len(b), 4096)
+			_, _ = w.Write(b[:k])
+			b = b[k:]
+			if q.Get("chunked") != "" {
+				http.NewResponseController(w).Flush()
+			}
+		}
+	case "/v1/trailer":
+		w.Header().Set("Trailer", "X-Checksum")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(echo())
+		w.Header().Set("X-Checksum", "abc")
+	case "/v1/slow":
+		<-u.release
+		w.WriteHeader(http.StatusCreated)
+	case "/v1/drop":
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	case "/ws":
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprint(rw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		rw.Flush()
+		line, _ := rw.ReadString('\n')
+		fmt.Fprint(rw, "echo "+line)
+		rw.Flush()
+	default:
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(echo())
+	}
+}
+
+// bundle is a proxy on a fresh SQLite store in front of an upstream.
+type bundle struct {
+	t     *testing.T
+	store *sqlite.Store
+	up    *upstream
+	url   string // the proxy's
+	logs  *testkit.Buffer
+}
+
+func setup(t *testing.T, configure ...func(*proxy.Config)) *bundle {
+	t.Helper()
+	ctx := testenv.Context(t)
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{t: t, store: st, up: newUpstream(t), logs: &testkit.Buffer{}}
+	target, _ := url.Parse(b.up.srv.URL)
+	cfg := proxy.Config{
+		Upstream:   target,
+		Idem:       idem.Config{Store: st},
+		HealthPath: "/healthz",
+		Logger:     slog.New(slog.NewTextHandler(b.logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	for _, c := range configure {
+		c(&cfg)
+	}
+	p, err := proxy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	b.url = srv.URL
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("proxy logs:\n%s", b.logs.String())
+		}
+	})
+	return b
+}
+
+// answer is a response read whole.
+type answer struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (a answer) replayed() bool { return a.header.Get("Idempotent-Replayed") == "true" }
+
+// code is the §9 code of an error answer, in the seed profile.
+func (a answer) code() string {
+	var e struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	_ = json.Unmarshal([]byte(a.body), &e)
+	return e.Error.Code
+}
+
+// send sends method path with body through the proxy, with key (none when "") and
+// Authorization: Bearer token (none when "").
+func (b *bundle) send(method, path, key, token, body string) answer {
+	b.t.Helper()
+	req, err := http.NewRequest(method, b.url+path, strings.NewReader(body))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := noRedirects.Do(req)
+	if err != nil {
+		b.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	if err != nil {
+		b.t.Fatalf("%s %s: reading the body: %v", method, path, err)
+	}
+	return answer{status: resp.StatusCode, header: resp.Header, body: string(got)}
+}
+
+// noRedirects is a client that returns a redirect as the answer.
+var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// record reads the record of key for the principal of token.
+func (b *bundle) record(token, key string) (*idem.Record, error) {
+	return b.store.RecordGet(testenv.Context(b.t), &idem.RecordGetParams{Scope: sha256Hex("Bearer " + token), Key: key})
+}
+
+const key1 = "key-proxy-test-0001"
+
+func TestAKeyedPostIsForwardedOnceAndItsRetryReplayedByteForByte(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first := b.send("POST", "/v1/echo?x=1", key1, "tok_a", `{"amount": 2000}`)
+	if first.status != http.StatusCreated || first.replayed() {
+		t.Fatalf("first: %d replayed=%v %s", first.status, first.replayed(), first.body)
+	}
+	if first.header.Get("Set-Cookie") == "" || first.header.Get("Idempotency-Key") != key1 {
+		t.Fatalf("first: the client gets the upstream's headers and its key back: %v", first.header)
+	}
+	retry := b.send("POST", "/v1/echo?x=1", key1, "tok_a", `{"amount": 2000}`)
+	if retry.status != first.status || retry.body != first.body || !retry.replayed() {
+		t.Fatalf("retry: %d %q replayed=%v; want %d %q replayed", retry.status, retry.body, retry.replayed(), first.status, first.body)
+	}
+	for _, h := range []string{"Content-Type", "Location"} {
+		if retry.header.Get(h) != first.header.Get(h) {
+			t.Errorf("retry's %s = %q, want the stored %q", h, retry.header.Get(h), first.header.Get(h))
+		}
+	}
+	for _, h := range []string{"Set-Cookie", "X-Upstream-Call"} {
+		if retry.header.Get(h) != "" {
+			t.Errorf("retry replays %s, which is not on the allow-list of stored headers", h)
+		}
+	}
+	if n := b.up.count("/v1/echo"); n != 1 {
+		t.Fatalf("the upstream executed %d times, want 1", n)
+	}
+}
+
+func TestTheUpstreamGetsTheRequestAsSentWithTheDerivedKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	req, _ := http.NewRequest("POST", b.url+"/v1/echo?b=2&a=1", strings.NewReader(`{"amount": 2000}`))
+	req.Host = "api.example.com"
+	req.Header.Set("Idempotency-Key", key1)
+	req.Header.Set("Authorization", "Bearer tok_a")
+	req.Header.Set("X-Forwarded-For", "203.0.113.9")
+	req.Header.Set("X-Forwarded-Proto", "https")
+	req.Header.Set("X-Custom", "kept")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var echo struct{ Body, Path string }
+	if err := json.Unmarshal(body, &echo); err != nil || echo.Body != `{"amount": 2000}` || echo.Path != "/v1/echo" {
+		t.Fatalf("the upstream received %s (%v)", body, err)
+	}
+	h, host := b.up.last()
+	rec, err := b.record("tok_a", key1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{
+		"Idempotency-Key":   idem.ForeignKey(rec.ID, proxy.ForeignKeyStep), // replaces the client's
+		"Authorization":     "Bearer tok_a",
+		"X-Custom":          "kept",
+		"X-Forwarded-For":   "203.0.113.9, 127.0.0.1",
+		"X-Forwarded-Proto": "https",
+		"X-Forwarded-Host":  "api.example.com",
+	} {
+		if got := h.Get(name); got != want {
+			t.Errorf("the upstream got %s %q, want %q", name, got, want)
+		}
+	}
+	if host != "api.example.com" {
+		t.Errorf("the upstream got Host %q, want the client's", host)
+	}
+}
+
+func TestAChunkedResponseIsStoredWhole(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first := b.send("POST", "/v1/chunked", key1, "tok_a", `{}`)
+	retry := b.send("POST", "/v1/chunked", key1, "tok_a", `{}`)
+	if first.status != http.StatusCreated || retry.body != first.body || !retry.replayed() {
+		t.Fatalf("first %d %q, retry %d %q replayed=%v", first.status, first.body, retry.status, retry.body, retry.replayed())
+	}
+	if n := b.up.count("/v1/chunked"); n != 1 {
+		t.Fatalf("the upstream executed %d times, want 1", n)
+	}
+	if strings.Contains(b.logs.String(), "cannot be stored") {
+		t.Fatalf("a chunked response within the limit was passed through:\n%s", b.logs)
+	}
+}
+
+func TestAChangedBodyIsKeyReusedAndDoesNotReachTheUpstream(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.send("POST", "/v1/echo", key1, "tok_a", `{"amount": 2000}`)
+	got := b.send("POST", "/v1/echo", key1, "tok_a", `{"amount": 3000}`)
+	if got.status != http.StatusConflict || got.code() != idem.CodeKeyReused {
+		t.Fatalf("changed body: %d %s, want 409 key_reused", got.status, got.body)
+	}
+	if n := b.up.count("/v1/echo"); n != 1 {
+		t.Fatalf("the upstream executed %d times, want 1", n)
+	}
+}
+
+func TestUnprotectedRequestsPassThroughUntouched(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for j, tc := range []struct{ method, key, token string }{
+		{"GET", key1, "tok_a"},    // a safe method: the key is ignored
+		{"POST", "", "tok_a"},     // no key
+		{"PUT", key1, "tok_a"},    // not a protected method
+		{"DELETE", key1, "tok_a"}, // not a protected method
+		{"POST", "", ""},          // no key, no principal
+	} {
+		path := "/v1/pass-" + strconv.Itoa(j)
+		for i := 1; i <= 2; i++ {
+			got := b.send(tc.method, path, tc.key, tc.token, `{}`)
+			if got.status != http.StatusOK || got.replayed() || got.header.Get("Idempotency-Key") != "" {
+				t.Fatalf("%s %s #%d: %d replayed=%v key echoed %q", tc.method, path, i, got.status, got.replayed(), got.header.Get("Idempotency-Key"))
+			}
+			if n := b.up.count(path); n != i {
+				t.Fatalf("%s %s: the upstream executed %d times after %d requests", tc.method, path, n, i)
+			}
+			h, _ := b.up.last()
+			if got := h.Get("Idempotency-Key"); got != tc.key {
+				t.Fatalf("%s %s: the upstream got Idempotency-Key %q, want the client's %q untouched", tc.method, path, got, tc.key)
+			}
+		}
+	}
+}
+
+func TestRequireKeyRefusesAKeylessRequestOnItsRoutesOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) { c.RequireKey = []string{"POST /v1/echo", "/v1/things/{id}/pay"} })
+	for _, path := range []string{"/v1/echo", "//v1/echo", "/v1/things/42/pay"} {
+		got := b.send("POST", path, "", "tok_a", `{}`)
+		if got.status != http.StatusBadRequest || got.code() != idem.CodeKeyRequired {
+			t.Errorf("POST %s without a key: %d %s, want 400 key_required", path, got.status, got.body)
+		}
+	}
+	if n := b.up.count("/v1/echo") + b.up.count("/v1/things/42/pay"); n != 0 {
+		t.Fatalf("refused requests reached the upstream %d times", n)
+	}
+	// Another method of a pattern with a method, and another route, pass through.
+	if got := b.send("GET", "/v1/echo", "", "tok_a", ""); got.status != http.StatusCreated {
+		t.Fatalf("GET /v1/echo: %d", got.status)
+	}
+	if got := b.send("POST", "/v1/other", "", "tok_a", `{}`); got.status != http.StatusOK {
+		t.Fatalf("POST /v1/other: %d", got.status)
+	}
+	// A required route's key is honoured, whatever the method.
+	for range 2 {
+		if got := b.send("PUT", "/v1/things/7/pay", key1, "tok_a", `{}`); got.status != http.StatusOK {
+			t.Fatalf("PUT /v1/things/7/pay: %d", got.status)
+		}
+	}
+	if n := b.up.count("/v1/things/7/pay"); n != 1 {
+		t.Fatalf("a keyed PUT on a required route executed %d times, want 1", n)
+	}
+}
+
+func TestTheScopeIsTheHashedHeaderAndAKeyedRequestWithoutItIs401(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if got := b.send("POST", "/v1/echo", key1, "", `{}`); got.status != http.StatusUnauthorized || got.code() != idem.CodeScopeRequired {
+		t.Fatalf("no Authorization: %d %s, want 401 scope_required", got.status, got.body)
+	}
+	a := b.send("POST", "/v1/echo", key1, "tok_a", `{}`)
+	other := b.send("POST", "/v1/echo", key1, "tok_b", `{}`)
+	if a.status != http.StatusCreated || other.status != http.StatusCreated || other.replayed() || other.body == a.body {
+		t.Fatalf("two principals, one key: %d %q and %d %q replayed=%v; want two executions", a.status, a.body, other.status, other.body, other.replayed())
+	}
+	for _, tok := range []string{"tok_a", "tok_b"} {
+		if _, err := b.record(tok, key1); err != nil {
+			t.Fatalf("no record under the scope hex SHA-256(%q): %v", "Bearer "+tok, err)
+		}
+	}
+	if strings.Contains(b.logs.String(), "tok_") {
+		t.Fatalf("a token reached the logs:\n%s", b.logs)
+	}
+}
+
+func TestASharedScopeNeedsNoHeader(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) { c.SharedScope = true })
+	b.send("POST", "/v1/echo", key1, "", `{}`)
+	if got := b.send("POST", "/v1/echo", key1, "tok_other", `{}`); !got.replayed() {
+		t.Fatalf("shared scope: %d replayed=%v, want the replay whatever the Authorization", got.status, got.replayed())
+	}
+	if _, err := b.store.RecordGet(testenv.Context(t), &idem.RecordGetParams{Scope: proxy.SharedScope, Key: key1}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTheUpstreamsStatusesAreStoredOrReleasedAsSection6Says(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, tc := range []struct {
+		status int
+		stored bool
+	}{
+		{200, true}, {201, true}, {302, true}, {402, true}, {404, false}, {409, false},
+		{422, false}, {429, false}, {400, false}, {500, false}, {502, false}, {503, false},
+	} {
+		path := "/v1/echo?status=" + strconv.Itoa(tc.status)
+		key := "key-status-" + strconv.Itoa(tc.status)
+		before := b.up.count("/v1/echo")
+		first := b.send("POST", path, key, "tok_a", `{}`)
+		retry := b.send("POST", path, key, "tok_a", `{}`)
+		executions := b.up.count("/v1/echo") - before
+		if first.status != tc.status || retry.status != tc.status {
+			t.Errorf("status %d: first %d, retry %d", tc.status, first.status, retry.status)
+		}
+		if tc.stored && (executions != 1 || !retry.replayed() || retry.body != first.body) {
+			t.Errorf("status %d is stored: %d executions, retry replayed=%v", tc.status, executions, retry.replayed())
+		}
+		if !tc.stored && (executions != 2 || retry.replayed()) {
+			t.Errorf("status %d releases the key: %d executions, retry replayed=%v", tc.status, executions, retry.replayed())
+		}
+	}
+}
+
+// An event stream passes through as the upstream sends it: the client reads the first
+// event while the upstream still holds the second. The key is then released, with a
+// warning, and a retry executes again.
+func TestAnEventStreamPassesThroughAsItComesAndReleasesTheKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	req, _ := http.NewRequest("POST", b.url+"/v1/sse", strings.NewReader(`{}`))
+	req.Header.Set("Idempotency-Key", key1)
+	req.Header.Set("Authorization", "Bearer tok_a")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	line, err := r.ReadString('\n')
+	if err != nil || line != "data: first 1\n" {
+		t.Fatalf("first event: %q, %v", line, err)
+	}
+	if resp.Header.Get("Idempotency-Key") != key1 {
+		t.Fatalf("the stream's headers lack the key: %v", resp.Header)
+	}
+	b.up.unblock()
+	rest, _ := io.ReadAll(r)
+	if string(rest) != "\ndata: second 1\n\n" {
+		t.Fatalf("rest of the stream: %q", rest)
+	}
+	resp.Body.Close()
+	waitReleased(t, b, "tok_a", key1)
+	if got := b.send("POST", "/v1/sse", key1, "tok_a", `{}`); got.replayed() || !strings.Contains(got.body, "first 2") {
+		t.Fatalf("retry: replayed=%v %q, want a second execution", got.replayed(), got.body)
+	}
+	if logs := b.logs.String(); !strings.Contains(logs, "reason=event_stream") || strings.Contains(logs, key1) {
+		t.Fatalf("want one warning with the reason and no key:\n%s", logs)
+	}
+}
+
+// waitReleased waits until the key's record is gone: the middleware releases it after
+// the response was sent.
+func waitReleased(t *testing.T, b *bundle, token, key string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := b.record(token, key)
+		if errors.Is(err, idem.ErrNotFound) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the key was not released: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestAResponseThatCannotBeStoredWholePassesThroughAndReleasesTheKey(t *testing.T) {
+	t.Parallel()
+	const limit = 64 << 10
+	b := setup(t, func(c *proxy.Config) { c.MaxStoredBody = limit })
+	for _, tc := range []struct{ name, path, reason string }{
+		{"Content-Length over the limit", fmt.Sprintf("/v1/big?size=%d", limit+1), "too_large"},
+		{"a chunked body growing over the limit", fmt.Sprintf("/v1/big?size=%d&chunked=1", 3*limit), "too_large"},
+		{"trailers", "/v1/trailer", "trailers"},
+	} {
+		key := "key-whole-" + tc.reason + strconv.Itoa(len(tc.path))
+		first := b.send("POST", tc.path, key, "tok_a", `{}`)
+		if first.status != http.StatusCreated {
+			t.Fatalf("%s: %d", tc.name, first.status)
+		}
+		u, _ := url.Parse(tc.path)
+		if size := u.Query().Get("size"); size != "" && strconv.Itoa(len(first.body)) != size {
+			t.Fatalf("%s: the client got %d bytes, want %s", tc.name, len(first.body), size)
+		}
+		waitReleased(t, b, "tok_a", key)
+		retry := b.send("POST", tc.path, key, "tok_a", `{}`)
+		if retry.replayed() || retry.body == first.body {
+			t.Fatalf("%s: retry replayed=%v; want a second execution", tc.name, retry.replayed())
+		}
+		if !strings.Contains(b.logs.String(), "reason="+tc.reason) {
+			t.Fatalf("%s: no warning with reason=%s:\n%s", tc.name, tc.reason, b.logs)
+		}
+	}
+	// At the limit, it is stored.
+	path := fmt.Sprintf("/v1/big?size=%d&chunked=1", limit)
+	first := b.send("POST", path, "key-at-the-limit", "tok_a", `{}`)
+	if retry := b.send("POST", path, "key-at-the-limit", "tok_a", `{}`); !retry.replayed() || retry.body != first.body {
+		t.Fatalf("a body of exactly MaxStoredBody is stored: replayed=%v", retry.replayed())
+	}
+}
+
+func TestAnUpstreamThatFailsGets502Or504AndReleasesTheKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) { c.UpstreamTimeout = 200 * time.Millisecond })
+	for _, tc := range []struct {
+		path   string
+		status int
+		code   string
+	}{
+		{"/v1/drop", http.StatusBadGateway, proxy.CodeUpstreamUnavailable},
+		{"/v1/slow", http.StatusGatewayTimeout, proxy.CodeUpstreamTimeout},
+	} {
+		for i := 1; i <= 2; i++ {
+			got := b.send("POST", tc.path, "key-fail"+tc.path, "tok_a", `{}`)
+			if got.status != tc.status || got.code() != tc.code || got.replayed() {
+				t.Fatalf("POST %s #%d: %d %s, want %d %s", tc.path, i, got.status, got.body, tc.status, tc.code)
+			}
+			// The retry reached the upstream again: the key was released.
+			if n := b.up.count(tc.path); n != i {
+				t.Fatalf("POST %s #%d reached the upstream %d times", tc.path, i, n)
+			}
+		}
+	}
+}
+
+func TestAnUpstreamThatIsDownGets502(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	b := setup(t, func(c *proxy.Config) { c.Upstream = &url.URL{Scheme: "http", Host: addr} })
+	got := b.send("POST", "/v1/echo", key1, "tok_a", `{}`)
+	if got.status != http.StatusBadGateway || got.code() != proxy.CodeUpstreamUnavailable {
+		t.Fatalf("%d %s, want 502 upstream_unavailable", got.status, got.body)
+	}
+	if _, err := b.record("tok_a", key1); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("the key is not released: %v", err)
+	}
+}
+
+// A WebSocket upgrade goes to the upstream as is, through the middleware's back: no
+// key is claimed (an upgraded connection has no response to store), with a warning when
+// the request carried one.
+func TestAProtocolUpgradeIsForwardedWithoutAClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) { c.Methods = []string{"GET", "POST"} })
+	conn, err := net.Dial("tcp", strings.TrimPrefix(b.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nAuthorization: Bearer tok_a\r\nIdempotency-Key: %s\r\n\r\n", key1)
+	r := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	fmt.Fprint(conn, "ping\n")
+	if line, err := r.ReadString('\n'); err != nil || line != "echo ping\n" {
+		t.Fatalf("through the upgraded connection: %q %v", line, err)
+	}
+	if _, err := b.record("tok_a", key1); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("the upgrade claimed its key: %v", err)
+	}
+	if !strings.Contains(b.logs.String(), "protocol upgrade carries an idempotency key") {
+		t.Fatalf("no warning about the key:\n%s", b.logs)
+	}
+}
+
+// deadHolder claims key as a proxy that died mid-forward would have left it: in flight,
+// its lease lapsed a minute ago, under record id recordID.
+func deadHolder(t *testing.T, b *bundle, path, body, recordID string) {
+	t.Helper()
+	r := httptest.NewRequest("POST", path, nil)
+	r.Header.Set("Content-Type", "application/json")
+	_, err := b.store.RecordClaim(testenv.Context(t), &idem.RecordClaimParams{
+		Scope: sha256Hex("Bearer tok_a"), Key: key1, Fingerprint: idem.FingerprintRequest(r, []byte(body)),
+		Token: "dead-holder", RecordID: recordID, Lease: time.Second, TTL: time.Hour,
+		Now: time.Now().Add(-time.Minute),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestARetryAfterADeadHolderIsOutcomeUnknownByDefault(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	deadHolder(t, b, "/v1/echo", `{}`, "rec-dead-1")
+	for i := range 2 {
+		got := b.send("POST", "/v1/echo", key1, "tok_a", `{}`)
+		if got.status != http.StatusInternalServerError || got.code() != idem.CodeOutcomeUnknown {
+			t.Fatalf("retry %d: %d %s, want 500 outcome_unknown", i, got.status, got.body)
+		}
+	}
+	if n := b.up.count("/v1/echo"); n != 0 {
+		t.Fatalf("the upstream executed %d times, want 0", n)
+	}
+}
+
+func TestATakeOverForwardsAgainUnderTheDeadHoldersDerivedKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) { c.TakeOverOnLapse = true })
+	deadHolder(t, b, "/v1/echo", `{}`, "rec-dead-2")
+	got := b.send("POST", "/v1/echo", key1, "tok_a", `{}`)
+	if got.status != http.StatusCreated || got.replayed() {
+		t.Fatalf("takeover: %d %s", got.status, got.body)
+	}
+	h, _ := b.up.last()
+	if want := idem.ForeignKey("rec-dead-2", proxy.ForeignKeyStep); h.Get("Idempotency-Key") != want {
+		t.Fatalf("the takeover sent Idempotency-Key %q, want the dead holder's %q", h.Get("Idempotency-Key"), want)
+	}
+}
+
+func TestTheHealthPathPingsTheStoreAndOptionallyTheUpstream(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) { c.UpstreamHealthPath = "/up" })
+	if got := b.send("GET", "/healthz", "", "", ""); got.status != http.StatusOK || got.body != "{\"status\":\"ok\"}\n" {
+		t.Fatalf("healthz: %d %q", got.status, got.body)
+	}
+	if n := b.up.count("/up"); n != 1 {
+		t.Fatalf("the upstream's health path was checked %d times", n)
+	}
+	bad := setup(t, func(c *proxy.Config) { c.UpstreamHealthPath = "/v1/drop" })
+	if got := bad.send("GET", "/healthz", "", "", ""); got.status != http.StatusServiceUnavailable || !strings.Contains(got.body, "upstream") {
+		t.Fatalf("healthz with a failing upstream: %d %q", got.status, got.body)
+	}
+}
+
+func TestNewRefusesABadConfigNamingTheField(t *testing.T) {
+	t.Parallel()
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "idem.db"), sqlite.Config{DisableCleaner: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	up, _ := url.Parse("http://127.0.0.1:3000")
+	for _, tc := range []struct {
+		name string
+		cfg  proxy.Config
+		want string
+	}{
+		{"no upstream", proxy.Config{Idem: idem.Config{Store: st}}, "Config.Upstream is required"},
+		{"ftp upstream", proxy.Config{Upstream: &url.URL{Scheme: "ftp", Host: "h"}, Idem: idem.Config{Store: st}}, "Config.Upstream"},
+		{"upstream with a query", proxy.Config{Upstream: &url.URL{Scheme: "http", Host: "h", RawQuery: "a=1"}, Idem: idem.Config{Store: st}}, "Config.Upstream"},
+		{"no store", proxy.Config{Upstream: up}, "Config.Idem.Store"},
+		{"bad pattern", proxy.Config{Upstream: up, Idem: idem.Config{Store: st}, RequireKey: []string{"POST v1"}}, "Config.RequireKey"},
+		{"conflicting patterns", proxy.Config{Upstream: up, Idem: idem.Config{Store: st}, RequireKey: []string{"POST /a/{x}", "POST /{y}/b"}}, "Config.RequireKey"},
+		{"duplicate pattern", proxy.Config{Upstream: up, Idem: idem.Config{Store: st}, RequireKey: []string{"POST /a", "POST /a"}}, "given twice"},
+		{"bad scope header", proxy.Config{Upstream: up, Idem: idem.Config{Store: st}, ScopeHeader: "X Y"}, "Config.ScopeHeader"},
+		{"bad method", proxy.Config{Upstream: up, Idem: idem.Config{Store: st}, Methods: []string{"PO ST"}}, "Config.Methods"},
+		{"ttl under the lease", proxy.Config{Upstream: up, Idem: idem.Config{Store: st, TTL: time.Second}}, "Config.TTL"},
+		{"health path", proxy.Config{Upstream: up, Idem: idem.Config{Store: st}, HealthPath: "healthz"}, "Config.HealthPath"},
+	} {
+		_, err := proxy.New(tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error naming %s", tc.name, err, tc.want)
+		}
+	}
+}
