@@ -1,5 +1,5 @@
-// Command idem runs the reference payments API of the idem module and maintains
-// idempotency stores:
+// Command idem runs the reference payments API of the idem module, gives any HTTP API
+// idempotency keys as a reverse proxy, and maintains idempotency stores:
 //
 //	idem payments [--addr 127.0.0.1:8080] [--store URL] [--db URL] [--ttl 24h]
 //	              [--lock-timeout 30s] [--processor-latency 0s] [--profile seed|ietf]
@@ -12,6 +12,8 @@
 //	idem keys     get|list|delete|resolve --store URL ...
 //	idem check    --url URL --body BODY [--header 'Name: value']... [--profile seed|ietf|stripe]
 //	              [--as-other 'Name: value']... [--json] [--html FILE] ...
+//	idem proxy    --upstream URL [--addr 127.0.0.1:8081] [--store URL] [--scope-header H]
+//	              [--require-key 'METHOD PATTERN'] [--on-lapse unknown|take_over] ...
 //	idem version
 //
 // Store URLs are sqlite:PATH (or sqlite://PATH), postgres://…, postgresql://…,
@@ -51,6 +53,7 @@ commands:
   load       load and verify the payments API (exactly-once)
   keys       inspect, delete and resolve idempotency records (get, list, delete, resolve)
   check      check an endpoint's Idempotency-Key support from outside (SPEC §18)
+  proxy      give an HTTP API in any language idempotency keys, as a reverse proxy (SPEC §17)
   version    print the command's version, commit and Go version
 
 Run 'idem <command> --help' for the flags of a command. Every flag can also be set by
@@ -87,6 +90,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runKeys(ctx, args[1:], stdout, stderr)
 	case "check":
 		return runCheck(ctx, args[1:], stdout, stderr)
+	case "proxy":
+		return runProxy(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		return runVersion(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":

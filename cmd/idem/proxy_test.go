@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idem-go/idem/internal/testenv"
+)
+
+var proxyListeningLine = regexp.MustCompile(`^level=INFO msg="idem proxy listening" addr=(127\.0\.0\.1:\d+) upstream=(\S+) store=(\S+) on_lapse=unknown profile=seed( metrics=(127\.0\.0\.1:\d+))?$`)
+
+// countingUpstream is an API that answers every request 201 with the number of requests
+// it has received.
+func countingUpstream(t *testing.T) (*httptest.Server, *atomic.Int64) {
+	var n atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "call "+strconv.FormatInt(n.Add(1), 10))
+	}))
+	t.Cleanup(up.Close)
+	return up, &n
+}
+
+// postThrough sends a keyed POST through the proxy at base and returns its status, body
+// and whether it was replayed.
+func postThrough(t *testing.T, base, key string) (int, string, bool) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", base+"/v1/things", strings.NewReader(`{"a": 1}`))
+	req.Header.Set("Authorization", "Bearer tok_test")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed") == "true"
+}
+
+func TestProxyLogsOneLineProtectsKeyedPostsAndStopsGracefully(t *testing.T) {
+	t.Parallel()
+	up, calls := countingUpstream(t)
+	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	ctx, cancel := context.WithCancel(testenv.Context(t))
+	defer cancel()
+	lines, exit := startCommand(ctx, "proxy", "--addr", "127.0.0.1:0", "--upstream", up.URL, "--store", store)
+	if !lines.Scan() {
+		t.Fatalf("no start line; exit %d", <-exit)
+	}
+	m := proxyListeningLine.FindStringSubmatch(lines.Text())
+	if m == nil || m[2] != up.URL || m[3] != store {
+		t.Fatalf("start line %q", lines.Text())
+	}
+	rest := restOfLines(lines)
+	base := "http://" + m[1]
+
+	status, first, _ := postThrough(t, base, "key-proxy-cmd-1")
+	status2, retry, replayed := postThrough(t, base, "key-proxy-cmd-1")
+	if status != http.StatusCreated || status2 != status || retry != first || !replayed || calls.Load() != 1 {
+		t.Fatalf("a keyed POST and its retry: %d %q, %d %q replayed=%v; the upstream called %d times", status, first, status2, retry, replayed, calls.Load())
+	}
+	if status, body := get(t, base+"/healthz"); status != http.StatusOK || !strings.Contains(body, "ok") {
+		t.Fatalf("/healthz: %d %s", status, body)
+	}
+	if status, _ := get(t, base+"/other"); status != http.StatusCreated || calls.Load() != 2 {
+		t.Fatalf("a GET is forwarded: %d, the upstream called %d times", status, calls.Load())
+	}
+
+	cancel() // SIGINT/SIGTERM
+	if code := <-exit; code != exitOK {
+		t.Fatalf("exit %d after shutdown", code)
+	}
+	if more := <-rest; len(more) != 1 || !strings.Contains(more[0], "idem proxy stopped") {
+		t.Fatalf("after the start line the command logged %q, want only the stop line", more)
+	}
+}
+
+// --metrics-addr serves what the proxy's middleware did by route (the protected method,
+// or the --require-key pattern) and its HTTP requests, on a listener of its own.
+func TestProxyMetricsAreServedOnTheirOwnListener(t *testing.T) {
+	t.Parallel()
+	up, _ := countingUpstream(t)
+	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	ctx, cancel := context.WithCancel(testenv.Context(t))
+	defer cancel()
+	lines, exit := startCommand(ctx, "proxy", "--addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0",
+		"--upstream", up.URL, "--store", store, "--require-key", "POST /v1/required")
+	if !lines.Scan() {
+		t.Fatalf("no start line; exit %d", <-exit)
+	}
+	m := proxyListeningLine.FindStringSubmatch(lines.Text())
+	if m == nil || m[5] == "" {
+		t.Fatalf("start line %q names no metrics listener", lines.Text())
+	}
+	go func() {
+		for lines.Scan() {
+		}
+	}()
+	base, metrics := "http://"+m[1], "http://"+m[5]
+	postThrough(t, base, "key-proxy-metrics-1")
+	postThrough(t, base, "key-proxy-metrics-1")
+	req, _ := http.NewRequest("POST", base+"/v1/required", nil)
+	req.Header.Set("Authorization", "Bearer tok_test")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("POST /v1/required without a key: %v %v", resp, err)
+	}
+	get(t, base+"/v1/things")
+	status, body := get(t, metrics+"/metrics")
+	for _, want := range []string{
+		`idem_claims_total{outcome="acquired",route="POST"} 1`,
+		`idem_claims_total{outcome="replayed",route="POST"} 1`,
+		`idem_http_requests_total{code="201",route="POST"} 2`,
+		`idem_http_requests_total{code="400",route="POST /v1/required"} 1`,
+		`idem_http_requests_total{code="201",route="passthrough"} 1`,
+	} {
+		if status != http.StatusOK || !strings.Contains(body, want) {
+			t.Fatalf("GET /metrics: %d\n%s\nwant %s", status, body, want)
+		}
+	}
+	cancel()
+	if code := <-exit; code != exitOK {
+		t.Fatalf("exit %d after shutdown", code)
+	}
+}
