@@ -4,7 +4,11 @@
 // test on the shared server, dropped at cleanup) and Redis, and talk HTTP to them.
 // processor_test.go adds `idem processor`, a card processor on an SQLite file of its
 // own, and SIGKILLs payments while it waits on it (SPEC §13): the tests read the
-// processor's records to kill at that moment, and count its charges.
+// processor's records to kill at that moment, and count its charges. proxy_test.go
+// runs `idem proxy` processes in front of upstreams that are not Go (testdata/upstream.js
+// on Node.js, testdata/upstream.py on Python, each counting its requests and effects and
+// optionally deduplicating by key) and SIGKILLs a proxy while the upstream works on its
+// request (SPEC §17); without node or python3 those tests skip, and fail under CI=true.
 //
 // The processes are built without -race by default: a race-built binary with the pure
 // Go SQLite driver is several times slower, and the library packages already run their

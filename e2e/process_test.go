@@ -30,10 +30,10 @@ const (
 
 // listeningRe finds the address in the server's start line, in slog text form:
 // level=INFO msg="idem payments listening" addr=127.0.0.1:41234 store=... (or
-// "idem processor listening").
+// "idem processor listening", "idem proxy listening").
 // The first addr= after the message is the listening address: a Redis Cluster store URL
 // logged later on the line has addr= parameters of its own.
-var listeningRe = regexp.MustCompile(`msg="?idem (?:payments|processor) listening"?.*?\baddr="?([^"\s]+)"?`)
+var listeningRe = regexp.MustCompile(`msg="?idem (?:payments|processor|proxy) listening"?.*?\baddr="?([^"\s]+)"?`)
 
 // logBuffer is the combined stdout and stderr of a process, safe for concurrent use.
 type logBuffer struct {
@@ -53,15 +53,16 @@ func (b *logBuffer) String() string {
 	return b.buf.String()
 }
 
-// server is one running `idem payments` (or `idem processor`) process. It can be killed
+// server is one running `idem payments` (or `idem processor`, `idem proxy`) process. It can be killed
 // and restarted on the same address with the same arguments; its output (of every
 // incarnation) is logged when the test fails.
 type server struct {
 	t       testing.TB
 	name    string
-	command string   // payments or processor
+	command string   // payments, processor or proxy
 	args    []string // without --addr
 	addr    string   // host:port once listening
+	dir     string   // the working directory; "" for the test's
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -127,6 +128,7 @@ func (s *server) launch(addr string) error {
 		return err
 	}
 	cmd := exec.Command(bin, append([]string{s.command, "--addr", addr}, s.args...)...)
+	cmd.Dir = s.dir
 	logs := &logBuffer{}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
