@@ -1,6 +1,8 @@
 # The idem command in a container: a static binary on a distroless base, run as a
 # non-root user. `docker build -t idem .`; `docker compose up` runs it with PostgreSQL,
-# Redis and Prometheus (compose.yaml, docs/operations.md).
+# Redis and Prometheus (compose.yaml, docs/operations.md). It runs `idem payments` unless
+# told otherwise: `docker run idem proxy --upstream http://api:3000` runs the proxy in
+# front of an API (docs/proxy.md; compose.yaml's idem-proxy), on the same port.
 #
 # Build stage: the module's dependencies first (cached while go.mod and go.sum stay the
 # same), then the source; scripts/build-static is also what e2e's Docker test runs.

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,8 +86,8 @@ func readDockerfile(t *testing.T) dockerfile {
 // static, and `idem payments` runs from a directory holding only what the run stage
 // copies, with only the environment the Dockerfile sets, as the Dockerfile's non-root
 // user: it starts on its default SQLite store in the working directory and answers
-// /healthz. This machine has no Docker engine; this is the part of the image that can
-// be checked without one.
+// /healthz; so does `idem proxy` in front of an upstream. This machine has no Docker
+// engine; this is the part of the image that can be checked without one.
 func TestDockerImageBinaryRunsAsNonRootWithOnlyItsFiles(t *testing.T) {
 	t.Parallel()
 	d := readDockerfile(t)
@@ -163,6 +164,27 @@ func TestDockerImageBinaryRunsAsNonRootWithOnlyItsFiles(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("after SIGTERM: %v", err)
 	}
+
+	// The same image runs `idem proxy` (compose.yaml's idem-proxy), on the same store.
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer upstream.Close()
+	proxyCmd := exec.Command(cmd.Path, append(slices.Clone(d.entrypoint[1:]), "proxy", "--upstream", upstream.URL, "--upstream-health-path", "/")...)
+	proxyCmd.Dir, proxyCmd.Env, proxyCmd.SysProcAttr = cmd.Dir, cmd.Env, cmd.SysProcAttr
+	addr = startImageProcess(t, proxyCmd)
+	resp, err = http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("idem proxy's /healthz: %d", resp.StatusCode)
+	}
+	if err := proxyCmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := proxyCmd.Wait(); err != nil {
+		t.Fatalf("idem proxy after SIGTERM: %v", err)
+	}
 }
 
 // wantStatic fails unless the ELF file at path needs no interpreter and no shared
@@ -236,19 +258,48 @@ func startImageProcess(t *testing.T, cmd *exec.Cmd) string {
 
 var idemVariable = regexp.MustCompile(`\bIDEM_[A-Z_]+\b`)
 
-// Every IDEM_ variable that the Dockerfile and compose.yaml set is a flag's variable
-// of `idem payments`, and Prometheus scrapes the compose services' metrics listeners.
+// composeServices returns the services of compose.yaml by name, each its block of lines.
+func composeServices(t *testing.T, compose string) map[string]string {
+	t.Helper()
+	_, services, ok := strings.Cut(compose, "\nservices:\n")
+	if !ok {
+		t.Fatal("compose.yaml has no services")
+	}
+	services, _, _ = strings.Cut(services, "\nvolumes:\n")
+	blocks := map[string]string{}
+	name := ""
+	for _, line := range strings.Split(services, "\n") {
+		if m := regexp.MustCompile(`^  ([a-z][a-z0-9-]*):$`).FindStringSubmatch(line); m != nil {
+			name = m[1]
+			continue
+		}
+		if name != "" {
+			blocks[name] += line + "\n"
+		}
+	}
+	return blocks
+}
+
+// Every IDEM_ variable that the Dockerfile sets is a flag's variable of each serving
+// subcommand the image runs (idem payments, its CMD, and idem proxy), and every one a
+// compose service sets is one of the subcommand that service runs (its command, or
+// the image's CMD); the files the services mount exist; and Prometheus scrapes the
+// compose services' metrics listeners.
 func TestDeployFilesSetOnlyRealFlagsAndScrapeTheMetricsListeners(t *testing.T) {
 	t.Parallel()
-	help := mustRunIdem(t, "payments", "--help").stdout
-	for _, file := range []string{"../Dockerfile", "../compose.yaml"} {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, v := range idemVariable.FindAllString(string(b), -1) {
-			if !strings.Contains(help, "[$"+v+"]") {
-				t.Errorf("%s sets %s, which is no flag's variable of idem payments", file, v)
+	help := map[string]string{}
+	for _, cmd := range []string{"payments", "proxy"} {
+		help[cmd] = mustRunIdem(t, cmd, "--help").stdout
+	}
+	d := readDockerfile(t)
+	dockerfile, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range idemVariable.FindAllString(string(dockerfile), -1) {
+		for cmd, h := range help {
+			if !strings.Contains(h, "[$"+v+"]") {
+				t.Errorf("the Dockerfile sets %s, which is no flag's variable of idem %s", v, cmd)
 			}
 		}
 	}
@@ -256,13 +307,45 @@ func TestDeployFilesSetOnlyRealFlagsAndScrapeTheMetricsListeners(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	services := composeServices(t, string(compose))
+	built := 0
+	for name, block := range services {
+		if !strings.Contains(block, "    build: .\n") {
+			if vars := idemVariable.FindAllString(block, -1); len(vars) > 0 {
+				t.Errorf("compose.yaml's %s sets %v but does not run the image", name, vars)
+			}
+			continue
+		}
+		built++
+		cmd := d.cmd[0]
+		if m := regexp.MustCompile(`\n    command: \["([a-z]+)"`).FindStringSubmatch("\n" + block); m != nil {
+			cmd = m[1]
+		}
+		h, ok := help[cmd]
+		if !ok {
+			t.Errorf("compose.yaml's %s runs idem %s, which this test does not know", name, cmd)
+			continue
+		}
+		for _, v := range idemVariable.FindAllString(block, -1) {
+			if !strings.Contains(h, "[$"+v+"]") {
+				t.Errorf("compose.yaml's %s sets %s, which is no flag's variable of idem %s", name, v, cmd)
+			}
+		}
+	}
+	if built < 3 {
+		t.Fatalf("compose.yaml runs the image in %d services, want idem, idem-redis and idem-proxy: %v", built, services)
+	}
+	for _, mount := range regexp.MustCompile(`- \./([^:\s]+):`).FindAllStringSubmatch(string(compose), -1) {
+		if _, err := os.Stat("../" + mount[1]); err != nil {
+			t.Errorf("compose.yaml mounts %s: %v", mount[1], err)
+		}
+	}
 	prom, err := os.ReadFile("../deploy/prometheus.yml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range regexp.MustCompile(`targets: \["([a-z-]+):(\d+)"\]`).FindAllStringSubmatch(string(prom), -1) {
-		service := regexp.MustCompile(`(?s)\n  ` + regexp.QuoteMeta(m[1]) + `:\n(.*?)\n\n`).FindSubmatch(compose)
-		if service == nil || !strings.Contains(string(service[1]), "IDEM_METRICS_ADDR: 0.0.0.0:"+m[2]) {
+		if !strings.Contains(services[m[1]], "IDEM_METRICS_ADDR: 0.0.0.0:"+m[2]) {
 			t.Errorf("Prometheus scrapes %s:%s, but compose.yaml has no such service with IDEM_METRICS_ADDR on that port", m[1], m[2])
 		}
 	}
