@@ -2,6 +2,7 @@
 // tests, the compose file and scripts/bench-proxy. It counts what it does and says so.
 //
 //   node upstream.js [--port 3000] [--host 127.0.0.1] [--dedup-header Idempotency-Key]
+//                    [--delay MS]
 //
 // It prints "upstream listening on HOST:PORT" once it listens (port 0 picks one).
 //
@@ -9,7 +10,8 @@
 // (GET /_count's "requests"), and one effect ("effects") unless --dedup-header names a
 // header whose value it has seen: then it answers what the first request with that
 // value answered (waiting for it when it is still running), as an upstream that
-// deduplicates by key does. The answer is 201 (200 for GET) JSON:
+// deduplicates by key does. --delay spends MS milliseconds on each effect, waiting as
+// an API waits for its database (scripts/bench-proxy). The answer is 201 (200 for GET) JSON:
 //   {"effect": N, "method", "path", "body", "idempotency_key": <its Idempotency-Key or
 //    null>, "server": "node"}
 // chunked (Node's default for a response written in parts), unless the query says:
@@ -31,6 +33,7 @@ function arg(name, def) {
 const port = Number(arg("port", "3000"));
 const host = arg("host", "127.0.0.1");
 const dedupHeader = arg("dedup-header", "").toLowerCase();
+const delay = Number(arg("delay", "0"));
 
 let requests = 0;
 let effects = 0;
@@ -70,6 +73,7 @@ async function execute(req, url, body) {
     status: Number(url.searchParams.get("status") || (req.method === "GET" ? 200 : 201)),
     body: JSON.stringify({ effect: effects, method: req.method, path: url.pathname, body, idempotency_key: req.headers["idempotency-key"] || null, server: "node" }),
   };
+  if (delay > 0) await new Promise((resolve) => setTimeout(resolve, delay));
   const name = url.searchParams.get("hold");
   if (name) await hold(name).promise;
   return answer;
