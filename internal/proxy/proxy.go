@@ -86,7 +86,8 @@ type Config struct {
 	SharedScope bool
 
 	// Methods are the methods whose requests are protected when they carry a key; a
-	// request of another method, or without a key, is forwarded untouched. Defaults to
+	// request of another method, or without a key, is forwarded untouched. An empty,
+	// non-nil slice protects no method (only the RequireKey routes). Defaults to
 	// [DefaultMethods] (POST, PATCH).
 	Methods []string
 	// RequireKey are net/http ServeMux patterns ("POST /v1/charges",
@@ -234,8 +235,8 @@ func New(cfg Config) (*Proxy, error) {
 }
 
 // Validate reports the first field of c that New would refuse, in an error naming it
-// ("proxy: Config.RequireKey: …"), without looking at c.Idem, which idem.New
-// validates.
+// ("proxy: Config.RequireKey: …"). Of c.Idem it checks only KeyHeader: idem.New
+// validates the rest when New builds the middleware.
 func (c Config) Validate() error {
 	if err := checkUpstream(c.Upstream); err != nil {
 		return err
