@@ -129,7 +129,7 @@ func warnUnknownEnv(fs *flag.FlagSet, environ []string, stderr io.Writer) {
 
 // commands are the command lines whose flags commandVariables collects: every command
 // that parses flags (TestCommandVariablesCoverEveryCommand keeps the list whole).
-var commands = [][]string{{"payments"}, {"processor"}, {"migrate"}, {"purge"}, {"load"},
+var commands = [][]string{{"payments"}, {"processor"}, {"proxy"}, {"migrate"}, {"purge"}, {"load"},
 	{"keys", "get"}, {"keys", "list"}, {"keys", "delete"}, {"keys", "resolve"}, {"check"}}
 
 // commandVariables returns the environment variable of every flag of every command,

@@ -225,7 +225,7 @@ func TestCommandVariablesCoverEveryCommand(t *testing.T) {
 	if c.n != len(commands) {
 		t.Fatalf("%d flag sets collected for %d commands", c.n, len(commands))
 	}
-	for _, v := range []string{"IDEM_PROCESSOR_URL", "IDEM_OLDER_THAN", "IDEM_CONCURRENCY", "IDEM_FORCE", "IDEM_LOST_REPLY_RATE"} {
+	for _, v := range []string{"IDEM_PROCESSOR_URL", "IDEM_UPSTREAM", "IDEM_OLDER_THAN", "IDEM_CONCURRENCY", "IDEM_FORCE", "IDEM_LOST_REPLY_RATE"} {
 		if !commandVariables()[v] {
 			t.Errorf("commandVariables lacks %s", v)
 		}
