@@ -68,9 +68,17 @@ func (x *exchange) stream(reason string) {
 	}
 	x.streaming = true
 	x.h.SetStore(false)
-	x.p.logger.WarnContext(x.r.Context(), "idem proxy: the upstream's response cannot be stored whole; it is passed through and the key released, so a retry executes again",
+	x.p.logger.WarnContext(x.r.Context(), "idem proxy: the upstream's response "+unstorable[reason]+"; it is passed through and the key released, so a retry executes again",
 		"reason", reason, "status", x.status, "key_hash", keyHash(x.h.Scope(), x.h.Key()),
 		"method", x.r.Method, "path", x.r.URL.Path, "max_stored_body", x.p.maxStored)
+}
+
+// unstorable says, by reason, why a response cannot be stored whole; each reason has
+// a message of its own, so that repeated warnings are summarised per reason.
+var unstorable = map[string]string{
+	"event_stream": "is an event stream, which cannot be stored",
+	"trailers":     "has trailers, which cannot be stored",
+	"too_large":    "is larger than the largest body stored (MaxStoredBody, --max-stored-body)",
 }
 
 // Header returns the capture's header.

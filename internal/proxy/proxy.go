@@ -141,7 +141,9 @@ type Config struct {
 
 	// Logger receives the proxy's warnings (a response passed through unstored, a
 	// failed upstream exchange, a keyed upgrade) and, unless Idem.Logger is set, the
-	// middleware's. Keys appear as a short hash. Defaults to [slog.Default].
+	// middleware's. Keys appear as a short hash. A warning repeated within
+	// [idem.DefaultLogSummaryInterval] is counted, not written again
+	// ([idem.NewLogSummaryHandler]). Defaults to [slog.Default].
 	Logger *slog.Logger
 }
 
@@ -185,6 +187,9 @@ func New(cfg Config) (*Proxy, error) {
 	if p.logger == nil {
 		p.logger = slog.Default()
 	}
+	// A failing upstream fails every request alike: one line and a count per interval,
+	// as the middleware's own lines.
+	p.logger = slog.New(idem.NewLogSummaryHandler(p.logger.Handler(), 0))
 	p.keyHeader, _ = headerName("", cfg.Idem.KeyHeader, idem.DefaultKeyHeader)
 	if !cfg.SharedScope {
 		p.scopeHeader, _ = headerName("", cfg.ScopeHeader, DefaultScopeHeader)
