@@ -300,28 +300,59 @@ func TestProxyProcessesShareKeysOnOnePostgresStore(t *testing.T) {
 	up.wantCounts("after a held key and a storm over two proxies", 2, 2)
 }
 
-// heldThenKilled sends a keyed POST through px that the upstream holds, waits until the
-// upstream is working on it, and SIGKILLs px: its record stays in flight until its
-// lease lapses, and whether the upstream acted is unknown to every proxy.
-func heldThenKilled(t *testing.T, up *upstreamProc, px *server, c *client, key, body string) {
-	t.Helper()
-	go func() {
-		_, _ = c.send(context.Background(), px.URL(), request{method: "POST", path: "/v1/charges?hold=" + key, key: key, contentType: contentJSON, body: []byte(body)})
-	}()
-	up.waitRequests(1)
-	px.kill()
+// killedMidForward is a key whose proxy was SIGKILLed while the upstream worked on
+// its request: the record stays in flight until its lease lapses, and whether the
+// upstream acted is unknown to every proxy.
+type killedMidForward struct {
+	up              *upstreamProc
+	other           *server // a second proxy on the same store, alive
+	c               *client
+	key, path, body string
 }
 
-// retryUntilNotInFlight sends the POST through base until it is not 409
-// request_in_progress (the dead holder's lease lapsed), and returns that answer.
-func retryUntilNotInFlight(t testing.TB, c *client, base, path, key, body string) *response {
+// killMidForward starts an upstream of lang with upstreamArgs and two proxies on store
+// with a 1 s lease and proxyFlags, sends a keyed POST through the first that the
+// upstream holds (?hold=key), and SIGKILLs that proxy once the upstream works on it.
+func killMidForward(t *testing.T, lang upstreamLang, store string, upstreamArgs []string, proxyFlags ...string) *killedMidForward {
 	t.Helper()
-	var last *response
-	waitFor(t, 30*time.Second, "the retry gets past the dead proxy's lease", func() (bool, string) {
-		last = proxyPost(t, c, base, path, key, body)
-		return last.errorCode() != "request_in_progress", last.String()
-	})
-	return last
+	k := &killedMidForward{up: startUpstream(t, lang, upstreamArgs...), c: newClient(), key: newKey(), body: `{"amount": 2000}`}
+	k.path = "/v1/charges?hold=" + k.key
+	flags := append([]string{"--store", store, "--lock-timeout", "1s", "--ttl", "1h"}, proxyFlags...)
+	dying := startProxy(t, k.up, flags...)
+	k.other = startProxy(t, k.up, flags...)
+	go func() {
+		_, _ = k.c.send(context.Background(), dying.URL(), request{method: "POST", path: k.path, key: k.key, contentType: contentJSON, body: []byte(k.body)})
+	}()
+	k.up.waitRequests(1)
+	dying.kill()
+	return k
+}
+
+// retry sends the key's POST through the other proxy.
+func (k *killedMidForward) retry(t testing.TB) *response {
+	t.Helper()
+	return proxyPost(t, k.c, k.other.URL(), k.path, k.key, k.body)
+}
+
+// retryAfterTheLease sends the key's POST through the other proxy until it is not 409
+// request_in_progress (the dead proxy's lease lapsed), within 30 s, and returns that
+// answer or why there is none. It may run on any goroutine.
+func (k *killedMidForward) retryAfterTheLease() (*response, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*requestTimeout)
+		res, err := k.c.send(ctx, k.other.URL(), request{method: "POST", path: k.path, key: k.key, contentType: contentJSON, body: []byte(k.body)})
+		cancel()
+		switch {
+		case err != nil:
+			return nil, err
+		case res.errorCode() != "request_in_progress":
+			return res, nil
+		case time.Now().After(deadline):
+			return nil, fmt.Errorf("the retry still gets 409 request_in_progress 30 s after the kill: %s", res)
+		}
+		time.Sleep(50 * time.Millisecond) // a poll: the lease lapses by the store's clock
+	}
 }
 
 // A proxy SIGKILLed while the upstream works on its request, under the default
@@ -331,31 +362,26 @@ func retryUntilNotInFlight(t testing.TB, c *client, base, path, key, body string
 func TestProxyKilledMidForwardLeavesTheOutcomeUnknown(t *testing.T) {
 	t.Parallel()
 	forEachUpstreamAndStore(t, func(t *testing.T, lang upstreamLang, store string) {
-		up := startUpstream(t, lang)
-		flags := []string{"--store", store, "--lock-timeout", "1s", "--ttl", "1h"}
-		a := startProxy(t, up, flags...)
-		b := startProxy(t, up, flags...)
-		c, key := newClient(), newKey()
-		const body = `{"amount": 2000}`
-		heldThenKilled(t, up, a, c, key, body)
+		k := killMidForward(t, lang, store, nil)
+		res, err := k.retryAfterTheLease()
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantError(t, "a retry after the lease", res, http.StatusInternalServerError, "outcome_unknown")
+		k.up.release(k.key) // the dead proxy's request finishes at the upstream: one effect
+		wantError(t, "a later retry", k.retry(t), http.StatusInternalServerError, "outcome_unknown")
+		k.up.wantCounts("after the kill and two retries", 1, 1)
 
-		path := "/v1/charges?hold=" + key
-		wantError(t, "a retry after the lease", retryUntilNotInFlight(t, c, b.URL(), path, key, body), http.StatusInternalServerError, "outcome_unknown")
-		up.release(key) // the dead proxy's request finishes at the upstream: one effect
-		wantError(t, "a later retry", proxyPost(t, c, b.URL(), path, key, body), http.StatusInternalServerError, "outcome_unknown")
-		up.wantCounts("after the kill and two retries", 1, 1)
-
-		scope := sha256.Sum256([]byte("Bearer " + c.token))
+		scope := sha256.Sum256([]byte("Bearer " + k.c.token))
 		if !strings.HasPrefix(store, "redis") { // Redis cannot list its keys
 			listed := mustRunIdem(t, "keys", "list", "--store", store, "--scope", hex.EncodeToString(scope[:]), "--state", "outcome_unknown")
-			if !strings.Contains(listed.stdout, key) {
+			if !strings.Contains(listed.stdout, k.key) {
 				t.Fatalf("idem keys list --state outcome_unknown does not list the key:\n%s", listed.stdout)
 			}
 		}
-		mustRunIdem(t, "keys", "resolve", "--store", store, "--scope", hex.EncodeToString(scope[:]), "--key", key, "--release")
-		after := proxyPost(t, c, b.URL(), "/v1/charges", key, body)
-		want201(t, "the retry after the operator released the key", after)
-		up.wantCounts("after the operator released the key", 2, 2)
+		mustRunIdem(t, "keys", "resolve", "--store", store, "--scope", hex.EncodeToString(scope[:]), "--key", k.key, "--release")
+		want201(t, "the retry after the operator released the key", proxyPost(t, k.c, k.other.URL(), "/v1/charges", k.key, k.body))
+		k.up.wantCounts("after the operator released the key", 2, 2)
 	})
 }
 
@@ -366,33 +392,31 @@ func TestProxyKilledMidForwardLeavesTheOutcomeUnknown(t *testing.T) {
 func TestProxyKilledMidForwardIsTakenOverUnderTheSameDerivedKey(t *testing.T) {
 	t.Parallel()
 	forEachUpstreamAndStore(t, func(t *testing.T, lang upstreamLang, store string) {
-		up := startUpstream(t, lang, "--dedup-header", "Idempotency-Key")
-		flags := []string{"--store", store, "--lock-timeout", "1s", "--ttl", "1h", "--on-lapse", "take_over"}
-		a := startProxy(t, up, flags...)
-		b := startProxy(t, up, flags...)
-		c, key := newClient(), newKey()
-		const body = `{"amount": 2000}`
-		heldThenKilled(t, up, a, c, key, body)
-
-		path := "/v1/charges?hold=" + key
-		retried := make(chan *response, 1)
-		go func() { retried <- retryUntilNotInFlight(t, c, b.URL(), path, key, body) }()
-		up.waitRequests(2) // the retry reached the upstream, which waits for the first
-		up.release(key)
-		var res *response
+		k := killMidForward(t, lang, store, []string{"--dedup-header", "Idempotency-Key"}, "--on-lapse", "take_over")
+		retried := make(chan answer, 1)
+		go func() {
+			res, err := k.retryAfterTheLease()
+			retried <- answer{res, err}
+		}()
+		k.up.waitRequests(2) // the retry reached the upstream, which waits for the first
+		k.up.release(k.key)
+		var a answer
 		select {
-		case res = <-retried:
-		case <-time.After(2 * requestTimeout):
+		case a = <-retried:
+		case <-time.After(3 * requestTimeout):
 			t.Fatal("the takeover's retry was not answered")
 		}
-		want201(t, "the takeover", res)
-		if effectOf(t, res) != 1 || res.replayed() {
-			t.Fatalf("the takeover: want the first request's effect from the upstream, not replayed; got %s", res)
+		if a.err != nil {
+			t.Fatal(a.err)
 		}
-		if again := proxyPost(t, c, b.URL(), path, key, body); !again.replayed() || string(again.Body) != string(res.Body) {
+		want201(t, "the takeover", a.res)
+		if effectOf(t, a.res) != 1 || a.res.replayed() {
+			t.Fatalf("the takeover: want the first request's effect from the upstream, not replayed; got %s", a.res)
+		}
+		if again := k.retry(t); !again.replayed() || string(again.Body) != string(a.res.Body) {
 			t.Fatalf("a retry after the takeover: want its response replayed, got %s", again)
 		}
-		up.wantCounts("after the kill, the takeover and a retry", 2, 1)
+		k.up.wantCounts("after the kill, the takeover and a retry", 2, 1)
 	})
 }
 
