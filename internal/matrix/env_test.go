@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 	"sync"
@@ -215,7 +216,7 @@ func postgresEnv(t *testing.T, databaseSQL bool) *env {
 
 func openRedis(t *testing.T) *redis.Store {
 	t.Helper()
-	st, err := redis.Open(t.Context(), testenv.RedisURL(t), redis.Config{KeyPrefix: testenv.Name("matrix:") + ":"})
+	st, err := redis.Open(t.Context(), testenv.RedisURL(t), redis.Config{KeyPrefix: testenv.Name("matrix:") + ":", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
