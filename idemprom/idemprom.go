@@ -40,7 +40,8 @@
 //	    client's retry got it first), no_function (no resume function registered here;
 //	    counted once per record and process)
 //	idem_store_duration_seconds{op}          histogram: store calls by operation: claim,
-//	    wait (a poll of an in-flight key), complete, release, renew, step (a result saved
+//	    lookup (a ClaimInHandler route's read of its key before the handler), wait (a
+//	    poll of an in-flight key), complete, release, renew, step (a result saved
 //	    by idem.Step), list_resumable (a Completer's query)
 //	idem_store_errors_total{op, error}       counter: store calls that failed: timeout,
 //	    canceled, error (an answer such as "lease lost" or "not found" is no failure)
@@ -161,7 +162,7 @@ func New(cfg Config) *Metrics {
 			"route", "result"),
 		storeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns,
 			Name:        "store_duration_seconds",
-			Help:        "Durations of the store calls idem makes, by operation: claim, wait (a poll of an in-flight key), complete, release, renew, step, list_resumable.",
+			Help:        "Durations of the store calls idem makes, by operation: claim, lookup (a ClaimInHandler route's read of its key), wait (a poll of an in-flight key), complete, release, renew, step, list_resumable.",
 			ConstLabels: cfg.ConstLabels, Buckets: buckets}, []string{"op"}),
 		storeErrors: counter("store_errors_total",
 			"Store calls that failed, by operation and error: timeout, canceled, error.",
