@@ -179,12 +179,12 @@ var CoreStores = []Store{SQLite, Postgres, PostgresSQL, "Redis", Memory}
 
 // The core adapters.
 const (
-	Do          = "idem.Do"
-	DoTx        = "idem.DoTx (the store's InTx)"
-	Consumer    = "consume.Processor (the store's InTx)"
-	GRPCUnary   = "grpcidem unary"
-	GRPCTx      = "grpcidem unary with grpcidem.InTx"
-	GRPCStream  = "grpcidem streaming, with a key"
+	Do         = "idem.Do"
+	DoTx       = "idem.DoTx (the store's InTx)"
+	Consumer   = "consume.Processor (the store's InTx)"
+	GRPCUnary  = "grpcidem unary"
+	GRPCTx     = "grpcidem unary with grpcidem.InTx"
+	GRPCStream = "grpcidem streaming, with a key"
 )
 
 // CoreAdapters are the core adapters, in the document's order.
