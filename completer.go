@@ -27,13 +27,25 @@ import (
 type ResumeFunc func(ctx context.Context, h *Handle) error
 
 // RegisterResume registers fn as the resume function of the operation called name
-// ([Call.Name], [RouteOptions.Name]), for the [Completer]s of g. It panics when name
-// is empty, fn is nil, or name has a resume function already. Register every
-// operation before starting a completer; [Middleware.Route] registers
-// [RouteOptions.Resume] itself.
+// ([Call.Name], [RouteOptions.Name]), for the [Completer]s of g; the records it
+// completes live the guard's TTL. It panics when name is empty, fn is nil, or name has
+// a resume function already. Register every operation before starting a completer;
+// [Middleware.Route] registers [RouteOptions.Resume] itself, with the route's TTL.
 func (g *Guard) RegisterResume(name string, fn ResumeFunc) {
+	g.registerResume(name, fn, g.cfg.TTL, "Guard.RegisterResume")
+}
+
+// resumer is a registered resume function and the TTL of the records it completes.
+type resumer struct {
+	fn  ResumeFunc
+	ttl time.Duration
+}
+
+// registerResume registers fn under name with the TTL of its operation's records;
+// caller names the API, for panics.
+func (g *Guard) registerResume(name string, fn ResumeFunc, ttl time.Duration, caller string) {
 	if name == "" || fn == nil {
-		panic("idem: Guard.RegisterResume needs a name and a function")
+		panic("idem: " + caller + " needs a name and a function")
 	}
 	g.resumeMu.Lock()
 	defer g.resumeMu.Unlock()
@@ -41,13 +53,14 @@ func (g *Guard) RegisterResume(name string, fn ResumeFunc) {
 		panic(fmt.Sprintf("idem: operation %q has a resume function already", name))
 	}
 	if g.resumes == nil {
-		g.resumes = map[string]ResumeFunc{}
+		g.resumes = map[string]resumer{}
 	}
-	g.resumes[name] = fn
+	g.resumes[name] = resumer{fn: fn, ttl: ttl}
 }
 
-// resumeFunc returns the resume function registered for the operation name, or nil.
-func (g *Guard) resumeFunc(name string) ResumeFunc {
+// resumer returns what is registered for the operation name (a nil fn when nothing
+// is).
+func (g *Guard) resumer(name string) resumer {
 	g.resumeMu.RLock()
 	defer g.resumeMu.RUnlock()
 	return g.resumes[name]
@@ -66,6 +79,9 @@ const (
 	DefaultCompleterRetryBackoff = 30 * time.Second
 	// DefaultCompleterMaxRetryBackoff caps the wait between attempts on one record.
 	DefaultCompleterMaxRetryBackoff = 10 * time.Minute
+	// DefaultCompleterWarnAfter is the age past which an unfinished operation that a
+	// completer cannot finish is logged at WARN.
+	DefaultCompleterWarnAfter = 5 * time.Minute
 )
 
 // CompleterConfig configures a [Completer].
@@ -83,9 +99,15 @@ type CompleterConfig struct {
 	// next attempt; the wait doubles at every failure of the same record, up to
 	// MaxRetryBackoff, jittered by ±10%. Defaults to [DefaultCompleterRetryBackoff].
 	RetryBackoff time.Duration
-	// MaxRetryBackoff caps the wait between attempts on one record. Defaults to
-	// [DefaultCompleterMaxRetryBackoff].
+	// MaxRetryBackoff caps the wait between attempts on one record: however long
+	// its operation stays unfinished, it is tried again at least this often. Defaults
+	// to [DefaultCompleterMaxRetryBackoff].
 	MaxRetryBackoff time.Duration
+	// WarnAfter is the age (since its key was claimed) past which an unfinished
+	// operation that this completer failed to finish, or has no resume function for,
+	// is logged once at WARN, with its operation, recovery point, record id, attempts
+	// and last error. Defaults to [DefaultCompleterWarnAfter].
+	WarnAfter time.Duration
 	// Logger receives the completer's logs (keys as a short hash). Defaults to the
 	// guard's logger.
 	Logger *slog.Logger
@@ -95,18 +117,25 @@ type CompleterConfig struct {
 // their steps committed (SPEC §13), so that a client that gave up still gets a
 // finished operation, and one that retries finds it finished. Each pass lists the
 // records whose lease lapsed (or was ended by a release) and whose recovery point
-// advanced, in bounded batches; takes each over with the claim of SPEC §5, which one
+// advanced, in bounded batches, however long ago their TTL ran out (an unfinished
+// operation never expires); takes each over with the claim of SPEC §5, which one
 // process wins when several completers (or a completer and a client's retry) race;
 // runs the resume function registered under the record's operation name
 // ([Guard.RegisterResume]) with a [Handle] positioned after the last committed step;
 // and completes the record with the result the function set.
 //
-// A record whose resume fails is tried again at a later pass, after a backoff that
-// doubles at every failure; one whose operation has no resume function in this process
-// (or no name) is logged once and left to the client's retry. A Completer runs on the
-// guard's store, lease and clock; build it with [NewCompleter] and Run it for the
-// process's life. Stores without Capabilities.RecoveryPoints (Redis) have nothing to
-// complete: Run returns at once.
+// A Completer never gives up on a record: one whose resume fails is tried again at a
+// later pass, after a backoff that doubles at every failure up to MaxRetryBackoff, for
+// as long as the record stays unfinished; one whose operation has no resume function
+// in this process (or no name) is looked at again on the same schedule, and logged at
+// every look, since another process's completer, or the client's retry, may finish
+// it. Unfinished operations are visible: one that this completer could not finish is
+// logged at WARN once it is older than WarnAfter, and every pass counts the store's
+// unfinished operations and the oldest one's age ([CompleterPass], Observer.Unfinished,
+// idemprom's idem_unfinished_operations). A Completer runs on the guard's store,
+// lease and clock; build it with [NewCompleter] and Run it for the process's life.
+// Stores without Capabilities.RecoveryPoints (Redis) have nothing to complete: Run
+// returns at once.
 type Completer struct {
 	g      *Guard
 	cfg    CompleterConfig
@@ -114,20 +143,23 @@ type Completer struct {
 
 	// mu serialises passes and guards what they remember of records.
 	mu sync.Mutex
-	// failing holds the records whose resume failed, with when to try again;
-	// unresumable those logged as having no resume function. Both forget records that
-	// a pass no longer finds.
-	failing     map[recordRef]*resumeFailure
-	unresumable map[recordRef]bool
+	// records holds what passes remember of the records they could not finish: the
+	// attempts, when to try again, whether the record was logged as old. A record's
+	// entry goes once it is finished here, or not seen for forgetAfter.
+	records map[recordRef]*recordState
 }
 
 // recordRef identifies one record: (scope, key) and the record id, which is new when
 // the key starts a new operation.
 type recordRef struct{ scope, key, id string }
 
-type resumeFailure struct {
-	attempts int
-	next     time.Time
+// recordState is what a Completer remembers of one record it could not finish.
+type recordState struct {
+	attempts int       // failed attempts (or looks without a resume function)
+	next     time.Time // no attempt before then
+	lastErr  error     // of the last failed attempt
+	warned   bool      // logged as older than WarnAfter
+	seen     time.Time // the last pass that listed it
 }
 
 // CompleterPass is what one pass of a [Completer] did.
@@ -139,7 +171,13 @@ type CompleterPass struct {
 	// Skipped is how many resumable records it left alone: taken by another process
 	// or a retry first, waiting for their backoff, or without a resume function.
 	Skipped int
-	// Err is the error that ended the pass early (a failed query), or nil.
+	// Unfinished is how many unfinished operations the store held after the pass
+	// (Store.RecordCountUnfinished: in flight after a step committed, those running
+	// now included), and OldestUnfinished how long the oldest of them has existed.
+	Unfinished       int
+	OldestUnfinished time.Duration
+	// Err is the error that ended the pass early (a failed query), or of the count of
+	// unfinished operations, or nil.
 	Err error
 }
 
@@ -150,7 +188,7 @@ func NewCompleter(g *Guard, cfg CompleterConfig) *Completer {
 		panic("idem: NewCompleter needs a guard")
 	}
 	for name, d := range map[string]time.Duration{"Interval": cfg.Interval, "BatchTimeout": cfg.BatchTimeout,
-		"RetryBackoff": cfg.RetryBackoff, "MaxRetryBackoff": cfg.MaxRetryBackoff} {
+		"RetryBackoff": cfg.RetryBackoff, "MaxRetryBackoff": cfg.MaxRetryBackoff, "WarnAfter": cfg.WarnAfter} {
 		if d < 0 {
 			panic(fmt.Sprintf("idem: CompleterConfig.%s must not be negative, got %v", name, d))
 		}
@@ -163,11 +201,11 @@ func NewCompleter(g *Guard, cfg CompleterConfig) *Completer {
 	setDefault(&cfg.BatchTimeout, DefaultCompleterBatchTimeout)
 	setDefault(&cfg.RetryBackoff, DefaultCompleterRetryBackoff)
 	setDefault(&cfg.MaxRetryBackoff, DefaultCompleterMaxRetryBackoff)
+	setDefault(&cfg.WarnAfter, DefaultCompleterWarnAfter)
 	if cfg.Logger == nil {
 		cfg.Logger = g.cfg.Logger
 	}
-	return &Completer{g: g, cfg: cfg, passes: make(chan CompleterPass, 16),
-		failing: map[recordRef]*resumeFailure{}, unresumable: map[recordRef]bool{}}
+	return &Completer{g: g, cfg: cfg, passes: make(chan CompleterPass, 16), records: map[recordRef]*recordState{}}
 }
 
 // Passes receives what every pass of [Completer.Run] did, so that tests wait on a
@@ -187,22 +225,37 @@ func (c *Completer) Run(ctx context.Context) {
 	runPasses(ctx, c.cfg.Interval, func() {
 		p := c.Pass(ctx)
 		if p.Err != nil && ctx.Err() == nil {
-			c.cfg.Logger.WarnContext(ctx, "idem: finding resumable records failed; retrying at the next pass", slog.Any("error", p.Err))
+			c.cfg.Logger.WarnContext(ctx, "idem: a completer pass failed; retrying at the next pass", slog.Any("error", p.Err))
 		}
 		signal(c.passes, p)
 	})
 }
 
 // Pass resumes the resumable records it finds, batch after batch, until a batch comes
-// back short (or ctx ends, or a query fails), and says what it did. Passes of one
-// Completer run one at a time.
+// back short (or ctx ends, or a query fails), then counts the store's unfinished
+// operations, and says what it did. Passes of one Completer run one at a time.
 func (c *Completer) Pass(ctx context.Context) CompleterPass {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	p := c.resumeAll(ctx)
+	c.forget()
+	if ctx.Err() == nil {
+		n, err := c.countUnfinished(ctx)
+		switch {
+		case err != nil && p.Err == nil:
+			p.Err = fmt.Errorf("counting unfinished operations: %w", err)
+		case err == nil:
+			p.Unfinished, p.OldestUnfinished = n.Count, n.OldestAge()
+		}
+	}
+	return p
+}
+
+// resumeAll resumes the resumable records, batch after batch.
+func (c *Completer) resumeAll(ctx context.Context) CompleterPass {
 	var (
 		p     CompleterPass
 		after recordRef
-		seen  = map[recordRef]bool{}
 	)
 	for {
 		if err := ctx.Err(); err != nil {
@@ -215,9 +268,7 @@ func (c *Completer) Pass(ctx context.Context) CompleterPass {
 			return p
 		}
 		for _, rec := range recs {
-			ref := recordRef{rec.Scope, rec.Key, rec.ID}
-			seen[ref] = true
-			switch c.resume(ctx, rec, ref) {
+			switch c.resume(ctx, rec) {
 			case resumeDone:
 				p.Resumed++
 			case resumeFailed:
@@ -227,41 +278,69 @@ func (c *Completer) Pass(ctx context.Context) CompleterPass {
 			}
 		}
 		if len(recs) < c.cfg.BatchSize {
-			break
+			return p
 		}
 		last := recs[len(recs)-1]
 		after = recordRef{scope: last.Scope, key: last.Key}
 	}
-	// Forget what the store no longer lists (completed, expired, resumed elsewhere).
-	for ref := range c.failing {
-		if !seen[ref] {
-			delete(c.failing, ref)
+}
+
+// forget drops what passes remember of records not listed for longer than the
+// longest wait between two attempts, or WarnAfter: they were finished (or settled)
+// elsewhere. A record held by a retry at every pass for a while keeps its entry, so
+// that it is not logged as old twice.
+func (c *Completer) forget() {
+	keep := max(c.cfg.MaxRetryBackoff, c.cfg.WarnAfter)
+	now := c.g.localNow()
+	for ref, st := range c.records {
+		if now.Sub(st.seen) > keep {
+			delete(c.records, ref)
 		}
 	}
-	for ref := range c.unresumable {
-		if !seen[ref] {
-			delete(c.unresumable, ref)
-		}
-	}
-	return p
 }
 
 // list returns one batch of resumable records after the cursor.
 func (c *Completer) list(ctx context.Context, after recordRef) ([]*Record, error) {
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.BatchTimeout)
 	defer cancel()
-	ob := c.g.cfg.Observer
-	var start time.Time
-	if ob != nil && ob.StoreCall != nil {
-		start = time.Now()
-	}
+	start := c.callStart()
 	recs, err := c.g.cfg.Store.RecordListResumable(lctx, &RecordListResumableParams{
 		AfterScope: after.scope, AfterKey: after.key, Limit: c.cfg.BatchSize, Now: c.g.storeNow(),
 	})
-	if !start.IsZero() {
-		ob.StoreCall(StoreCallEvent{Context: context.WithoutCancel(ctx), Op: StoreOpListResumable, Duration: time.Since(start), Err: err})
-	}
+	c.observeCall(ctx, StoreOpListResumable, start, err)
 	return recs, err
+}
+
+// countUnfinished counts the store's unfinished operations and tells the observer.
+func (c *Completer) countUnfinished(ctx context.Context) (*RecordCountUnfinishedResult, error) {
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.BatchTimeout)
+	defer cancel()
+	start := c.callStart()
+	n, err := c.g.cfg.Store.RecordCountUnfinished(cctx, &RecordCountUnfinishedParams{Now: c.g.storeNow()})
+	c.observeCall(ctx, StoreOpCountUnfinished, start, err)
+	if err != nil {
+		return nil, err
+	}
+	if ob := c.g.cfg.Observer; ob != nil && ob.Unfinished != nil {
+		ob.Unfinished(UnfinishedEvent{Context: context.WithoutCancel(ctx), Count: n.Count, OldestAge: n.OldestAge()})
+	}
+	return n, nil
+}
+
+// callStart is the start of a store call of the completer: the time when there is an
+// observer of store calls, zero otherwise (no clock read).
+func (c *Completer) callStart() time.Time {
+	if ob := c.g.cfg.Observer; ob != nil && ob.StoreCall != nil {
+		return time.Now()
+	}
+	return time.Time{}
+}
+
+// observeCall reports the store call op that began at start (zero: not observed).
+func (c *Completer) observeCall(ctx context.Context, op StoreOp, start time.Time, err error) {
+	if !start.IsZero() {
+		c.g.cfg.Observer.StoreCall(StoreCallEvent{Context: context.WithoutCancel(ctx), Op: op, Duration: time.Since(start), Err: err})
+	}
 }
 
 // observe tells the observer what became of the resumable record rec, whose resume
@@ -286,45 +365,66 @@ const (
 	resumeSkipped resumeOutcome = iota
 	resumeDone
 	resumeFailed
+	// resumeWaiting: the record waits for its backoff, or has no resume function.
+	resumeWaiting
 )
 
 // resume takes rec over and finishes its operation, unless it must wait for its
-// backoff, has no resume function, or another caller got it first.
-func (c *Completer) resume(ctx context.Context, rec *Record, ref recordRef) resumeOutcome {
-	g := c.g
-	if f := c.failing[ref]; f != nil && g.localNow().Before(f.next) {
-		return resumeSkipped
+// backoff, has no resume function, or another caller got it first. A record it could
+// not finish is logged once at WARN when older than WarnAfter.
+func (c *Completer) resume(ctx context.Context, rec *Record) resumeOutcome {
+	ref := recordRef{rec.Scope, rec.Key, rec.ID}
+	st := c.records[ref]
+	if st == nil {
+		st = &recordState{}
+		c.records[ref] = st
 	}
+	st.seen = c.g.localNow()
 	// The operation's name is the route of its events, as for the caller that began it.
 	h := &Handle{route: rec.Operation, operation: rec.Operation}
-	// The record's TTL: a resumable record is in flight and not expired, so its
-	// expires_at is created_at + TTL (its lease ended before it).
-	h.init(g, ctx, rec.Scope, rec.Key, rec.Fingerprint, rec.ExpiresAt.Sub(rec.CreatedAt))
-	fn := g.resumeFunc(rec.Operation)
+	r := c.g.resumer(rec.Operation)
+	h.init(c.g, ctx, rec.Scope, rec.Key, rec.Fingerprint, r.ttl)
+	o := c.attempt(ctx, h, rec, st, r.fn)
+	switch o {
+	case resumeDone:
+		delete(c.records, ref)
+	case resumeFailed, resumeWaiting:
+		c.warnIfOld(ctx, h, rec, st)
+	}
+	return o
+}
+
+// attempt runs one attempt at rec, unless it waits for its backoff.
+func (c *Completer) attempt(ctx context.Context, h *Handle, rec *Record, st *recordState, fn ResumeFunc) resumeOutcome {
+	g := c.g
+	if g.localNow().Before(st.next) {
+		return resumeWaiting
+	}
 	if fn == nil {
-		if !c.unresumable[ref] {
-			c.unresumable[ref] = true
-			c.cfg.Logger.WarnContext(ctx, "idem: a record's holder died after a step committed, but its operation has no resume function here; "+
-				"it waits for the client's retry (register one with Guard.RegisterResume or RouteOptions.Resume)",
-				h.attrs(slog.String("operation", rec.Operation), slog.String("recovery_point", rec.RecoveryPoint))...)
-			c.observe(ctx, h, rec, ResumeNoFunction, time.Time{}, nil)
-		}
-		return resumeSkipped
+		c.failed(st, errNoResumeFunction)
+		c.cfg.Logger.WarnContext(ctx, "idem: a record's holder died after a step committed, but its operation has no resume function here; "+
+			"it waits for the client's retry or another process's completer, and this one looks again later "+
+			"(register one with Guard.RegisterResume or RouteOptions.Resume)",
+			h.attrs(slog.String("operation", rec.Operation), slog.String("recovery_point", rec.RecoveryPoint),
+				slog.Time("next_look", st.next))...)
+		c.observe(ctx, h, rec, ResumeNoFunction, time.Time{}, nil)
+		return resumeWaiting
 	}
 	start := h.storeCallStart() // zero without an observer: no clock read
 	res, err := h.claimKey(ctx, time.Time{})
 	if err != nil {
 		c.cfg.Logger.WarnContext(ctx, "idem: the completer's claim failed", h.attrs(slog.Any("error", err))...)
 		c.observe(ctx, h, rec, ResumeFailed, start, err)
-		return c.failed(ref)
+		return c.failed(st, err)
 	}
 	switch {
 	case res.Outcome != ClaimAcquired:
 		c.observe(ctx, h, rec, ResumeTaken, time.Time{}, nil)
 		return resumeSkipped // completed, or held, by a retry or another completer
 	case !res.TookOver:
-		// The record expired between the list and the claim, which claimed the key
-		// afresh: give that back to the client's next request.
+		// The record went (completed and expired, or settled by an operator) between
+		// the list and the claim, which claimed the key afresh: give that back to the
+		// client's next request.
 		h.claimed = res.Record
 		_ = h.release()
 		return resumeSkipped
@@ -337,11 +437,29 @@ func (c *Completer) resume(ctx context.Context, rec *Record, ref recordRef) resu
 		c.cfg.Logger.WarnContext(ctx, "idem: resuming an operation failed; the record is kept and tried again later",
 			h.attrs(slog.String("operation", rec.Operation), slog.Any("error", err))...)
 		c.observe(ctx, h, rec, ResumeFailed, start, err)
-		return c.failed(ref)
+		return c.failed(st, err)
 	}
-	delete(c.failing, ref)
 	c.observe(ctx, h, rec, ResumeResumed, start, nil)
 	return resumeDone
+}
+
+// errNoResumeFunction is the last error of a record whose operation has no resume
+// function in this process.
+var errNoResumeFunction = errors.New("idem: no resume function registered for the operation in this process")
+
+// warnIfOld logs, once per record, an unfinished operation older than WarnAfter that
+// this completer could not finish.
+func (c *Completer) warnIfOld(ctx context.Context, h *Handle, rec *Record, st *recordState) {
+	age := c.g.localNow().Sub(rec.CreatedAt)
+	if st.warned || age < c.cfg.WarnAfter {
+		return
+	}
+	st.warned = true
+	c.cfg.Logger.WarnContext(ctx, "idem: an operation is still unfinished after the completer's WarnAfter; it never expires, and is tried again "+
+		"until it completes or an operator settles it (idem keys list --state unfinished, idem keys resolve)",
+		h.attrs(slog.String("operation", rec.Operation), slog.String("recovery_point", rec.RecoveryPoint),
+			slog.String("record_id", rec.ID), slog.Duration("age", age.Round(time.Second)),
+			slog.Int("attempts", st.attempts), slog.Any("last_error", st.lastErr))...)
 }
 
 // errNoResult is the failure of a resume function that set no result.
@@ -372,18 +490,15 @@ func (c *Completer) run(fn ResumeFunc, h *Handle) (err error) {
 	}
 }
 
-// failed notes a failed resume of ref and when to try it again.
-func (c *Completer) failed(ref recordRef) resumeOutcome {
-	f := c.failing[ref]
-	if f == nil {
-		f = &resumeFailure{}
-		c.failing[ref] = f
-	}
-	f.attempts++
-	wait := c.cfg.RetryBackoff << min(f.attempts-1, 20)
+// failed notes a failed attempt at a record (err) and when to try it again: after
+// RetryBackoff, doubled at every failure, at most MaxRetryBackoff, jittered.
+func (c *Completer) failed(st *recordState, err error) resumeOutcome {
+	st.attempts++
+	st.lastErr = err
+	wait := c.cfg.RetryBackoff << min(st.attempts-1, 20)
 	if wait <= 0 || wait > c.cfg.MaxRetryBackoff {
 		wait = c.cfg.MaxRetryBackoff
 	}
-	f.next = c.g.localNow().Add(jitter(wait))
+	st.next = c.g.localNow().Add(jitter(wait))
 	return resumeFailed
 }

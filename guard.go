@@ -29,9 +29,10 @@ type Guard struct {
 	// hooks signal tests; all nil in production.
 	hooks testHooks
 
-	// resumes are the resume functions of named operations, for Completers.
+	// resumes are the resume functions of named operations and their TTLs, for
+	// Completers.
 	resumeMu sync.RWMutex
-	resumes  map[string]ResumeFunc
+	resumes  map[string]resumer
 
 	// cutOffs holds a token per running watch of a cut-off claim (cutoff.go).
 	cutOffs chan struct{}

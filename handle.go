@@ -550,22 +550,30 @@ func (h *Handle) leaseLost() bool {
 }
 
 // cacheCompleted puts the result this process just stored in the replay cache, when
-// there is one: it expires at the claimed record's created_at + TTL (SPEC §8).
+// there is one: it expires with the record (SPEC §8).
 func (h *Handle) cacheCompleted(resp *Response) {
 	g := h.g
 	if g.cache == nil || h.claimed == nil {
 		return
 	}
-	expires := CompletedExpiresAt(h.claimed.CreatedAt, h.claim.TTL)
-	g.cache.put(h.scope, h.key, h.claimed.Fingerprint, cloneResponse(resp), expires, g.localNow())
+	g.cache.put(h.scope, h.key, h.claimed.Fingerprint, cloneResponse(resp), h.completedExpiresAt(), g.localNow())
+}
+
+// completedExpiresAt is when the record that h completed just now expires: at its
+// created_at + TTL, or a TTL after now when its recovery point advanced
+// ([Record.CompletionExpiresAt]), by the guard's clock.
+func (h *Handle) completedExpiresAt() time.Time {
+	rec := Record{CreatedAt: h.claimed.CreatedAt, RecoveryPoint: h.RecoveryPoint()}
+	return rec.CompletionExpiresAt(h.g.localNow(), h.claim.TTL)
 }
 
 // warnIfExpired logs a record completed after its TTL ran out: it counts as absent
 // already, so a repeat executes the operation again (SPEC §8). The operation ran
-// longer than the TTL, which should be longer than the slowest operation. It reports
-// whether it did.
+// longer than the TTL, which should be longer than the slowest operation. (An
+// operation whose recovery point advanced never completes expired: its TTL counts
+// from the completion.) It reports whether it did.
 func (h *Handle) warnIfExpired() bool {
-	if h.claimed == nil || h.g.localNow().Before(CompletedExpiresAt(h.claimed.CreatedAt, h.claim.TTL)) {
+	if h.claimed == nil || h.g.localNow().Before(h.completedExpiresAt()) {
 		return false
 	}
 	h.g.cfg.Logger.WarnContext(&h.detached, "idem: record completed after its TTL: it is expired already, and a retry executes again; make the TTL longer than the operation runs",

@@ -89,13 +89,14 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 			"(store/sqlite's or store/postgres's Respond); this store has none (Capabilities.Transactions is false): " +
 			"mount the route without ClaimInHandler (with Redis, answer through backstop's Respond)")
 	}
+	ttl := m.g.callTTL(opts.TTL, "RouteOptions.TTL")
 	if opts.Resume != nil {
 		if opts.Name == "" {
 			panic("idem: RouteOptions.Resume needs a RouteOptions.Name to register it under")
 		}
-		m.g.RegisterResume(opts.Name, opts.Resume)
+		m.g.registerResume(opts.Name, opts.Resume, ttl, "RouteOptions.Resume")
 	}
-	rt := &route{m: m, requirement: opts.Requirement, ttl: m.g.callTTL(opts.TTL, "RouteOptions.TTL"),
+	rt := &route{m: m, requirement: opts.Requirement, ttl: ttl,
 		policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler, name: opts.Name, onLapse: opts.OnLapse,
 		keyHeader: m.cfg.KeyHeader, fingerprint: opts.Fingerprint, errorWriter: opts.ErrorWriter}
 	if opts.KeyHeader != "" {

@@ -52,9 +52,13 @@ type Observer struct {
 	// to commit.
 	Step func(StepEvent)
 	// Resumed is called for every record a [Completer] resumed, failed to resume,
-	// found taken by another caller, or found without a resume function (once per
-	// record and process).
+	// found taken by another caller, or found without a resume function (at every
+	// attempt, which such a record gets with the backoff of a failure).
 	Resumed func(ResumeEvent)
+	// Unfinished is called at the end of every pass of a [Completer] with the store's
+	// unfinished operations (SPEC §13): how many, and the oldest one's age. Every
+	// process's completer counts the whole store, so each reports the same numbers.
+	Unfinished func(UnfinishedEvent)
 }
 
 // Outcome is what a claim found ([ClaimEvent.Outcome]); its values are fit for a metric
@@ -238,6 +242,9 @@ const (
 	StoreOpRenew         StoreOp = "renew"          // Store.RecordRenew
 	StoreOpStep          StoreOp = "step"           // Store.RecordStep, saving a result of [Step]
 	StoreOpListResumable StoreOp = "list_resumable" // Store.RecordListResumable, a Completer's query
+	// StoreOpCountUnfinished is Store.RecordCountUnfinished, a Completer's count of
+	// unfinished operations.
+	StoreOpCountUnfinished StoreOp = "count_unfinished"
 )
 
 // StoreCallEvent is one store call (Observer.StoreCall).
@@ -311,9 +318,24 @@ const (
 	// finished the record first.
 	ResumeTaken ResumeResult = "taken"
 	// ResumeNoFunction: the record's operation has no resume function in this process
-	// ([Guard.RegisterResume]); it waits for the client's retry. Told once per record.
+	// ([Guard.RegisterResume]); it waits for the client's retry, or another process's
+	// completer, and this one looks again after the backoff of a failure.
 	ResumeNoFunction ResumeResult = "no_function"
 )
+
+// UnfinishedEvent is what a [Completer]'s pass counted of the store's unfinished
+// operations (Observer.Unfinished): records in flight after a step committed, which
+// never expire until they are completed or an operator settles them (SPEC §13).
+type UnfinishedEvent struct {
+	// Context is the context of the completer's pass.
+	Context context.Context
+	// Count is the number of unfinished operations in the store, those running now
+	// included.
+	Count int
+	// OldestAge is how long the oldest of them has existed (since its key was
+	// claimed); 0 when there is none.
+	OldestAge time.Duration
+}
 
 // ResumeEvent is a record a [Completer] found resumable (Observer.Resumed).
 type ResumeEvent struct {
@@ -423,9 +445,10 @@ func MultiObserver(observers ...*Observer) *Observer {
 		StoreCall:     fanOut(observers, func(o *Observer) func(StoreCallEvent) { return o.StoreCall }),
 		Step:          fanOut(observers, func(o *Observer) func(StepEvent) { return o.Step }),
 		Resumed:       fanOut(observers, func(o *Observer) func(ResumeEvent) { return o.Resumed }),
+		Unfinished:    fanOut(observers, func(o *Observer) func(UnfinishedEvent) { return o.Unfinished }),
 	}
 	if m.Claimed == nil && m.Completed == nil && m.Released == nil && m.RenewalFailed == nil &&
-		m.LeaseLost == nil && m.StoreCall == nil && m.Step == nil && m.Resumed == nil {
+		m.LeaseLost == nil && m.StoreCall == nil && m.Step == nil && m.Resumed == nil && m.Unfinished == nil {
 		return nil
 	}
 	return m

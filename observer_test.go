@@ -38,13 +38,14 @@ func (r *recorder) observer() *idem.Observer {
 		StoreCall:     func(e idem.StoreCallEvent) { r.add(e) },
 		Step:          func(e idem.StepEvent) { r.add(e) },
 		Resumed:       func(e idem.ResumeEvent) { r.add(e) },
+		Unfinished:    func(e idem.UnfinishedEvent) { r.add(e) },
 	}
 }
 
 // take returns the events recorded since the last take, each summarised as
 // "claimed:acquired", "completed:stored", "released", "renewal_failed",
-// "lease_lost:expired", "store:claim", "step:charge_pending:committed" or
-// "resume:resumed" (with "!" when it carries an error).
+// "lease_lost:expired", "store:claim", "step:charge_pending:committed",
+// "resume:resumed" or "unfinished:2" (with "!" when it carries an error).
 func (r *recorder) take() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -72,6 +73,8 @@ func (r *recorder) take() []string {
 			s, err = "step:"+e.Step+":"+string(e.Result), e.Err
 		case idem.ResumeEvent:
 			s, err = "resume:"+string(e.Result), e.Err
+		case idem.UnfinishedEvent:
+			s = fmt.Sprintf("unfinished:%d", e.Count)
 		}
 		if err != nil {
 			s += "!"
@@ -499,9 +502,10 @@ func TestObserverSeesStepsCommittedSavedFencedAndFailed(t *testing.T) {
 }
 
 // A completer's passes are told per record: resumed, failed (tried again later),
-// taken by another caller first, and without a resume function (once). The events of
-// the operation it resumes carry the operation's name as their route, and its queries
-// are store calls.
+// taken by another caller first, and without a resume function (looked at again
+// after a backoff); each pass ends with the store's count of unfinished operations.
+// The events of the operation it resumes carry the operation's name as their route,
+// and its queries are store calls.
 func TestObserverSeesWhatTheCompleterDidWithEachRecord(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}
@@ -538,7 +542,7 @@ func TestObserverSeesWhatTheCompleterDidWithEachRecord(t *testing.T) {
 	}
 	wantEvents(t, "a failing resume and an operation without a function", rec,
 		"store:list_resumable", "store:claim", "step:charge_pending:saved", "store:release", "released", "resume:failed!",
-		"resume:no_function")
+		"resume:no_function", "store:count_unfinished", "unfinished:2")
 
 	failing = false
 	clock.Advance(2 * time.Minute)
@@ -546,8 +550,9 @@ func TestObserverSeesWhatTheCompleterDidWithEachRecord(t *testing.T) {
 		t.Fatalf("second pass = %+v, want one resumed", p)
 	}
 	events := rec.all()
-	wantEvents(t, "the resume that succeeds; the record without a function is told once", rec,
-		"store:list_resumable", "store:claim", "step:charge_pending:saved", "store:complete", "completed:stored", "resume:resumed")
+	wantEvents(t, "the resume that succeeds; the record without a function, looked at again after its backoff", rec,
+		"store:list_resumable", "store:claim", "step:charge_pending:saved", "store:complete", "completed:stored", "resume:resumed",
+		"resume:no_function", "store:count_unfinished", "unfinished:1")
 	for _, e := range events {
 		switch e := e.(type) {
 		case idem.CompletionEvent:
@@ -555,8 +560,16 @@ func TestObserverSeesWhatTheCompleterDidWithEachRecord(t *testing.T) {
 				t.Errorf("the resumed operation's completion has route %q, want its operation's name", e.Route)
 			}
 		case idem.ResumeEvent:
-			if e.Route != "charges.create" || e.RecoveryPoint != "charge_pending" || e.KeyHash == "" || e.Duration <= 0 {
+			if e.Result == idem.ResumeNoFunction {
+				if e.Route != "refunds.create" || e.RecoveryPoint != "charge_pending" || e.KeyHash == "" {
+					t.Errorf("resume event %+v lacks the route, recovery point or key hash", e)
+				}
+			} else if e.Route != "charges.create" || e.RecoveryPoint != "charge_pending" || e.KeyHash == "" || e.Duration <= 0 {
 				t.Errorf("resume event %+v lacks the route, recovery point, key hash or duration", e)
+			}
+		case idem.UnfinishedEvent:
+			if e.OldestAge < idem.DefaultLease {
+				t.Errorf("unfinished event %+v: the oldest is older than a lease", e)
 			}
 		}
 	}
@@ -577,8 +590,8 @@ func TestObserverSeesWhatTheCompleterDidWithEachRecord(t *testing.T) {
 	if p := c.Pass(t.Context()); p.Skipped != 2 {
 		t.Fatalf("third pass = %+v, want two skipped", p)
 	}
-	if got := strings.Join(rec.take(), " "); !strings.HasSuffix(got, "resume:taken") {
-		t.Errorf("third pass: events %s, want them to end with resume:taken", got)
+	if got := strings.Join(rec.take(), " "); !strings.HasSuffix(got, "resume:taken store:count_unfinished unfinished:2") {
+		t.Errorf("third pass: events %s, want them to end with resume:taken, then the count of the two unfinished", got)
 	}
 }
 

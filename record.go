@@ -121,12 +121,21 @@ type Record struct {
 	// CreatedAt is when the key was claimed (kept across takeovers).
 	CreatedAt time.Time
 	// ExpiresAt is when the record stops existing, whether or not it was deleted yet:
-	// created_at + ttl once completed, max(created_at + ttl, lease_end) in flight (§8).
+	// created_at + ttl once completed (completion + ttl for an operation whose
+	// recovery point advanced), max(created_at + ttl, lease_end) in flight (§8). An
+	// unfinished record ([Record.Unfinished]) does not expire, whatever it says.
 	ExpiresAt time.Time
 }
 
-// Expired reports whether the record counts as absent at now (SPEC §8).
-func (r *Record) Expired(now time.Time) bool { return !now.Before(r.ExpiresAt) }
+// Unfinished reports whether the record is an unfinished operation (SPEC §13): in
+// flight after one of its steps committed. Such a record never expires and no cleaner
+// deletes it until it is completed or an operator settles it, so that a retry or the
+// [Completer] always finds it, with its record id and so its foreign keys.
+func (r *Record) Unfinished() bool { return r.State == StateInFlight && r.RecoveryPoint != "" }
+
+// Expired reports whether the record counts as absent at now (SPEC §8): its
+// ExpiresAt passed, and it is not an unfinished operation.
+func (r *Record) Expired(now time.Time) bool { return !r.Unfinished() && !now.Before(r.ExpiresAt) }
 
 // LeaseLive reports whether an in-flight record's holder still holds its lease at now.
 func (r *Record) LeaseLive(now time.Time) bool {
@@ -152,4 +161,16 @@ func InFlightExpiresAt(created time.Time, ttl time.Duration, leaseEnd time.Time)
 // CompletedExpiresAt is the expiry of a completed record: created + ttl.
 func CompletedExpiresAt(created time.Time, ttl time.Duration) time.Time {
 	return created.Add(ttl)
+}
+
+// CompletionExpiresAt is the expiry of the record r completed at now with ttl (SPEC
+// §8, §13): created + ttl, or, when its recovery point advanced, now + ttl (never
+// earlier than created + ttl). An operation that outlived its TTL unfinished keeps
+// its result for a whole TTL after it finished.
+func (r *Record) CompletionExpiresAt(now time.Time, ttl time.Duration) time.Time {
+	e := CompletedExpiresAt(r.CreatedAt, ttl)
+	if r.RecoveryPoint != "" && now.Add(ttl).After(e) {
+		return now.Add(ttl)
+	}
+	return e
 }

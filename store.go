@@ -37,7 +37,9 @@ type Store interface {
 	RecordClaim(ctx context.Context, params *RecordClaimParams) (*RecordClaimResult, error)
 
 	// RecordComplete stores the final response of the holder of params.Token and marks
-	// the record completed, expiring at created_at + TTL. It is fenced: when the record
+	// the record completed, expiring at created_at + TTL, or, when its recovery point
+	// advanced, at now + TTL ([Record.CompletionExpiresAt]: an operation that outlived
+	// its TTL unfinished keeps its result a whole TTL). It is fenced: when the record
 	// is no longer in flight under that token it changes nothing and returns
 	// [ErrLeaseLost].
 	RecordComplete(ctx context.Context, params *RecordCompleteParams) error
@@ -55,12 +57,13 @@ type Store interface {
 	RecordRenew(ctx context.Context, params *RecordRenewParams) (time.Time, error)
 
 	// RecordGet reads one record by (Scope, Key). An absent or expired record is
-	// [ErrNotFound].
+	// [ErrNotFound]; an unfinished one ([Record.Unfinished]) never expires.
 	RecordGet(ctx context.Context, params *RecordGetParams) (*Record, error)
 
 	// RecordDeleteExpired deletes up to params.Limit records whose expires_at is before
 	// now − params.Retention and returns how many it deleted. It never deletes an
-	// in-flight record whose lease is live. Stores that expire records themselves
+	// in-flight record whose lease is live, nor an unfinished operation's record
+	// ([Record.Unfinished], SPEC §13). Stores that expire records themselves
 	// (Capabilities.BatchedCleanup false) return 0, nil.
 	RecordDeleteExpired(ctx context.Context, params *RecordDeleteExpiredParams) (int, error)
 
@@ -75,11 +78,20 @@ type Store interface {
 
 	// RecordListResumable returns up to params.Limit records that the [Completer] may
 	// resume: in flight, their recovery point advanced, their lease lapsed (or ended by
-	// a release) and not expired, in (scope, key) order after (params.AfterScope,
-	// params.AfterKey). It never returns responses. SQL stores answer it from an index
-	// of such records. A store whose Capabilities().RecoveryPoints is false returns an
-	// error wrapping [errors.ErrUnsupported].
+	// a release), however long ago their TTL ran out (such a record never expires), in
+	// (scope, key) order after (params.AfterScope, params.AfterKey). It never returns
+	// responses. SQL stores answer it from an index of such records. A store whose
+	// Capabilities().RecoveryPoints is false returns an error wrapping
+	// [errors.ErrUnsupported].
 	RecordListResumable(ctx context.Context, params *RecordListResumableParams) ([]*Record, error)
+
+	// RecordCountUnfinished counts the unfinished operations of the whole store
+	// ([Record.Unfinished]: in flight after a step committed, whether their lease is
+	// live or not) and finds the oldest one's creation, so that every process's
+	// [Completer] reports the same numbers (SPEC §13, §15). SQL stores answer it from
+	// the index of such records. A store whose Capabilities().RecoveryPoints is false
+	// returns an error wrapping [errors.ErrUnsupported].
+	RecordCountUnfinished(ctx context.Context, params *RecordCountUnfinishedParams) (*RecordCountUnfinishedResult, error)
 
 	// Ping reports whether the store answers; /healthz uses it.
 	Ping(ctx context.Context) error
@@ -180,7 +192,8 @@ type RecordCompleteParams struct {
 	Token string
 	// Response is the response to store.
 	Response *Response
-	// TTL sets expires_at = created_at + TTL.
+	// TTL sets expires_at = created_at + TTL, or now + TTL when the record's recovery
+	// point advanced ([Record.CompletionExpiresAt]).
 	TTL time.Duration
 	// Now, when non-zero, replaces the store's clock (tests only).
 	Now time.Time
@@ -223,6 +236,31 @@ type RecordListResumableParams struct {
 	Limit int
 	// Now, when non-zero, replaces the store's clock (tests only).
 	Now time.Time
+}
+
+// RecordCountUnfinishedParams are the parameters of [Store.RecordCountUnfinished].
+type RecordCountUnfinishedParams struct {
+	// Now, when non-zero, replaces the store's clock (tests only).
+	Now time.Time
+}
+
+// RecordCountUnfinishedResult is the answer of [Store.RecordCountUnfinished].
+type RecordCountUnfinishedResult struct {
+	// Count is the number of unfinished operations.
+	Count int
+	// Oldest is the creation of the oldest unfinished operation; zero when Count is 0.
+	Oldest time.Time
+	// Now is the store's time of the count: Now − Oldest is the oldest one's age.
+	Now time.Time
+}
+
+// OldestAge is how long the oldest unfinished operation has existed, 0 when there is
+// none.
+func (r *RecordCountUnfinishedResult) OldestAge() time.Duration {
+	if r.Count == 0 || r.Oldest.IsZero() {
+		return 0
+	}
+	return max(r.Now.Sub(r.Oldest), 0)
 }
 
 // RecordRenewParams are the parameters of [Store.RecordRenew].

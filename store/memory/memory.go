@@ -90,7 +90,7 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 		rec.Token = ""
 		rec.LeaseEnd = time.Time{}
 		rec.Response = &idem.Response{Status: 500, OutcomeUnknown: true}
-		rec.ExpiresAt = idem.CompletedExpiresAt(rec.CreatedAt, p.TTL)
+		rec.ExpiresAt = rec.CompletionExpiresAt(t, p.TTL)
 		res.Outcome = idem.ClaimCompleted
 		res.MarkedUnknown = true
 	case idem.DecideInFlight:
@@ -115,11 +115,11 @@ func (s *Store) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams
 	if !ok {
 		return idem.ErrLeaseLost
 	}
+	rec.ExpiresAt = rec.CompletionExpiresAt(now(p.Now), p.TTL)
 	rec.State = idem.StateCompleted
 	rec.Token = ""
 	rec.LeaseEnd = time.Time{}
 	rec.Response = copyResponse(p.Response)
-	rec.ExpiresAt = idem.CompletedExpiresAt(rec.CreatedAt, p.TTL)
 	return nil
 }
 
@@ -177,8 +177,7 @@ func (s *Store) RecordListResumable(ctx context.Context, p *idem.RecordListResum
 	defer s.mu.Unlock()
 	var out []*idem.Record
 	for k, rec := range s.records {
-		if rec.State == idem.StateInFlight && rec.RecoveryPoint != "" && !rec.LeaseLive(t) && !rec.Expired(t) &&
-			(p.AfterKey == "" || compareKeys(k, after) > 0) {
+		if rec.Unfinished() && !rec.LeaseLive(t) && (p.AfterKey == "" || compareKeys(k, after) > 0) {
 			out = append(out, rec)
 		}
 	}
@@ -191,6 +190,25 @@ func (s *Store) RecordListResumable(ctx context.Context, p *idem.RecordListResum
 		out[i].Response = nil
 	}
 	return out, nil
+}
+
+// RecordCountUnfinished implements [idem.Store.RecordCountUnfinished].
+func (s *Store) RecordCountUnfinished(ctx context.Context, p *idem.RecordCountUnfinishedParams) (*idem.RecordCountUnfinishedResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	res := &idem.RecordCountUnfinishedResult{Now: now(p.Now)}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, rec := range s.records {
+		if rec.Unfinished() {
+			res.Count++
+			if res.Oldest.IsZero() || rec.CreatedAt.Before(res.Oldest) {
+				res.Oldest = rec.CreatedAt
+			}
+		}
+	}
+	return res, nil
 }
 
 // RecordRenew implements [idem.Store.RecordRenew].
@@ -251,7 +269,7 @@ func (s *Store) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExp
 	defer s.mu.Unlock()
 	var expired []*idem.Record
 	for _, rec := range s.records {
-		if rec.ExpiresAt.Before(cutoff) && !rec.LeaseLive(t) {
+		if rec.ExpiresAt.Before(cutoff) && !rec.LeaseLive(t) && !rec.Unfinished() {
 			expired = append(expired, rec)
 		}
 	}

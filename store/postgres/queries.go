@@ -54,21 +54,22 @@ type queries struct {
 	// schemaPrefix is what {{schema}} became: the quoted schema and a dot, or "".
 	schemaPrefix string
 
-	recordClaim         string
-	recordClaimExpired  string
-	recordTakeOver      string
-	recordMarkUnknown   string
-	recordComplete      string
-	recordCompleteTx    string
-	recordInsertDone    string
-	recordInsertAfter   string
-	recordRelease       string
-	recordStep          string
-	recordStepTx        string
-	recordListResumable string
-	recordRenew         string
-	recordGet           string
-	recordDeleteExpired string
+	recordClaim           string
+	recordClaimExpired    string
+	recordTakeOver        string
+	recordMarkUnknown     string
+	recordComplete        string
+	recordCompleteTx      string
+	recordInsertDone      string
+	recordInsertAfter     string
+	recordRelease         string
+	recordStep            string
+	recordStepTx          string
+	recordListResumable   string
+	recordRenew           string
+	recordGet             string
+	recordDeleteExpired   string
+	recordCountUnfinished string
 
 	migrateLock         string
 	migrateSchemaExists string
@@ -94,27 +95,28 @@ func newQueries(schema string) *queries {
 		return strings.ReplaceAll(s, "{{schema}}", prefix)
 	}
 	return &queries{
-		schemaPrefix:        prefix,
-		recordClaim:         q("RecordClaim"),
-		recordClaimExpired:  q("RecordClaimExpired"),
-		recordTakeOver:      q("RecordTakeOver"),
-		recordMarkUnknown:   q("RecordMarkUnknown"),
-		recordComplete:      q("RecordComplete"),
-		recordCompleteTx:    q("RecordCompleteTx"),
-		recordInsertDone:    q("RecordInsertCompleted"),
-		recordInsertAfter:   q("RecordInsertCompletedAfter"),
-		recordRelease:       q("RecordRelease"),
-		recordStep:          q("RecordStep"),
-		recordStepTx:        q("RecordStepTx"),
-		recordListResumable: q("RecordListResumable"),
-		recordRenew:         q("RecordRenew"),
-		recordGet:           q("RecordGet"),
-		recordDeleteExpired: q("RecordDeleteExpired"),
-		migrateLock:         q("MigrateLock"),
-		migrateSchemaExists: q("MigrateSchemaExists"),
-		migrateCreateTable:  q("MigrateCreateTable"),
-		migrateApplied:      q("MigrateApplied"),
-		migrateRecord:       q("MigrateRecord"),
+		schemaPrefix:          prefix,
+		recordClaim:           q("RecordClaim"),
+		recordClaimExpired:    q("RecordClaimExpired"),
+		recordTakeOver:        q("RecordTakeOver"),
+		recordMarkUnknown:     q("RecordMarkUnknown"),
+		recordComplete:        q("RecordComplete"),
+		recordCompleteTx:      q("RecordCompleteTx"),
+		recordInsertDone:      q("RecordInsertCompleted"),
+		recordInsertAfter:     q("RecordInsertCompletedAfter"),
+		recordRelease:         q("RecordRelease"),
+		recordStep:            q("RecordStep"),
+		recordStepTx:          q("RecordStepTx"),
+		recordListResumable:   q("RecordListResumable"),
+		recordRenew:           q("RecordRenew"),
+		recordGet:             q("RecordGet"),
+		recordDeleteExpired:   q("RecordDeleteExpired"),
+		recordCountUnfinished: q("RecordCountUnfinished"),
+		migrateLock:           q("MigrateLock"),
+		migrateSchemaExists:   q("MigrateSchemaExists"),
+		migrateCreateTable:    q("MigrateCreateTable"),
+		migrateApplied:        q("MigrateApplied"),
+		migrateRecord:         q("MigrateRecord"),
 	}
 }
 

@@ -152,7 +152,7 @@ func completeArgs(p *idem.RecordCompleteParams) ([]any, error) {
 		body = []byte{}
 	}
 	return []any{[]byte(p.Scope), []byte(p.Key), p.Token, resp.Status, encodeHeaders(resp.Header),
-		body, resp.NotStored, micros(p.TTL)}, nil
+		body, resp.NotStored, micros(p.TTL), nowParam(p.Now)}, nil
 }
 
 // complete runs the fenced completion outside any transaction.
@@ -247,6 +247,27 @@ func (s *Store) RecordListResumable(ctx context.Context, p *idem.RecordListResum
 		return nil, interpretError(err)
 	}
 	return recs, nil
+}
+
+// RecordCountUnfinished counts the unfinished operations along the partial index of
+// resumable records, and finds the oldest one's creation.
+func (s *Store) RecordCountUnfinished(ctx context.Context, p *idem.RecordCountUnfinishedParams) (*idem.RecordCountUnfinishedResult, error) {
+	var (
+		n      int64
+		oldest *time.Time
+		now    time.Time
+	)
+	err := s.withRetry(ctx, "count_unfinished", func() error {
+		return s.pool.QueryRow(ctx, s.q.recordCountUnfinished, nowParam(p.Now)).Scan(&n, &oldest, &now)
+	})
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	res := &idem.RecordCountUnfinishedResult{Count: int(n), Now: now.UTC()}
+	if oldest != nil {
+		res.Oldest = oldest.UTC()
+	}
+	return res, nil
 }
 
 // RecordRenew extends the holder's lease to now + Lease, fenced by its token, and

@@ -371,6 +371,12 @@ func (s *Store) RecordListResumable(context.Context, *idem.RecordListResumablePa
 	return nil, errNoRecoveryPoints
 }
 
+// RecordCountUnfinished returns an error wrapping [errors.ErrUnsupported]: the Redis
+// store keeps no recovery points, so no operation is ever unfinished.
+func (s *Store) RecordCountUnfinished(context.Context, *idem.RecordCountUnfinishedParams) (*idem.RecordCountUnfinishedResult, error) {
+	return nil, errNoRecoveryPoints
+}
+
 // interpretError normalises go-redis errors at the store's edge.
 //
 // A Redis Cluster client refreshes its slot map only on MOVED replies and once a

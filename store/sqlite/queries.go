@@ -26,6 +26,7 @@ var (
 	queryRecordRenew            = mustQuery("record_renew")
 	queryRecordDeleteExp        = mustQuery("record_delete_expired")
 	queryRecordDeleteOverflowed = mustQuery("record_delete_overflowed")
+	queryRecordCountUnfin       = mustQuery("record_count_unfinished")
 
 	// The operator's interface (admin.go).
 	queryAdminListScope       = mustQuery("admin_list_scope")

@@ -227,7 +227,7 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idem.RecordClaimParams, t time.
 		return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, TookOver: true, Now: t}, nil
 	case idem.DecideUnknown:
 		n, err := execRows(ctx, tx, queryRecordMarkUnknown, sql.Named("scope", p.Scope), sql.Named("key", p.Key),
-			sql.Named("old_token", rec.Token), sql.Named("ttl", int64(p.TTL)))
+			sql.Named("old_token", rec.Token), sql.Named("ttl", int64(p.TTL)), sql.Named("now", nanos(t)))
 		if err != nil {
 			return nil, err
 		}
@@ -236,7 +236,7 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idem.RecordClaimParams, t time.
 		}
 		rec.State, rec.Token, rec.LeaseEnd = idem.StateCompleted, "", time.Time{}
 		rec.Response = &idem.Response{Status: 500, OutcomeUnknown: true}
-		rec.ExpiresAt = idem.CompletedExpiresAt(rec.CreatedAt, p.TTL).UTC()
+		rec.ExpiresAt = rec.CompletionExpiresAt(t, p.TTL).UTC()
 		return &idem.RecordClaimResult{Outcome: idem.ClaimCompleted, Record: rec, MarkedUnknown: true, Now: t}, nil
 	default:
 		return answerWithoutWriting(rec, p.Fingerprint, t), nil
@@ -279,7 +279,7 @@ func completeTx(ctx context.Context, tx *sql.Tx, p *idem.RecordCompleteParams) e
 	n, err := execRows(ctx, tx, queryRecordComplete,
 		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.Token),
 		sql.Named("status", resp.Status), sql.Named("headers", headers), sql.Named("body", body),
-		sql.Named("not_stored", resp.NotStored), sql.Named("ttl", int64(p.TTL)))
+		sql.Named("not_stored", resp.NotStored), sql.Named("ttl", int64(p.TTL)), sql.Named("now", nanos(now(p.Now))))
 	if err != nil {
 		return err
 	}
@@ -362,6 +362,23 @@ func (s *Store) RecordListResumable(ctx context.Context, p *idem.RecordListResum
 		return nil, interpretError(err)
 	}
 	return recs, nil
+}
+
+// RecordCountUnfinished implements [idem.Store.RecordCountUnfinished] with a plain read
+// along the partial index of resumable records.
+func (s *Store) RecordCountUnfinished(ctx context.Context, p *idem.RecordCountUnfinishedParams) (*idem.RecordCountUnfinishedResult, error) {
+	res := &idem.RecordCountUnfinishedResult{Now: now(p.Now).UTC()}
+	var oldest sql.NullInt64
+	err := s.retryBusy(ctx, "count unfinished", func() error {
+		return s.db.QueryRowContext(ctx, queryRecordCountUnfin).Scan(&res.Count, &oldest)
+	})
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	if oldest.Valid {
+		res.Oldest = fromNanos(oldest.Int64)
+	}
+	return res, nil
 }
 
 // RecordRenew implements [idem.Store.RecordRenew].

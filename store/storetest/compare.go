@@ -148,14 +148,24 @@ func inFlightRecord(p *idem.RecordClaimParams) *idem.Record {
 	}
 }
 
-// completedRecord is rec completed with resp under ttl.
+// completedRecord is rec, whose recovery point never advanced, completed with resp
+// under ttl.
 func completedRecord(rec *idem.Record, resp *idem.Response, ttl time.Duration) *idem.Record {
+	if rec.RecoveryPoint != "" {
+		panic("storetest: completedRecord of a record whose recovery point advanced; use completedRecordAt")
+	}
+	return completedRecordAt(rec, resp, ttl, rec.CreatedAt)
+}
+
+// completedRecordAt is rec completed at now with resp under ttl: it expires at
+// created_at + ttl, or now + ttl when its recovery point advanced.
+func completedRecordAt(rec *idem.Record, resp *idem.Response, ttl time.Duration, now time.Time) *idem.Record {
 	c := *rec
 	c.State = idem.StateCompleted
 	c.Token = ""
 	c.LeaseEnd = time.Time{}
 	c.Response = resp
-	c.ExpiresAt = idem.CompletedExpiresAt(rec.CreatedAt, ttl)
+	c.ExpiresAt = rec.CompletionExpiresAt(now, ttl)
 	return &c
 }
 

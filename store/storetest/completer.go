@@ -24,7 +24,7 @@ func init() {
 		testCase{"CompleterLeavesLiveRecordsAlone", testCompleterLeavesLive},
 		testCase{"CompletersRacingResumeEachRecordOnce", testCompletersRace},
 		testCase{"CompleterRetriesAFailedResumeAfterABackoff", testCompleterBackoff},
-		testCase{"CompleterLeavesRecordsWithoutAResumeFunction", testCompleterNoFunction},
+		testCase{"CompleterLooksAgainAtRecordsWithoutAResumeFunction", testCompleterNoFunction},
 		testCase{"TxCompleterCompletesInTheResumeFunctionsTransaction", testCompleterTx},
 	)
 }
@@ -70,12 +70,14 @@ func (b *bundle) completer(fn idem.ResumeFunc) (*idem.Guard, *idem.Completer, *t
 }
 
 // wantPass fails the test unless a pass of c resumed, failed and skipped as many
-// records as want says.
-func (b *bundle) wantPass(c *idem.Completer, want idem.CompleterPass) {
+// records as want says, without an error, and returns the pass.
+func (b *bundle) wantPass(c *idem.Completer, want idem.CompleterPass) idem.CompleterPass {
 	b.t.Helper()
-	if got := c.Pass(b.ctx); got != want {
-		b.t.Fatalf("completer pass = %+v, want %+v", got, want)
+	got := c.Pass(b.ctx)
+	if got.Resumed != want.Resumed || got.Failed != want.Failed || got.Skipped != want.Skipped || got.Err != nil {
+		b.t.Fatalf("completer pass = %+v, want %d resumed, %d failed, %d skipped and no error", got, want.Resumed, want.Failed, want.Skipped)
 	}
+	return got
 }
 
 func testCompleterFinishes(t *testing.T, h Harness) {
@@ -227,13 +229,24 @@ func testCompleterBackoff(t *testing.T, h Harness) {
 
 func testCompleterNoFunction(t *testing.T, h Harness) {
 	b := setupSteps(t, h)
-	_, c, clock := b.completer(nil)
+	g, c, clock := b.completer(nil)
 	b.deadAfterStep()
 	clock.Advance(lease + ms(1))
 	before := b.mustGet(clock.Now())
 	b.wantPass(c, idem.CompleterPass{Skipped: 1})
 	b.wantPass(c, idem.CompleterPass{Skipped: 1})
 	b.wantRecord("record without a resume function", b.mustGet(clock.Now()), before)
+
+	// It is looked at again after a backoff, not left for good: once a resume
+	// function is there (registered late here, or in another process), it is resumed.
+	var runs atomic.Int64
+	g.RegisterResume(chargeOperation, resumeCharge(&runs))
+	b.wantPass(c, idem.CompleterPass{Skipped: 1}) // still waiting for its backoff
+	clock.Advance(completerRetryBackoff + completerRetryBackoff/5)
+	b.wantPass(c, idem.CompleterPass{Resumed: 1})
+	if rec := b.mustGet(clock.Now()); rec.State != idem.StateCompleted || runs.Load() != 1 {
+		t.Fatalf("record %v after %d runs, want completed by one run of the function registered late", rec.State, runs.Load())
+	}
 }
 
 func testCompleterTx(t *testing.T, h Harness) {

@@ -121,6 +121,9 @@ func testNoRecoveryPoints(t *testing.T, h Harness) {
 	if _, err := b.s.RecordListResumable(b.ctx, &idem.RecordListResumableParams{Limit: 10, Now: b.t0}); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("RecordListResumable on a store without recovery points = %v, want errors.ErrUnsupported", err)
 	}
+	if _, err := b.s.RecordCountUnfinished(b.ctx, &idem.RecordCountUnfinishedParams{Now: b.t0}); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("RecordCountUnfinished on a store without recovery points = %v, want errors.ErrUnsupported", err)
+	}
 	g, _ := b.guard()
 	var runs atomic.Int64
 	_, _, err := idem.Do(b.ctx, g, idem.Call{Scope: b.scope, Key: b.key + "-do", Fingerprint: b.fp}, func(ctx context.Context) (int, error) {
@@ -142,10 +145,10 @@ func testStepSaves(t *testing.T, h Harness) {
 	b.step(second.Token, second.RecoveryPoint, second.Steps)
 	b.wantRecord("record after the second step", b.mustGet(b.at(ms(2))), advanced(inFlightRecord(p), second))
 
-	// The holder still holds it, and completes it.
+	// The holder still holds it, and completes it: its TTL counts from the completion.
 	b.complete(p.Token, sampleResponse(), b.at(ms(3)))
 	b.wantRecord("record completed after its steps", b.mustGet(b.at(ms(3))),
-		completedRecord(advanced(inFlightRecord(p), second), sampleResponse(), ttl))
+		completedRecordAt(advanced(inFlightRecord(p), second), sampleResponse(), ttl, b.at(ms(3))))
 }
 
 func testStepFenced(t *testing.T, h Harness) {
@@ -182,13 +185,16 @@ func testTakeoverKeepsSteps(t *testing.T, h Harness) {
 		t.Fatal("claim after the lease lapsed: TookOver = false")
 	}
 	b.wantRecord("taken-over record", res.Record, want)
-	b.complete(taker.Token, sampleResponse(), b.at(lease+ms(2)))
+	completed := b.at(lease + ms(2))
+	b.complete(taker.Token, sampleResponse(), completed)
 
-	// After expiry the key starts a new operation: new id, no steps.
-	fresh := b.claimParams(b.at(ttl + ms(1)))
+	// After expiry (a TTL after the completion: its recovery point advanced) the key
+	// starts a new operation: new id, no steps.
+	b.claimWant(b.claimParams(completed.Add(ttl-ms(1))), idem.ClaimCompleted)
+	fresh := b.claimParams(completed.Add(ttl))
 	res = b.claimWant(fresh, idem.ClaimAcquired)
 	b.wantRecord("record claimed after expiry", res.Record, inFlightRecord(fresh))
-	b.wantRecord("record claimed after expiry, read back", b.mustGet(b.at(ttl+ms(2))), inFlightRecord(fresh))
+	b.wantRecord("record claimed after expiry, read back", b.mustGet(completed.Add(ttl+ms(1))), inFlightRecord(fresh))
 }
 
 func testReleaseKeepsAdvanced(t *testing.T, h Harness) {
@@ -264,15 +270,19 @@ func testListResumable(t *testing.T, h Harness) {
 	if err := b.s.RecordRelease(b.ctx, rel); err != nil {
 		t.Fatal(err)
 	}
-	expired := at("6-expired")
-	ep := expired.claimParams(b.t0)
-	ep.TTL = lease + ms(500) // expires before now
-	expired.claimWant(ep, idem.ClaimAcquired)
-	expired.step(ep.Token, "a", steps)
+	pastTTL := at("6-past-ttl")
+	ep := pastTTL.claimParams(b.t0)
+	ep.TTL = lease + ms(500) // its TTL ran out before now: an unfinished operation never expires
+	pastTTL.claimWant(ep, idem.ClaimAcquired)
+	pastTTL.step(ep.Token, "a", steps)
+	expired := at("7-expired")
+	xp := expired.claimParams(b.t0)
+	xp.TTL = lease + ms(500)
+	expired.claimWant(xp, idem.ClaimAcquired) // no step: it expires
 
 	recs := b.resumable(now, 100, "", "")
-	if got, want := fmt.Sprint(keysOf(recs)), fmt.Sprint([]string{lapsed.key, released.key}); got != want {
-		t.Fatalf("resumable records = %s, want %s (lapsed and released, advanced, live records only)", got, want)
+	if got, want := fmt.Sprint(keysOf(recs)), fmt.Sprint([]string{lapsed.key, released.key, pastTTL.key}); got != want {
+		t.Fatalf("resumable records = %s, want %s (lapsed and released, advanced, past their TTL or not)", got, want)
 	}
 	r := recs[0]
 	if r.Scope != b.scope || r.ID != lp.RecordID || r.Fingerprint != b.fp || r.RecoveryPoint != "a" ||

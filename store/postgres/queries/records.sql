@@ -42,6 +42,8 @@ WHERE NOT EXISTS (SELECT 1 FROM {{schema}}idem_records WHERE scope = $1 AND key 
 -- token and lease; the old response is dropped. The WHERE re-checks expiry with the
 -- store's clock, so of concurrent claimers that all saw the expired record exactly one
 -- updates it (the others re-evaluate the WHERE on the new row version and match nothing).
+-- An unfinished operation (in flight, its recovery point advanced) never expires (SPEC
+-- §13): a step that committed after the claim's read makes this match nothing.
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 token,
 -- $7 lease (µs), $8 ttl (µs), $9 injected now.
 WITH clock AS MATERIALIZED (
@@ -67,6 +69,7 @@ SET id = $3,
     operation = NULL
 FROM clock
 WHERE r.scope = $1 AND r.key = $2 AND r.expires_at <= clock.now
+  AND NOT (r.state = 'in_flight' AND r.recovery_point IS NOT NULL)
 RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
           r.response_status, r.response_headers, r.response_body, r.response_not_stored,
           r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now;
@@ -75,6 +78,8 @@ RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.l
 -- Takes over an in-flight record whose lease lapsed (SPEC §5.3), keeping its id and
 -- created_at. Fenced by the old token and a re-check of the lease with the store's clock:
 -- a holder that renewed in time, or another taker that won, leaves nothing to update.
+-- The record must not be expired, unless it is an unfinished operation (its recovery
+-- point advanced), which never expires (SPEC §13).
 -- $1 scope, $2 key, $3 old token, $4 new token, $5 lease (µs), $6 ttl (µs), $7 injected now.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($7::timestamptz, clock_timestamp()) AS now
@@ -87,7 +92,7 @@ SET lock_token = $4,
 FROM clock
 WHERE r.scope = $1 AND r.key = $2
   AND r.state = 'in_flight' AND r.lock_token = $3
-  AND r.lease_end <= clock.now AND r.expires_at > clock.now
+  AND r.lease_end <= clock.now AND (r.expires_at > clock.now OR r.recovery_point IS NOT NULL)
 RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
           r.response_status, r.response_headers, r.response_body, r.response_not_stored,
           r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now;
@@ -96,7 +101,8 @@ RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.l
 -- Completes an in-flight record whose holder's lease lapsed as outcome unknown
 -- (idem.DecideUnknown, SPEC §13), instead of taking it over: every retry gets 500
 -- outcome_unknown until an operator resolves it. Fenced as RecordTakeOver is, by the
--- old token and a re-check of the lease with the store's clock.
+-- old token and a re-check of the lease with the store's clock. It expires at
+-- created_at + ttl, or, for an unfinished operation, a ttl after now (SPEC §13).
 -- $1 scope, $2 key, $3 old token, $4 ttl (µs), $5 injected now.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($5::timestamptz, clock_timestamp()) AS now
@@ -110,11 +116,13 @@ SET state = 'completed',
     response_body = NULL,
     response_not_stored = false,
     outcome_unknown = true,
-    expires_at = r.created_at + $4::bigint * interval '1 microsecond'
+    expires_at = CASE WHEN r.recovery_point IS NULL
+                      THEN r.created_at + $4::bigint * interval '1 microsecond'
+                      ELSE greatest(r.created_at, clock.now) + $4::bigint * interval '1 microsecond' END
 FROM clock
 WHERE r.scope = $1 AND r.key = $2
   AND r.state = 'in_flight' AND r.lock_token = $3
-  AND r.lease_end <= clock.now AND r.expires_at > clock.now
+  AND r.lease_end <= clock.now AND (r.expires_at > clock.now OR r.recovery_point IS NOT NULL)
 RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
           r.response_status, r.response_headers, r.response_body, r.response_not_stored,
           r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at,
@@ -122,9 +130,12 @@ RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.l
 
 -- name: RecordComplete
 -- Stores the final response, fenced by the token and the in-flight state (SPEC §5).
--- A lapsed lease that nobody took over still counts as held. No rows: lease lost.
+-- A lapsed lease that nobody took over still counts as held. No rows: lease lost. The
+-- record expires at created_at + ttl, or, when its recovery point advanced, a ttl
+-- after the completion (SPEC §13: an operation that outlived its TTL unfinished keeps
+-- its result a whole TTL).
 -- $1 scope, $2 key, $3 token, $4 status, $5 headers (headers.go encoding), $6 body, $7 not stored,
--- $8 ttl (µs).
+-- $8 ttl (µs), $9 injected now.
 UPDATE {{schema}}idem_records
 SET state = 'completed',
     lock_token = NULL,
@@ -133,14 +144,18 @@ SET state = 'completed',
     response_headers = $5,
     response_body = $6,
     response_not_stored = $7,
-    expires_at = created_at + $8::bigint * interval '1 microsecond'
+    expires_at = CASE WHEN recovery_point IS NULL THEN created_at
+                      ELSE greatest(created_at, coalesce($9::timestamptz, clock_timestamp())) END
+                 + $8::bigint * interval '1 microsecond'
 WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight';
 
 -- name: RecordCompleteTx
 -- RecordComplete inside the application's transaction (SPEC §7): the same fenced
 -- update, but a lost lease raises IDL01 (idem_fence), aborting the transaction so that a
--- COMMIT pipelined behind this statement cannot commit the application's writes.
--- $1 scope, $2 key, $3 token, $4 status, $5 headers, $6 body, $7 not stored, $8 ttl (µs).
+-- COMMIT pipelined behind this statement cannot commit the application's writes. Its
+-- expiry is RecordComplete's.
+-- $1 scope, $2 key, $3 token, $4 status, $5 headers, $6 body, $7 not stored, $8 ttl (µs),
+-- $9 injected now.
 WITH done AS (
     UPDATE {{schema}}idem_records
     SET state = 'completed',
@@ -150,7 +165,9 @@ WITH done AS (
         response_headers = $5,
         response_body = $6,
         response_not_stored = $7,
-        expires_at = created_at + $8::bigint * interval '1 microsecond'
+        expires_at = CASE WHEN recovery_point IS NULL THEN created_at
+                          ELSE greatest(created_at, coalesce($9::timestamptz, clock_timestamp())) END
+                     + $8::bigint * interval '1 microsecond'
     WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight'
     RETURNING 1
 )
@@ -208,8 +225,9 @@ SELECT {{schema}}idem_fence(EXISTS (SELECT 1 FROM done));
 
 -- name: RecordListResumable
 -- One batch of the records the completer may resume (SPEC §13): in flight, recovery
--- point advanced, lease lapsed or ended, not expired; in (scope, key) order after the
--- cursor, along the partial index idem_records_resumable_idx. No response columns.
+-- point advanced, lease lapsed or ended, however long ago their TTL ran out (an
+-- unfinished operation never expires); in (scope, key) order after the cursor, along
+-- the partial index idem_records_resumable_idx. No response columns.
 -- $1 after scope, $2 after key, $3 limit, $4 injected now.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($4::timestamptz, clock_timestamp()) AS now
@@ -219,7 +237,7 @@ SELECT r.scope, r.key, r.id, r.fingerprint_version, r.fingerprint, r.state, r.lo
        r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now
 FROM {{schema}}idem_records r, clock
 WHERE r.state = 'in_flight' AND r.recovery_point IS NOT NULL
-  AND r.lease_end <= clock.now AND r.expires_at > clock.now
+  AND r.lease_end <= clock.now
   AND (r.scope, r.key) > ($1, $2)
 ORDER BY r.scope, r.key
 LIMIT $3;
@@ -240,7 +258,8 @@ WHERE r.scope = $1 AND r.key = $2 AND r.lock_token = $3 AND r.state = 'in_flight
 RETURNING r.lease_end;
 
 -- name: RecordGet
--- One record by primary key; an expired one counts as absent (SPEC §8).
+-- One record by primary key; an expired one counts as absent (SPEC §8), unless it is an
+-- unfinished operation, which never expires (SPEC §13).
 -- $1 scope, $2 key, $3 injected now.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($3::timestamptz, clock_timestamp()) AS now
@@ -249,13 +268,17 @@ SELECT r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.leas
        r.response_status, r.response_headers, r.response_body, r.response_not_stored,
        r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now
 FROM {{schema}}idem_records r, clock
-WHERE r.scope = $1 AND r.key = $2 AND r.expires_at > clock.now;
+WHERE r.scope = $1 AND r.key = $2
+  AND (r.expires_at > clock.now OR (r.state = 'in_flight' AND r.recovery_point IS NOT NULL));
 
 -- name: RecordDeleteExpired
 -- Deletes one bounded batch of records that expired more than the retention ago, never an
--- in-flight record whose lease is live (SPEC §8). SKIP LOCKED keeps the cleaner out of
+-- in-flight record whose lease is live (SPEC §8) nor an unfinished operation's (in
+-- flight, its recovery point advanced: SPEC §13). SKIP LOCKED keeps the cleaner out of
 -- the way of requests (and of other cleaners); the DELETE re-checks the condition so a
--- record claimed afresh meanwhile survives.
+-- record claimed afresh meanwhile survives. Unfinished records whose expires_at passed
+-- are read along the index and skipped by every batch: there are few of them, or
+-- idem_unfinished_operations alerts.
 -- $1 retention (µs), $2 limit, $3 injected now.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($3::timestamptz, clock_timestamp()) AS now
@@ -263,7 +286,7 @@ WITH clock AS MATERIALIZED (
     SELECT r.scope, r.key
     FROM {{schema}}idem_records r, clock
     WHERE r.expires_at < clock.now - $1::bigint * interval '1 microsecond'
-      AND NOT (r.state = 'in_flight' AND r.lease_end > clock.now)
+      AND NOT (r.state = 'in_flight' AND (r.lease_end > clock.now OR r.recovery_point IS NOT NULL))
     ORDER BY r.expires_at
     LIMIT $2
     FOR UPDATE OF r SKIP LOCKED
@@ -272,7 +295,15 @@ DELETE FROM {{schema}}idem_records AS r
 USING doomed, clock
 WHERE r.scope = doomed.scope AND r.key = doomed.key
   AND r.expires_at < clock.now - $1::bigint * interval '1 microsecond'
-  AND NOT (r.state = 'in_flight' AND r.lease_end > clock.now);
+  AND NOT (r.state = 'in_flight' AND (r.lease_end > clock.now OR r.recovery_point IS NOT NULL));
+
+-- name: RecordCountUnfinished
+-- The unfinished operations (SPEC §13: in flight, recovery point advanced, lease live or
+-- not) and the oldest one's creation, along the partial index idem_records_resumable_idx,
+-- with the store's time. $1 injected now.
+SELECT count(*), min(r.created_at), coalesce($1::timestamptz, clock_timestamp())
+FROM {{schema}}idem_records r
+WHERE r.state = 'in_flight' AND r.recovery_point IS NOT NULL;
 
 -- name: RecordInsertCompleted
 -- The claim and the completion of a ClaimInHandler transaction (Respond), its first

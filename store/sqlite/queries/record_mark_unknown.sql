@@ -1,6 +1,7 @@
 -- Completes an in-flight record whose holder's lease lapsed as outcome unknown
 -- (idem.DecideUnknown, SPEC §13): every retry gets 500 outcome_unknown until an
--- operator resolves it. Fenced by the old token, as a takeover is.
+-- operator resolves it. Fenced by the old token, as a takeover is. It expires at
+-- created_at + ttl, or, for an unfinished operation, a ttl after :now (SPEC §13).
 UPDATE idem_records
 SET state               = 'completed',
     token               = NULL,
@@ -10,5 +11,5 @@ SET state               = 'completed',
     response_body       = NULL,
     response_not_stored = 0,
     outcome_unknown     = 1,
-    expires_at          = created_at + :ttl
+    expires_at          = CASE WHEN recovery_point = '' THEN created_at ELSE max(created_at, :now) END + :ttl
 WHERE scope = :scope AND key = :key AND state = 'in_flight' AND token = :old_token
