@@ -1,7 +1,8 @@
 // Package admin is what an operator's tool needs of an idempotency store beyond
 // [idem.Store] (SPEC §15): read one record whatever its state, list records, delete
-// one key or every key of a scope — a customer's erasure request — and resolve a key
-// whose outcome is unknown (SPEC §13). The `idem keys` command is built on it.
+// one key or every key of a scope — a customer's erasure request — and settle a key
+// whose outcome is unknown or whose operation is unfinished (SPEC §13). The `idem
+// keys` command is built on it.
 //
 // Every store package (store/sqlite, store/postgres, store/redis, store/memory)
 // implements [Store], and runs the one conformance suite in admin/admintest. A store
@@ -35,7 +36,8 @@ type Store interface {
 	// RecordList returns up to params.Limit records in (scope, key) order, starting
 	// after (params.AfterScope, params.AfterKey), optionally of one scope and one state.
 	// Expired records that are not deleted yet are listed too. It never returns
-	// response headers or bodies. A store whose AdminCapabilities().List is false
+	// response headers, bodies or step results (Steps), but the recovery point and
+	// operation name. A store whose AdminCapabilities().List is false
 	// returns an error wrapping [errors.ErrUnsupported] that says why.
 	RecordList(ctx context.Context, params *RecordListParams) (*RecordListResult, error)
 
@@ -44,23 +46,32 @@ type Store interface {
 	// refused with [ErrLeaseLive] unless params.Force: its request is executing, and a
 	// retry sent after the delete would execute again beside it. Deleting it anyway is
 	// safe for the store — the holder's fenced completion then fails, and its SPEC §7
-	// transaction rolls back — but not for effects outside the store.
+	// transaction rolls back — but not for effects outside the store. An unfinished
+	// operation's record ([Record.Unfinished]) is refused with [ErrUnfinished] unless
+	// params.Abandon: its committed steps stay done and nothing will finish them, and
+	// the key's next request starts a new operation, with new foreign keys. The lease
+	// is judged first: a live unfinished record needs both.
 	RecordDelete(ctx context.Context, params *RecordDeleteParams) error
 
 	// RecordDeleteScope deletes every record of params.Scope, in bounded batches (each
 	// one short transaction or script), and leaves every other scope untouched. Records
-	// in flight under a live lease are kept and counted unless params.Force. On an
-	// error it returns what it deleted so far with the error.
+	// in flight under a live lease are kept and counted unless params.Force, and
+	// unfinished operations unless params.Abandon. On an error it returns what it
+	// deleted so far with the error.
 	RecordDeleteScope(ctx context.Context, params *RecordDeleteScopeParams) (*RecordDeleteScopeResult, error)
 
-	// RecordResolve resolves the record of (Scope, Key) that a claim under the policy
-	// [idem.LapseUnknown] completed as outcome unknown (SPEC §13), once the operator
-	// knows what its operation did: with params.Response nil it releases the key
-	// (deletes the record: the next request with the key executes afresh); otherwise
-	// it completes the record with params.Response, which every repeat then gets, its
-	// expiry unchanged. It checks and changes the record in one atomic step. An absent
-	// or expired record is [idem.ErrNotFound]; any other record is
-	// [ErrNotOutcomeUnknown] and stays untouched (RecordDelete removes those).
+	// RecordResolve settles the record of (Scope, Key), once the operator knows what its
+	// operation did: one that a claim under the policy [idem.LapseUnknown] completed as
+	// outcome unknown, or an unfinished operation ([Record.Unfinished], SPEC §13) that
+	// nothing can finish (its foreign system gone, its resume function removed). With
+	// params.Response nil it releases the key (deletes the record: the next request
+	// with the key executes afresh); otherwise it completes the record with
+	// params.Response, which every repeat then gets: an outcome-unknown record keeps its
+	// expiry, an unfinished one expires its TTL (expires_at − created_at) after the
+	// resolution. It checks and changes the record in one atomic step. An absent or
+	// expired record is [idem.ErrNotFound]; an unfinished one whose lease is live (its
+	// operation is running now) is [ErrLeaseLive]; any other record is
+	// [ErrNotOutcomeUnknown]; all stay untouched (RecordDelete removes those).
 	RecordResolve(ctx context.Context, params *RecordResolveParams) error
 
 	// AdminCapabilities declares what this store can and cannot do.
@@ -80,14 +91,25 @@ type Capabilities struct {
 var ErrLeaseLive = errors.New("idem admin: record is in flight under a live lease")
 
 // ErrNotOutcomeUnknown is returned by [Store.RecordResolve] for a record whose
-// outcome is known (in flight, or completed with a response): there is nothing to
-// resolve, and the record is untouched.
-var ErrNotOutcomeUnknown = errors.New("idem admin: the record's outcome is not unknown")
+// outcome is known and whose operation is not unfinished (completed with a response,
+// or in flight before any step committed): there is nothing to resolve, and the
+// record is untouched.
+var ErrNotOutcomeUnknown = errors.New("idem admin: the record's outcome is not unknown, nor is its operation unfinished")
+
+// ErrUnfinished is returned by [Store.RecordDelete] for an unfinished operation's
+// record ([Record.Unfinished]), which it deletes only when told to abandon it.
+var ErrUnfinished = errors.New("idem admin: the record is an unfinished operation")
 
 // StateOutcomeUnknown, as [RecordListParams.State], lists the completed records
 // whose outcome is unknown (SPEC §13): those [Store.RecordResolve] resolves. It is not
 // a state of its own: such records are completed, with [Record.OutcomeUnknown] set.
 const StateOutcomeUnknown idem.State = "outcome_unknown"
+
+// StateUnfinished, as [RecordListParams.State], lists the unfinished operations (SPEC
+// §13): records in flight whose recovery point advanced, whether their lease is live
+// or not, which never expire until they are completed or settled. It is not a state
+// of its own: such records are in flight, with a RecoveryPoint.
+const StateUnfinished idem.State = "unfinished"
 
 // Limits of [RecordListParams.Limit].
 const (
@@ -144,8 +166,13 @@ type Record struct {
 	Body   []byte
 }
 
-// Expired reports whether the record counts as absent at now (SPEC §8).
-func (r *Record) Expired(now time.Time) bool { return !now.Before(r.ExpiresAt) }
+// Unfinished reports whether the record is an unfinished operation (SPEC §13): in
+// flight after one of its steps committed. It never expires.
+func (r *Record) Unfinished() bool { return r.State == idem.StateInFlight && r.RecoveryPoint != "" }
+
+// Expired reports whether the record counts as absent at now (SPEC §8): its
+// ExpiresAt passed, and it is not an unfinished operation.
+func (r *Record) Expired(now time.Time) bool { return !r.Unfinished() && !now.Before(r.ExpiresAt) }
 
 // LeaseLive reports whether the record is in flight under a live lease at now.
 func (r *Record) LeaseLive(now time.Time) bool {
@@ -194,7 +221,8 @@ type RecordListParams struct {
 	// Scope, when not empty, lists that scope's records only.
 	Scope string
 	// State, when not empty, lists records in that state only: [idem.StateInFlight],
-	// [idem.StateCompleted] (outcome unknown or not), or [StateOutcomeUnknown].
+	// [idem.StateCompleted] (outcome unknown or not), [StateOutcomeUnknown] or
+	// [StateUnfinished].
 	State idem.State
 	// AfterScope and AfterKey, when AfterKey is not empty, start the list after that
 	// record (a cursor: the last record of the previous page).
@@ -223,6 +251,8 @@ type RecordDeleteParams struct {
 	Key   string
 	// Force deletes a record in flight under a live lease too.
 	Force bool
+	// Abandon deletes an unfinished operation's record too.
+	Abandon bool
 	// Now, when non-zero, replaces the store's clock (tests only).
 	Now time.Time
 }
@@ -233,6 +263,8 @@ type RecordDeleteScopeParams struct {
 	Scope string
 	// Force deletes records in flight under a live lease too.
 	Force bool
+	// Abandon deletes unfinished operations' records too.
+	Abandon bool
 	// BatchSize bounds the records one batch deletes. Defaults to
 	// [DefaultDeleteBatch].
 	BatchSize int
@@ -256,8 +288,11 @@ type RecordDeleteScopeResult struct {
 	// Deleted is the number of records deleted.
 	Deleted int
 	// Kept is the number of records in flight under a live lease that were kept (0
-	// when forced).
+	// when forced), unfinished ones kept without Abandon aside.
 	Kept int
+	// Unfinished is the number of unfinished operations that were kept (0 when
+	// abandoned).
+	Unfinished int
 }
 
 // ListLimit returns p.Limit with its default applied, or an error naming the field.
@@ -273,26 +308,72 @@ func (p *RecordListParams) ListLimit() (int, error) {
 
 // ResolveError is the error of a [Store.RecordResolve] that found nothing to resolve,
 // given the record as read (nil when absent) at now: [idem.ErrNotFound] for an absent
-// or expired record, [ErrNotOutcomeUnknown] for any other, nil for a record whose
-// outcome is unknown.
+// or expired record, [ErrLeaseLive] for an unfinished one whose lease is live,
+// [ErrNotOutcomeUnknown] for any other, nil for a record whose outcome is unknown or
+// an unfinished one waiting to be resumed.
 func ResolveError(rec *idem.Record, now time.Time) error {
 	switch {
 	case rec == nil || rec.Expired(now):
 		return idem.ErrNotFound
+	case rec.Unfinished() && rec.LeaseLive(now):
+		return ErrLeaseLive
+	case rec.Unfinished():
+		return nil
 	case rec.Response == nil || !rec.Response.OutcomeUnknown:
 		return ErrNotOutcomeUnknown
 	}
 	return nil
 }
 
-// Filter returns the list's filter as a store applies it: the state to match ("" for
-// any) and whether only records whose outcome is unknown match
-// ([StateOutcomeUnknown]).
-func (p *RecordListParams) Filter() (state idem.State, outcomeUnknown bool) {
-	if p.State == StateOutcomeUnknown {
-		return idem.StateCompleted, true
+// DeleteError is the error of a [Store.RecordDelete] of rec, as read (nil when
+// absent) at now with params p: [idem.ErrNotFound], [ErrLeaseLive] without Force,
+// [ErrUnfinished] without Abandon, or nil when it may be deleted.
+func DeleteError(rec *idem.Record, now time.Time, p *RecordDeleteParams) error {
+	switch {
+	case rec == nil:
+		return idem.ErrNotFound
+	case rec.LeaseLive(now) && !p.Force:
+		return ErrLeaseLive
+	case rec.Unfinished() && !p.Abandon:
+		return ErrUnfinished
 	}
-	return p.State, false
+	return nil
+}
+
+// ListFilter is a list's filter as a store applies it ([RecordListParams.Filter]).
+type ListFilter struct {
+	// State is the state to match, "" for any.
+	State idem.State
+	// OutcomeUnknown: only completed records whose outcome is unknown
+	// ([StateOutcomeUnknown]).
+	OutcomeUnknown bool
+	// Unfinished: only unfinished operations ([StateUnfinished]); State is then
+	// in flight.
+	Unfinished bool
+}
+
+// Filter returns the list's filter as a store applies it.
+func (p *RecordListParams) Filter() ListFilter {
+	switch p.State {
+	case StateOutcomeUnknown:
+		return ListFilter{State: idem.StateCompleted, OutcomeUnknown: true}
+	case StateUnfinished:
+		return ListFilter{State: idem.StateInFlight, Unfinished: true}
+	}
+	return ListFilter{State: p.State}
+}
+
+// Matches reports whether rec passes the filter (for stores that filter in Go).
+func (f ListFilter) Matches(rec *idem.Record) bool {
+	switch {
+	case f.State != "" && rec.State != f.State:
+		return false
+	case f.OutcomeUnknown && (rec.Response == nil || !rec.Response.OutcomeUnknown):
+		return false
+	case f.Unfinished && !rec.Unfinished():
+		return false
+	}
+	return true
 }
 
 // Batch returns p.BatchSize with its default applied.

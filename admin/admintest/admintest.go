@@ -159,6 +159,10 @@ var cases = []testCase{
 	{"ResolveCompletesAnOutcomeUnknownKeyWithTheGivenResponse", resolveComplete},
 	{"ResolveRefusesKeysWhoseOutcomeIsKnown", resolveRefuses},
 	{"ListFindsTheKeysWhoseOutcomeIsUnknown", listUnknown},
+	{"DeleteRefusesAnUnfinishedOperationUnlessAbandoned", deleteUnfinished},
+	{"DeleteScopeKeepsUnfinishedOperationsUnlessAbandoned", deleteScopeUnfinished},
+	{"ResolveSettlesAnUnfinishedOperation", resolveUnfinished},
+	{"ListFindsTheUnfinishedOperations", listUnfinished},
 }
 
 func inspectInFlight(t *testing.T, b *bundle) {
@@ -542,5 +546,163 @@ func listUnknown(t *testing.T, b *bundle) {
 	done := listAll(t, b, admin.RecordListParams{Scope: b.scope, State: idem.StateCompleted, Limit: 10, Now: now})
 	if len(done) != 3 {
 		t.Fatalf("completed: %v, want the 3 completed records, outcome unknown or not", keysOf(done))
+	}
+}
+
+// needRecoveryPoints skips a case on a store that keeps no recovery points: it has no
+// unfinished operations.
+func needRecoveryPoints(t *testing.T, b *bundle) {
+	if !b.s.Capabilities().RecoveryPoints {
+		t.Skip("the store keeps no recovery points (idem.Capabilities.RecoveryPoints is false): no operation is ever unfinished")
+	}
+}
+
+// unfinished leaves (scope, key) an unfinished operation (SPEC §13): claimed at now,
+// its step charge_pending committed; its holder's lease lapses at now + lease.
+func (b *bundle) unfinished(scope, key string, now time.Time) *idem.RecordClaimParams {
+	b.t.Helper()
+	p := b.claim(scope, key, now)
+	err := b.s.RecordStep(b.ctx, &idem.RecordStepParams{Scope: scope, Key: key, Token: p.Token,
+		RecoveryPoint: "charge_pending", Steps: []byte(`[{"step":"charge_pending","result":{"id":"ch_1"}}]`), Operation: "charges.create"})
+	if err != nil {
+		b.t.Fatalf("RecordStep(%q, %q): %v", scope, key, err)
+	}
+	return p
+}
+
+func (b *bundle) delete(key string, now time.Time, force, abandon bool) error {
+	return b.s.RecordDelete(b.ctx, &admin.RecordDeleteParams{Scope: b.scope, Key: key, Force: force, Abandon: abandon, Now: now})
+}
+
+func deleteUnfinished(t *testing.T, b *bundle) {
+	needRecoveryPoints(t, b)
+	lapsed := b.unfinished(b.scope, "key-lapsed", b.t0)
+	live := b.unfinished(b.scope, "key-live", b.at(ttl))
+	now := b.at(ttl + time.Second) // past the first one's TTL: it never expires
+
+	for _, force := range []bool{false, true} {
+		if err := b.delete(lapsed.Key, now, force, false); !errors.Is(err, admin.ErrUnfinished) {
+			t.Fatalf("RecordDelete of an unfinished operation (force %v) = %v, want admin.ErrUnfinished", force, err)
+		}
+	}
+	b.mustExist(b.scope, lapsed.Key)
+	if err := b.delete(lapsed.Key, now, false, true); err != nil {
+		t.Fatalf("RecordDelete abandoning the unfinished operation: %v", err)
+	}
+	b.mustBeGone(b.scope, lapsed.Key)
+	// The key starts a new operation: a new record id, so new foreign keys.
+	if fresh := b.claim(b.scope, lapsed.Key, now); fresh.RecordID == lapsed.RecordID {
+		t.Fatal("test bug: the fresh claim reused the record id")
+	}
+
+	// Under a live lease it needs both.
+	if err := b.delete(live.Key, now, false, true); !errors.Is(err, admin.ErrLeaseLive) {
+		t.Fatalf("RecordDelete abandoning an unfinished operation at work = %v, want admin.ErrLeaseLive", err)
+	}
+	if err := b.delete(live.Key, now, true, false); !errors.Is(err, admin.ErrUnfinished) {
+		t.Fatalf("RecordDelete forcing an unfinished operation at work = %v, want admin.ErrUnfinished", err)
+	}
+	b.mustExist(b.scope, live.Key)
+	if err := b.delete(live.Key, now, true, true); err != nil {
+		t.Fatalf("RecordDelete forcing and abandoning: %v", err)
+	}
+	b.mustBeGone(b.scope, live.Key)
+}
+
+func deleteScopeUnfinished(t *testing.T, b *bundle) {
+	needRecoveryPoints(t, b)
+	now := b.at(2 * ttl)
+	b.complete(b.scope, "key-done", now, okResponse("done"))
+	b.unfinished(b.scope, "key-unfinished", b.t0)
+	b.unfinished(b.scope, "key-unfinished-live", now)
+	b.claim(b.scope, "key-live", now)
+	other := b.scope + "-other"
+	b.unfinished(other, "key-unfinished", b.t0)
+
+	for _, step := range []struct {
+		force, abandon bool
+		want           admin.RecordDeleteScopeResult
+	}{
+		{false, false, admin.RecordDeleteScopeResult{Deleted: 1, Kept: 1, Unfinished: 2}},
+		{true, false, admin.RecordDeleteScopeResult{Deleted: 1, Unfinished: 2}},
+		{false, true, admin.RecordDeleteScopeResult{Deleted: 1, Kept: 1}},
+		{true, true, admin.RecordDeleteScopeResult{Deleted: 1}},
+	} {
+		res, err := b.s.RecordDeleteScope(b.ctx, &admin.RecordDeleteScopeParams{Scope: b.scope, Force: step.force, Abandon: step.abandon, Now: now})
+		if err != nil || *res != step.want {
+			t.Fatalf("RecordDeleteScope (force %v, abandon %v) = %+v, %v; want %+v", step.force, step.abandon, res, err, step.want)
+		}
+	}
+	b.mustExist(other, "key-unfinished")
+}
+
+func resolveUnfinished(t *testing.T, b *bundle) {
+	needRecoveryPoints(t, b)
+	released := b.unfinished(b.scope, "key-released", b.t0)
+	completed := b.unfinished(b.scope, "key-completed", b.t0)
+	live := b.unfinished(b.scope, "key-live", b.at(ttl))
+	now := b.at(ttl + time.Second)
+
+	if err := b.resolve(b.scope, released.Key, nil, now); err != nil {
+		t.Fatalf("RecordResolve (release) of an unfinished operation: %v", err)
+	}
+	b.mustBeGone(b.scope, released.Key)
+
+	resp := okResponse(`{"id":"ch_1","status":"succeeded"}`)
+	if err := b.resolve(b.scope, completed.Key, resp, now); err != nil {
+		t.Fatalf("RecordResolve (complete) of an unfinished operation: %v", err)
+	}
+	retry := *completed
+	retry.Token, retry.Now = "tok-"+rand.Text(), now
+	got, err := b.s.RecordClaim(b.ctx, &retry)
+	if err != nil || got.Outcome != idem.ClaimCompleted || !got.Record.Response.Equal(resp) || got.Record.ID != completed.RecordID {
+		t.Fatalf("claim after the resolution = %+v, %v; want the operator's response replayed", got, err)
+	}
+	res, err := b.inspect(b.scope, completed.Key, now, false)
+	if err != nil || res.Record.State != idem.StateCompleted || !res.Record.LeaseEnd.IsZero() || !res.Record.ExpiresAt.Equal(now.Add(ttl)) {
+		t.Fatalf("inspected %+v, %v; want completed, expiring a TTL after the resolution (%v)", res, err, now.Add(ttl))
+	}
+
+	for _, resp := range []*idem.Response{nil, okResponse("x")} {
+		if err := b.resolve(b.scope, live.Key, resp, now); !errors.Is(err, admin.ErrLeaseLive) {
+			t.Fatalf("RecordResolve of an unfinished operation at work = %v, want admin.ErrLeaseLive", err)
+		}
+	}
+	if res, err := b.inspect(b.scope, live.Key, now, false); err != nil || !res.Record.Unfinished() {
+		t.Fatalf("the operation at work after refused resolutions: %+v, %v; want it unfinished still", res, err)
+	}
+}
+
+func listUnfinished(t *testing.T, b *bundle) {
+	needList(t, b)
+	needRecoveryPoints(t, b)
+	a, z := "a-"+b.scope, "z-"+b.scope
+	now := b.at(ttl + time.Second)
+	b.unfinished(a, "key-1", b.t0) // past its TTL
+	b.claim(a, "key-2", now)
+	b.unfinished(a, "key-3", now) // at work
+	done := b.unfinished(a, "key-4", b.t0)
+	if err := b.s.RecordComplete(b.ctx, &idem.RecordCompleteParams{Scope: a, Key: done.Key, Token: done.Token,
+		Response: okResponse("4"), TTL: ttl, Now: b.t0}); err != nil {
+		t.Fatal(err)
+	}
+	b.unfinished(z, "key-1", b.t0)
+
+	got := listAll(t, b, admin.RecordListParams{Scope: a, State: admin.StateUnfinished, Limit: 10, Now: now})
+	if keys := keysOf(got); !slices.Equal(keys, []string{a + "/key-1", a + "/key-3"}) {
+		t.Fatalf("unfinished in %s: %v, want key-1 and key-3", a, keys)
+	}
+	for _, r := range got {
+		if !r.Unfinished() || r.RecoveryPoint != "charge_pending" || r.Operation != "charges.create" || r.LeaseEnd.IsZero() || r.Expired(now) {
+			t.Fatalf("listed %+v, want unfinished at charge_pending of charges.create, with its lease, never expired", r)
+		}
+	}
+	all := listAll(t, b, admin.RecordListParams{State: admin.StateUnfinished, Limit: 1, Now: now})
+	if keys := keysOf(all); !slices.Equal(keys, []string{a + "/key-1", a + "/key-3", z + "/key-1"}) {
+		t.Fatalf("unfinished across scopes, a page of 1 at a time: %v", keys)
+	}
+	after := listAll(t, b, admin.RecordListParams{Scope: z, State: admin.StateUnfinished, AfterScope: a, AfterKey: "key-9", Limit: 10, Now: now})
+	if keys := keysOf(after); !slices.Equal(keys, []string{z + "/key-1"}) {
+		t.Fatalf("unfinished in %s after a cursor of another scope: %v", z, keys)
 	}
 }

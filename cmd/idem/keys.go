@@ -29,10 +29,11 @@ Inspects, deletes and resolves idempotency records, on any store (SPEC §15).
 commands:
   get      one record: state, times, lease, response status and size (the body with --body)
   list     records by scope and state, a page at a time (SQL stores: Redis cannot list);
-           --state outcome_unknown lists the keys waiting for resolve
+           --state unfinished lists the operations stopped after a step, which never
+           expire; --state outcome_unknown the keys waiting for resolve
   delete   one key, or every key of a scope (--all): a customer's erasure request
-  resolve  a key whose outcome is unknown (SPEC §13): release it, or complete it with
-           the response the operator found out
+  resolve  a key whose outcome is unknown, or whose operation is unfinished (SPEC §13):
+           release it, or complete it with the response the operator found out
 
 A record belongs to a scope: --scope SCOPE, as the application's Config.Scope returns it,
 or --token TOKEN for the payments API, whose scope is the hex SHA-256 of the bearer token.
@@ -177,21 +178,26 @@ func (c *keysCommand) get(ctx context.Context, as admin.Store, scope, key string
 }
 
 const keysListSynopsis = `--store URL [--scope SCOPE | --token TOKEN]
-                 [--state in_flight|completed|outcome_unknown] [--limit 100] [--after CURSOR] [--json]
+                 [--state in_flight|completed|unfinished|outcome_unknown] [--limit 100] [--after CURSOR] [--json]
 
 Lists records in (scope, key) order, a page at a time: of one scope, or of every scope
-without --scope and --token; of one state with --state. --state outcome_unknown lists
-the completed records whose outcome is unknown (their holder died under the policy
-unknown, SPEC §13): the keys that wait for 'idem keys resolve'. Expired records that are not
-deleted yet are listed too, marked expired. When more follow, the last line gives the
---after cursor of the next page. Response bodies never show.
+without --scope and --token; of one state with --state. --state unfinished lists the
+unfinished operations (SPEC §13): in flight after one of their steps committed (a
+payments charge recorded pending before the card processor answered), with their
+operation, recovery point, age and lease. They never expire: the completer, or the
+client's retry, finishes them, or an operator settles them with 'idem keys resolve'.
+--state outcome_unknown lists the completed records whose outcome is unknown (their
+holder died under the policy unknown, SPEC §13): the keys that wait for 'idem keys
+resolve'. Expired records that are not deleted yet are listed too, marked expired. When
+more follow, the last line gives the --after cursor of the next page. Response bodies
+never show.
 
 SQLite and PostgreSQL can list; Redis cannot (a record's Redis key is a digest of its
 scope and key): use get with a known key, or delete --all for a scope.`
 
 func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newKeysCommand("list", keysListSynopsis)
-	state := c.fs.String("state", "", "list only records in this `state`: in_flight, completed, or outcome_unknown (completed records whose outcome is unknown)")
+	state := c.fs.String("state", "", "list only records in this `state`: in_flight, completed, unfinished (in flight after a step committed: they never expire), or outcome_unknown (completed records whose outcome is unknown)")
 	limit := c.fs.Int("limit", admin.DefaultListLimit, "records per page, 1 to 1000")
 	after := c.fs.String("after", "", "start after this `cursor`, printed at the end of the previous page")
 	if code, done := parse(c.fs, args, stdout, stderr); done {
@@ -201,8 +207,9 @@ func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	p := admin.RecordListParams{Scope: scope, State: idem.State(*state), Limit: *limit}
 	switch {
 	case err != nil:
-	case *state != "" && p.State != idem.StateInFlight && p.State != idem.StateCompleted && p.State != admin.StateOutcomeUnknown:
-		err = fmt.Errorf("--state %q: want in_flight, completed or outcome_unknown", *state)
+	case *state != "" && p.State != idem.StateInFlight && p.State != idem.StateCompleted && p.State != admin.StateOutcomeUnknown &&
+		p.State != admin.StateUnfinished:
+		err = fmt.Errorf("--state %q: want in_flight, completed, unfinished or outcome_unknown", *state)
 	case *limit < 1 || *limit > admin.MaxListLimit:
 		err = fmt.Errorf("--limit must be between 1 and %d, got %d", admin.MaxListLimit, *limit)
 	case *after != "":
@@ -239,11 +246,15 @@ func (c *keysCommand) list(ctx context.Context, as admin.Store, p *admin.RecordL
 		}
 		return writeJSON(stdout, stderr, c.fs.Name(), page)
 	}
-	writeList(stdout, res, next)
+	if p.State == admin.StateUnfinished {
+		writeUnfinished(stdout, res, next)
+	} else {
+		writeList(stdout, res, next)
+	}
 	return exitOK
 }
 
-const keysDeleteSynopsis = `--store URL (--scope SCOPE | --token TOKEN) (--key KEY | --all) [--force] [--json]
+const keysDeleteSynopsis = `--store URL (--scope SCOPE | --token TOKEN) (--key KEY | --all) [--force] [--abandon] [--json]
 
 Deletes one key's record, or with --all every record of the scope (a customer's erasure
 request), in batches; other scopes are untouched. The next request with a deleted key
@@ -252,14 +263,24 @@ executes afresh.
 A record in flight under a live lease is kept unless --force: its request is executing,
 and a retry sent after the delete would execute beside it. Forced, the holder cannot
 store its response (and its SPEC §7 transaction rolls back), but what it did outside
-the store stays done. Kept records make the command exit 1 after deleting the rest;
-run it again after their lease (--lock-timeout of the server) ends.`
+the store stays done.
+
+An unfinished operation (in flight after one of its steps committed, SPEC §13: a
+payments charge recorded pending before the card processor answered) is kept unless
+--abandon: deleting it abandons it. Its committed steps stay done (the pending charge
+stays pending), a foreign call it made stays made, nothing will finish it, and the key's
+next request starts a new operation under new foreign keys. The command prints what it
+abandons. Prefer letting the completer finish it, or 'idem keys resolve'.
+
+Kept records make the command exit 1 after deleting the rest; run it again after their
+lease (--lock-timeout of the server) ends, or with the flag it names.`
 
 func runKeysDelete(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newKeysCommand("delete", keysDeleteSynopsis)
 	rawKey := c.fs.String("key", "", "the idempotency `key` to delete, as the client sent it")
 	all := c.fs.Bool("all", false, "delete every record of the scope instead of one key")
 	force := c.fs.Bool("force", false, "delete records in flight under a live lease too")
+	abandon := c.fs.Bool("abandon", false, "delete unfinished operations too (in flight after a step committed), abandoning them: printed")
 	if code, done := parse(c.fs, args, stdout, stderr); done {
 		return code
 	}
@@ -275,14 +296,28 @@ func runKeysDelete(ctx context.Context, args []string, stdout, stderr io.Writer)
 		key, err = parseKey(*rawKey)
 	}
 	return c.withStore(ctx, stderr, u, err, func(as admin.Store) int {
-		return c.delete(ctx, as, scope, key, *all, *force, stdout, stderr)
+		return c.delete(ctx, as, scope, key, *all, deleteFlags{force: *force, abandon: *abandon}, stdout, stderr)
 	})
 }
 
-func (c *keysCommand) delete(ctx context.Context, as admin.Store, scope, key string, all, force bool, stdout, stderr io.Writer) int {
-	var res admin.RecordDeleteScopeResult
+// deleteFlags are delete's --force and --abandon.
+type deleteFlags struct{ force, abandon bool }
+
+func (c *keysCommand) delete(ctx context.Context, as admin.Store, scope, key string, all bool, f deleteFlags, stdout, stderr io.Writer) int {
+	var (
+		res       admin.RecordDeleteScopeResult
+		abandoned []*admin.Record
+		now       time.Time
+		err       error
+	)
+	if f.abandon {
+		// What it abandons, read first, so that it can say so.
+		if abandoned, now, err = c.unfinishedOf(ctx, as, scope, key, all); err != nil {
+			return failure(stderr, c.fs.Name(), err)
+		}
+	}
 	if all {
-		r, err := as.RecordDeleteScope(ctx, &admin.RecordDeleteScopeParams{Scope: scope, Force: force})
+		r, err := as.RecordDeleteScope(ctx, &admin.RecordDeleteScopeParams{Scope: scope, Force: f.force, Abandon: f.abandon})
 		if err != nil {
 			deleted := 0
 			if r != nil {
@@ -292,20 +327,32 @@ func (c *keysCommand) delete(ctx context.Context, as admin.Store, scope, key str
 		}
 		res = *r
 	} else {
-		err := as.RecordDelete(ctx, &admin.RecordDeleteParams{Scope: scope, Key: key, Force: force})
+		err := as.RecordDelete(ctx, &admin.RecordDeleteParams{Scope: scope, Key: key, Force: f.force, Abandon: f.abandon})
 		switch {
 		case errors.Is(err, idem.ErrNotFound):
 			return failure(stderr, c.fs.Name(), fmt.Errorf("no record of key %q in scope %s", key, showScope(scope)))
 		case errors.Is(err, admin.ErrLeaseLive):
 			res.Kept = 1
+		case errors.Is(err, admin.ErrUnfinished):
+			return failure(stderr, c.fs.Name(), c.refusedUnfinished(ctx, as, scope, key))
 		case err != nil:
 			return failure(stderr, c.fs.Name(), err)
 		default:
 			res.Deleted = 1
 		}
 	}
+	if res.Deleted == 0 {
+		abandoned = nil
+	}
+	if !f.force { // those under a live lease were kept
+		abandoned = slices.DeleteFunc(abandoned, func(r *admin.Record) bool { return r.LeaseLive(now) })
+	}
 	if c.json {
-		if code := writeJSON(stdout, stderr, c.fs.Name(), deleteJSON{Deleted: res.Deleted, Kept: res.Kept}); code != exitOK {
+		out := deleteJSON{Deleted: res.Deleted, Kept: res.Kept, Unfinished: res.Unfinished}
+		for _, r := range abandoned {
+			out.Abandoned = append(out.Abandoned, recordJSON(r, now, false))
+		}
+		if code := writeJSON(stdout, stderr, c.fs.Name(), out); code != exitOK {
 			return code
 		}
 	} else if all || res.Deleted == 1 {
@@ -314,11 +361,86 @@ func (c *keysCommand) delete(ctx context.Context, as admin.Store, scope, key str
 			what = fmt.Sprintf("key %q", key)
 		}
 		fmt.Fprintf(stdout, "deleted %s of scope %s\n", what, showScope(scope))
+		for _, r := range abandoned {
+			fmt.Fprintf(stdout, "abandoned key %q: %s; its committed steps stay done and nothing will finish it: "+
+				"the key's next request starts a new operation, under new foreign keys\n", r.Key, describeUnfinished(r, now))
+		}
 	}
+	var kept []string
 	if res.Kept > 0 {
-		return failure(stderr, c.fs.Name(), fmt.Errorf("kept %d record(s) in flight under a live lease: the request is executing; run again once its lease ends, or add --force", res.Kept))
+		kept = append(kept, fmt.Sprintf("%d record(s) in flight under a live lease (the request is executing; run again once its lease ends, or add --force)", res.Kept))
+	}
+	if res.Unfinished > 0 {
+		kept = append(kept, fmt.Sprintf("%d unfinished operation(s) ('idem keys list --state unfinished' shows them; let the completer finish them, settle them with 'idem keys resolve', or add --abandon)", res.Unfinished))
+	}
+	if len(kept) > 0 {
+		return failure(stderr, c.fs.Name(), errors.New("kept "+strings.Join(kept, " and ")))
 	}
 	return exitOK
+}
+
+// unfinishedOf reads the unfinished operations that a delete of key (or, with all,
+// of the whole scope) would abandon, and the store's time.
+func (c *keysCommand) unfinishedOf(ctx context.Context, as admin.Store, scope, key string, all bool) ([]*admin.Record, time.Time, error) {
+	if !all {
+		res, err := as.RecordInspect(ctx, &admin.RecordInspectParams{Scope: scope, Key: key})
+		switch {
+		case errors.Is(err, idem.ErrNotFound):
+			return nil, time.Time{}, nil // the delete says so
+		case err != nil:
+			return nil, time.Time{}, err
+		case !res.Record.Unfinished():
+			return nil, res.Now, nil
+		}
+		return []*admin.Record{res.Record}, res.Now, nil
+	}
+	if !as.AdminCapabilities().List {
+		return nil, time.Time{}, nil // a store that cannot list keeps no recovery points (Redis)
+	}
+	var out []*admin.Record
+	p := &admin.RecordListParams{Scope: scope, State: admin.StateUnfinished, Limit: admin.MaxListLimit}
+	for {
+		res, err := as.RecordList(ctx, p)
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		out = append(out, res.Records...)
+		if !res.More {
+			return out, res.Now, nil
+		}
+		last := res.Records[len(res.Records)-1]
+		p.AfterScope, p.AfterKey = last.Scope, last.Key
+	}
+}
+
+// refusedUnfinished is the error of a delete refused because the record is an
+// unfinished operation: what it is, and what to do.
+func (c *keysCommand) refusedUnfinished(ctx context.Context, as admin.Store, scope, key string) error {
+	what := "an unfinished operation"
+	if res, err := as.RecordInspect(ctx, &admin.RecordInspectParams{Scope: scope, Key: key}); err == nil {
+		what = describeUnfinished(res.Record, res.Now)
+	}
+	return fmt.Errorf("kept key %q of scope %s, an unfinished operation: %s; deleting it abandons it: let the completer or the client's retry finish it, "+
+		"settle it with 'idem keys resolve', or add --abandon", key, showScope(scope), what)
+}
+
+// describeUnfinished says what an unfinished operation's record holds: its operation,
+// last committed step, record id (from which its foreign keys derive) and age.
+func describeUnfinished(r *admin.Record, now time.Time) string {
+	op := "an unnamed operation"
+	if r.Operation != "" {
+		op = fmt.Sprintf("operation %q", r.Operation)
+	}
+	return fmt.Sprintf("%s stopped after step %q (record id %s, created %s ago)", op, r.RecoveryPoint, r.ID, age(r, now))
+}
+
+// age is how long ago the record was created, rounded.
+func age(r *admin.Record, now time.Time) time.Duration {
+	d := max(now.Sub(r.CreatedAt), 0)
+	if d >= time.Hour {
+		return d.Round(time.Minute)
+	}
+	return d.Round(time.Second)
 }
 
 // showScope prints a scope as is when it is printable text, quoted otherwise.
@@ -365,8 +487,10 @@ type keyRecordJSON struct {
 	ResponseBytes     int        `json:"response_bytes"`
 	Fingerprint       string     `json:"fingerprint"`
 	RecoveryPoint     string     `json:"recovery_point"`
-	OutcomeUnknown    bool       `json:"outcome_unknown"`
-	Operation         string     `json:"operation,omitempty"`
+	// Unfinished is true for an unfinished operation (SPEC §13), which never expires.
+	Unfinished     bool   `json:"unfinished"`
+	OutcomeUnknown bool   `json:"outcome_unknown"`
+	Operation      string `json:"operation,omitempty"`
 	// Steps are the results the record's committed steps saved (get only).
 	Steps   json.RawMessage `json:"steps,omitempty"`
 	Headers http.Header     `json:"headers,omitempty"`
@@ -385,6 +509,10 @@ type listJSON struct {
 type deleteJSON struct {
 	Deleted int `json:"deleted"`
 	Kept    int `json:"kept"`
+	// Unfinished is the number of unfinished operations kept (without --abandon).
+	Unfinished int `json:"unfinished"`
+	// Abandoned are the unfinished operations deleted with --abandon.
+	Abandoned []keyRecordJSON `json:"abandoned,omitempty"`
 }
 
 func recordJSON(r *admin.Record, now time.Time, body bool) keyRecordJSON {
@@ -392,7 +520,7 @@ func recordJSON(r *admin.Record, now time.Time, body bool) keyRecordJSON {
 		Scope: r.Scope, Key: r.Key, RecordID: r.ID, State: r.State, Expired: r.Expired(now),
 		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, LeaseLive: r.LeaseLive(now),
 		ResponseNotStored: r.NotStored, ResponseBytes: r.BodySize,
-		Fingerprint: fingerprint(r.Fingerprint), RecoveryPoint: r.RecoveryPoint,
+		Fingerprint: fingerprint(r.Fingerprint), RecoveryPoint: r.RecoveryPoint, Unfinished: r.Unfinished(),
 		OutcomeUnknown: r.OutcomeUnknown, Operation: r.Operation,
 	}
 	if json.Valid(r.Steps) {
@@ -436,7 +564,11 @@ func writeRecord(w io.Writer, r *admin.Record, now time.Time, body bool) {
 	fmt.Fprintf(tw, "state\t%s\n", describeState(r, now))
 	fmt.Fprintf(tw, "record id\t%s\n", r.ID)
 	fmt.Fprintf(tw, "created\t%s\n", showTime(r.CreatedAt, now))
-	fmt.Fprintf(tw, "expires\t%s\n", showTime(r.ExpiresAt, now))
+	if r.Unfinished() {
+		fmt.Fprintf(tw, "expires\tnot while unfinished (created + TTL: %s); a TTL after its completion\n", showTime(r.ExpiresAt, now))
+	} else {
+		fmt.Fprintf(tw, "expires\t%s\n", showTime(r.ExpiresAt, now))
+	}
 	if !r.LeaseEnd.IsZero() {
 		fmt.Fprintf(tw, "lease end\t%s\n", showTime(r.LeaseEnd, now))
 	}
@@ -487,6 +619,11 @@ func writeRecord(w io.Writer, r *admin.Record, now time.Time, body bool) {
 // describeState says what a request with the record's key would meet now.
 func describeState(r *admin.Record, now time.Time) string {
 	switch {
+	case r.Unfinished() && r.LeaseLive(now):
+		return string(r.State) + " (unfinished, lease live: its operation is running or being resumed; it never expires until it completes)"
+	case r.Unfinished():
+		return string(r.State) + fmt.Sprintf(" (unfinished: its operation stopped after step %q and waits for the completer or the next request "+
+			"with this key to resume it; it never expires until it completes or 'idem keys resolve' settles it)", r.RecoveryPoint)
 	case r.Expired(now):
 		return string(r.State) + " (expired: the next request with this key executes afresh)"
 	case r.OutcomeUnknown:
@@ -514,20 +651,35 @@ func showTime(t, now time.Time) string {
 	}
 }
 
+// writeUnfinished writes list's text for --state unfinished: a table of the
+// operations, with their recovery point, age and lease, then the next page's cursor.
+func writeUnfinished(w io.Writer, res *admin.RecordListResult, next string) {
+	writeTable(w, res, next, "no unfinished operations", "SCOPE\tKEY\tOPERATION\tRECOVERY POINT\tAGE\tLEASE\tRECORD ID",
+		func(r *admin.Record) string {
+			lease := "lapsed (waits for the completer or a retry)"
+			if r.LeaseLive(res.Now) {
+				lease = fmt.Sprintf("live, %v left", r.LeaseEnd.Sub(res.Now).Round(time.Second))
+			}
+			op := r.Operation
+			if op == "" {
+				op = "-"
+			}
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%v\t%s\t%s", showScope(r.Scope), r.Key, op, r.RecoveryPoint, age(r, res.Now), lease, r.ID)
+		})
+}
+
 // writeList writes list's text: a table, then the next page's cursor when more follow.
 func writeList(w io.Writer, res *admin.RecordListResult, next string) {
-	if len(res.Records) == 0 {
-		fmt.Fprintln(w, "no records")
-		return
-	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SCOPE\tKEY\tSTATE\tSTATUS\tBYTES\tCREATED\tEXPIRES")
-	for _, r := range res.Records {
+	writeTable(w, res, next, "no records", "SCOPE\tKEY\tSTATE\tSTATUS\tBYTES\tCREATED\tEXPIRES", func(r *admin.Record) string {
 		state := string(r.State)
 		if r.OutcomeUnknown {
 			state = string(admin.StateOutcomeUnknown)
 		}
 		switch {
+		case r.Unfinished() && !r.LeaseLive(res.Now):
+			state += " (unfinished, lapsed)"
+		case r.Unfinished():
+			state += " (unfinished)"
 		case r.Expired(res.Now):
 			state += " (expired)"
 		case r.State == idem.StateInFlight && !r.LeaseLive(res.Now):
@@ -542,8 +694,22 @@ func writeList(w io.Writer, res *admin.RecordListResult, next string) {
 		case r.State == idem.StateCompleted:
 			status = strconv.Itoa(r.Status)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", showScope(r.Scope), r.Key, state, status, r.BodySize,
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s", showScope(r.Scope), r.Key, state, status, r.BodySize,
 			r.CreatedAt.UTC().Format(time.RFC3339), r.ExpiresAt.UTC().Format(time.RFC3339))
+	})
+}
+
+// writeTable writes a page of records as a table of header and one row per record
+// (none when there are none), then the next page's cursor when more follow.
+func writeTable(w io.Writer, res *admin.RecordListResult, next, none, header string, row func(*admin.Record) string) {
+	if len(res.Records) == 0 {
+		fmt.Fprintln(w, none)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, r := range res.Records {
+		fmt.Fprintln(tw, row(r))
 	}
 	tw.Flush()
 	if next != "" {

@@ -18,22 +18,29 @@ import (
 const keysResolveSynopsis = `--store URL (--scope SCOPE | --token TOKEN) --key KEY
                     (--release | --status CODE [--body TEXT | --body-file PATH] [--header 'Name: value']...) [--json]
 
-Resolves a key whose outcome is unknown (SPEC §13): its request ran on a route with the
-policy unknown (its effects outside the store cannot be deduplicated), its holder died,
-and since then every request with the key gets 500 outcome_unknown. Find out what the
-request did (at the card processor, say), then:
+Settles a key whose outcome is unknown, or whose operation is unfinished (SPEC §13).
+Outcome unknown: its request ran on a route with the policy unknown (its effects
+outside the store cannot be deduplicated), its holder died, and since then every
+request with the key gets 500 outcome_unknown. Unfinished: its operation stopped after
+one of its steps committed (a payments charge recorded pending before the card
+processor answered) and nothing has finished it yet; it never expires, and the
+completer keeps trying. Settle one only when nothing can finish it (the foreign system
+is gone, the operation's code removed). Find out what the request did (at the card
+processor, say), then:
 
   --release    when it did nothing: the record is deleted, and the client's next
                request with the key executes afresh;
   --status     when it did something: every request with the key gets this response
-               from now on (as a replay), until the record expires. --body or
-               --body-file ('-' for stdin) is its body; --header adds a stored header
-               (repeatable); Content-Type defaults to application/json when a body is
-               given.
+               from now on (as a replay), until the record expires (an unfinished
+               one: a TTL from now). --body or --body-file ('-' for stdin) is its
+               body; --header adds a stored header (repeatable); Content-Type defaults
+               to application/json when a body is given.
 
-Only a record whose outcome is unknown is changed; any other is refused (exit 1) and
-left as it is ('idem keys delete' removes records). 'idem keys list --state
-outcome_unknown' finds the keys to resolve.`
+The record alone changes: what the operation's committed steps wrote (a pending
+charge) is the application's to settle. Only a record whose outcome is unknown, or an
+unfinished one whose lease has lapsed (nothing is running it), is changed; any other is
+refused (exit 1) and left as it is ('idem keys delete' removes records). 'idem keys
+list --state outcome_unknown' and '--state unfinished' find the keys to resolve.`
 
 // maxResolveBody bounds the body an operator gives --body-file, as the middleware's
 // default MaxResponseBytes bounds a stored response.
@@ -166,7 +173,9 @@ func (c *keysCommand) resolve(ctx context.Context, as admin.Store, scope, key st
 	case errors.Is(err, idem.ErrNotFound):
 		return failure(stderr, c.fs.Name(), fmt.Errorf("no record of key %q in scope %s", key, showScope(scope)))
 	case errors.Is(err, admin.ErrNotOutcomeUnknown):
-		return failure(stderr, c.fs.Name(), fmt.Errorf("the outcome of key %q in scope %s is not unknown: nothing to resolve ('idem keys get' shows the record; 'idem keys delete' removes it)", key, showScope(scope)))
+		return failure(stderr, c.fs.Name(), fmt.Errorf("the outcome of key %q in scope %s is not unknown, nor is its operation unfinished: nothing to resolve ('idem keys get' shows the record; 'idem keys delete' removes it)", key, showScope(scope)))
+	case errors.Is(err, admin.ErrLeaseLive):
+		return failure(stderr, c.fs.Name(), fmt.Errorf("the unfinished operation of key %q in scope %s is running now (its lease is live): run again once its lease ends", key, showScope(scope)))
 	case err != nil:
 		return failure(stderr, c.fs.Name(), err)
 	}

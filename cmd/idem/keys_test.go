@@ -231,6 +231,115 @@ func TestKeysResolveReleases(t *testing.T) {
 	mustRun(t, exitFailure, append([]string{"keys", "get", "--key", "key-lost"}, a...)...)
 }
 
+// unfinishedFixture leaves, in the scope of token tok_a next to keysFixture's records,
+// key-pending-1 and key-pending-2: operations whose step charge_pending committed an
+// hour ago and whose holder died, long past their TTL (a minute).
+func unfinishedFixture(t *testing.T, url string) (ids map[string]string) {
+	t.Helper()
+	keysFixture(t, url)
+	ctx, st := openFixtureStore(t, url)
+	ids = map[string]string{}
+	for _, key := range []string{"key-pending-1", "key-pending-2"} {
+		p := &idem.RecordClaimParams{Scope: payments.ScopeOfToken("tok_a"), Key: key, Token: "tok-" + key, RecordID: "rec-" + key,
+			Fingerprint: idem.Fingerprint{Version: 1}, Lease: time.Second, TTL: time.Minute, Now: time.Now().Add(-time.Hour)}
+		if _, err := st.store.RecordClaim(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		err := st.store.RecordStep(ctx, &idem.RecordStepParams{Scope: p.Scope, Key: key, Token: p.Token, RecoveryPoint: "charge_pending",
+			Steps: []byte(`[{"step":"charge_pending","result":{"id":"ch_pending"}}]`), Operation: "POST /v1/charges"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[key] = p.RecordID
+	}
+	return ids
+}
+
+// An unfinished operation is listed, shown, never purged, kept by delete unless
+// --abandon (which says what it abandons), and settled by resolve.
+func TestKeysShowKeepAndSettleUnfinishedOperations(t *testing.T) {
+	t.Parallel()
+	for _, s := range keysStores[:2] { // the SQL stores: Redis keeps no recovery points
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			url := s.url(t)
+			ids := unfinishedFixture(t, url)
+			a := []string{"--store", url, "--token", "tok_a"}
+
+			out, _ := mustRun(t, exitOK, append([]string{"keys", "list", "--state", "unfinished"}, a...)...)
+			for _, want := range []string{"RECOVERY POINT", "AGE", "key-pending-1", "key-pending-2", "POST /v1/charges", "charge_pending",
+				"1h0m0s", "lapsed", ids["key-pending-1"]} {
+				if !strings.Contains(out, want) {
+					t.Errorf("keys list --state unfinished says\n%s\nwant %q", out, want)
+				}
+			}
+			if strings.Contains(out, "key-live") || strings.Contains(out, "key-done") {
+				t.Errorf("keys list --state unfinished lists other records:\n%s", out)
+			}
+			var page listJSON
+			out, _ = mustRun(t, exitOK, "keys", "list", "--store", url, "--state", "unfinished", "--json")
+			if err := json.Unmarshal([]byte(out), &page); err != nil || len(page.Records) != 2 || !page.Records[0].Unfinished ||
+				page.Records[0].Expired || page.Records[0].RecoveryPoint != "charge_pending" {
+				t.Fatalf("keys list --state unfinished --json: %v\n%s", err, out)
+			}
+			out, _ = mustRun(t, exitOK, append([]string{"keys", "get", "--key", "key-pending-1"}, a...)...)
+			if !strings.Contains(out, "unfinished") || !strings.Contains(out, "not while unfinished") {
+				t.Errorf("keys get of an unfinished operation says\n%s", out)
+			}
+
+			out, _ = mustRun(t, exitOK, "purge", "--store", url)
+			if out != "purged 0 records\n" {
+				t.Errorf("purge says %q, want nothing purged", out)
+			}
+			_, stderr := mustRun(t, exitFailure, append([]string{"keys", "delete", "--key", "key-pending-1"}, a...)...)
+			for _, want := range []string{"unfinished", "charge_pending", ids["key-pending-1"], "--abandon", "idem keys resolve"} {
+				if !strings.Contains(stderr, want) {
+					t.Errorf("deleting an unfinished operation says %q, want %q", stderr, want)
+				}
+			}
+			mustRun(t, exitOK, append([]string{"keys", "get", "--key", "key-pending-1"}, a...)...)
+
+			out, _ = mustRun(t, exitOK, append([]string{"keys", "delete", "--key", "key-pending-1", "--abandon"}, a...)...)
+			for _, want := range []string{`deleted key "key-pending-1"`, `abandoned key "key-pending-1"`, `operation "POST /v1/charges"`,
+				`step "charge_pending"`, ids["key-pending-1"]} {
+				if !strings.Contains(out, want) {
+					t.Errorf("keys delete --abandon says\n%s\nwant %q", out, want)
+				}
+			}
+			mustRun(t, exitFailure, append([]string{"keys", "get", "--key", "key-pending-1"}, a...)...)
+
+			out, _ = mustRun(t, exitOK, append([]string{"keys", "resolve", "--key", "key-pending-2", "--status", "201", "--body", `{"id":"ch_pending"}`}, a...)...)
+			if !strings.Contains(out, "completed") {
+				t.Errorf("keys resolve of an unfinished operation says %q", out)
+			}
+			out, _ = mustRun(t, exitOK, append([]string{"keys", "get", "--key", "key-pending-2", "--body"}, a...)...)
+			if !strings.Contains(out, "201, 19 bytes") || !strings.Contains(out, `{"id":"ch_pending"}`) {
+				t.Errorf("keys get after resolving the unfinished operation says\n%s", out)
+			}
+		})
+	}
+}
+
+// delete --all keeps the unfinished operations of the scope unless --abandon, and says
+// so.
+func TestKeysDeleteAllKeepsUnfinishedOperationsUnlessAbandoned(t *testing.T) {
+	t.Parallel()
+	url := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	ids := unfinishedFixture(t, url)
+	a := []string{"--store", url, "--token", "tok_a"}
+	out, stderr := mustRun(t, exitFailure, append([]string{"keys", "delete", "--all"}, a...)...)
+	if !strings.Contains(out, "deleted 1 records") || !strings.Contains(stderr, "1 record(s) in flight under a live lease") ||
+		!strings.Contains(stderr, "2 unfinished operation(s)") || !strings.Contains(stderr, "--abandon") {
+		t.Fatalf("keys delete --all: stdout %q, stderr %q; want key-done deleted, key-live and the two unfinished kept", out, stderr)
+	}
+	out, _ = mustRun(t, exitOK, append([]string{"keys", "delete", "--all", "--force", "--abandon", "--json"}, a...)...)
+	var del deleteJSON
+	if err := json.Unmarshal([]byte(out), &del); err != nil || del.Deleted != 3 || del.Kept != 0 || del.Unfinished != 0 ||
+		len(del.Abandoned) != 2 || del.Abandoned[0].RecordID != ids["key-pending-1"] || del.Abandoned[1].RecordID != ids["key-pending-2"] {
+		t.Fatalf("keys delete --all --force --abandon --json: %v %s", err, out)
+	}
+}
+
 func TestKeysBadFlagsAreOneLineErrors(t *testing.T) {
 	t.Parallel()
 	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
@@ -247,6 +356,7 @@ func TestKeysBadFlagsAreOneLineErrors(t *testing.T) {
 		{[]string{"keys", "get", "--store", store, "--scope", "s", "--key", "a,b"}, "--key"},
 		{[]string{"keys", "get", "--store", "mysql://x", "--scope", "s", "--key", "key-1234"}, "mysql"},
 		{[]string{"keys", "list", "--store", store, "--state", "done"}, "--state"},
+		{[]string{"keys", "list", "--store", store, "--state", "pending"}, "unfinished"},
 		{[]string{"keys", "list", "--store", store, "--limit", "0"}, "--limit"},
 		{[]string{"keys", "list", "--store", store, "--limit", "1001"}, "--limit"},
 		{[]string{"keys", "list", "--store", store, "--after", "%%%"}, "--after"},

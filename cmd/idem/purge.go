@@ -12,7 +12,9 @@ import (
 const purgeSynopsis = `--store URL [--older-than DURATION]
 
 Deletes the idempotency records whose expires_at is before now - DURATION, in batches,
-and prints "purged N records". A record in flight under a live lease is never deleted.
+and prints "purged N records". A record in flight under a live lease is never deleted,
+nor an unfinished operation's (in flight after one of its steps committed, SPEC §13),
+which never expires: 'idem keys list --state unfinished' shows them.
 A Redis store expires its records itself (key TTL): purge checks that it answers and
 says so.`
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin"
@@ -37,12 +38,11 @@ func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*adm
 	}
 	t := now(p.Now)
 	after := recordKey{p.AfterScope, p.AfterKey}
-	state, unknown := p.Filter()
+	filter := p.Filter()
 	s.mu.Lock()
 	var found []*admin.Record
 	for k, rec := range s.records {
-		if (p.Scope == "" || k.scope == p.Scope) && (state == "" || rec.State == state) &&
-			(!unknown || rec.Response != nil && rec.Response.OutcomeUnknown) &&
+		if (p.Scope == "" || k.scope == p.Scope) && filter.Matches(rec) &&
 			(p.AfterKey == "" || compareKeys(k, after) > 0) {
 			found = append(found, admin.FromRecord(rec, false))
 		}
@@ -70,12 +70,18 @@ func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams)
 	if rec == nil {
 		return idem.ErrNotFound
 	}
-	if err := admin.ResolveError(rec, now(p.Now)); err != nil {
+	t := now(p.Now)
+	if err := admin.ResolveError(rec, t); err != nil {
 		return err
 	}
 	if p.Response == nil {
 		delete(s.records, k)
 		return nil
+	}
+	if rec.Unfinished() {
+		// Completed now, it lives its TTL from now.
+		rec.ExpiresAt = t.Add(rec.ExpiresAt.Sub(rec.CreatedAt))
+		rec.State, rec.Token, rec.LeaseEnd = idem.StateCompleted, "", time.Time{}
 	}
 	rec.Response = copyResponse(p.Response)
 	rec.Response.NotStored, rec.Response.OutcomeUnknown = false, false
@@ -91,12 +97,8 @@ func (s *Store) RecordDelete(ctx context.Context, p *admin.RecordDeleteParams) e
 	k := recordKey{p.Scope, p.Key}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec := s.records[k]
-	switch {
-	case rec == nil:
-		return idem.ErrNotFound
-	case rec.LeaseLive(t) && !p.Force:
-		return admin.ErrLeaseLive
+	if err := admin.DeleteError(s.records[k], t, p); err != nil {
+		return err
 	}
 	delete(s.records, k)
 	return nil
@@ -118,6 +120,8 @@ func (s *Store) RecordDeleteScope(ctx context.Context, p *admin.RecordDeleteScop
 	for k, rec := range s.records {
 		switch {
 		case k.scope != p.Scope:
+		case rec.Unfinished() && !p.Abandon:
+			res.Unfinished++
 		case rec.LeaseLive(t) && !p.Force:
 			res.Kept++
 		default:

@@ -59,8 +59,11 @@ func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*adm
 		}
 		query, args = s.adminQuery("RecordListScope"), []any{[]byte(p.Scope), []byte(after)}
 	}
-	state, unknown := p.Filter()
-	args = append(args, string(state), limit+1, nowParam(p.Now), unknown)
+	filter := p.Filter()
+	args = append(args, string(filter.State), limit+1, nowParam(p.Now), filter.OutcomeUnknown)
+	if filter.Unfinished {
+		query, args = s.adminQuery("RecordListUnfinished"), unfinishedListArgs(p, limit+1)
+	}
 	var res *admin.RecordListResult
 	err = s.withRetry(ctx, "list", func() error {
 		rows, err := s.pool.Query(ctx, query, args...)
@@ -94,7 +97,20 @@ func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*adm
 	return res, nil
 }
 
-// scanListed reads one row of RecordListScope or RecordListAll.
+// unfinishedListArgs are the arguments of RecordListUnfinished for p: the cursor, which
+// for a scope's list starts at the scope, and the scope (NULL for every scope).
+func unfinishedListArgs(p *admin.RecordListParams, limit int) []any {
+	afterScope, afterKey, scope := p.AfterScope, p.AfterKey, any(nil)
+	if p.Scope != "" {
+		scope = []byte(p.Scope)
+		if afterScope != p.Scope {
+			afterScope, afterKey = p.Scope, ""
+		}
+	}
+	return []any{[]byte(afterScope), []byte(afterKey), scope, limit, nowParam(p.Now)}
+}
+
+// scanListed reads one row of RecordListScope, RecordListAll or RecordListUnfinished.
 func scanListed(rows pgx.Rows) (*admin.Record, time.Time, error) {
 	var (
 		r                admin.Record
@@ -107,7 +123,7 @@ func scanListed(rows pgx.Rows) (*admin.Record, time.Time, error) {
 		now              time.Time
 	)
 	err := rows.Scan(&scope, &key, &r.ID, &r.Fingerprint.Version, &fp, &state, &leaseEnd,
-		&status, &bodySize, &r.NotStored, &r.RecoveryPoint, &created, &expires, &r.OutcomeUnknown, &now)
+		&status, &bodySize, &r.NotStored, &r.RecoveryPoint, &created, &expires, &r.OutcomeUnknown, &r.Operation, &now)
 	if err != nil {
 		return nil, now, err
 	}
@@ -127,27 +143,32 @@ func scanListed(rows pgx.Rows) (*admin.Record, time.Time, error) {
 }
 
 // RecordDelete implements [admin.Store.RecordDelete] in one statement that locks the
-// row, judges its lease and deletes it.
+// row, judges its lease and steps and deletes it.
 func (s *Store) RecordDelete(ctx context.Context, p *admin.RecordDeleteParams) error {
-	var found, deleted int64
+	var (
+		found, deleted   int64
+		live, unfinished bool
+	)
 	err := s.withRetry(ctx, "delete", func() error {
-		return s.pool.QueryRow(ctx, s.adminQuery("RecordDelete"), []byte(p.Scope), []byte(p.Key), p.Force, nowParam(p.Now)).
-			Scan(&found, &deleted)
+		return s.pool.QueryRow(ctx, s.adminQuery("RecordDelete"), []byte(p.Scope), []byte(p.Key), p.Force, nowParam(p.Now), p.Abandon).
+			Scan(&found, &deleted, &live, &unfinished)
 	})
 	switch {
 	case err != nil:
 		return interpretError(err)
 	case found == 0:
 		return idem.ErrNotFound
-	case deleted == 0:
+	case deleted == 1:
+		return nil
+	case live && !p.Force:
 		return admin.ErrLeaseLive
 	}
-	return nil
+	return admin.ErrUnfinished
 }
 
 // RecordDeleteScope implements [admin.Store.RecordDeleteScope]: batches of
 // params.BatchSize rows along the primary key, each its own statement, until one comes
-// back short; then it counts the live leases it spared.
+// back short; then it counts the live leases and unfinished operations it spared.
 func (s *Store) RecordDeleteScope(ctx context.Context, p *admin.RecordDeleteScopeParams) (*admin.RecordDeleteScopeResult, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -157,7 +178,7 @@ func (s *Store) RecordDeleteScope(ctx context.Context, p *admin.RecordDeleteScop
 	for {
 		var n int64
 		err := s.withRetry(ctx, "delete_scope", func() error {
-			tag, err := s.pool.Exec(ctx, s.adminQuery("RecordDeleteScope"), scope, p.Force, batch, now)
+			tag, err := s.pool.Exec(ctx, s.adminQuery("RecordDeleteScope"), scope, p.Force, batch, now, p.Abandon)
 			n = tag.RowsAffected()
 			return err
 		})
@@ -169,14 +190,14 @@ func (s *Store) RecordDeleteScope(ctx context.Context, p *admin.RecordDeleteScop
 			break
 		}
 	}
-	if p.Force {
+	if p.Force && p.Abandon {
 		return res, nil
 	}
-	var kept int64
-	err := s.withRetry(ctx, "count_live", func() error {
-		return s.pool.QueryRow(ctx, s.adminQuery("RecordCountLive"), scope, now).Scan(&kept)
+	var unfinished, kept int64
+	err := s.withRetry(ctx, "count_kept", func() error {
+		return s.pool.QueryRow(ctx, s.adminQuery("RecordCountKept"), scope, now, p.Force, p.Abandon).Scan(&unfinished, &kept)
 	})
-	res.Kept = int(kept)
+	res.Unfinished, res.Kept = int(unfinished), int(kept)
 	return res, interpretError(err)
 }
 
@@ -207,7 +228,9 @@ func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams)
 		return err
 	case res.Record.Expired(res.Now):
 		return idem.ErrNotFound
-	case !res.Record.OutcomeUnknown:
+	case res.Record.Unfinished() && res.Record.LeaseLive(res.Now):
+		return admin.ErrLeaseLive
+	case !res.Record.OutcomeUnknown && !res.Record.Unfinished():
 		return admin.ErrNotOutcomeUnknown
 	}
 	return errors.New("postgres: the record changed while it was resolved; resolve it again")

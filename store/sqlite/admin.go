@@ -44,8 +44,11 @@ func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*adm
 		}
 		query, args = queryAdminListScope, []any{sql.Named("scope", p.Scope), sql.Named("after_key", after)}
 	}
-	state, unknown := p.Filter()
-	args = append(args, sql.Named("state", string(state)), sql.Named("outcome_unknown", unknown), sql.Named("limit", limit+1))
+	filter := p.Filter()
+	args = append(args, sql.Named("state", string(filter.State)), sql.Named("outcome_unknown", filter.OutcomeUnknown), sql.Named("limit", limit+1))
+	if filter.Unfinished {
+		query, args = queryAdminListUnfinished, unfinishedListArgs(p, limit+1)
+	}
 	var recs []*admin.Record
 	err = s.retryBusy(ctx, "list", func() error {
 		recs = nil
@@ -73,7 +76,22 @@ func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*adm
 	return res, nil
 }
 
-// scanListed reads one row of admin_list_scope.sql or admin_list_all.sql.
+// unfinishedListArgs are the arguments of admin_list_unfinished.sql for p: the cursor,
+// which for a scope's list starts at the scope, and the scope (NULL for every scope).
+func unfinishedListArgs(p *admin.RecordListParams, limit int) []any {
+	afterScope, afterKey, scope := p.AfterScope, p.AfterKey, any(nil)
+	if p.Scope != "" {
+		scope = p.Scope
+		if afterScope != p.Scope {
+			afterScope, afterKey = p.Scope, ""
+		}
+	}
+	return []any{sql.Named("after_scope", afterScope), sql.Named("after_key", afterKey), sql.Named("scope", scope),
+		sql.Named("limit", limit)}
+}
+
+// scanListed reads one row of admin_list_scope.sql, admin_list_all.sql or
+// admin_list_unfinished.sql.
 func scanListed(rows *sql.Rows) (*admin.Record, error) {
 	var (
 		r                admin.Record
@@ -83,7 +101,7 @@ func scanListed(rows *sql.Rows) (*admin.Record, error) {
 		created, expires nanosColumn
 	)
 	err := rows.Scan(&r.Scope, &r.Key, &r.ID, &r.Fingerprint.Version, &fp, &state, &leaseEnd,
-		&status, &r.BodySize, &r.NotStored, &r.RecoveryPoint, &created, &expires, &r.OutcomeUnknown)
+		&status, &r.BodySize, &r.NotStored, &r.RecoveryPoint, &created, &expires, &r.OutcomeUnknown, &r.Operation)
 	if err != nil {
 		return nil, err
 	}
@@ -101,18 +119,16 @@ func scanListed(rows *sql.Rows) (*admin.Record, error) {
 }
 
 // RecordDelete implements [admin.Store.RecordDelete]: the record is read, its lease
-// judged and the row deleted under the write lock.
+// and steps judged and the row deleted under the write lock.
 func (s *Store) RecordDelete(ctx context.Context, p *admin.RecordDeleteParams) error {
 	t := now(p.Now)
 	return interpretError(s.writeTx(ctx, "admin delete", func(tx *sql.Tx) error {
 		rec, err := getRecord(ctx, tx, p.Scope, p.Key)
-		switch {
-		case err != nil:
+		if err != nil {
 			return err
-		case rec == nil:
-			return idem.ErrNotFound
-		case rec.LeaseLive(t) && !p.Force:
-			return admin.ErrLeaseLive
+		}
+		if err := admin.DeleteError(rec, t, p); err != nil {
+			return err
 		}
 		_, err = tx.ExecContext(ctx, queryAdminDelete, sql.Named("scope", p.Scope), sql.Named("key", p.Key))
 		return err
@@ -122,7 +138,7 @@ func (s *Store) RecordDelete(ctx context.Context, p *admin.RecordDeleteParams) e
 // RecordDeleteScope implements [admin.Store.RecordDeleteScope]: batches of
 // params.BatchSize rows, each in a short write transaction of its own so that request
 // traffic waits for at most one batch, until one comes back short; then it counts the
-// live leases it spared.
+// live leases and unfinished operations it spared.
 func (s *Store) RecordDeleteScope(ctx context.Context, p *admin.RecordDeleteScopeParams) (*admin.RecordDeleteScopeResult, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -134,7 +150,7 @@ func (s *Store) RecordDeleteScope(ctx context.Context, p *admin.RecordDeleteScop
 		var n int64
 		err := s.writeTx(ctx, "admin delete scope", func(tx *sql.Tx) (err error) {
 			n, err = execRows(ctx, tx, queryAdminDeleteScope, sql.Named("scope", p.Scope),
-				sql.Named("force", p.Force), sql.Named("now", t), sql.Named("limit", batch))
+				sql.Named("force", p.Force), sql.Named("abandon", p.Abandon), sql.Named("now", t), sql.Named("limit", batch))
 			return err
 		})
 		if err != nil {
@@ -145,11 +161,12 @@ func (s *Store) RecordDeleteScope(ctx context.Context, p *admin.RecordDeleteScop
 			break
 		}
 	}
-	if p.Force {
+	if p.Force && p.Abandon {
 		return res, nil
 	}
-	err := s.retryBusy(ctx, "count live", func() error {
-		return s.db.QueryRowContext(ctx, queryAdminCountLive, sql.Named("scope", p.Scope), sql.Named("now", t)).Scan(&res.Kept)
+	err := s.retryBusy(ctx, "count kept", func() error {
+		return s.db.QueryRowContext(ctx, queryAdminCountKept, sql.Named("scope", p.Scope), sql.Named("now", t),
+			sql.Named("force", p.Force), sql.Named("abandon", p.Abandon)).Scan(&res.Unfinished, &res.Kept)
 	})
 	return res, interpretError(err)
 }

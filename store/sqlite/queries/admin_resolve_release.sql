@@ -1,4 +1,8 @@
--- Releases a key whose outcome is unknown (admin.Store.RecordResolve): deletes its
--- record, which must be completed as outcome unknown and not expired at :now.
+-- Releases a key whose outcome is unknown or whose operation is unfinished
+-- (admin.Store.RecordResolve): deletes its record, which must be completed as outcome
+-- unknown and not expired at :now, or in flight after a step committed (SPEC §13)
+-- with its lease lapsed or ended.
 DELETE FROM idem_records
-WHERE scope = :scope AND key = :key AND outcome_unknown AND expires_at > :now
+WHERE scope = :scope AND key = :key
+  AND ((outcome_unknown AND expires_at > :now)
+       OR (state = 'in_flight' AND recovery_point <> '' AND lease_end <= :now))
