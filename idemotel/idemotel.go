@@ -49,6 +49,10 @@
 //	                                     lease_lost, failed
 //	idem.resumes               {resume}  idem.route, idem.resume.result: resumed,
 //	                                     failed, taken, no_function
+//	idem.unfinished.operations {operation} the store's unfinished operations (SPEC
+//	                                     §13), as a Completer's last pass counted them
+//	                                     (gauge)
+//	idem.unfinished.oldest_age s         the oldest one's age, 0 when none (gauge)
 //	idem.store.duration        s         idem.store.operation, and error.type when the
 //	                                     call failed (histogram)
 //
@@ -133,6 +137,8 @@ type Telemetry struct {
 	leasesLost      metric.Int64Counter
 	steps           metric.Int64Counter
 	resumes         metric.Int64Counter
+	unfinished      metric.Int64Gauge
+	oldest          metric.Float64Gauge
 	storeDuration   metric.Float64Histogram
 
 	observer *idem.Observer
@@ -168,6 +174,12 @@ func New(opts ...Option) (*Telemetry, error) {
 	t.steps = counter("idem.steps", "{step}", "Steps of resumable operations, by result.")
 	t.resumes = counter("idem.resumes", "{resume}", "Records a completer found resumable, by what it did with them.")
 	var err error
+	t.unfinished, err = meter.Int64Gauge("idem.unfinished.operations", metric.WithUnit("{operation}"),
+		metric.WithDescription("Unfinished operations in the store (in flight after a step committed; they never expire), as a completer's last pass counted them."))
+	errs = append(errs, err)
+	t.oldest, err = meter.Float64Gauge("idem.unfinished.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest unfinished operation in the store, 0 when none."))
+	errs = append(errs, err)
 	t.storeDuration, err = meter.Float64Histogram("idem.store.duration", metric.WithUnit("s"),
 		metric.WithDescription("Durations of the store calls idem makes, by operation."),
 		metric.WithExplicitBucketBoundaries(StoreDurationBuckets...))
@@ -186,6 +198,7 @@ func New(opts ...Option) (*Telemetry, error) {
 		StoreCall:     t.storeCall,
 		Step:          t.step,
 		Resumed:       t.resumed,
+		Unfinished:    t.unfinishedOps,
 	}
 	return t, nil
 }
@@ -291,6 +304,12 @@ func (t *Telemetry) resumed(e idem.ResumeEvent) {
 		end(t.span(e.Context, "idem.resume", e.Duration, route, result, RecoveryPointKey.String(e.RecoveryPoint)), e.Err)
 	}
 	t.resumes.Add(ctxOf(e.Context), 1, metric.WithAttributes(route, result))
+}
+
+func (t *Telemetry) unfinishedOps(e idem.UnfinishedEvent) {
+	ctx := ctxOf(e.Context)
+	t.unfinished.Record(ctx, int64(e.Count))
+	t.oldest.Record(ctx, e.OldestAge.Seconds())
 }
 
 func (t *Telemetry) storeCall(e idem.StoreCallEvent) {

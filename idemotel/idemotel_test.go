@@ -394,6 +394,32 @@ func TestStepsAreEventsOfTheCallersSpanAndResumesAreSpans(t *testing.T) {
 	}
 }
 
+// A completer's count of unfinished operations is two gauges, the last count winning.
+func TestUnfinishedOperationsAreGauges(t *testing.T) {
+	t.Parallel()
+	tel, _, _, reader := newTelemetry(t)
+	ob := tel.Observer()
+	ob.Unfinished(idem.UnfinishedEvent{Context: context.Background(), Count: 5, OldestAge: time.Hour})
+	ob.Unfinished(idem.UnfinishedEvent{Context: context.Background(), Count: 2, OldestAge: 90 * time.Second})
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, m := range rm.ScopeMetrics[0].Metrics {
+		switch d := m.Data.(type) {
+		case metricdata.Gauge[int64]:
+			got[m.Name+" "+m.Unit] = float64(d.DataPoints[0].Value)
+		case metricdata.Gauge[float64]:
+			got[m.Name+" "+m.Unit] = d.DataPoints[0].Value
+		}
+	}
+	want := map[string]float64{"idem.unfinished.operations {operation}": 2, "idem.unfinished.oldest_age s": 90}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("gauges %v, want %v", got, want)
+	}
+}
+
 // newTelemetry returns telemetry recording spans and metrics in memory, and its tracer
 // provider.
 func newTelemetry(t *testing.T) (*idemotel.Telemetry, *sdktrace.TracerProvider, *tracetest.InMemoryExporter, *sdkmetric.ManualReader) {

@@ -38,11 +38,16 @@
 //	idem_resumes_total{route, result}        counter: records a Completer found resumable:
 //	    resumed, failed (tried again after a backoff), taken (another process or the
 //	    client's retry got it first), no_function (no resume function registered here;
-//	    counted once per record and process)
+//	    counted at every look, on the backoff of a failure)
+//	idem_unfinished_operations               gauge: the store's unfinished operations
+//	    (SPEC §13: in flight after a step committed, which never expire), as the last
+//	    pass of a Completer counted them; every process counts the whole store
+//	idem_unfinished_oldest_age_seconds       gauge: how long the oldest of them has
+//	    existed (0 when none): alert on it
 //	idem_store_duration_seconds{op}          histogram: store calls by operation: claim,
 //	    lookup (a ClaimInHandler route's read of its key before the handler), wait (a
 //	    poll of an in-flight key), complete, release, renew, step (a result saved
-//	    by idem.Step), list_resumable (a Completer's query)
+//	    by idem.Step), list_resumable and count_unfinished (a Completer's queries)
 //	idem_store_errors_total{op, error}       counter: store calls that failed: timeout,
 //	    canceled, error (an answer such as "lease lost" or "not found" is no failure)
 //
@@ -98,7 +103,7 @@ var (
 	stepResults    = []idem.StepResult{idem.StepCommitted, idem.StepSaved, idem.StepLeaseLost, idem.StepFailed}
 	resumeResults  = []idem.ResumeResult{idem.ResumeResumed, idem.ResumeFailed, idem.ResumeTaken, idem.ResumeNoFunction}
 	storeOps       = []idem.StoreOp{idem.StoreOpClaim, idem.StoreOpWait, idem.StoreOpComplete,
-		idem.StoreOpRelease, idem.StoreOpRenew, idem.StoreOpStep, idem.StoreOpListResumable}
+		idem.StoreOpRelease, idem.StoreOpRenew, idem.StoreOpStep, idem.StoreOpListResumable, idem.StoreOpCountUnfinished}
 	storeErrors = []string{telemetry.ErrTimeout, telemetry.ErrCanceled, telemetry.ErrOther}
 )
 
@@ -113,6 +118,8 @@ type Metrics struct {
 	leasesLost      *prometheus.CounterVec
 	steps           *prometheus.CounterVec
 	resumes         *prometheus.CounterVec
+	unfinished      prometheus.Gauge
+	oldest          prometheus.Gauge
 	storeDuration   *prometheus.HistogramVec
 	storeErrors     *prometheus.CounterVec
 
@@ -158,11 +165,17 @@ func New(cfg Config) *Metrics {
 			"Steps of resumable operations (SPEC §13) by route and result: committed, saved (committed in an earlier run; its saved result returned without running again), lease_lost (the key was taken over), failed.",
 			"route", "result"),
 		resumes: counter("resumes_total",
-			"Records a completer found resumable, by route and result: resumed, failed (tried again after a backoff), taken (another process or the client's retry got it first), no_function (no resume function registered; once per record and process).",
+			"Records a completer found resumable, by route and result: resumed, failed (tried again after a backoff), taken (another process or the client's retry got it first), no_function (no resume function registered here; at every look).",
 			"route", "result"),
+		unfinished: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "unfinished_operations",
+			Help:        "Unfinished operations in the store (SPEC §13: in flight after a step committed; they never expire), as a completer's last pass counted them.",
+			ConstLabels: cfg.ConstLabels}),
+		oldest: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "unfinished_oldest_age_seconds",
+			Help:        "Age of the oldest unfinished operation in the store (0 when none), as a completer's last pass found it.",
+			ConstLabels: cfg.ConstLabels}),
 		storeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns,
 			Name:        "store_duration_seconds",
-			Help:        "Durations of the store calls idem makes, by operation: claim, lookup (a ClaimInHandler route's read of its key), wait (a poll of an in-flight key), complete, release, renew, step, list_resumable.",
+			Help:        "Durations of the store calls idem makes, by operation: claim, lookup (a ClaimInHandler route's read of its key), wait (a poll of an in-flight key), complete, release, renew, step, list_resumable, count_unfinished.",
 			ConstLabels: cfg.ConstLabels, Buckets: buckets}, []string{"op"}),
 		storeErrors: counter("store_errors_total",
 			"Store calls that failed, by operation and error: timeout, canceled, error.",
@@ -183,6 +196,7 @@ func New(cfg Config) *Metrics {
 		StoreCall:     m.storeCall,
 		Step:          m.step,
 		Resumed:       m.resumed,
+		Unfinished:    m.unfinishedOps,
 	}
 	return m
 }
@@ -208,7 +222,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.claims, m.completions, m.expired, m.releases,
-		m.renewalFailures, m.leasesLost, m.steps, m.resumes, m.storeDuration, m.storeErrors}
+		m.renewalFailures, m.leasesLost, m.steps, m.resumes, m.unfinished, m.oldest, m.storeDuration, m.storeErrors}
 }
 
 // route makes the series of route at zero the first time it is seen, and returns it.
@@ -273,6 +287,11 @@ func (m *Metrics) step(e idem.StepEvent) {
 
 func (m *Metrics) resumed(e idem.ResumeEvent) {
 	m.resumes.WithLabelValues(m.route(e.Route), string(e.Result)).Inc()
+}
+
+func (m *Metrics) unfinishedOps(e idem.UnfinishedEvent) {
+	m.unfinished.Set(float64(e.Count))
+	m.oldest.Set(e.OldestAge.Seconds())
 }
 
 func (m *Metrics) storeCall(e idem.StoreCallEvent) {

@@ -52,8 +52,13 @@ func TestEachEventCountsOnceUnderItsLabels(t *testing.T) {
 	ob.Resumed(idem.ResumeEvent{Route: route, Result: idem.ResumeResumed})
 	ob.Resumed(idem.ResumeEvent{Route: route, Result: idem.ResumeFailed, Err: errors.New("processor down")})
 	ob.Resumed(idem.ResumeEvent{Route: "refunds.create", Result: idem.ResumeNoFunction})
+	ob.Unfinished(idem.UnfinishedEvent{Count: 3, OldestAge: 90 * time.Second})
+	ob.StoreCall(idem.StoreCallEvent{Op: idem.StoreOpCountUnfinished, Duration: time.Millisecond})
 
 	want := map[string]float64{
+		`idem_unfinished_operations`:                                               3,
+		`idem_unfinished_oldest_age_seconds`:                                       90,
+		`idem_store_duration_seconds_count{op="count_unfinished"}`:                 1,
 		`idem_claims_total{outcome="acquired",route="POST /v1/charges"}`:           1,
 		`idem_claims_total{outcome="took_over",route="POST /v1/charges"}`:          1,
 		`idem_claims_total{outcome="replayed",route="POST /v1/charges"}`:           2,
@@ -210,6 +215,10 @@ func samples(t *testing.T, g prometheus.Collector) map[string]float64 {
 			switch {
 			case s.Counter != nil:
 				out[series(f.GetName())] = s.GetCounter().GetValue()
+			case s.Gauge != nil && len(labels) == 0:
+				out[f.GetName()] = s.GetGauge().GetValue()
+			case s.Gauge != nil:
+				out[series(f.GetName())] = s.GetGauge().GetValue()
 			case s.Histogram != nil:
 				out[series(f.GetName()+"_count")] = float64(s.GetHistogram().GetSampleCount())
 				for _, b := range s.GetHistogram().GetBucket() {
