@@ -125,6 +125,7 @@ func TestBadFlagsAndURLsAreOneLineErrorsWithExitStatus2(t *testing.T) {
 		{[]string{"payments", "--store", store, "--processor-url", "http://h:1", "--processor-latency", "1s"}, "--processor-latency"},
 		{[]string{"payments", "--store", store, "--processor-url", "http://h:1", "--processor-timeout", "0s"}, "--processor-timeout"},
 		{[]string{"payments", "--store", store, "--completer-interval", "0s"}, "--completer-interval"},
+		{[]string{"payments", "--store", store, "--unfinished-warn-after", "0s"}, "--unfinished-warn-after"},
 		{[]string{"payments", "--store", store, "--migrate-timeout", "0s"}, "--migrate-timeout"},
 		{[]string{"payments", "--store", store, "--charge-on-lapse", "retry"}, "charge-on-lapse"},
 		{[]string{"payments", "--store", store, "--charge-on-lapse", "unknown", "--processor-url", "http://h:1"}, "--charge-on-lapse unknown"},
@@ -200,7 +201,7 @@ func TestHelpExplainsEveryFlag(t *testing.T) {
 	for cmd, flags := range map[string][]string{
 		"payments": {"addr", "store", "db", "ttl", "retention", "lock-timeout", "processor-latency", "profile", "disable-idempotency", "log-format", "log-level",
 			"store-timeout", "migrate-timeout", "read-header-timeout", "read-timeout", "idle-timeout", "max-header-bytes", "metrics-addr",
-			"processor-url", "processor-timeout", "completer-interval", "charge-on-lapse"},
+			"processor-url", "processor-timeout", "completer-interval", "unfinished-warn-after", "charge-on-lapse"},
 		"proxy": {"addr", "upstream", "store", "scope-header", "key-header", "methods", "require-key", "upstream-key-header",
 			"on-lapse", "in-flight-wait", "max-body-bytes", "max-stored-body", "stored-header", "upstream-timeout",
 			"upstream-idle-timeout", "health-path", "upstream-health-path", "ttl", "retention", "lock-timeout", "profile",
@@ -211,7 +212,7 @@ func TestHelpExplainsEveryFlag(t *testing.T) {
 		"purge":       {"store", "older-than"},
 		"keys get":    {"store", "scope", "token", "key", "body", "json"},
 		"keys list":   {"store", "scope", "token", "state", "limit", "after", "json"},
-		"keys delete": {"store", "scope", "token", "key", "all", "force", "json"},
+		"keys delete": {"store", "scope", "token", "key", "all", "force", "abandon", "json"},
 	} {
 		code, stdout, _ := runCmd(t, append(strings.Fields(cmd), "--help")...)
 		if code != exitOK {

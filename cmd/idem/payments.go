@@ -20,7 +20,7 @@ const paymentsSynopsis = `[--addr 127.0.0.1:8080] [--store URL] [--db URL] [--tt
                      [--retention 0s] [--lock-timeout 30s]
                      [--processor-latency 0s | --processor-url URL]
                      [--processor-timeout 10s] [--completer-interval 10s]
-                     [--charge-on-lapse take_over|unknown]
+                     [--unfinished-warn-after 5m] [--charge-on-lapse take_over|unknown]
                      [--profile seed|ietf]
                      [--disable-idempotency] [--replay-cache 0] [--metrics-addr ADDR]
                      [--log-format text|json] [--log-level info]
@@ -77,10 +77,34 @@ type paymentsFlags struct {
 	processorTimeout time.Duration
 	// completerInterval is the pause between passes of the completer (SPEC §13).
 	completerInterval time.Duration
+	// unfinishedWarnAfter is the age of a pending charge past which the completer
+	// that cannot finish it logs a WARN.
+	unfinishedWarnAfter time.Duration
 	// chargeOnLapse is the policy of a charge whose key's holder died (SPEC §5.3).
 	chargeOnLapse      lapseFlag
 	latency            time.Duration
 	disableIdempotency bool
+}
+
+// completerMaxBackoff is the longest wait, in completer intervals, between two
+// attempts at a charge the processor could not finish: a pending charge is finished at
+// most about this long after the processor is back (a minute at the default interval),
+// and a processor that is down gets one call per pending charge per this long.
+const completerMaxBackoff = 6
+
+// completerConfig is the completer of --processor-url (SPEC §13): a pass every
+// --completer-interval; a charge whose resume failed is tried again one interval
+// later, the wait doubling up to completerMaxBackoff intervals, for as long as it is
+// pending; one older than --unfinished-warn-after that it cannot finish is logged at
+// WARN.
+func (f *paymentsFlags) completerConfig(logger *slog.Logger) idem.CompleterConfig {
+	return idem.CompleterConfig{
+		Interval:        f.completerInterval,
+		RetryBackoff:    f.completerInterval,
+		MaxRetryBackoff: completerMaxBackoff * f.completerInterval,
+		WarnAfter:       f.unfinishedWarnAfter,
+		Logger:          logger,
+	}
 }
 
 // Calls to the card processor (--processor-url).
@@ -142,7 +166,8 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	fs.DurationVar(&f.latency, "processor-latency", 0, "simulated card-processor call: POST /v1/charges sleeps this long after the claim, holding no transaction or connection")
 	fs.StringVar(&f.processorURL, "processor-url", "", "base `URL` of a card processor (idem processor, e.g. http://127.0.0.1:8090) that POST /v1/charges charges through, with recovery points (SPEC §13); exclusive with --processor-latency")
 	fs.DurationVar(&f.processorTimeout, "processor-timeout", defaultProcessorTimeout, "bound on each attempt of a call to the card processor (--processor-url)")
-	fs.DurationVar(&f.completerInterval, "completer-interval", idem.DefaultCompleterInterval, "with --processor-url, the pause between passes of the completer, which finishes charges whose client gave up after they were recorded pending (a charge waits at most --lock-timeout plus this)")
+	fs.DurationVar(&f.completerInterval, "completer-interval", idem.DefaultCompleterInterval, "with --processor-url, the pause between passes of the completer, which finishes charges whose client gave up after they were recorded pending (a charge waits at most --lock-timeout plus this); a charge the processor could not finish is tried again one interval later, the wait doubling up to six intervals, for as long as it is pending")
+	fs.DurationVar(&f.unfinishedWarnAfter, "unfinished-warn-after", idem.DefaultCompleterWarnAfter, "with --processor-url, the age past which a charge still pending (an unfinished operation, SPEC §13) that the completer cannot finish is logged once at WARN; idem_unfinished_oldest_age_seconds says the same to an alert")
 	fs.Var(&f.chargeOnLapse, "charge-on-lapse", "`policy` of a charge without --processor-url that finds its key's holder died: take_over (charge again) or unknown (answer 500 outcome_unknown until 'idem keys resolve', for a processor that cannot deduplicate a charge)")
 	fs.BoolVar(&f.disableIdempotency, "disable-idempotency", false, "serve the same API without the idempotency middleware (to measure its cost)")
 	if code, done := parse(fs, args, stdout, stderr); done {
@@ -204,7 +229,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		// Finishes the charges whose client gave up after they were recorded pending.
 		completerCtx, stopCompleter := context.WithCancel(context.WithoutCancel(ctx))
 		defer stopCompleter()
-		go idem.NewCompleter(api.Guard(), idem.CompleterConfig{Interval: f.completerInterval, Logger: libLogger}).Run(completerCtx)
+		go idem.NewCompleter(api.Guard(), f.completerConfig(libLogger)).Run(completerCtx)
 	}
 
 	idempotency := "on"
@@ -314,6 +339,8 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 		err = errors.New("--charge-on-lapse unknown is for charges without --processor-url: through the processor a lapsed charge resumes under its derived key (SPEC §13)")
 	case f.completerInterval <= 0:
 		err = fmt.Errorf("--completer-interval must be positive, got %v", f.completerInterval)
+	case f.unfinishedWarnAfter <= 0:
+		err = fmt.Errorf("--unfinished-warn-after must be positive, got %v", f.unfinishedWarnAfter)
 	case f.processorURL != "" && !f.disableIdempotency && (!store.sql() || db.raw != store.raw):
 		// A charge's pending row and its record's recovery point commit in one
 		// transaction (SPEC §13): one SQL database keeps both.

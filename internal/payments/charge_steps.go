@@ -145,7 +145,10 @@ func (s *Server) processorCharge(ctx context.Context, sc string, p pendingCharge
 		pchID = &pch.ID
 	}
 	return func(ctx context.Context, q querier) (reply, error) {
-		got, err := scanCharge(q.queryRow(ctx, "charge_settle", sc, p.ID, status, pchID))
+		// The key's record, whose recovery point advanced, expires a TTL after this
+		// completion (SPEC §13): so does the key of its charge.
+		keyExpires := s.now().Add(s.ttl).UnixMilli()
+		got, err := scanCharge(q.queryRow(ctx, "charge_settle", sc, p.ID, status, pchID, keyExpires))
 		if errors.Is(err, errNoRows) {
 			// Settled already: answered as it stands.
 			got, err = scanCharge(q.queryRow(ctx, "charge_get", sc, p.ID))

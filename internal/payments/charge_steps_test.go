@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin"
 	"github.com/idem-go/idem/client"
 	"github.com/idem-go/idem/internal/processor"
 	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
@@ -191,6 +193,97 @@ func TestCompleterFinishesAChargeWhoseClientGaveUp(t *testing.T) {
 		get := b.do(req{method: "GET", path: "/v1/charges/" + l.Data[0].ID, token: "tok_a"})
 		if w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != get.Body.String() || w.Header().Get("Content-Type") != "application/json" {
 			t.Fatalf("the late retry: %v %s, want a replay of %s", w.Header(), w.Body, get.Body)
+		}
+	})
+}
+
+// withStoreClock runs the middleware's leases and expiries with ttl on clock, and the
+// API's objects on it too, so that a test can move past a key's TTL.
+func withStoreClock(clock *testkit.Clock, ttl time.Duration) option {
+	return func(c *Config) {
+		c.TTL, c.Now = ttl, clock.Now
+		c.Middleware = idem.New(idem.Config{Store: c.Store, Scope: scopeOf, TTL: ttl, Clock: clock.Now, Logger: c.Logger})
+	}
+}
+
+// pendingPastItsTTL posts a charge while the processor is down, so that it stays
+// pending, then moves the clock past its key's TTL and brings the processor back. It
+// returns the key and the pending charge's id.
+func pendingPastItsTTL(t *testing.T, b *bundle, p *cardProcessor, clock *testkit.Clock, body string) (key, pending string) {
+	t.Helper()
+	key = newKey()
+	p.down.Store(true)
+	w := b.postCharge("tok_a", key, body)
+	wantStatus(t, w, http.StatusServiceUnavailable)
+	list := b.do(req{method: "GET", path: "/v1/charges", token: "tok_a"})
+	var l listJSON
+	_ = json.Unmarshal(list.Body.Bytes(), &l)
+	if len(l.Data) != 1 || l.Data[0].Status != statusPending {
+		t.Fatalf("charges %s, want one pending charge", list.Body)
+	}
+	pending = l.Data[0].ID
+	clock.Advance(2 * time.Minute)
+	p.down.Store(false)
+	return key, pending
+}
+
+// A charge left pending past its key's TTL is not dropped: the retry finds its record,
+// resumes it under the same processor key and finishes that charge, charging once.
+// (Before, the record expired: the retry claimed the key afresh, the backstop retired
+// the pending charge's key, and a second charge was made.)
+func TestAChargePendingPastItsTTLIsFinishedByTheRetryOnce(t *testing.T) {
+	eachDB(t, func(t *testing.T, newBundle func(...option) *bundle) {
+		p := newCardProcessor(t)
+		clock := testkit.NewClock(time.Now().Truncate(time.Millisecond))
+		b := newBundle(withProcessor(p.url), withStoreClock(clock, time.Minute))
+		body := `{"amount": 777, "currency": "usd"}`
+		key, pending := pendingPastItsTTL(t, b, p, clock, body)
+		id := b.record("tok_a", key).ID
+
+		w := b.postCharge("tok_a", key, body)
+		wantStatus(t, w, http.StatusCreated)
+		c := decode(t, w)
+		pchs := p.charges(t)
+		if c["id"] != pending || c["status"] != statusSucceeded || len(pchs) != 1 || c["processor_charge_id"] != pchs[0]["id"] {
+			t.Fatalf("the retry past the TTL: %s, processor %v; want the pending charge %s succeeded with the one processor charge", w.Body, pchs, pending)
+		}
+		if pchs[0]["idempotency_key"] != idem.ForeignKey(id, stepProcessor) {
+			t.Fatalf("the processor's charge has key %v, want the one derived from the first record %s", pchs[0]["idempotency_key"], id)
+		}
+		if n := b.count("charges"); n != 1 {
+			t.Fatalf("payments holds %d charges, want 1", n)
+		}
+		// The record lives a TTL from its completion: replayed until then.
+		clock.Advance(time.Minute - time.Second)
+		again := b.postCharge("tok_a", key, body)
+		if again.Body.String() != w.Body.String() || again.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("a retry a moment before a TTL from the completion: %s, want the replay of %s", again.Body, w.Body)
+		}
+	})
+}
+
+// A pending charge's key is never retired by the backstop, however old: when an
+// operator abandoned its record (idem keys delete --abandon), the key's next request
+// adopts and finishes the pending charge rather than recording a second one.
+func TestAPendingChargeWhoseRecordWasAbandonedIsAdoptedNotChargedTwice(t *testing.T) {
+	eachDB(t, func(t *testing.T, newBundle func(...option) *bundle) {
+		p := newCardProcessor(t)
+		clock := testkit.NewClock(time.Now().Truncate(time.Millisecond))
+		b := newBundle(withProcessor(p.url), withStoreClock(clock, time.Minute))
+		body := `{"amount": 778, "currency": "usd"}`
+		key, pending := pendingPastItsTTL(t, b, p, clock, body)
+		err := b.store.(admin.Store).RecordDelete(testenv.Context(t), &admin.RecordDeleteParams{
+			Scope: ScopeOfToken("tok_a"), Key: key, Abandon: true, Now: clock.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := b.postCharge("tok_a", key, body)
+		wantStatus(t, w, http.StatusCreated)
+		if c := decode(t, w); c["id"] != pending || c["status"] != statusSucceeded {
+			t.Fatalf("the request after the abandonment: %s, want the pending charge %s adopted and succeeded", w.Body, pending)
+		}
+		if n, pchs := b.count("charges"), len(p.charges(t)); n != 1 || pchs != 1 {
+			t.Fatalf("payments holds %d charges and the processor %d, want 1 each", n, pchs)
 		}
 	})
 }

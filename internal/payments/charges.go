@@ -139,7 +139,10 @@ func (s *Server) insertCharge(ctx context.Context, r *http.Request, q querier, s
 // chargeBackstop finds the live charge that key wrote already: the same request gets
 // that charge, another request the key_reused reply. When the key's record has
 // expired it retires the key and returns neither: the key starts a new operation
-// (SPEC §8).
+// (SPEC §8). A pending charge's key is never retired, however old: its operation is
+// unfinished (SPEC §13), and its record never expires; only an operator's delete
+// (idem keys delete --abandon) loses it, and then the key's next execution adopts and
+// finishes the charge instead of recording a second one.
 func (s *Server) chargeBackstop(ctx context.Context, r *http.Request, q querier, sc, key, fp string) (*charge, reply, error) {
 	prev, err := scanCharge(q.queryRow(ctx, "charge_get_by_key", sc, key))
 	switch {
@@ -147,7 +150,7 @@ func (s *Server) chargeBackstop(ctx context.Context, r *http.Request, q querier,
 		return nil, nil, nil
 	case err != nil:
 		return nil, nil, err
-	case keyExpired(prev.KeyExpiresAt, s.now()):
+	case prev.Status != statusPending && keyExpired(prev.KeyExpiresAt, s.now()):
 		_, err := q.exec(ctx, "charge_retire_key", prev.ID)
 		return nil, nil, err
 	case !sameRequest(prev.Fingerprint, fp):
