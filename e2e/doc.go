@@ -9,6 +9,10 @@
 // on Node.js, testdata/upstream.py on Python, each counting its requests and effects and
 // optionally deduplicating by key) and SIGKILLs a proxy while the upstream works on its
 // request (SPEC §17); without node or python3 those tests skip, and fail under CI=true.
+// unfinished_test.go stops the processor (SIGSTOP) in the middle of a charge for
+// longer than the charge's TTL, and checks that the charge is finished once, under its
+// first processor key, by the client's retry or the completer, and what an operator
+// sees of it meanwhile (issue 20).
 //
 // The processes are built without -race by default: a race-built binary with the pure
 // Go SQLite driver is several times slower, and the library packages already run their
