@@ -138,8 +138,9 @@ type Record struct {
 	Fingerprint idem.Fingerprint
 	// CreatedAt is when the key was claimed.
 	CreatedAt time.Time
-	// ExpiresAt is when the record stops counting (SPEC §8); it may still be listed
-	// until it is deleted.
+	// ExpiresAt is when the record stops counting (SPEC §8), unless it is an
+	// unfinished operation, which never expires; it may still be listed until it is
+	// deleted.
 	ExpiresAt time.Time
 	// LeaseEnd is when the holder's lease lapses (in flight only; zero otherwise).
 	LeaseEnd time.Time
