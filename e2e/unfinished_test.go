@@ -46,10 +46,10 @@ func chargeOutlivingItsTTL(t *testing.T, kind storeKind) *orphan {
 	t.Helper()
 	o := pendingCharge(t, kind)
 	// The processor stays down until the completer has failed to finish the charge
-	// (its first attempt, the processor client's eight, ends after 10 s or so) and said
+	// (its first attempt, the processor client's eight, ends after 5 to 15 s) and said
 	// so, and the charge is older than its TTL plus two seconds: the store's own count
 	// says when.
-	waitFor(t, 4*orphanTTL, "a WARN that the charge is still unfinished", func() (bool, string) {
+	waitFor(t, 10*orphanTTL, "a WARN that the charge is still unfinished", func() (bool, string) {
 		return strings.Contains(o.pay.output(), "still unfinished"), "no WARN"
 	})
 	metrics := o.pay.metricsURL(t)
@@ -76,10 +76,11 @@ func chargeOutlivingItsTTL(t *testing.T, kind storeKind) *orphan {
 func pendingCharge(t *testing.T, kind storeKind) *orphan {
 	t.Helper()
 	o := &orphan{store: newStore(t, kind), c: newClient(), op: newCardOp(777)}
-	// Every reply of the processor is lost; a charge takes it 300 ms, long enough to
-	// stop it in the middle. Stopped, it makes the charge when it comes back, and
-	// nobody hears of it: its caller is long gone.
-	o.proc = startCardProcessor(t, "--latency", "300ms", "--lost-reply-rate", "1")
+	// Every reply of the processor is lost; a charge takes it a second (payments' calls
+	// time out after 500 ms and find it in progress), long enough to stop it in the
+	// middle. Stopped, it makes the charge when it comes back, and nobody hears of it:
+	// its caller is long gone.
+	o.proc = startCardProcessor(t, "--latency", "1s", "--lost-reply-rate", "1")
 	o.pay = startServer(t, "--store", o.store, "--processor-url", o.proc.URL(), "--ttl", orphanTTL.String(),
 		"--lock-timeout", leaseFlag, "--completer-interval", orphanCompleterInterval.String(), "--processor-timeout", "500ms",
 		"--unfinished-warn-after", orphanWarnAfter.String(), "--metrics-addr", "127.0.0.1:0")
