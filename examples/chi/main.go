@@ -1,8 +1,13 @@
 // Command chi serves a payments-like API with the chi router and idem: POST
 // /v1/charges executes at most once per Idempotency-Key, and the charge commits with
 // its idempotency record (SPEC §7). chi routes are net/http handlers, so idem's
-// middleware goes in as it is, for the whole router or, with Middleware.Route, per
-// route.
+// middleware goes in as it is.
+//
+// It goes in where chi has matched the route (r.With, or a Group's Use), not around
+// the router (r.Use at the top, or mw.Handler(router)): chi sets the request's Pattern
+// ("/v1/charges") once it has matched a route, and idem's Observer labels its events
+// with it, so that metrics (idemprom) and spans (idemotel) say which route they count.
+// Around the router every event would say route="" (idem warns once).
 //
 //	go run . -addr 127.0.0.1:8080 -db payments.db
 //	curl -i localhost:8080/v1/charges -H 'Authorization: Bearer sk_test_1' \
@@ -11,29 +16,150 @@
 package main
 
 import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"log"
+	"log/slog"
 	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/examples/internal/exampleapp"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
-func main() { exampleapp.Main(newHandler) }
+func main() {
+	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on")
+	path := flag.String("db", "payments.db", "SQLite file of the charges and of idem's records")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 
-// newHandler is the API: chi's router, authentication, then idem.
-func newHandler(store *sqlite.Store) http.Handler {
-	mw := idem.New(idem.Config{Store: store, Scope: exampleapp.Scope})
+	store, err := open(ctx, *path)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close() // also stops the store's cleaner of expired records
+	srv := &http.Server{Addr: *addr, Handler: newHandler(store, logClaims), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Shutdown(context.Background()) // lets requests in flight finish
+	}()
+	log.Printf("listening on %s", *addr)
+	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+		log.Fatal(err)
+	}
+}
+
+// logClaims logs the route and outcome of every claim: the labels a metrics adapter
+// (idemprom) counts them by.
+var logClaims = &idem.Observer{Claimed: func(e idem.ClaimEvent) {
+	slog.Info("idem claim", "route", e.Route, "outcome", e.Outcome)
+}}
+
+// open opens the SQLite file with idem's tables and the application's.
+func open(ctx context.Context, path string) (*sqlite.Store, error) {
+	store, err := sqlite.Open(ctx, path, sqlite.Config{})
+	if err != nil {
+		return nil, err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return nil, errors.Join(err, store.Close())
+	}
+	_, err = store.DB().ExecContext(ctx, `CREATE TABLE IF NOT EXISTS charges (
+		id TEXT PRIMARY KEY, amount INTEGER NOT NULL, currency TEXT NOT NULL)`)
+	if err != nil {
+		return nil, errors.Join(err, store.Close())
+	}
+	return store, nil
+}
+
+// newHandler is the API: chi's router, authentication, then idem on the routes that
+// take keys.
+func newHandler(store *sqlite.Store, observer *idem.Observer) http.Handler {
+	mw := idem.New(idem.Config{Store: store, Scope: principal, Observer: observer})
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
-	r.Use(exampleapp.Authenticate) // idem's Scope reads the principal it found
+	r.Use(authenticate) // idem's Scope reads the principal it found
 	r.Route("/v1", func(r chi.Router) {
-		// Keys required for this route whatever the method (SPEC §2's table requires
-		// them for POST and PATCH already); r.Use(mw.Handler) would cover every route.
-		r.With(mw.Route(idem.RouteOptions{Requirement: idem.KeyRequired})).
-			Post("/charges", exampleapp.CreateCharge(store).ServeHTTP)
+		// Keys required whatever the method (SPEC §2's table requires them for POST and
+		// PATCH already). The route writes only to the store's database, so it claims
+		// its key in the transaction of its writes (ClaimInHandler, with
+		// store.Respond). r.Group(func(r chi.Router) { r.Use(mw.Handler); ... }) covers
+		// a group of routes the same way.
+		r.With(mw.Route(idem.RouteOptions{Requirement: idem.KeyRequired, ClaimInHandler: true})).
+			Post("/charges", createCharge(store))
 	})
 	return r
+}
+
+type chargeParams struct {
+	Amount   int64  `json:"amount"`
+	Currency string `json:"currency"`
+}
+
+// createCharge inserts a charge and returns its response to store.Respond: the charge,
+// the response and the key's record commit together, or none of them does.
+func createCharge(store *sqlite.Store) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var p chargeParams
+		if err := json.NewDecoder(r.Body).Decode(&p); err != nil || p.Amount <= 0 || len(p.Currency) != 3 {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "amount and currency required"}) // a 400 frees the key
+			return
+		}
+		err := store.Respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+			id := "ch_" + rand.Text()
+			_, err := tx.ExecContext(ctx, `INSERT INTO charges (id, amount, currency) VALUES (?, ?, ?)`, id, p.Amount, p.Currency)
+			if err != nil {
+				return nil, err
+			}
+			return idem.JSONResponse(http.StatusCreated, map[string]any{"id": id, "object": "charge", "amount": p.Amount, "currency": p.Currency})
+		})
+		if err != nil { // the insert failed: nothing committed, nothing was sent
+			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "internal error"})
+		}
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+type principalKey struct{}
+
+// authenticate stands in for your authentication: every bearer token is a principal,
+// known by its SHA-256 so that no token is stored.
+func authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || token == "" {
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "Authorization: Bearer <token> required"})
+			return
+		}
+		sum := sha256.Sum256([]byte(token))
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, hex.EncodeToString(sum[:]))))
+	})
+}
+
+// principal is idem's Scope: the key of one principal is never replayed to another.
+func principal(r *http.Request) (string, error) {
+	p, _ := r.Context().Value(principalKey{}).(string)
+	if p == "" {
+		return "", errors.New("unauthenticated")
+	}
+	return p, nil
 }

@@ -1,24 +1,130 @@
 package main
 
 import (
+	"context"
+	"crypto/rand"
+	"io"
+	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"os"
+	"strings"
 	"testing"
+	"time"
 
-	"github.com/idem-go/idem/examples/internal/exampletest"
-	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem/store/postgres"
 )
 
-// The quick start on PostgreSQL through database/sql, served on a loopback port in a schema of its own,
-// replays a duplicate POST (same status and body, Idempotent-Replayed: true) and
-// charges once.
-func TestADuplicateChargeIsReplayed(t *testing.T) {
-	dbURL, schema := pgtest.Schema(t)
-	store, err := open(t.Context(), pgtest.SearchPathURL(t, dbURL, schema))
+const charge = `{"amount": 2000, "currency": "usd"}`
+
+// serve serves the example on a loopback port with a schema of its own until t ends,
+// and returns its URL and store.
+func serve(t *testing.T) (string, *postgres.Store) {
+	store, err := open(t.Context(), testDatabase(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
+	t.Cleanup(store.Close)
 	srv := httptest.NewServer(newHandler(store))
-	defer srv.Close()
-	exampletest.CheckCharges(t, srv.URL, exampletest.CountRows(store.DB(), "charges"))
+	t.Cleanup(srv.Close)
+	return srv.URL, store
+}
+
+// post sends POST /v1/charges with body and key ("" sends none), and returns the
+// status, the Idempotent-Replayed header and the body.
+func post(t *testing.T, base, key, body string) (status int, replayed, respBody string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/charges", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer sk_test_example")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), string(b)
+}
+
+// The quick start on PostgreSQL through database/sql: a duplicate POST is replayed (the same status and body, Idempotent-Replayed: true)
+// and charges once; the key is required, refused with other parameters (409
+// key_reused), and released by a 400 (SPEC §6).
+func TestADuplicateChargeIsReplayed(t *testing.T) {
+	base, store := serve(t)
+	const key = "5f0c6d0e-8b1c-4c3e-9a53-2a1f4b7d9e01"
+	status, replayed, first := post(t, base, key, charge)
+	if status != http.StatusCreated || replayed != "" || !strings.Contains(first, `"object":"charge"`) {
+		t.Fatalf("first POST: %d (Idempotent-Replayed %q) %s; want 201 and a charge", status, replayed, first)
+	}
+	status, replayed, again := post(t, base, key, charge)
+	if status != http.StatusCreated || replayed != "true" || again != first {
+		t.Fatalf("duplicate POST: %d (Idempotent-Replayed %q) %s; want the replay of 201 %s", status, replayed, again, first)
+	}
+	var n int
+	if err := store.DB().QueryRow(`SELECT count(*) FROM charges`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d charges in the database (%v), want 1", n, err)
+	}
+	if status, _, b := post(t, base, key, `{"amount": 3000, "currency": "usd"}`); status != http.StatusConflict || !strings.Contains(b, "key_reused") {
+		t.Errorf("the key with other parameters: %d %s, want 409 key_reused", status, b)
+	}
+	if status, _, b := post(t, base, "", charge); status != http.StatusBadRequest || !strings.Contains(b, "key_required") {
+		t.Errorf("a POST without a key: %d %s, want 400 key_required", status, b)
+	}
+	const other = "0b7e8c5a-4a1f-4d2e-8f3b-9c6d5e4f3a21"
+	if status, _, b := post(t, base, other, `{"amount": -1, "currency": "usd"}`); status != http.StatusBadRequest {
+		t.Errorf("invalid parameters: %d %s, want 400", status, b)
+	}
+	if status, replayed, b := post(t, base, other, charge); status != http.StatusCreated || replayed != "" {
+		t.Errorf("the corrected request with the 400's key: %d (Idempotent-Replayed %q) %s; want a new 201", status, replayed, b)
+	}
+}
+
+// testDatabase returns the URL of a new schema in the test database
+// (IDEM_TEST_POSTGRES_URL, by default PostgreSQL on 127.0.0.1:5432), dropped when t
+// ends. Without a server the test is skipped, or fails under CI=true.
+func testDatabase(t *testing.T) string {
+	dbURL := os.Getenv("IDEM_TEST_POSTGRES_URL")
+	if dbURL == "" {
+		dbURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		if os.Getenv("CI") == "true" { // CI must never pass by skipping
+			t.Fatalf("no PostgreSQL (set IDEM_TEST_POSTGRES_URL): %v", err)
+		}
+		t.Skipf("no PostgreSQL (set IDEM_TEST_POSTGRES_URL): %v", err)
+	}
+	schema := pgx.Identifier{"example_" + strings.ToLower(rand.Text())}.Sanitize()
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("dropping the test's schema: %v", err)
+		}
+		_ = conn.Close(ctx)
+	})
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
 }
