@@ -22,15 +22,10 @@ var checkedExamples = []string{"chi", "echo", "fiber", "gin", "sqlite"}
 
 // knownFailures are the checks an example fails today, by example and check, with the
 // text of the failure's summary: the test wants exactly these failures, so that a fix
-// makes it fail until the entry goes.
-//
-// Fiber: fasthttpadaptor.ConvertRequest (fasthttp v1.69, under Fiber's
-// adaptor.HTTPHandler) copies the request's headers with http.Header.Set, so of two
-// Idempotency-Key fields idem sees only the last, and a request with two keys is run
-// instead of refused with 400 key_invalid (SPEC §3).
-var knownFailures = map[string]map[string]string{
-	"fiber": {"bad-keys": "two fields 201 (accepted, but keys are required)"},
-}
+// makes it fail until the entry goes. None today. (Fiber failed bad-keys until its
+// go.mod required fasthttp v1.72.0 or later: the adaptor handed idem only the last of
+// two Idempotency-Key fields, and the request ran instead of being refused.)
+var knownFailures = map[string]map[string]string{}
 
 // Each example, built as a user builds it and served on a loopback port, passes every
 // check of `idem check` (SPEC §18) but its knownFailures. GET is not served at their

@@ -13,6 +13,13 @@
 // The adaptor's request has no route pattern, so the route is named
 // (RouteOptions.Name) for the label of idem's Observer events (metrics, spans).
 //
+// go.mod requires a fasthttp newer than Fiber v3.1.0 asks for (v1.69.0): before
+// v1.72.0 the adaptor handed the handler only the last of repeated header fields, so a
+// request with two Idempotency-Key fields ran with the second key instead of being
+// refused with 400 key_invalid (SPEC §3); in a Fiber application of your own, `go get
+// github.com/valyala/fasthttp@latest`. (Later versions also end a data race between
+// the server's shutdown and a request's context.)
+//
 //	go run . -addr 127.0.0.1:8080 -db payments.db
 //	curl -i localhost:8080/v1/charges -H 'Authorization: Bearer sk_test_1' \
 //	    -H 'Idempotency-Key: 5f0c6d0e-8b1c-4c3e-9a53-2a1f4b7d9e01' \

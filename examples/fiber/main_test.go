@@ -101,6 +101,21 @@ func TestADuplicateChargeIsReplayed(t *testing.T) {
 	}
 }
 
+// A request with two Idempotency-Key fields is refused with 400 key_invalid (SPEC §3),
+// and charges nothing. (With fasthttp before v1.72.0, Fiber's adaptor handed idem the
+// second key alone, and the request ran.)
+func TestTwoKeyFieldsAreRefused(t *testing.T) {
+	base, store := serve(t, nil)
+	status, _, b := post(t, base, "6a1e2f3c-7b4d-4e5f-8a9b-0c1d2e3f4a5b", charge, "7b2f3a4d-8c5e-4f6a-9b0c-1d2e3f4a5b6c")
+	if status != http.StatusBadRequest || !strings.Contains(b, "key_invalid") {
+		t.Errorf("two Idempotency-Key fields: %d %s, want 400 key_invalid", status, b)
+	}
+	var n int
+	if err := store.DB().QueryRow(`SELECT count(*) FROM charges`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d charges in the database (%v), want none", n, err)
+	}
+}
+
 // idem's Observer sees the claims of the charges route labelled with the route's name.
 func TestClaimsAreLabelledWithTheRoutesName(t *testing.T) {
 	routes := make(chan string, 10)
