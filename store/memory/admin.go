@@ -85,6 +85,7 @@ func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams)
 	}
 	rec.Response = copyResponse(p.Response)
 	rec.Response.NotStored, rec.Response.OutcomeUnknown = false, false
+	rec.RecoveryPoint = ""
 	return nil
 }
 

@@ -116,6 +116,7 @@ func (s *Store) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams
 		return idem.ErrLeaseLost
 	}
 	rec.ExpiresAt = rec.CompletionExpiresAt(now(p.Now), p.TTL)
+	rec.RecoveryPoint = "" // it says where an unfinished operation stands; the steps' results stay
 	rec.State = idem.StateCompleted
 	rec.Token = ""
 	rec.LeaseEnd = time.Time{}

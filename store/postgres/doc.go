@@ -28,8 +28,9 @@
 // writes: the fenced completion and COMMIT travel in one pipelined round trip; a lost
 // lease raises SQLSTATE IDL01 inside the transaction so that the queued COMMIT is
 // skipped. A duplicate that records the key between the middleware's read and a
-// ClaimInHandler transaction stops that transaction with SQLSTATE IDL02 (idem_stop)
-// before anything is written: the server logs it as an ERROR (log_min_messages).
+// ClaimInHandler transaction makes that transaction's insert of the record fail with
+// unique_violation before the application's statements run: the server logs it as an
+// ERROR (log_min_messages), and Respond claims the key the usual way.
 //
 // # database/sql
 //

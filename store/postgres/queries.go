@@ -24,16 +24,16 @@ package postgres
 //   - §7 Respond:          1 (the handler's statements and the fenced completion in
 //     one pipelined implicit transaction), so a whole request is 2 with the claim
 //   - Respond on a RouteOptions.ClaimInHandler route: 1 (RecordGet, the middleware's
-//     read of the key before the handler) + 1 (the record's read, its insert already
-//     completed with a bounded lock_timeout, the handler's statements; committed at
-//     the batch's end); a replay, a reused key or an in-flight duplicate is the read
-//     alone (the in-flight one then claims: +1), the handler never runs. A duplicate
-//     that records the key between the read and the transaction makes the
-//     transaction stop (idem_stop raises IDL02 before anything is written, the
-//     transaction rolls back at the batch's end without a ROLLBACK, and the record
-//     read answers the request; the statements are prepared by name, so pgx's cache
-//     drops none of them); an expired record or a lapsed lease 1 + 2 (the claim) + 1
-//     (the statements under the lease)
+//     read of the key before the handler) + 1 (the isolation level, the record's
+//     insert already completed under the key's advisory lock with a bounded
+//     lock_timeout, the handler's statements; committed at the batch's end); a
+//     replay, a reused key or an in-flight duplicate is the read alone (the in-flight
+//     one then claims: +1), the handler never runs. A key recorded between the read
+//     and the transaction (a duplicate's, or an expired record) fails the insert with
+//     unique_violation before anything is written (the transaction rolls back at the
+//     batch's end without a ROLLBACK; the statements are prepared by name, so pgx's
+//     cache drops none of them), then 1 (the claim) + 1 (a replay answers; or, having
+//     taken it over, the statements under the lease)
 //
 // TestNewKeyClaimIsOneRoundTrip and its neighbours in roundtrip_test.go count them on
 // the wire.
@@ -61,7 +61,6 @@ type queries struct {
 	recordComplete        string
 	recordCompleteTx      string
 	recordInsertDone      string
-	recordInsertAfter     string
 	recordRelease         string
 	recordStep            string
 	recordStepTx          string
@@ -103,7 +102,6 @@ func newQueries(schema string) *queries {
 		recordComplete:        q("RecordComplete"),
 		recordCompleteTx:      q("RecordCompleteTx"),
 		recordInsertDone:      q("RecordInsertCompleted"),
-		recordInsertAfter:     q("RecordInsertCompletedAfter"),
 		recordRelease:         q("RecordRelease"),
 		recordStep:            q("RecordStep"),
 		recordStepTx:          q("RecordStepTx"),

@@ -52,9 +52,14 @@ func (s *Store) claimOnce(ctx context.Context, p *idem.RecordClaimParams) (*idem
 		rec, now, err = scanRecord(row, p.Scope, p.Key, &claimed)
 		return err
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		// idem_claim's read missed and its insert met a concurrent claim on every
-		// turn of its loop (the key inserted and deleted again meanwhile).
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// The read missed and the insert's condition found a record: one inserted and
+		// deleted again between the two (a release).
+		return nil, errClaimRace
+	case isUniqueViolation(err, "idem_records"):
+		// A concurrent claim of the key committed after the statement's snapshot: the
+		// next run reads it.
 		return nil, errClaimRace
 	}
 	if err != nil {

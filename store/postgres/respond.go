@@ -110,8 +110,8 @@ func (s *Store) Respond(w http.ResponseWriter, r *http.Request, fn func(b *pgx.B
 const readCommitted = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
 
 // respondOnce sends one transaction of Respond, pipelined in one round trip: READ
-// COMMITTED, the record's claim (a read of the key's record, then the insert of the
-// completed record) or its fenced completion, as rec says, and the statements of app.
+// COMMITTED, the record's claim (the insert of the completed record, under the key's
+// advisory lock) or its fenced completion, as rec says, and the statements of app.
 func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idem.Response, app *pgx.Batch) error {
 	done, err := rec.Complete(resp)
 	if err != nil {
@@ -129,7 +129,6 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idem.
 			return err
 		}
 		b.Queue(s.q.recordInsertDone, args...)
-		b.Queue(s.q.recordInsertAfter)
 	}
 	appFrom := len(b.QueuedQueries)
 	for _, q := range app.QueuedQueries {
@@ -171,7 +170,7 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idem.
 }
 
 // sendBatch sends b and reads its results in order, classifying the first error for
-// idem.ServeTx: the claim's (an idem.KeyTakenError carrying the record the batch read,
+// idem.ServeTx: the claim's (an idem.KeyTakenError when the key is recorded already,
 // or idem.ErrKeyInProgress), a statement of the application's (as is), the fence's
 // (idem.ErrLeaseLost), or the store's (an idem.StoreError). After the first error the
 // server skipped every statement up to the end of the batch, and rolled its implicit
@@ -181,8 +180,6 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 	var (
 		err    error
 		forget string // a statement whose plan the server refused
-		found  *idem.Record
-		now    time.Time
 	)
 	next := 0 // the statement exec reads the results of
 	var callbackErr error
@@ -207,16 +204,12 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 			}
 			return
 		}
-		if what == "claim" {
-			found, now, err = claimOrFind(br, claim)
-			return
-		}
 		_, err = br.Exec()
 		var pgErr *pgconn.PgError
 		switch {
 		case err == nil:
-		case what == "after" && errors.As(err, &pgErr) && pgErr.Code == sqlstateStop:
-			err = &idem.KeyTakenError{Found: found, Now: now, Err: err} // the key is there
+		case what == "claim":
+			err = claimError(err)
 		case what == "app" && errors.As(err, &pgErr):
 			err = classifyApp(err, &forget, sql)
 		case what == "complete" && errors.Is(interpretError(err), idem.ErrLeaseLost):
@@ -228,7 +221,6 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 	exec("begin")
 	if claim != nil {
 		exec("claim")
-		exec("after")
 	}
 	for range app {
 		exec("app")
@@ -272,49 +264,18 @@ func classifyApp(err error, forget *string, sql string) error {
 	return err
 }
 
-// claimOrFind reads the results of RecordInsertCompleted: no row when it inserted the
-// record; the key's record (live or expired) when it was there, which the next
-// statement's stop turns into an idem.KeyTakenError; an idem.KeyTakenError without a
-// record when a claim committed since the statement's snapshot inserted it;
-// ErrKeyInProgress when a concurrent uncommitted claim held it past the lock timeout.
-func claimOrFind(br pgx.BatchResults, claim *idem.RecordClaimParams) (*idem.Record, time.Time, error) {
-	rows, err := br.Query()
-	if err != nil {
-		return nil, time.Time{}, claimError(err)
-	}
-	defer rows.Close()
-	var (
-		found *idem.Record
-		now   time.Time
-	)
-	for rows.Next() {
-		blk := newScannedRecord(claim.Scope, claim.Key, nil)
-		if err := rows.Scan(&blk.row); err != nil {
-			return nil, time.Time{}, &idem.StoreError{Op: "claim", Err: interpretError(err)}
-		}
-		if found, now, err = blk.record(); err != nil {
-			return nil, time.Time{}, &idem.StoreError{Op: "claim", Err: err}
-		}
-	}
-	return found, now, claimError(rows.Err())
-}
-
 // claimError classifies the error of RecordInsertCompleted.
 func claimError(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case isUniqueViolation(err, "idem_records"): // inserted by a claim since the snapshot
+	case isUniqueViolation(err, "idem_records"): // recorded since the middleware's read, or expired
 		return &idem.KeyTakenError{Err: err}
 	case isLockTimeout(err):
 		return idem.ErrKeyInProgress
 	}
 	return &idem.StoreError{Op: "claim", Err: interpretError(err)}
 }
-
-// sqlstateStop is raised by idem_stop (migration 0007) when a ClaimInHandler
-// transaction finds its key recorded already.
-const sqlstateStop = "IDL02"
 
 // maxNamedStatements bounds how many of the applications' statements prepareNamed
 // prepares by name on one connection; further ones go through pgx's statement cache.

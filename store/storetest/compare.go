@@ -166,6 +166,7 @@ func completedRecordAt(rec *idem.Record, resp *idem.Response, ttl time.Duration,
 	c.LeaseEnd = time.Time{}
 	c.Response = resp
 	c.ExpiresAt = rec.CompletionExpiresAt(now, ttl)
+	c.RecoveryPoint = "" // it says where an unfinished operation stands; the results stay
 	return &c
 }
 

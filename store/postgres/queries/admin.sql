@@ -136,6 +136,7 @@ SET state = 'completed',
     response_body = $6,
     response_not_stored = false,
     outcome_unknown = false,
+    recovery_point = NULL,
     expires_at = CASE WHEN r.state = 'in_flight' THEN clock.now + (r.expires_at - r.created_at) ELSE r.expires_at END
 FROM clock
 WHERE r.scope = $1 AND r.key = $2
@@ -145,7 +146,7 @@ WHERE r.scope = $1 AND r.key = $2
 -- name: RecordListUnfinished
 -- One page of the unfinished operations (SPEC §13: in flight, recovery point advanced)
 -- in (scope, key) order after ($1, $2), of scope $3 only unless it is NULL, along the
--- partial index idem_records_resumable_idx; the columns of RecordListAll.
+-- partial index idem_records_unfinished_idx (0008); the columns of RecordListAll.
 -- $1 after scope, $2 after key, $3 scope (NULL: every scope), $4 limit, $5 injected now.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($5::timestamptz, clock_timestamp()) AS now

@@ -10,20 +10,36 @@
 -- name: RecordClaim
 -- One round trip for every outcome but the rare takeover. A key that is there (a replay,
 -- a duplicate, a reused key: most claims of a key after its first) is one read by the
--- primary key in plain SQL, as cheap as any read of a row by its key; only when the read
--- finds nothing does idem_claim_v2 (migration 0006; idem_claim of 0003 to 0005 under a
--- name whose result never changes in place) run, which reads again and inserts the
--- in-flight record, and reads a concurrent claim that committed in between on its next
--- turn, on the server. (The function alone cost every replay a PL/pgSQL call and its
--- tuplestore: 1.4 times a plain read's work on the server.) The two branches share the
--- statement's snapshot, so exactly one of them answers. Zero rows (only after repeated
--- races) means: the caller retries. The columns are named, not *, so that the function
--- may gain columns without changing this statement's result.
+-- primary key, the statement's first branch, and the insert's condition finds it too
+-- and writes nothing. A key that is not there is inserted in flight by the
+-- data-modifying WITH and returned by the second branch. Both share the statement's
+-- snapshot, so exactly one of them answers. The insert is plain, not INSERT … ON
+-- CONFLICT, whose speculative insertion writes one more WAL record per claim
+-- (HEAP_CONFIRM, benchtool wal): a claim of the key that a concurrent statement
+-- committed after this one's snapshot fails with unique_violation (23505) instead,
+-- after waiting for that statement's transaction, and the caller runs the claim again,
+-- whose read then finds the record. The function idem_claim_v2 (0006) stays for the
+-- processes of the previous version.
 -- When $10 is true the statement's own (implicit) transaction commits without waiting
--- for the WAL flush (SET LOCAL synchronous_commit inside idem_claim_v2). Why losing such
--- a claim in a crash is safe: doc.go, "Durable claims".
+-- for the WAL flush (SET LOCAL synchronous_commit). Why losing such a claim in a crash
+-- is safe: doc.go, "Durable claims".
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 token,
 -- $7 lease (µs), $8 ttl (µs), $9 injected now (NULL: the store's clock), $10 async commit.
+WITH inserted AS (
+    INSERT INTO {{schema}}idem_records AS r
+        (scope, key, id, fingerprint_version, fingerprint, state, lock_token, lease_end,
+         created_at, expires_at)
+    SELECT $1, $2, $3, $4, $5, 'in_flight', $6,
+           c.now + $7::bigint * interval '1 microsecond',
+           c.now,
+           greatest(c.now + $8::bigint * interval '1 microsecond', c.now + $7::bigint * interval '1 microsecond')
+    FROM (SELECT coalesce($9::timestamptz, clock_timestamp()) AS now,
+                 CASE WHEN $10::boolean THEN set_config('synchronous_commit', 'off', true) END AS async) c
+    WHERE NOT EXISTS (SELECT 1 FROM {{schema}}idem_records WHERE scope = $1 AND key = $2)
+    RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
+              r.response_status, r.response_headers, r.response_body, r.response_not_stored,
+              r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at
+)
 SELECT false, r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
        r.response_status, r.response_headers, r.response_body, r.response_not_stored,
        r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at,
@@ -31,11 +47,11 @@ SELECT false, r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token,
 FROM {{schema}}idem_records r
 WHERE r.scope = $1 AND r.key = $2
 UNION ALL
-SELECT claimed, id, fingerprint_version, fingerprint, state, lock_token, lease_end,
-       response_status, response_headers, response_body, response_not_stored, outcome_unknown,
-       recovery_point, steps, operation, created_at, expires_at, now
-FROM {{schema}}idem_claim_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-WHERE NOT EXISTS (SELECT 1 FROM {{schema}}idem_records WHERE scope = $1 AND key = $2);
+SELECT true, i.id, i.fingerprint_version, i.fingerprint, i.state, i.lock_token, i.lease_end,
+       i.response_status, i.response_headers, i.response_body, i.response_not_stored,
+       i.outcome_unknown, i.recovery_point, i.steps, i.operation, i.created_at, i.expires_at,
+       i.created_at
+FROM inserted i;
 
 -- name: RecordClaimExpired
 -- Claims an expired record afresh (SPEC §5.1, §8): new id, created_at, fingerprint,
@@ -134,6 +150,13 @@ RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.l
 -- record expires at created_at + ttl, or, when its recovery point advanced, a ttl
 -- after the completion (SPEC §13: an operation that outlived its TTL unfinished keeps
 -- its result a whole TTL).
+-- The update is heap-only (HOT) for a record without steps: it changes no indexed
+-- column (expires_at is the claim's created_at + ttl again, and the partial index of
+-- unfinished operations reads recovery_point only, NULL before and after), so it
+-- writes the row's new version beside the old one and no index entry (migration 0008).
+-- A record whose recovery point advanced leaves that index: the recovery point says
+-- where an unfinished operation stands, and is cleared once it completed (its steps'
+-- results stay).
 -- $1 scope, $2 key, $3 token, $4 status, $5 headers (headers.go encoding), $6 body, $7 not stored,
 -- $8 ttl (µs), $9 injected now.
 UPDATE {{schema}}idem_records
@@ -144,6 +167,7 @@ SET state = 'completed',
     response_headers = $5,
     response_body = $6,
     response_not_stored = $7,
+    recovery_point = NULL,
     expires_at = CASE WHEN recovery_point IS NULL THEN created_at
                       ELSE greatest(created_at, coalesce($9::timestamptz, clock_timestamp())) END
                  + $8::bigint * interval '1 microsecond'
@@ -153,7 +177,7 @@ WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight';
 -- RecordComplete inside the application's transaction (SPEC §7): the same fenced
 -- update, but a lost lease raises IDL01 (idem_fence), aborting the transaction so that a
 -- COMMIT pipelined behind this statement cannot commit the application's writes. Its
--- expiry is RecordComplete's.
+-- expiry, its recovery point and its HOT update are RecordComplete's.
 -- $1 scope, $2 key, $3 token, $4 status, $5 headers, $6 body, $7 not stored, $8 ttl (µs),
 -- $9 injected now.
 WITH done AS (
@@ -165,6 +189,7 @@ WITH done AS (
         response_headers = $5,
         response_body = $6,
         response_not_stored = $7,
+        recovery_point = NULL,
         expires_at = CASE WHEN recovery_point IS NULL THEN created_at
                           ELSE greatest(created_at, coalesce($9::timestamptz, clock_timestamp())) END
                      + $8::bigint * interval '1 microsecond'
@@ -227,7 +252,7 @@ SELECT {{schema}}idem_fence(EXISTS (SELECT 1 FROM done));
 -- One batch of the records the completer may resume (SPEC §13): in flight, recovery
 -- point advanced, lease lapsed or ended, however long ago their TTL ran out (an
 -- unfinished operation never expires); in (scope, key) order after the cursor, along
--- the partial index idem_records_resumable_idx. No response columns.
+-- the partial index idem_records_unfinished_idx (0008). No response columns.
 -- $1 after scope, $2 after key, $3 limit, $4 injected now.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($4::timestamptz, clock_timestamp()) AS now
@@ -299,7 +324,7 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key
 
 -- name: RecordCountUnfinished
 -- The unfinished operations (SPEC §13: in flight, recovery point advanced, lease live or
--- not) and the oldest one's creation, along the partial index idem_records_resumable_idx,
+-- not) and the oldest one's creation, along the partial index idem_records_unfinished_idx (0008),
 -- with the store's time. $1 injected now.
 SELECT count(*), min(r.created_at), coalesce($1::timestamptz, clock_timestamp())
 FROM {{schema}}idem_records r
@@ -307,68 +332,44 @@ WHERE r.state = 'in_flight' AND r.recovery_point IS NOT NULL;
 
 -- name: RecordInsertCompleted
 -- The claim and the completion of a ClaimInHandler transaction (Respond), its first
--- statement after the isolation level. When the key is absent, it inserts the record
--- already completed, in the transaction that holds the application's writes, so that it
--- needs no lease, token or heartbeat (the open transaction is the lock), and returns no
--- row. When a record of the key is there (live or expired) it writes nothing and returns
--- it, having set idem.stop for RecordInsertCompletedAfter, which then aborts the
--- transaction before the application's statements run: the caller answers from the row
--- (a replay, a duplicate, a reused key), or, for an expired record, claims the usual
--- way. (An error in this statement would cost the row: PostgreSQL sends the rows of a
--- statement with a data-modifying WITH only once it completed.) A record that a
--- concurrent claim committed after this statement's snapshot raises unique_violation
--- (23505): the caller claims the usual way. A concurrent claim of the same key in
--- flight holds the key's advisory lock ($13, transaction-scoped, taken here before the
--- insert): this one waits for it at most the lock_timeout set for that wait ($12), then
--- fails with lock_not_available (55P03: 409 request_in_progress). Only that wait is so
--- short: the insert's own lock waits (the relation's extension lock, which a database
--- busy with I/O can hold past 100 ms; a row of the key that another route's transaction
--- updates) get the longer bound $14, so that a fresh key is not answered 409 because the
--- disk was slow. Only a claim that found no record takes the key's lock, so that
--- concurrent replays of a key never wait for each other. The materialised CTEs run
--- their expressions in order before the insert can wait (clock keeps the session's
--- lock_timeout; keylock, a row only when found is empty, sets the key's bound, takes
--- the key's lock and sets the insert's bound; the insert reads keylock's row), and a
--- lock wait reads lock_timeout when it begins.
+-- statement after the isolation level: it inserts the record already completed, in the
+-- transaction that holds the application's writes, so that it needs no lease, token or
+-- heartbeat (the open transaction is the lock), and returns one row. The middleware
+-- read the key before the handler ran and found no live record (a replay, a duplicate
+-- or a reused key is answered from that read), so this statement does not read it
+-- again: a record of the key that is there all the same (inserted since the read, or
+-- expired) fails the insert with unique_violation (23505), which aborts the
+-- transaction before the application's statements run, and the caller claims the key
+-- the usual way. A concurrent claim of the same key in flight holds the key's advisory
+-- lock ($13, transaction-scoped, taken here before the insert): this one waits for it
+-- at most the lock_timeout set for that wait ($12), then fails with lock_not_available
+-- (55P03: 409 request_in_progress). Only that wait is so short: the insert's own lock
+-- waits (the relation's extension lock, which a database busy with I/O can hold past
+-- 100 ms; a row of the key that another route's transaction updates) get the longer
+-- bound $14, so that a fresh key is not answered 409 because the disk was slow; and the
+-- application's statements after it wait for their locks as they would without idem,
+-- under the session's lock_timeout, which the final SELECT puts back once the insert
+-- returned its row. The materialised CTE runs its expressions in order before the
+-- insert can wait (it keeps the session's lock_timeout, sets the key's bound, takes the
+-- key's lock and sets the insert's bound), and a lock wait reads lock_timeout when it
+-- begins.
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 status,
 -- $7 headers, $8 body, $9 not stored, $10 ttl (µs), $11 injected now, $12 the key's lock
 -- timeout, $13 the key's advisory lock id, $14 the insert's lock timeout.
-WITH clock AS MATERIALIZED (
-    SELECT coalesce($11::timestamptz, clock_timestamp()) AS now,
-           set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS kept
-), found AS MATERIALIZED (
-    SELECT r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
-           r.response_status, r.response_headers, r.response_body, r.response_not_stored,
-           r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at
-    FROM {{schema}}idem_records r
-    WHERE r.scope = $1 AND r.key = $2
-), keylock AS MATERIALIZED (
-    SELECT set_config('lock_timeout', $12, true) AS key_wait,
+WITH keylock AS MATERIALIZED (
+    SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS kept,
+           set_config('lock_timeout', $12, true) AS key_wait,
            pg_advisory_xact_lock(1768189233, $13::int4)::text AS key_lock,
-           set_config('lock_timeout', $14, true) AS insert_wait
-    FROM clock
-    WHERE NOT EXISTS (SELECT 1 FROM found)
+           set_config('lock_timeout', $14, true) AS insert_wait,
+           coalesce($11::timestamptz, clock_timestamp()) AS now
 ), inserted AS (
     INSERT INTO {{schema}}idem_records
         (scope, key, id, fingerprint_version, fingerprint, state, response_status,
          response_headers, response_body, response_not_stored, created_at, expires_at)
-    SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, $9, clock.now,
-           clock.now + $10::bigint * interval '1 microsecond'
-    FROM clock, keylock
+    SELECT $1, $2, $3, $4, $5, 'completed', $6, $7, $8, $9, k.now,
+           k.now + $10::bigint * interval '1 microsecond'
+    FROM keylock k
     RETURNING 1
 )
-SELECT f.id, f.fingerprint_version, f.fingerprint, f.state, f.lock_token, f.lease_end,
-       f.response_status, f.response_headers, f.response_body, f.response_not_stored,
-       f.outcome_unknown, f.recovery_point, f.steps, f.operation, f.created_at, f.expires_at,
-       clock.now
-FROM found f, clock
-WHERE set_config('idem.stop', 'on', true) IS NOT NULL;
-
--- name: RecordInsertCompletedAfter
--- The second statement of a ClaimInHandler transaction: idem_stop (migration 0007)
--- raises IDL02 when RecordInsertCompleted found the key there, aborting the transaction
--- before the application's statements run (the server logs it as an ERROR, with
--- IDL02's message); otherwise it puts lock_timeout back to the session's value, so that
--- the application's statements wait for their locks as they would without idem.
-SELECT {{schema}}idem_stop(current_setting('idem.stop', true) = 'on'),
-       set_config('lock_timeout', current_setting('idem.lock_timeout'), true);
+SELECT set_config('lock_timeout', current_setting('idem.lock_timeout'), true)
+FROM inserted;

@@ -11,6 +11,7 @@ SET state               = 'completed',
     response_body       = :body,
     response_not_stored = 0,
     outcome_unknown     = 0,
+    recovery_point      = '',
     expires_at          = CASE WHEN state = 'in_flight' THEN :now + (expires_at - created_at) ELSE expires_at END
 WHERE scope = :scope AND key = :key
   AND ((outcome_unknown AND expires_at > :now)
