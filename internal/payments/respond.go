@@ -70,11 +70,26 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, out reply, queue 
 	}
 }
 
-// plainBatch runs the statements queue adds in one transaction, one round trip: a
-// pipelined batch without BEGIN is one implicit transaction. It completes no record.
+// plainBatch runs the statements queue adds in one READ COMMITTED transaction, one
+// round trip: BEGIN, the statements and COMMIT, pipelined. It completes no record.
+// (SET TRANSACTION in a pipeline without BEGIN draws a WARNING from the server, a line
+// in its log per request.) A transaction that failed is rolled back before the
+// connection goes back to the pool.
 func (d *DB) plainBatch(ctx context.Context, queue func(b *pgx.Batch)) error {
+	conn, err := d.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
 	b := &pgx.Batch{}
-	b.Queue("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	queue(b)
-	return d.pool.SendBatch(ctx, b).Close()
+	b.Queue("COMMIT")
+	err = conn.SendBatch(ctx, b).Close()
+	if pc := conn.Conn().PgConn(); err != nil && pc.TxStatus() != 'I' {
+		if _, rbErr := pc.Exec(context.WithoutCancel(ctx), "ROLLBACK").ReadAll(); rbErr != nil {
+			_ = pc.Close(context.WithoutCancel(ctx))
+		}
+	}
+	return err
 }

@@ -104,10 +104,36 @@ func (s *Store) Respond(w http.ResponseWriter, r *http.Request, fn func(b *pgx.B
 	})
 }
 
-// readCommitted opens each transaction of Respond. A pipelined batch without BEGIN is
-// one implicit transaction, committed at its end, or rolled back by the first error
-// with nothing more to send (no ROLLBACK round trip).
-const readCommitted = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+// A transaction of Respond is a pipelined batch without BEGIN: one implicit
+// transaction, committed at its end, or rolled back by the first error with nothing
+// more to send (no ROLLBACK round trip). It runs at the connection's default isolation
+// level, which is READ COMMITTED unless the database, the role or the session says
+// otherwise; on a connection whose default is another level the batch opens with
+// beginReadCommitted and ends with COMMIT instead. (SET TRANSACTION cannot set it: in
+// a pipeline without BEGIN PostgreSQL answers it with a WARNING, one line in the
+// server's log per request.)
+const beginReadCommitted = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
+// readCommittedKey is the key of the connection's CustomData that says whether its
+// default isolation level is READ COMMITTED (defaultReadCommitted).
+const readCommittedKey = "idem.postgres.readCommitted"
+
+// defaultReadCommitted reports whether conn's transactions are READ COMMITTED by
+// default, read from the server once per connection. (A session that changes
+// default_transaction_isolation afterwards runs Respond at its level.)
+func defaultReadCommitted(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	data := conn.PgConn().CustomData()
+	if rc, ok := data[readCommittedKey].(bool); ok {
+		return rc, nil
+	}
+	var level string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('default_transaction_isolation')`).Scan(&level); err != nil {
+		return false, err
+	}
+	rc := level == "read committed"
+	data[readCommittedKey] = rc
+	return rc, nil
+}
 
 // respondOnce sends one transaction of Respond, pipelined in one round trip: READ
 // COMMITTED, the record's claim (the insert of the completed record, under the key's
@@ -121,8 +147,19 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idem.
 	if done == nil {
 		claim = nil // the response releases the key: nothing to record
 	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return &idem.StoreError{Op: "begin", Err: interpretError(err)}
+	}
+	defer conn.Release() // a connection left inside a transaction is closed, not reused
+	implicit, err := defaultReadCommitted(ctx, conn.Conn())
+	if err != nil {
+		return &idem.StoreError{Op: "begin", Err: interpretError(err)}
+	}
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(app.QueuedQueries)+4)}
-	b.Queue(readCommitted)
+	if !implicit {
+		b.Queue(beginReadCommitted)
+	}
 	if claim != nil {
 		args, err := insertDoneArgs(claim, done, strconv.FormatInt(s.claimLockTimeout.Milliseconds(), 10)+"ms")
 		if err != nil {
@@ -144,12 +181,9 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idem.
 		}
 		b.Queue(s.q.recordCompleteTx, args...)
 	}
-
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return &idem.StoreError{Op: "begin", Err: interpretError(err)}
+	if !implicit {
+		b.Queue("COMMIT")
 	}
-	defer conn.Release() // a connection left inside a transaction is closed, not reused
 	appTo := appFrom + len(app.QueuedQueries)
 	for _, part := range [][]*pgx.QueuedQuery{b.QueuedQueries[:appFrom], b.QueuedQueries[appTo:]} {
 		if err := prepareNamed(ctx, conn.Conn(), part); err != nil {
@@ -166,7 +200,7 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idem.
 		}
 		return &idem.StoreError{Op: "prepare", Err: interpretError(err)}
 	}
-	return s.sendBatch(ctx, conn, b, claim, len(app.QueuedQueries), fenced)
+	return s.sendBatch(ctx, conn, b, !implicit, claim, len(app.QueuedQueries), fenced)
 }
 
 // sendBatch sends b and reads its results in order, classifying the first error for
@@ -175,7 +209,7 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idem.
 // (idem.ErrLeaseLost), or the store's (an idem.StoreError). After the first error the
 // server skipped every statement up to the end of the batch, and rolled its implicit
 // transaction back.
-func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch, claim *idem.RecordClaimParams, app int, fenced bool) error {
+func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch, explicit bool, claim *idem.RecordClaimParams, app int, fenced bool) error {
 	br := conn.SendBatch(ctx, b)
 	var (
 		err    error
@@ -218,7 +252,9 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 			err = &idem.StoreError{Op: what, Err: interpretError(err)}
 		}
 	}
-	exec("begin")
+	if explicit {
+		exec("begin")
+	}
 	if claim != nil {
 		exec("claim")
 	}
@@ -227,6 +263,9 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 	}
 	if fenced {
 		exec("complete")
+	}
+	if explicit {
+		exec("commit")
 	}
 	// Close reads to the batch's end, where the implicit transaction commits: an
 	// error there is the commit's.

@@ -16,8 +16,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/postgres"
 )
@@ -593,5 +595,87 @@ func TestRespondSQLWhoseKeyWasTakenOverAnswers503(t *testing.T) {
 	}
 	if replay := post("again"); !strings.Contains(replay.Body.String(), `"retry"`) {
 		t.Fatalf("replay = %d %s, want the winner's response", replay.Code, replay.Body)
+	}
+}
+
+// Respond's transaction draws no notice from the server. It opened with SET
+// TRANSACTION ISOLATION LEVEL READ COMMITTED, which PostgreSQL answers in a pipeline
+// without BEGIN with "WARNING: SET TRANSACTION can only be used in transaction blocks":
+// a WARNING line in the server's log for every request through Respond (found by
+// pgbench while measuring issue 21, where it also cost a third of the batch's work on
+// the server).
+func TestRespondDrawsNoNoticeFromTheServer(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"", "serializable"} {
+		t.Run("default isolation "+level, func(t *testing.T) {
+			t.Parallel()
+			testRespondDrawsNoNotice(t, level)
+		})
+	}
+}
+
+// testRespondDrawsNoNotice runs Respond on connections whose default isolation level is
+// level ("": the server's, READ COMMITTED): no notice, and the writes run at READ
+// COMMITTED whatever the default (SPEC §5: the idempotency statements do).
+func testRespondDrawsNoNotice(t *testing.T, level string) {
+	dbURL, schema := pgtest.Schema(t)
+	if level != "" {
+		dbURL = pgtest.WithParam(t, dbURL, "default_transaction_isolation", level)
+	}
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 2
+	var mu sync.Mutex
+	var notices []string
+	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		notices = append(notices, n.Severity+": "+n.Message)
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := postgres.NewFromPool(pool, postgres.Config{Schema: schema, DisableCleaner: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	table := pgx.Identifier{schema, "rows"}.Sanitize()
+	if _, err := pool.Exec(t.Context(), `CREATE TABLE `+table+` (key text PRIMARY KEY, isolation text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	notices = nil // the migrations' own
+	mu.Unlock()
+	insert := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		err := s.Respond(w, r, func(b *pgx.Batch) (*idem.Response, error) {
+			b.Queue(`INSERT INTO `+table+` (key, isolation) VALUES ($1, current_setting('transaction_isolation'))`, key)
+			return idem.JSONResponse(http.StatusCreated, map[string]string{"key": key})
+		})
+		answerRowError(w, err)
+	})
+	m := idem.New(idem.Config{Store: s, Scope: func(*http.Request) (string, error) { return "user-1", nil }})
+	for _, h := range []http.Handler{m.Route(idem.RouteOptions{ClaimInHandler: true})(insert), m.Handler(insert)} {
+		for _, key := range []string{"key-notice-" + rand8(), "key-notice-" + rand8() + "b"} {
+			if rec := postKey(h, key); rec.Code != http.StatusCreated {
+				t.Fatalf("POST = %d %s", rec.Code, rec.Body)
+			}
+		}
+	}
+	var other int
+	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM `+table+` WHERE isolation <> 'read committed'`).Scan(&other); err != nil || other != 0 {
+		t.Fatalf("%d rows written at another level than READ COMMITTED (%v)", other, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(notices) > 0 {
+		t.Fatalf("the server sent %d notices, want none: %q", len(notices), notices)
 	}
 }
