@@ -29,14 +29,22 @@ func (c *capture) reopen() {
 	c.status, c.wroteHeader, c.frozen = 0, false, false
 }
 
-// runClaimingInHandler runs a ClaimInHandler route's request. A primary-key read of
-// the key comes first (Handle.lookup), so that a retry is answered before the
-// handler runs, as on the lease path: the stored response, key_reused, or what the
-// usual claim finds of a record in flight (409, or a lapsed lease taken over, after
-// which the handler runs under that lease). Only a key without a live record runs the
-// handler with the claim still to make, in the transaction of the store's Respond.
+// runClaimingInHandler runs a ClaimInHandler route's request. While the route's
+// requests often find their key recorded (retryRate), a primary-key read of the key
+// comes first (Handle.lookup), so that a retry is answered before the handler runs, as
+// on the lease path: the stored response, key_reused, or what the usual claim finds of
+// a record in flight (409, or a lapsed lease taken over, after which the handler runs
+// under that lease). Otherwise, and for a key without a live record, the handler runs
+// with the claim still to make, in the transaction of the store's Respond, which
+// answers a key recorded meanwhile itself.
 func (x *request) runClaimingInHandler(next http.Handler) {
-	g, h := x.rt.m.g, &x.h
+	rt := x.rt
+	defer func() { rt.retries.observe(x.keyFound) }()
+	if !rt.retries.readFirst() {
+		x.executeClaimingInHandler(next)
+		return
+	}
+	g, h := rt.m.g, &x.h
 	ctx := x.r.Context()
 	first, found, err := h.lookup(ctx)
 	if err != nil {
@@ -48,6 +56,7 @@ func (x *request) runClaimingInHandler(next http.Handler) {
 		x.executeClaimingInHandler(next)
 		return
 	}
+	x.keyFound = true
 	if resp, err := g.claimFrom(ctx, h, first); resp != nil || err != nil {
 		x.answer(resp, err)
 		return

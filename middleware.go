@@ -52,8 +52,10 @@ type route struct {
 	keyHeader   string // canonical
 	fingerprint FingerprintFunc
 	errorWriter ErrorWriter
-	// claimInHandler is RouteOptions.ClaimInHandler.
+	// claimInHandler is RouteOptions.ClaimInHandler; retries says whether its requests
+	// read their key before the handler.
 	claimInHandler bool
+	retries        retryRate
 	// onLapse is RouteOptions.OnLapse (SPEC §5.3, §13).
 	onLapse LapsePolicy
 }
@@ -157,6 +159,9 @@ type request struct {
 	// that supplies the response the claim stores.
 	h       Handle
 	capture *capture
+	// keyFound says that a ClaimInHandler route's request found its key recorded
+	// already, for the route's retryRate.
+	keyFound bool
 }
 
 func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, r *http.Request) {

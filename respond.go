@@ -86,6 +86,9 @@ func (h *Handle) acquireForTx(ctx context.Context, found *RecordClaimResult) err
 		return nil
 	}
 	resp, err := h.g.claimFrom(ctx, h, found)
+	if x, ok := h.describer.(*request); ok && (resp != nil || err != nil || h.tookOver) {
+		x.keyFound = true // for the route's retryRate
+	}
 	if resp == nil && err == nil {
 		// Held under a lease from now on, without a heartbeat: the handler's context
 		// ends with the lease (executeClaimingInHandler), and the fence refuses a
@@ -297,6 +300,7 @@ func ServeTx(w http.ResponseWriter, r *http.Request, run TxFunc) error {
 		case errors.Is(err, ErrClaimDeferred) && rec.claim != nil:
 			rec.undo()
 			h.claimedInTx = false
+			x.keyFound = true
 			var taken *KeyTakenError
 			errors.As(err, &taken)
 			if h.acquireForTx(ctx, taken.found(rec.claim)) != nil {

@@ -294,15 +294,21 @@ func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (tim
 
 // RecordGet reads one live record; absent or expired is [idem.ErrNotFound].
 func (s *Store) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.Record, error) {
-	var rec *idem.Record
+	var (
+		rec *idem.Record
+		now time.Time
+	)
 	err := s.withRetry(ctx, "get", func() error {
 		row := s.pool.QueryRow(ctx, s.q.recordGet, []byte(p.Scope), []byte(p.Key), nowParam(p.Now))
 		var err error
-		rec, _, err = scanRecord(row, p.Scope, p.Key, nil)
+		rec, now, err = scanRecord(row, p.Scope, p.Key, nil)
 		return err
 	})
 	if err != nil {
 		return nil, interpretError(err)
+	}
+	if rec.Expired(now) {
+		return nil, idem.ErrNotFound
 	}
 	return rec, nil
 }

@@ -308,7 +308,7 @@ func claimError(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case isUniqueViolation(err, "idem_records"): // recorded since the middleware's read, or expired
+	case isKeyStop(err), isUniqueViolation(err, "idem_records"): // recorded already, or since the statement's snapshot
 		return &idem.KeyTakenError{Err: err}
 	case isLockTimeout(err):
 		return idem.ErrKeyInProgress
@@ -388,4 +388,11 @@ func isUniqueViolation(err error, table string) bool {
 func isLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// isKeyStop reports whether err is idem_stop's IDL02: RecordInsertCompleted found its
+// key recorded.
+func isKeyStop(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "IDL02"
 }

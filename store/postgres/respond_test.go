@@ -500,11 +500,13 @@ func TestInTxMisusesFailLoudly(t *testing.T) {
 	})
 }
 
-// Round trips on the wire: a new key on a ClaimInHandler route is two (a read of the
-// key, then the claim, the writes and the completed record in one pipelined
-// transaction), and its replay one (the read, before the handler runs); on the lease
-// path a new key is two (the claim, then the writes with the fenced completion), its
-// replay one.
+// Round trips on the wire. A ClaimInHandler route whose requests rarely find their key
+// recorded goes straight to the handler: a new key is one round trip (the claim, the
+// writes and the completed record in one pipelined transaction), and a retry two (that
+// transaction stops at the record it finds, then the usual claim answers). Once retries
+// come often it reads the key first: a retry is one round trip (the read; the handler
+// never runs) and a new key two (the read, then the transaction). On the lease path a
+// new key is two (the claim, then the writes with the fenced completion), its replay one.
 func TestRespondRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := newCountingBundle(t)
@@ -520,18 +522,33 @@ func TestRespondRoundTrips(t *testing.T) {
 			t.Fatalf("warm-up = %d %s", rec.Code, rec.Body)
 		}
 	}
-	for range 2 { // a replay must leave nothing that costs the next request more
-		b.wantTrips("a new key on a ClaimInHandler route (read + batch)", 2, func() {
+	newKey := func(what string, trips int) {
+		t.Helper()
+		b.wantTrips(what, trips, func() {
 			if rec := postKey(inHandler, "key-one-"+rand8()); rec.Code != http.StatusCreated {
 				t.Fatalf("POST = %d %s", rec.Code, rec.Body)
 			}
 		})
-		b.wantTrips("a replay on a ClaimInHandler route", 1, func() {
+	}
+	replay := func(what string, trips int) {
+		t.Helper()
+		b.wantTrips(what, trips, func() {
 			if rec := postKey(inHandler, "key-warm-up-0"); rec.Code != http.StatusCreated || rec.Header().Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("replay = %d %s", rec.Code, rec.Body)
 			}
 		})
 	}
+	for range 2 { // a retry must leave nothing that costs the next request more
+		newKey("a new key on a ClaimInHandler route that sees few retries", 1)
+		replay("a retry on a ClaimInHandler route that sees few retries (the transaction, then the claim)", 2)
+	}
+	for range 12 { // the route learns that retries are frequent
+		if rec := postKey(inHandler, "key-warm-up-0"); rec.Code != http.StatusCreated {
+			t.Fatalf("replay = %d %s", rec.Code, rec.Body)
+		}
+	}
+	replay("a retry on a ClaimInHandler route that sees many (the read)", 1)
+	newKey("a new key on a ClaimInHandler route that sees many retries (the read, then the transaction)", 2)
 	b.wantTrips("a new key on the lease path (claim + batch)", 2, func() {
 		if rec := postKey(lease, "key-two-2"); rec.Code != http.StatusCreated {
 			t.Fatalf("POST = %d %s", rec.Code, rec.Body)

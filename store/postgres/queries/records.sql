@@ -10,36 +10,20 @@
 -- name: RecordClaim
 -- One round trip for every outcome but the rare takeover. A key that is there (a replay,
 -- a duplicate, a reused key: most claims of a key after its first) is one read by the
--- primary key, the statement's first branch, and the insert's condition finds it too
--- and writes nothing. A key that is not there is inserted in flight by the
--- data-modifying WITH and returned by the second branch. Both share the statement's
--- snapshot, so exactly one of them answers. The insert is plain, not INSERT … ON
--- CONFLICT, whose speculative insertion writes one more WAL record per claim
--- (HEAP_CONFIRM, benchtool wal): a claim of the key that a concurrent statement
--- committed after this one's snapshot fails with unique_violation (23505) instead,
--- after waiting for that statement's transaction, and the caller runs the claim again,
--- whose read then finds the record. The function idem_claim_v2 (0006) stays for the
--- processes of the previous version.
+-- primary key in plain SQL, as cheap as any read of a row by its key; only when the read
+-- finds nothing does idem_claim_v3 (migration 0009) run, which inserts the in-flight
+-- record with a plain INSERT (no speculative insertion: no HEAP_CONFIRM in the WAL). A
+-- record of the key that a concurrent claim committed after this statement's snapshot
+-- fails that insert with unique_violation (23505): the caller runs the claim again,
+-- whose read finds it. The two branches share the statement's snapshot, so exactly one
+-- of them answers. The columns are named, not *, so that the function may gain
+-- columns without changing this statement's result. (idem_claim_v2, which v3 follows,
+-- stays for the processes of the previous version.)
 -- When $10 is true the statement's own (implicit) transaction commits without waiting
--- for the WAL flush (SET LOCAL synchronous_commit). Why losing such a claim in a crash
--- is safe: doc.go, "Durable claims".
+-- for the WAL flush (SET LOCAL synchronous_commit inside idem_claim_v3). Why losing such
+-- a claim in a crash is safe: doc.go, "Durable claims".
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 token,
 -- $7 lease (µs), $8 ttl (µs), $9 injected now (NULL: the store's clock), $10 async commit.
-WITH inserted AS (
-    INSERT INTO {{schema}}idem_records AS r
-        (scope, key, id, fingerprint_version, fingerprint, state, lock_token, lease_end,
-         created_at, expires_at)
-    SELECT $1, $2, $3, $4, $5, 'in_flight', $6,
-           c.now + $7::bigint * interval '1 microsecond',
-           c.now,
-           greatest(c.now + $8::bigint * interval '1 microsecond', c.now + $7::bigint * interval '1 microsecond')
-    FROM (SELECT coalesce($9::timestamptz, clock_timestamp()) AS now,
-                 CASE WHEN $10::boolean THEN set_config('synchronous_commit', 'off', true) END AS async) c
-    WHERE NOT EXISTS (SELECT 1 FROM {{schema}}idem_records WHERE scope = $1 AND key = $2)
-    RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
-              r.response_status, r.response_headers, r.response_body, r.response_not_stored,
-              r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at
-)
 SELECT false, r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
        r.response_status, r.response_headers, r.response_body, r.response_not_stored,
        r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at,
@@ -47,11 +31,11 @@ SELECT false, r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token,
 FROM {{schema}}idem_records r
 WHERE r.scope = $1 AND r.key = $2
 UNION ALL
-SELECT true, i.id, i.fingerprint_version, i.fingerprint, i.state, i.lock_token, i.lease_end,
-       i.response_status, i.response_headers, i.response_body, i.response_not_stored,
-       i.outcome_unknown, i.recovery_point, i.steps, i.operation, i.created_at, i.expires_at,
-       i.created_at
-FROM inserted i;
+SELECT claimed, id, fingerprint_version, fingerprint, state, lock_token, lease_end,
+       response_status, response_headers, response_body, response_not_stored, outcome_unknown,
+       recovery_point, steps, operation, created_at, expires_at, now
+FROM {{schema}}idem_claim_v3($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+WHERE NOT EXISTS (SELECT 1 FROM {{schema}}idem_records WHERE scope = $1 AND key = $2);
 
 -- name: RecordClaimExpired
 -- Claims an expired record afresh (SPEC §5.1, §8): new id, created_at, fingerprint,
@@ -283,18 +267,17 @@ WHERE r.scope = $1 AND r.key = $2 AND r.lock_token = $3 AND r.state = 'in_flight
 RETURNING r.lease_end;
 
 -- name: RecordGet
--- One record by primary key; an expired one counts as absent (SPEC §8), unless it is an
--- unfinished operation, which never expires (SPEC §13).
+-- One record by primary key, with the store's time: a plain read, as cheap as any read
+-- of a row by its key (it answers a ClaimInHandler route's retries, and the polls of a
+-- wait). Whether it expired (SPEC §8; an unfinished operation never does, SPEC §13) is
+-- decided from the returned time (idem.Record.Expired), at the store's edge.
 -- $1 scope, $2 key, $3 injected now.
-WITH clock AS MATERIALIZED (
-    SELECT coalesce($3::timestamptz, clock_timestamp()) AS now
-)
 SELECT r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
        r.response_status, r.response_headers, r.response_body, r.response_not_stored,
-       r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now
-FROM {{schema}}idem_records r, clock
-WHERE r.scope = $1 AND r.key = $2
-  AND (r.expires_at > clock.now OR (r.state = 'in_flight' AND r.recovery_point IS NOT NULL));
+       r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at,
+       coalesce($3::timestamptz, clock_timestamp())
+FROM {{schema}}idem_records r
+WHERE r.scope = $1 AND r.key = $2;
 
 -- name: RecordDeleteExpired
 -- Deletes one bounded batch of records that expired more than the retention ago, never an
@@ -332,36 +315,41 @@ WHERE r.state = 'in_flight' AND r.recovery_point IS NOT NULL;
 
 -- name: RecordInsertCompleted
 -- The claim and the completion of a ClaimInHandler transaction (Respond), its first
--- statement after the isolation level: it inserts the record already completed, in the
--- transaction that holds the application's writes, so that it needs no lease, token or
--- heartbeat (the open transaction is the lock), and returns one row. The middleware
--- read the key before the handler ran and found no live record (a replay, a duplicate
--- or a reused key is answered from that read), so this statement does not read it
--- again: a record of the key that is there all the same (inserted since the read, or
--- expired) fails the insert with unique_violation (23505), which aborts the
--- transaction before the application's statements run, and the caller claims the key
--- the usual way. A concurrent claim of the same key in flight holds the key's advisory
--- lock ($13, transaction-scoped, taken here before the insert): this one waits for it
--- at most the lock_timeout set for that wait ($12), then fails with lock_not_available
--- (55P03: 409 request_in_progress). Only that wait is so short: the insert's own lock
--- waits (the relation's extension lock, which a database busy with I/O can hold past
--- 100 ms; a row of the key that another route's transaction updates) get the longer
--- bound $14, so that a fresh key is not answered 409 because the disk was slow; and the
--- application's statements after it wait for their locks as they would without idem,
--- under the session's lock_timeout, which the final SELECT puts back once the insert
--- returned its row. The materialised CTE runs its expressions in order before the
--- insert can wait (it keeps the session's lock_timeout, sets the key's bound, takes the
--- key's lock and sets the insert's bound), and a lock wait reads lock_timeout when it
--- begins.
+-- statement: when the key has no record, it inserts the record already completed, in
+-- the transaction that holds the application's writes, so that it needs no lease,
+-- token or heartbeat (the open transaction is the lock), and returns one row. When a
+-- record of the key is there (live or expired: a retry the middleware did not read
+-- first, a duplicate recorded since its read) it takes no lock, writes nothing and
+-- raises IDL02 (idem_stop, migration 0007), which aborts the transaction before the
+-- application's statements run, and the caller claims the key the usual way; a record
+-- that a concurrent claim committed after this statement's snapshot fails the insert
+-- with unique_violation (23505), with the same outcome. A concurrent claim of the same
+-- key in flight holds the key's advisory lock ($13, transaction-scoped, taken here
+-- before the insert): this one waits for it at most the lock_timeout set for that wait
+-- ($12), then fails with lock_not_available (55P03: 409 request_in_progress). Only that
+-- wait is so short: the insert's own lock waits (the relation's extension lock, which a
+-- database busy with I/O can hold past 100 ms; a row of the key that another route's
+-- transaction updates) get the longer bound $14, so that a fresh key is not answered
+-- 409 because the disk was slow; and the application's statements after it wait for
+-- their locks as they would without idem, under the session's lock_timeout, which the
+-- final SELECT puts back once the insert returned its row. Only a claim that found no
+-- record takes the key's lock, so that concurrent retries of a key never wait for each
+-- other. The materialised CTEs run their expressions in order before the insert can
+-- wait (keylock, a row only when found is empty, keeps the session's lock_timeout, sets
+-- the key's bound, takes the key's lock and sets the insert's bound), and a lock wait
+-- reads lock_timeout when it begins.
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 status,
 -- $7 headers, $8 body, $9 not stored, $10 ttl (µs), $11 injected now, $12 the key's lock
 -- timeout, $13 the key's advisory lock id, $14 the insert's lock timeout.
-WITH keylock AS MATERIALIZED (
+WITH found AS MATERIALIZED (
+    SELECT 1 FROM {{schema}}idem_records r WHERE r.scope = $1 AND r.key = $2
+), keylock AS MATERIALIZED (
     SELECT set_config('idem.lock_timeout', current_setting('lock_timeout'), true) AS kept,
            set_config('lock_timeout', $12, true) AS key_wait,
            pg_advisory_xact_lock(1768189233, $13::int4)::text AS key_lock,
            set_config('lock_timeout', $14, true) AS insert_wait,
            coalesce($11::timestamptz, clock_timestamp()) AS now
+    WHERE NOT EXISTS (SELECT 1 FROM found)
 ), inserted AS (
     INSERT INTO {{schema}}idem_records
         (scope, key, id, fingerprint_version, fingerprint, state, response_status,
@@ -372,4 +360,7 @@ WITH keylock AS MATERIALIZED (
     RETURNING 1
 )
 SELECT set_config('lock_timeout', current_setting('idem.lock_timeout'), true)
-FROM inserted;
+FROM inserted
+UNION ALL
+SELECT {{schema}}idem_stop(true)::text
+FROM found;
