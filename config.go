@@ -280,17 +280,20 @@ type RouteOptions struct {
 	// ClaimInHandler says that the route's handlers write only to the store's
 	// database, through the store's Respond (store/postgres's and store/sqlite's
 	// (*Store).Respond): the middleware parses the key, the scope and the fingerprint
-	// as usual, reads the key (one primary-key read) and answers a key that is there as
-	// the lease route does, without running the handler (the stored response,
-	// key_reused, 409 or the wait for a record in flight, a lapsed lease taken over and
-	// the handler run under it); for a key without a live record it runs the handler
-	// without a claim, and Respond claims the key inside the one transaction that also
-	// holds the handler's writes and its completed record (on PostgreSQL BEGIN, the
-	// record, the writes and COMMIT travel in one round trip). No lease or heartbeat is
-	// needed: the open transaction is the lock, and a crash rolls everything back. When
-	// a concurrent request recorded the key in between, Respond answers what the key
-	// calls for; a duplicate that finds the claim uncommitted waits a bounded time (the
-	// store's lock timeout) and gets 409 request_in_progress. A helper that needs a
+	// as usual and runs the handler without a claim, and Respond claims the key inside
+	// the one transaction that also holds the handler's writes and its completed record
+	// (on PostgreSQL the record, the writes and COMMIT travel in one round trip). No
+	// lease or heartbeat is needed: the open transaction is the lock, and a crash rolls
+	// everything back. When the key is recorded already, that transaction writes
+	// nothing and Respond answers what the key calls for (the stored response,
+	// key_reused, 409, or, for an expired record or a lapsed lease, the writes run
+	// again under the lease); a duplicate that finds the claim uncommitted waits a
+	// bounded time (the store's lock timeout) and gets 409 request_in_progress. While
+	// the route's requests often find their key recorded (more than a quarter of the
+	// recent ones: a client retrying, a retry storm), the middleware reads the key first
+	// (one primary-key read) and answers a retry as the lease route does, without
+	// running the handler; it stops when they rarely do (under an eighth), since the
+	// read costs every new key a round trip. A helper that needs a
 	// lease (InTx, backstop's) claims the key first the usual way
 	// ([Handle.AcquireForTx]). A handler that answers a response to store without a
 	// helper (its writes through the database directly) is a misuse, answered 500

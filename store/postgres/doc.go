@@ -21,16 +21,17 @@
 // completion in one transaction (SPEC §7): either both commit or neither does, and the
 // client never receives a response whose effects did not commit. Respond is the path
 // of a handler whose writes all go to this database: its function queues them and
-// returns the response, and on an idem.RouteOptions.ClaimInHandler route (after the
-// middleware's read of the key, which answers a retry before the handler runs) the
-// claim, the writes and the completed record travel in one pipelined round trip. InTx is the
+// returns the response, and on an idem.RouteOptions.ClaimInHandler route the claim, the
+// writes and the completed record travel in one pipelined round trip (while the
+// route's retries are frequent the middleware reads the key first, and answers a retry
+// from that read before the handler runs). InTx is the
 // lease path's, for a handler that calls something outside the database before it
 // writes: the fenced completion and COMMIT travel in one pipelined round trip; a lost
 // lease raises SQLSTATE IDL01 inside the transaction so that the queued COMMIT is
-// skipped. A duplicate that records the key between the middleware's read and a
-// ClaimInHandler transaction makes that transaction's insert of the record fail with
-// unique_violation before the application's statements run: the server logs it as an
-// ERROR (log_min_messages), and Respond claims the key the usual way.
+// skipped. A ClaimInHandler transaction whose key is recorded already stops before the
+// application's statements run (SQLSTATE IDL02, idem_stop, or unique_violation for a
+// record committed since its snapshot): the server logs it as an ERROR
+// (log_min_messages), and Respond claims the key the usual way.
 //
 // # database/sql
 //

@@ -23,17 +23,18 @@ package postgres
 //     completion and COMMIT, pipelined in one batch); a replay of it is 1 as above
 //   - §7 Respond:          1 (the handler's statements and the fenced completion in
 //     one pipelined implicit transaction), so a whole request is 2 with the claim
-//   - Respond on a RouteOptions.ClaimInHandler route: 1 (RecordGet, the middleware's
-//     read of the key before the handler) + 1 (the isolation level, the record's
+//   - Respond on a RouteOptions.ClaimInHandler route: 1 for a new key (the record's
 //     insert already completed under the key's advisory lock with a bounded
-//     lock_timeout, the handler's statements; committed at the batch's end); a
-//     replay, a reused key or an in-flight duplicate is the read alone (the in-flight
-//     one then claims: +1), the handler never runs. A key recorded between the read
-//     and the transaction (a duplicate's, or an expired record) fails the insert with
-//     unique_violation before anything is written (the transaction rolls back at the
-//     batch's end without a ROLLBACK; the statements are prepared by name, so pgx's
-//     cache drops none of them), then 1 (the claim) + 1 (a replay answers; or, having
-//     taken it over, the statements under the lease)
+//     lock_timeout, the handler's statements; committed at the batch's end); a key
+//     recorded already (a replay, a reused key, an in-flight duplicate, an expired
+//     record) stops that transaction before anything is written (idem_stop raises
+//     IDL02; the transaction rolls back at the batch's end without a ROLLBACK; the
+//     statements are prepared by name, so pgx's cache drops none of them), then 1 (the
+//     claim answers) or, having taken it over, 1 + 1 (the claim, the statements under
+//     the lease). While the route's retries are frequent the middleware reads the key
+//     first (RecordGet, 1): a replay, a reused key or an in-flight duplicate is that
+//     read alone (the in-flight one then claims: +1) and the handler never runs; a new
+//     key is the read and its transaction, 2
 //
 // TestNewKeyClaimIsOneRoundTrip and its neighbours in roundtrip_test.go count them on
 // the wire.

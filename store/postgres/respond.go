@@ -60,15 +60,15 @@ func keyLockID(scope, key string) int32 {
 //	})
 //	if err != nil { ... } // nothing committed and nothing was sent: answer it
 //
-// On a route with idem.RouteOptions.ClaimInHandler (the middleware read the key before
-// the handler and found no live record: a retry is answered from that read and never
-// reaches Respond) the handler's transaction is one round trip: BEGIN, the record
-// inserted already completed with the response (under the key's advisory lock, waited
-// for at most Config.ClaimLockTimeout), the statements and COMMIT, pipelined. When a
-// concurrent request recorded the key in between, nothing commits and Respond claims
-// it the usual way: it answers the stored response, 409 request_in_progress or
+// On a route with idem.RouteOptions.ClaimInHandler the whole request is one round
+// trip: the record inserted already completed with the response (under the key's
+// advisory lock, waited for at most Config.ClaimLockTimeout), the statements and the
+// commit, pipelined. When the key is recorded already, nothing commits and Respond
+// claims it the usual way: it answers the stored response, 409 request_in_progress or
 // key_reused, or, having taken over an expired record or a lapsed lease, sends the
-// statements once more with the record's fenced completion. Elsewhere (the middleware
+// statements once more with the record's fenced completion. (While the route's
+// requests often find their key recorded, the middleware reads the key before the
+// handler and answers a retry from that read: it never reaches Respond.) Elsewhere (the middleware
 // claimed the key before the handler) it is BEGIN, the statements, the fenced
 // completion and COMMIT: one round trip after the claim's. A request marked
 // idem.WithoutKey (no key) gets BEGIN, the statements and COMMIT.
