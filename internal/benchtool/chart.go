@@ -101,6 +101,7 @@ func drawChart(w io.Writer, title string, m minimalResults, steps []step) error 
 	width := chartWidth
 	if len(m.Pairs) > 0 {
 		y, width = drawRatios(body, y, m)
+		y = drawCosts(body, y+20, width, m)
 	}
 	if len(steps) > 0 {
 		y = drawScale(body, y+20, width, steps)
@@ -188,7 +189,7 @@ func drawRatios(s *svg, y float64, m minimalResults) (float64, float64) {
 	}
 	s.f(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" class="axis"/>`+"\n", left, top, left, bottom)
 	ly := bottom + 32
-	legend := []struct{ col, text string }{{colNew, "new keys, vs a plain INSERT"}, {colReplay, "replays, vs GET by id"}, {colTarget, "target (issue 13)"}}
+	legend := []struct{ col, text string }{{colNew, "new keys, vs a plain INSERT"}, {colReplay, "replays, vs GET by id"}, {colTarget, "target (issues 13, 21)"}}
 	x := left
 	for _, l := range legend {
 		s.f(`<rect x="%.1f" y="%.1f" width="12" height="12" fill="%s"/>`+"\n", x, ly-10, l.col)
@@ -196,6 +197,54 @@ func drawRatios(s *svg, y float64, m minimalResults) (float64, float64) {
 		x += 190
 	}
 	return ly + 10, width
+}
+
+// drawCosts draws what a new key costs PostgreSQL per request on each path, against the
+// plain INSERT: WAL records as bars, commits and WAL syncs beside them. It draws
+// nothing for a run without costs.
+func drawCosts(s *svg, y, width float64, m minimalResults) float64 {
+	type row struct {
+		label string
+		c     *cost
+	}
+	var rows []row
+	for _, p := range m.Pairs {
+		if p.Group != "new" || p.Base.Cost == nil || p.Idem.Cost == nil || p.Records > m.Pairs[0].Records {
+			continue
+		}
+		if len(rows) == 0 {
+			rows = append(rows, row{"plain INSERT (baseline)", p.Base.Cost})
+		}
+		rows = append(rows, row{p.Name, p.Idem.Cost})
+	}
+	if len(rows) == 0 {
+		return y
+	}
+	s.text(20, y+8, "start", "head", "What a new key costs PostgreSQL per request (its own counters, the same run)")
+	s.text(20, y+24, "start", "note", "bars: WAL records (pg_stat_wal); beside them commits (pg_stat_database) and WAL syncs; benchtool wal names each record")
+	y += 40
+	longest := 0
+	maxWAL := 1.0
+	for _, r := range rows {
+		longest = max(longest, len([]rune(r.label)))
+		maxWAL = math.Max(maxWAL, r.c.WALRecords)
+	}
+	left := math.Max(300, 20+6.5*float64(longest)+8)
+	right := width - 260
+	scale := (right - left) / math.Ceil(maxWAL)
+	const rowH = 24.0
+	for i, r := range rows {
+		ry := y + float64(i)*rowH
+		s.text(left-8, ry+15, "end", "", r.label)
+		col := colNew
+		if i == 0 {
+			col = "#999"
+		}
+		s.f(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" rx="2"/>`+"\n", left, ry+4, math.Max(r.c.WALRecords*scale, 1), rowH-8, col)
+		s.text(left+r.c.WALRecords*scale+6, ry+16, "start", "value",
+			fmt.Sprintf("%.1f WAL records, %.2f commits, %.2f syncs", r.c.WALRecords, r.c.Commits, r.c.WALSyncs))
+	}
+	return y + float64(len(rows))*rowH + 10
 }
 
 // drawScale draws claim and lookup latency (p50 and p99) against the table's size, one

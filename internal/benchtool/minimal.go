@@ -34,7 +34,8 @@ type pair struct {
 	atScale bool
 }
 
-// pairs are the minimal handler's comparisons: the targets of issue 13.
+// pairs are the minimal handler's comparisons, with their targets: issue 21's for new
+// keys and a ClaimInHandler route's replays, issue 13's for the rest.
 func pairs(keys int64) []pair {
 	k := fmt.Sprint(keys)
 	return []pair{
@@ -48,9 +49,9 @@ func pairs(keys int64) []pair {
 			baseArg: []string{"--get", "--keys", "1", "--prefix", "respond-1"}, idemArg: []string{"--path", "/lease", "--keys", "1", "--prefix", "lease-1"}},
 		{Name: "replay across " + k + " keys (lease route)", Group: "replay", Base: "GET of " + k + " ids", Target: "0.90",
 			baseArg: []string{"--get", "--keys", k, "--prefix", "respond-n"}, idemArg: []string{"--path", "/lease", "--keys", k, "--prefix", "lease-n"}, atScale: true},
-		{Name: "replay of 1 key (ClaimInHandler route)", Group: "replay", Base: "GET of 1 id", Target: "0.90",
+		{Name: "replay of 1 key (ClaimInHandler route)", Group: "replay", Base: "GET of 1 id", Target: "0.80",
 			baseArg: []string{"--get", "--keys", "1", "--prefix", "respond-1"}, idemArg: []string{"--path", "/respond", "--keys", "1", "--prefix", "respond-1"}},
-		{Name: "replay across " + k + " keys (ClaimInHandler route)", Group: "replay", Base: "GET of " + k + " ids", Target: "0.90",
+		{Name: "replay across " + k + " keys (ClaimInHandler route)", Group: "replay", Base: "GET of " + k + " ids", Target: "0.80",
 			baseArg: []string{"--get", "--keys", k, "--prefix", "respond-n"}, idemArg: []string{"--path", "/respond", "--keys", k, "--prefix", "respond-n"}, atScale: true},
 		{Name: "replay of 1 key from the replay cache", Group: "replay", Base: "GET of 1 id", Target: "2",
 			baseArg: []string{"--get", "--keys", "1", "--prefix", "respond-1"}, idemArg: []string{"--path", "/cached", "--keys", "1", "--prefix", "cached-1"}},

@@ -109,6 +109,46 @@ records (server-side INSERT … SELECT generate_series).
 			p.Name, human(p.Records), p.pair.Base, p.Base.RequestsPerSecond, p.Base.P99,
 			p.Idem.RequestsPerSecond, p.Idem.P50, p.Idem.P99, p.Ratio, verdict(p.Ratio, p.Target))
 	}
+	reportCosts(w, m)
+}
+
+// reportCosts writes what each path cost PostgreSQL per request, when the run measured
+// it: its commits (pg_stat_database), WAL records, full-page images, bytes and syncs
+// (pg_stat_wal), each side of each pair, means over the rounds.
+func reportCosts(w io.Writer, m minimalResults) {
+	if len(m.Pairs) == 0 || m.Pairs[0].Base.Cost == nil {
+		return
+	}
+	fmt.Fprintf(w, `
+### What each request costs PostgreSQL
+
+Per request, from the server's own counters around each run (`+"`pg_stat_database`"+` for the
+commits of the benchmark's database, `+"`pg_stat_wal`"+` for the WAL, the whole server's: it ran
+nothing else), means over the rounds. `+"`benchtool wal`"+` below names each WAL record.
+
+| workload | side | commits | WAL records | full-page images | WAL bytes | WAL syncs |
+|---|---|---|---|---|---|---|
+`)
+	seen := map[string]bool{}
+	for _, p := range m.Pairs {
+		for _, side := range []struct {
+			name string
+			s    *summary
+			what string
+		}{{p.pair.Base, p.Base, "baseline"}, {p.Name, p.Idem, "idem"}} {
+			key := side.name + human(p.Records)
+			if side.s.Cost == nil || seen[key] {
+				continue
+			}
+			seen[key] = true
+			c := side.s.Cost
+			name := side.name
+			if p.Records > m.Pairs[0].Records {
+				name += ", at " + human(p.Records) + " records"
+			}
+			fmt.Fprintf(w, "| %s | %s | %.2f | %.2f | %.2f | %.0f | %.2f |\n", name, side.what, c.Commits, c.WALRecords, c.WALFPI, c.WALBytes, c.WALSyncs)
+		}
+	}
 }
 
 func mb(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) }
