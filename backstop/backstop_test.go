@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
@@ -61,17 +60,7 @@ func openDB(t *testing.T, d backstop.Dialect) *sql.DB {
 		}
 	case backstop.Postgres:
 		dbURL, schema := pgtest.Schema(t)
-		cfg, err := pgxpool.ParseConfig(pgtest.SearchPathURL(t, dbURL, schema))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.MaxConns = 4
-		pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		db = stdlib.OpenDBFromPool(pool)
+		db = stdlib.OpenDBFromPool(pgtest.Pool(t, pgtest.SearchPathURL(t, dbURL, schema), 4))
 	}
 	t.Cleanup(func() { _ = db.Close() })
 	if _, err := db.Exec(`CREATE TABLE charges (name TEXT PRIMARY KEY, amount INTEGER NOT NULL)`); err != nil {

@@ -142,25 +142,14 @@ func countIn(db *sql.DB) func(t *testing.T, key string) int {
 
 // pgPool opens a small pool on a fresh schema of the test database (its search_path),
 // closed when t ends.
-func pgPool(t *testing.T) (*pgxpool.Pool, string, string) {
+func pgPool(t *testing.T) (*pgxpool.Pool, string) {
 	t.Helper()
 	dbURL, schema := pgtest.Schema(t)
-	url := pgtest.SearchPathURL(t, dbURL, schema)
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool, url, schema
+	return pgtest.Pool(t, pgtest.SearchPathURL(t, dbURL, schema), 4), schema
 }
 
 func postgresEnv(t *testing.T, databaseSQL bool) *env {
-	pool, _, schema := pgPool(t)
+	pool, schema := pgPool(t)
 	st, err := postgres.NewFromPool(pool, postgres.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
@@ -232,7 +221,7 @@ func redisEnv(t *testing.T, onPostgres bool) *env {
 		insert  = `INSERT INTO charges (key, id) VALUES (?, ?)`
 	)
 	if onPostgres {
-		pool, _, _ := pgPool(t)
+		pool, _ := pgPool(t)
 		db, dialect, insert = stdlib.OpenDBFromPool(pool), backstop.Postgres, `INSERT INTO charges (key, id) VALUES ($1, $2)`
 	} else {
 		var err error

@@ -128,22 +128,8 @@ func runHTTPCell(t *testing.T, s Store, r Route, h Helper, m Mount, want Outcome
 	if refusal != nil {
 		t.Fatalf("building it panicked: %v", refusal)
 	}
-	srv := httptest.NewServer(handler)
-	t.Cleanup(srv.Close)
-	client := srv.Client()
-	client.Transport.(*http.Transport).MaxIdleConnsPerHost = duplicates
-
-	seqKey, concKey := "seq-"+newID(), "conc-"+newID()
-	first := post(t, client, srv.URL, seqKey)
-	retry := post(t, client, srv.URL, seqKey)
-	conc := make([]answer, duplicates)
-	var wg sync.WaitGroup
-	for i := range conc {
-		wg.Go(func() { conc[i] = post(t, client, srv.URL, concKey) })
-	}
-	wg.Wait()
+	seqKey, concKey, first, retry, conc := sendDuplicates(t, handler)
 	all := append([]answer{first, retry}, conc...)
-	t.Logf("first %v; retry %v; concurrent %v", first, retry, conc)
 
 	switch want {
 	case ExactlyOnce:
@@ -206,3 +192,25 @@ func wantExactlyOnce(t *testing.T, what string, answers []answer) {
 // The suite needs its services: it fails without them under CI=true, and skips cells
 // without them otherwise (testenv).
 var _ = testenv.CI
+
+// sendDuplicates serves handler on a loopback port and sends it what every cell sends:
+// a request and its sequential retry under seqKey, then 16 concurrent duplicates under
+// concKey.
+func sendDuplicates(t *testing.T, handler http.Handler) (seqKey, concKey string, first, retry answer, conc []answer) {
+	t.Helper()
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+	client := srv.Client()
+	client.Transport.(*http.Transport).MaxIdleConnsPerHost = duplicates
+	seqKey, concKey = "seq-"+newID(), "conc-"+newID()
+	first = post(t, client, srv.URL, seqKey)
+	retry = post(t, client, srv.URL, seqKey)
+	conc = make([]answer, duplicates)
+	var wg sync.WaitGroup
+	for i := range conc {
+		wg.Go(func() { conc[i] = post(t, client, srv.URL, concKey) })
+	}
+	wg.Wait()
+	t.Logf("first %v; retry %v; concurrent %v", first, retry, conc)
+	return seqKey, concKey, first, retry, conc
+}

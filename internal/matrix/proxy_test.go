@@ -85,21 +85,7 @@ func runProxyCell(t *testing.T, kind string, s Store, lapse string, want Outcome
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(p)
-	t.Cleanup(srv.Close)
-	client := srv.Client()
-	client.Transport.(*http.Transport).MaxIdleConnsPerHost = duplicates
-
-	seqKey, concKey := "seq-"+newID(), "conc-"+newID()
-	first := post(t, client, srv.URL, seqKey)
-	retry := post(t, client, srv.URL, seqKey)
-	conc := make([]answer, duplicates)
-	var wg sync.WaitGroup
-	for i := range conc {
-		wg.Go(func() { conc[i] = post(t, client, srv.URL, concKey) })
-	}
-	wg.Wait()
-	t.Logf("first %v; retry %v; concurrent %v", first, retry, conc)
+	_, _, first, retry, conc := sendDuplicates(t, p)
 
 	switch want {
 	case ExactlyOnce:

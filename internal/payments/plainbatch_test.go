@@ -1,12 +1,9 @@
 package payments
 
 import (
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem/internal/pgtest"
 )
@@ -18,23 +15,8 @@ import (
 func TestPlainBatchDrawsNoNoticeAndRollsBackAFailure(t *testing.T) {
 	t.Parallel()
 	dbURL, schema := pgtest.Schema(t)
-	cfg, err := pgxpool.ParseConfig(pgtest.SearchPathURL(t, dbURL, schema))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	var mu sync.Mutex
-	var notices []string
-	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		mu.Lock()
-		defer mu.Unlock()
-		notices = append(notices, n.Severity+": "+n.Message)
-	}
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	var notices pgtest.Notices
+	pool := pgtest.Pool(t, pgtest.SearchPathURL(t, dbURL, schema), 1, notices.Hook)
 	if _, err := pool.Exec(t.Context(), `CREATE TABLE plain (k text PRIMARY KEY, isolation text)`); err != nil {
 		t.Fatal(err)
 	}
@@ -57,9 +39,7 @@ func TestPlainBatchDrawsNoNoticeAndRollsBackAFailure(t *testing.T) {
 	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM plain WHERE isolation = 'read committed'`).Scan(&n); err != nil || n != 2 {
 		t.Fatalf("%d rows written at READ COMMITTED, want 2 (%v)", n, err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(notices) > 0 {
-		t.Fatalf("the server sent %d notices, want none: %q", len(notices), notices)
+	if n := notices.Take(); len(n) > 0 {
+		t.Fatalf("the server sent %d notices, want none: %q", len(n), n)
 	}
 }

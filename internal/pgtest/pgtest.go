@@ -5,10 +5,13 @@ package pgtest
 import (
 	"context"
 	"net/url"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem/internal/testenv"
 )
@@ -72,4 +75,51 @@ func exec(ctx context.Context, dbURL, sql string, args ...any) error {
 	defer conn.Close(context.Background())
 	_, err = conn.Exec(ctx, sql, args...)
 	return err
+}
+
+// Pool opens a pool of at most maxConns connections to dbURL, closed when the test
+// ends; configure, when given, adjusts its configuration first (a notice hook, say).
+// Tests share one server with a stock max_connections: keep maxConns small.
+func Pool(t testing.TB, dbURL string, maxConns int32, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatalf("pgtest: parsing %q: %v", dbURL, err)
+	}
+	cfg.MaxConns = maxConns
+	for _, c := range configure {
+		c(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("pgtest: opening a pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Notices collects the notices (warnings and the like) that the server sends on the
+// connections of a pool whose configuration Hook adjusted.
+type Notices struct {
+	mu   sync.Mutex
+	list []string
+}
+
+// Hook makes the pool's connections record their notices in n: a configure function
+// of Pool.
+func (n *Notices) Hook(cfg *pgxpool.Config) {
+	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, notice *pgconn.Notice) {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		n.list = append(n.list, notice.Severity+": "+notice.Message)
+	}
+}
+
+// Take returns the notices recorded since the last Take.
+func (n *Notices) Take() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	l := n.list
+	n.list = nil
+	return l
 }

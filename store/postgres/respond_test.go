@@ -16,7 +16,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/pgtest"
@@ -639,23 +638,8 @@ func testRespondDrawsNoNotice(t *testing.T, level string) {
 	if level != "" {
 		dbURL = pgtest.WithParam(t, dbURL, "default_transaction_isolation", level)
 	}
-	cfg, err := pgxpool.ParseConfig(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 2
-	var mu sync.Mutex
-	var notices []string
-	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		mu.Lock()
-		defer mu.Unlock()
-		notices = append(notices, n.Severity+": "+n.Message)
-	}
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	var notices pgtest.Notices
+	pool := pgtest.Pool(t, dbURL, 2, notices.Hook)
 	s, err := postgres.NewFromPool(pool, postgres.Config{Schema: schema, DisableCleaner: true})
 	if err != nil {
 		t.Fatal(err)
@@ -667,9 +651,7 @@ func testRespondDrawsNoNotice(t *testing.T, level string) {
 	if _, err := pool.Exec(t.Context(), `CREATE TABLE `+table+` (key text PRIMARY KEY, isolation text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	notices = nil // the migrations' own
-	mu.Unlock()
+	notices.Take() // the migrations' own
 	insert := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("Idempotency-Key")
 		err := s.Respond(w, r, func(b *pgx.Batch) (*idem.Response, error) {
@@ -690,9 +672,7 @@ func testRespondDrawsNoNotice(t *testing.T, level string) {
 	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM `+table+` WHERE isolation <> 'read committed'`).Scan(&other); err != nil || other != 0 {
 		t.Fatalf("%d rows written at another level than READ COMMITTED (%v)", other, err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(notices) > 0 {
-		t.Fatalf("the server sent %d notices, want none: %q", len(notices), notices)
+	if n := notices.Take(); len(n) > 0 {
+		t.Fatalf("the server sent %d notices, want none: %q", len(n), n)
 	}
 }
