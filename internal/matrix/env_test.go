@@ -99,13 +99,36 @@ func sqliteEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	const insert = `INSERT INTO charges (key, id) VALUES (?, ?)`
-	e := &env{store: st, insert: insert, sqlInTx: st.InTx, charges: countIn(st.DB())}
+	e := &env{store: st, insert: insert, sqlInTx: st.InTx}
+	return e.onSQL(st.DB(), insert, st.Respond, leaseFormOf(st.InTx))
+}
+
+// sqlRespondForm is a database/sql Respond form: sqlite's Respond, postgres's RespondSQL,
+// backstop's Respond.
+type sqlRespondForm func(w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, tx *sql.Tx) (*idem.Response, error)) error
+
+// sqlLeaseForm is a database/sql lease form as backstop's InTx takes it.
+type sqlLeaseForm func(w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, tx *sql.Tx) error) error
+
+// leaseFormOf is a store's InTx (or InSQLTx), which needs the request's context
+// only, as a sqlLeaseForm.
+func leaseFormOf(inTx func(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error) sqlLeaseForm {
+	return func(_ http.ResponseWriter, r *http.Request, fn func(ctx context.Context, tx *sql.Tx) error) error {
+		return inTx(r.Context(), fn)
+	}
+}
+
+// onSQL gives e the helpers of an application on db: direct writes there with insert,
+// respond through respond and inTx through inTx, each inserting with insert; and counts
+// the charges in db.
+func (e *env) onSQL(db *sql.DB, insert string, respond sqlRespondForm, inTx sqlLeaseForm) *env {
+	e.charges = countIn(db)
 	e.direct = func(ctx context.Context, key, id string) error {
-		_, err := st.DB().ExecContext(ctx, insert, key, id)
+		_, err := db.ExecContext(ctx, insert, key, id)
 		return err
 	}
 	e.respond = func(w http.ResponseWriter, r *http.Request, key, id string) error {
-		return st.Respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+		return respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
 			if _, err := tx.ExecContext(ctx, insert, key, id); err != nil {
 				return nil, err
 			}
@@ -113,7 +136,7 @@ func sqliteEnv(t *testing.T) *env {
 		})
 	}
 	e.inTx = func(w http.ResponseWriter, r *http.Request, key, id string, inside func()) error {
-		return st.InTx(r.Context(), sqlInsert(insert, key, id, inside))
+		return inTx(w, r, sqlInsert(insert, key, id, inside))
 	}
 	return e
 }
@@ -168,22 +191,7 @@ func postgresEnv(t *testing.T, databaseSQL bool) *env {
 		return err
 	}
 	if databaseSQL {
-		e.direct = func(ctx context.Context, key, id string) error {
-			_, err := st.DB().ExecContext(ctx, insert, key, id)
-			return err
-		}
-		e.respond = func(w http.ResponseWriter, r *http.Request, key, id string) error {
-			return st.RespondSQL(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
-				if _, err := tx.ExecContext(ctx, insert, key, id); err != nil {
-					return nil, err
-				}
-				return charge(key, id), nil
-			})
-		}
-		e.inTx = func(w http.ResponseWriter, r *http.Request, key, id string, inside func()) error {
-			return st.InSQLTx(r.Context(), sqlInsert(insert, key, id, inside))
-		}
-		return e
+		return e.onSQL(st.DB(), insert, st.RespondSQL, leaseFormOf(st.InSQLTx))
 	}
 	e.respond = func(w http.ResponseWriter, r *http.Request, key, id string) error {
 		return st.Respond(w, r, func(b *pgx.Batch) (*idem.Response, error) {
@@ -241,23 +249,8 @@ func redisEnv(t *testing.T, onPostgres bool) *env {
 	if err := bs.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{store: st, charges: countIn(db)}
-	e.direct = func(ctx context.Context, key, id string) error {
-		_, err := db.ExecContext(ctx, insert, key, id)
-		return err
-	}
-	e.respond = func(w http.ResponseWriter, r *http.Request, key, id string) error {
-		return bs.Respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
-			if _, err := tx.ExecContext(ctx, insert, key, id); err != nil {
-				return nil, err
-			}
-			return charge(key, id), nil
-		})
-	}
-	e.inTx = func(w http.ResponseWriter, r *http.Request, key, id string, inside func()) error {
-		return bs.InTx(w, r, sqlInsert(insert, key, id, inside))
-	}
-	return e
+	e := &env{store: st}
+	return e.onSQL(db, insert, bs.Respond, bs.InTx)
 }
 
 // memoryEnv is the in-memory store, its charges a map.
