@@ -248,7 +248,9 @@ outcome below:
 The route kinds are the lease route (` + "`mw.Handler`, `mw.Route(idem.RouteOptions{})`" + `) and
 ` + "`RouteOptions{ClaimInHandler: true}`" + `. The mountings (one net/http route, a whole
 ServeMux, a chi router with ` + "`r.Use`" + `, a gin engine wrapped whole) change no
-outcome: every row holds for each of them.
+outcome: every row holds for each of them. A ClaimInHandler route that holds is run in
+both its regimes: as new keys find it, and after retries have made it read each key
+before its handler (SPEC §7), where every request of the cell must be such a read.
 
 `)
 	b.WriteString("## HTTP\n\n| store | helper | lease route | ClaimInHandler |\n|---|---|---|---|\n")
