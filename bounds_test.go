@@ -51,6 +51,50 @@ func TestStalledClaimAnswersStoreUnavailableWithinStoreTimeout(t *testing.T) {
 	}
 }
 
+// A ClaimInHandler route that reads its key before the handler (while retries are
+// frequent, SPEC §7) reads it under StoreTimeout too: a stalled read answers 503
+// store_unavailable in bounded time, and the handler does not run.
+func TestStalledReadOfAClaimInHandlerRouteAnswersStoreUnavailableWithinStoreTimeout(t *testing.T) {
+	t.Parallel()
+	const timeout = 50 * time.Millisecond
+	b := setup(t, func(c *idem.Config) { c.StoreTimeout = timeout })
+	var runs atomic.Int64
+	h := claimInHandler(b, func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		if err := idem.FromContext(r.Context()).AcquireForTx(r.Context()); err != nil {
+			return
+		}
+		_ = inTx(r.Context(), b.store, nil, func() error {
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		})
+	})
+	for i := range 16 { // a request, then retries: the route learns to read first
+		if w := serve(h, req("POST", "/x", key, "{}")); w.Code != http.StatusCreated {
+			t.Fatalf("request %d: %d %s", i+1, w.Code, w.Body)
+		}
+	}
+	gets := b.store.gets.Load()
+	if w := serve(h, req("POST", "/x", key, "{}")); w.Code != http.StatusCreated || b.store.gets.Load() != gets+1 {
+		t.Fatalf("after 15 retries a retry is answered %d with %d reads, want 201 from one read", w.Code, b.store.gets.Load()-gets)
+	}
+
+	b.store.stall = make(chan storeCall, 1)
+	runsBefore := runs.Load()
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- serve(h, req("POST", "/x", "a-new-key", "{}")) }()
+	call := <-b.store.stall
+	wantCallBounded(t, "the read of the key", call.ctx, call.began, timeout)
+	w := <-done
+	wantCode(t, w, http.StatusServiceUnavailable, idem.CodeStoreUnavailable)
+	if w.Header().Get("Retry-After") == "" {
+		t.Error("503 store_unavailable without Retry-After")
+	}
+	if n := runs.Load() - runsBefore; n != 0 {
+		t.Errorf("the handler ran %d times behind a stalled read", n)
+	}
+}
+
 func TestStalledPollEndsTheInFlightWaitWithStoreUnavailable(t *testing.T) {
 	t.Parallel()
 	const timeout = 50 * time.Millisecond
