@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -39,6 +41,11 @@ type capture struct {
 	body        bytes.Buffer
 	passThrough bool // the response went (or is going) to the client as written
 	frozen      bool // a §7 completion fixed the stored response
+	// early: the client got its answer from AnswerNow, and w discards from then on:
+	// what the handler writes is for the store only. tee: a pass-through response is
+	// also kept, to be stored whole when it ends within the limit (TeeStream), unless
+	// teeOver: it grew past the limit, and is not stored.
+	early, tee, teeOver bool
 
 	// stored and resp are the response as the store keeps it, set by freeze.
 	stored http.Header
@@ -132,9 +139,24 @@ func (c *capture) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	if c.passThrough {
+		c.keep(p)
 		return c.w.Write(p)
 	}
 	return c.body.Write(p)
+}
+
+// keep keeps p of a pass-through response that is teed (TeeStream) while the whole
+// stays within the limit.
+func (c *capture) keep(p []byte) {
+	if !c.tee || c.teeOver {
+		return
+	}
+	if int64(c.body.Len()+len(p)) > c.limit {
+		c.teeOver = true
+		c.body = bytes.Buffer{}
+		return
+	}
+	c.body.Write(p)
 }
 
 // WriteString is Write without a conversion, as http.ResponseWriter's own does.
@@ -143,6 +165,9 @@ func (c *capture) WriteString(s string) (int, error) {
 		return 0, err
 	}
 	if c.passThrough {
+		if c.tee && !c.teeOver {
+			c.keep([]byte(s))
+		}
 		return io.WriteString(c.w, s)
 	}
 	return c.body.WriteString(s)
@@ -165,6 +190,7 @@ func (c *capture) beforeWrite(n int) error {
 		return http.ErrBodyNotAllowed
 	}
 	if !c.passThrough && int64(c.body.Len()+n) > c.limit {
+		c.teeOver = true // a teed stream over the limit is not stored either
 		c.startPassThrough()
 	}
 	return nil
@@ -214,7 +240,9 @@ func (c *capture) startPassThrough() {
 	if c.body.Len() > 0 {
 		_, _ = c.w.Write(c.body.Bytes())
 	}
-	c.body = bytes.Buffer{}
+	if !c.tee || c.teeOver {
+		c.body = bytes.Buffer{}
+	}
 }
 
 func (c *capture) sendHeader() {
@@ -236,6 +264,7 @@ func (c *capture) finish() {
 		c.WriteHeader(http.StatusOK)
 	}
 	if c.passThrough {
+		c.sendTrailers()
 		return
 	}
 	_, haveType := c.header["Content-Type"]
@@ -251,7 +280,9 @@ func (c *capture) finish() {
 func (c *capture) freeze(allow map[string]bool) *Response {
 	c.finish()
 	c.frozen = true
-	if c.passThrough {
+	if c.passThrough && (!c.tee || c.teeOver || hasTrailers(c.header)) {
+		// A teed stream with trailers is not stored either: a replay without them
+		// would not be the same response.
 		c.resp = Response{Status: c.status, Header: c.stored, NotStored: true}
 		return &c.resp
 	}
@@ -279,6 +310,129 @@ func (c *capture) send() {
 		_, _ = c.w.Write(c.body.Bytes())
 	}
 }
+
+// sendTrailers passes the trailers of a pass-through response on to the client: the
+// values of the trailers it declared (Trailer) and those it set under
+// http.TrailerPrefix, which the handler sets in its header map once the body is
+// written, after the header went to the client.
+func (c *capture) sendTrailers() {
+	if c.early {
+		return
+	}
+	dst := c.w.Header()
+	for k, v := range c.header {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			dst[k] = v
+		}
+	}
+	for _, declared := range c.header["Trailer"] {
+		for name := range strings.SplitSeq(declared, ",") {
+			if name = http.CanonicalHeaderKey(strings.TrimSpace(name)); name != "" {
+				if v, ok := c.header[name]; ok {
+					dst[name] = v
+				}
+			}
+		}
+	}
+}
+
+// hasTrailers reports whether h declares or sets trailers.
+func hasTrailers(h http.Header) bool {
+	if len(h["Trailer"]) > 0 {
+		return true
+	}
+	for k := range h {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// AnswerNow sends the client an answer now, written by write, while the handler runs
+// on (SPEC §17: a proxy that answers 504 and goes on waiting for its upstream). From
+// then on the client gets nothing more of this request: what the handler writes is
+// only what the middleware stores (or releases) when the handler returns, as for any
+// response, and the repeats of the key get that. w is the ResponseWriter the handler
+// got from the middleware (or one that unwraps to it); write gets the client's
+// writer, with the Idempotency-Key header set, and what it writes is flushed. It
+// returns an error, and writes nothing, when w is not the middleware's or a response
+// already went to the client. It may be called from another goroutine than the
+// handler's only while the handler does not write (the caller synchronises).
+func AnswerNow(w http.ResponseWriter, write func(http.ResponseWriter)) error {
+	c := captureOf(w)
+	switch {
+	case c == nil:
+		return errors.New("idem: AnswerNow: the ResponseWriter is not the middleware's")
+	case c.passThrough || c.early || c.frozen:
+		return errors.New("idem: AnswerNow: a response already went to the client")
+	}
+	dst := c.w
+	if c.key != nil {
+		dst.Header()[c.keyHeader] = c.key
+	}
+	// The answer is written whole, with its Content-Length, so that the client knows
+	// it ended although the handler runs on, and with Connection: close, so that the
+	// client sends its next request on another connection rather than behind it.
+	a := &early{header: dst.Header(), status: http.StatusOK}
+	write(a)
+	dst.Header().Set("Content-Length", strconv.Itoa(a.body.Len()))
+	dst.Header().Set("Connection", "close")
+	dst.WriteHeader(a.status)
+	_, _ = dst.Write(a.body.Bytes())
+	_ = http.NewResponseController(dst).Flush()
+	c.early = true
+	c.w = discard{header: make(http.Header)}
+	return nil
+}
+
+// TeeStream makes the response that the handler streams (it flushes) reach the client
+// as it is written and still be stored whole when it ends within the storage limit
+// (Config.MaxResponseBytes), instead of being completed as response_not_stored: the
+// repeats of the key get the same stream replayed in one piece. One that grows past
+// the limit, or has trailers, is not stored (response_not_stored). It reports whether
+// w is the middleware's (or unwraps to it).
+func TeeStream(w http.ResponseWriter) bool {
+	c := captureOf(w)
+	if c == nil {
+		return false
+	}
+	c.tee = true
+	return true
+}
+
+// captureOf finds the middleware's capture under w, or nil.
+func captureOf(w http.ResponseWriter) *capture {
+	for w != nil {
+		switch t := w.(type) {
+		case *capture:
+			return t
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// early buffers the answer of AnswerNow.
+type early struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (e *early) Header() http.Header         { return e.header }
+func (e *early) Write(p []byte) (int, error) { return e.body.Write(p) }
+func (e *early) WriteHeader(code int)        { e.status = code }
+
+// discard is the client's writer once AnswerNow answered it: nothing more is sent.
+type discard struct{ header http.Header }
+
+func (d discard) Header() http.Header       { return d.header }
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+func (discard) WriteHeader(int)             {}
 
 // bodyAllowed reports whether a response with status may have a body, as net/http's
 // rule.

@@ -483,7 +483,7 @@ func (c *Completer) run(fn ResumeFunc, h *Handle) (err error) {
 	switch end, err := h.finish(); end {
 	case endStored:
 		return nil
-	case endReleased:
+	case endReleased, endUnknown:
 		return errNoResult
 	default:
 		return err

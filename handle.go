@@ -77,8 +77,10 @@ type Handle struct {
 	// or release; done, that the §7 helper's transaction committed the completion.
 	overridden, overrideStore, decided, store, done bool
 	// ended is set by Complete or Release. managed marks the claim of a middleware
-	// request, which the middleware ends when the handler returns.
-	ended, managed bool
+	// request, which the middleware ends when the handler returns. unknown (guarded
+	// by mu) is set by SetOutcomeUnknown: the claim ends leaving the record to the
+	// lapse policy instead of storing or releasing it.
+	ended, managed, unknown bool
 	// The claim of a [RouteOptions.ClaimInHandler] route: not made yet, the handler's
 	// transaction makes it (inTx; false once a helper claimed under a lease), and made
 	// by the transaction that last ran (claimedInTx).
@@ -203,6 +205,32 @@ func (h *Handle) SetStore(store bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.overridden, h.overrideStore = true, store
+}
+
+// SetOutcomeUnknown says that whether the operation happened is not known: a request
+// was sent to a foreign system and its reply was lost (a reset, a timeout, a broken
+// body). Neither storing a result nor releasing the key would be honest, so the claim
+// ends as a holder's that died ends: the record is kept, under its record id (and so
+// its foreign keys, [Handle.ForeignKey]), with its lease ended now, and the call's
+// lapse policy decides what a repeat gets (SPEC §5.3, §13): under [LapseUnknown] the
+// record is marked outcome unknown at once (repeats get [ErrOutcomeUnknown], 500
+// outcome_unknown, until an operator resolves the key), under [LapseTakeOver] the
+// next repeat takes it over and runs the operation again under the same foreign keys.
+//
+// It overrides SetStore and the result; it changes nothing once a §7 transaction
+// completed the record. Behind the middleware, the client gets what the handler wrote
+// (say that the outcome is unknown), and nothing of it is stored.
+func (h *Handle) SetOutcomeUnknown() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.unknown = true
+}
+
+// outcomeUnknown reports whether SetOutcomeUnknown was called.
+func (h *Handle) outcomeUnknown() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.unknown
 }
 
 // SetTTL sets how long this record lives after its creation, for this operation only
@@ -422,6 +450,9 @@ const (
 	// endFailed: the result must not be used: the §7 transaction did not commit (the
 	// key is released), or the lease was lost before the completion.
 	endFailed
+	// endUnknown: the operation's outcome is unknown (SetOutcomeUnknown): the record
+	// is kept for the lapse policy, and the caller's answer says so.
+	endUnknown
 )
 
 // finish stores the result or releases the key (SPEC §6, §7) and says how the claim
@@ -454,6 +485,9 @@ func (h *Handle) finish() (ending, error) {
 		h.observeCompletion(CompletionFailed, true, false, 0, failed)
 		_ = h.release() // harmless if the commit happened after all: the record is completed
 		return endFailed, failed
+	}
+	if h.outcomeUnknown() {
+		return endUnknown, h.settleUnknown()
 	}
 	params, store, _ := h.decide(false)
 	if !store {
@@ -507,8 +541,63 @@ func (h *Handle) abort() error {
 	h.mu.Unlock()
 	h.hb.stopAndWait()
 	if completed, _ := h.outcome(); !completed {
+		if h.outcomeUnknown() {
+			return h.settleUnknown()
+		}
 		return h.release()
 	}
+	return nil
+}
+
+// settleUnknown ends the claim of an operation whose outcome is unknown
+// (SetOutcomeUnknown): it ends the lease now, fenced by the token, keeping the record
+// as a holder that died leaves it, and under the policy LapseUnknown marks it outcome
+// unknown at once, as the next repeat's claim would (so that `idem keys` lists it and
+// an operator can resolve it before any repeat comes). A failure is logged and
+// returned: the record is then settled when its lease lapses, in the same way.
+func (h *Handle) settleUnknown() error {
+	g := h.g
+	h.mu.Lock()
+	h.decided = true
+	h.mu.Unlock()
+	ctx, cancel := h.storeCtx()
+	defer cancel()
+	start := h.storeCallStart()
+	_, err := g.cfg.Store.RecordRenew(ctx, &RecordRenewParams{Scope: h.scope, Key: h.key, Token: h.claim.Token, TTL: h.claim.TTL, Now: g.storeNow()})
+	h.observeStoreCall(StoreOpRenew, start, err)
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		g.cfg.Logger.DebugContext(ctx, "idem: the outcome is unknown, and the key is no longer held", h.attrs()...)
+		return nil
+	case err != nil:
+		g.cfg.Logger.WarnContext(ctx, "idem: ending the lease of an operation whose outcome is unknown failed; the record is kept and settled when the lease lapses",
+			h.attrs(slog.Any("error", err))...)
+		return &StoreError{Op: "renew", Err: err}
+	}
+	if h.claim.OnLapse != LapseUnknown {
+		g.cfg.Logger.WarnContext(ctx, "idem: the operation's outcome is unknown; the record is kept, and the next repeat takes it over under the same record id and foreign keys (policy take_over)",
+			h.attrs(slog.String("record_id", h.RecordID()))...)
+		return nil
+	}
+	mark := h.claim
+	mark.Token, _ = newTokens()
+	mark.Now = g.storeNow()
+	start = h.storeCallStart()
+	res, err := g.cfg.Store.RecordClaim(ctx, &mark)
+	h.observeStoreCall(StoreOpClaim, start, err)
+	switch {
+	case err != nil:
+		g.cfg.Logger.WarnContext(ctx, "idem: marking an operation whose outcome is unknown failed; its record is kept, and the next repeat marks it",
+			h.attrs(slog.Any("error", err))...)
+		return &StoreError{Op: "claim", Err: err}
+	case res.Outcome == ClaimAcquired:
+		// The record expired in between, and this claim made a new one: it must not
+		// stay in flight with nobody to end it.
+		_ = g.cfg.Store.RecordRelease(ctx, &RecordReleaseParams{Scope: h.scope, Key: h.key, Token: mark.Token, Now: g.storeNow()})
+		return nil
+	}
+	g.cfg.Logger.WarnContext(ctx, "idem: the operation's outcome is unknown; the record is marked outcome_unknown until an operator resolves the key (idem keys resolve)",
+		h.attrs(slog.String("record_id", h.RecordID()))...)
 	return nil
 }
 

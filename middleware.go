@@ -446,8 +446,14 @@ func (x *request) Response() (*Response, bool) {
 // a response whose completion is known to have failed.
 func (x *request) finish() {
 	h := &x.h
-	switch end, err := h.finish(); end {
-	case endStored, endUnstored:
+	end, err := h.finish()
+	if x.capture.early {
+		// The client was answered already (AnswerNow): the claim's end was for the
+		// store, and the repeats of the key.
+		return
+	}
+	switch end {
+	case endStored, endUnstored, endUnknown:
 		// Unstored: the operation's effects happened, and the client gets its
 		// response (logged by the guard).
 		x.capture.send()

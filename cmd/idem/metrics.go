@@ -2,6 +2,8 @@ package main
 
 import (
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemprom"
+	"github.com/idem-go/idem/internal/proxy"
 )
 
 // metrics are the Prometheus metrics of `idem payments` (--metrics-addr): what the
@@ -43,6 +46,33 @@ func newMetrics() *metrics {
 	m.reg.MustRegister(m.idem, m.requests, m.duration, m.inFlight,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// proxyHooks feeds the metrics of idem proxy's upstream: its latency by route and
+// status code, pass-throughs by reason, and failed exchanges by outcome. They are
+// registered on first use, so that idem payments does not export them.
+func (m *metrics) proxyHooks() *proxy.Hooks {
+	latency := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "idem_proxy_upstream_duration_seconds",
+		Help:    "How long the upstream took to send its response headers, by route and status code.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
+	}, []string{"route", "code"})
+	passThrough := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idem_proxy_pass_throughs_total",
+		Help: "Protected responses passed through as they came, by route and reason: event_stream (stored when it ends within --max-stored-body), trailers, too_large (response_not_stored).",
+	}, []string{"route", "reason"})
+	failed := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idem_proxy_upstream_failures_total",
+		Help: "Upstream exchanges that failed, by route and outcome: not_sent (the key released), unknown (the request was written; the record kept), timeout (the client got 504 and the proxy waited on).",
+	}, []string{"route", "outcome"})
+	m.reg.MustRegister(latency, passThrough, failed)
+	return &proxy.Hooks{
+		UpstreamResponse: func(route string, status int, took time.Duration) {
+			latency.WithLabelValues(route, strconv.Itoa(status)).Observe(took.Seconds())
+		},
+		PassThrough:    func(route, reason string) { passThrough.WithLabelValues(route, reason).Inc() },
+		UpstreamFailed: func(route, outcome string) { failed.WithLabelValues(route, outcome).Inc() },
+	}
 }
 
 // observer feeds the idempotency metrics (idem.Config.Observer).

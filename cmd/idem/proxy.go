@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
@@ -20,7 +21,10 @@ const proxySynopsis = `--upstream URL [--addr 127.0.0.1:8081] [--store URL]
                   [--upstream-key-header Idempotency-Key] [--on-lapse unknown|take_over]
                   [--ttl 24h] [--lock-timeout 30s] [--profile seed|ietf] [--replay-cache 0]
                   [--max-stored-body 1048576] [--stored-header NAME]...
-                  [--upstream-timeout 60s] [--health-path /healthz] [--metrics-addr ADDR] ...
+                  [--scope-cookie NAME] [--route 'METHOD PATTERN']...
+                  [--upstream-timeout 60s] [--upstream-wait-limit 10m]
+                  [--max-buffered-bodies 67108864] [--health-path /healthz]
+                  [--metrics-addr ADDR] ...
 
 Serves as a reverse proxy in front of an HTTP API written in any language, and gives it
 idempotency keys (SPEC §17): a POST or PATCH that carries an Idempotency-Key is claimed
@@ -33,26 +37,40 @@ Every other request, and every protocol upgrade (WebSocket), is forwarded untouc
 The upstream gets the request as sent (its Host, body and headers; X-Forwarded-For
 extended) with Idempotency-Key replaced by a key derived from the record, hex
 SHA-256(record id ‖ "upstream"): the same for every proxy that takes the record over,
-new when a key is released or expires. The scope of a key is the hex SHA-256 of the
---scope-header's value; a keyed request without it gets 401 scope_required.
+for the record's whole life. The scope of a key is the hex SHA-256 of the
+--scope-header's value (or of the --scope-cookie); a keyed request without it, or with
+only empty values, gets 401 scope_required.
 
-A proxy that dies mid-forward cannot know whether the upstream acted. By default
-(--on-lapse unknown) a retry after its lease (--lock-timeout) gets 500 outcome_unknown,
-stored, until an operator resolves the key ('idem keys resolve'); --on-lapse take_over
-forwards it again under the same derived key, which is safe only for an upstream that
-deduplicates by that key.
-
-A response that cannot be stored whole (text/event-stream, trailers, a body over
---max-stored-body) is passed through as it comes and the key released (a warning says
-so): a retry executes again. An upstream that is down answers 502
-upstream_unavailable, one whose headers do not come within --upstream-timeout 504
-upstream_timeout (it may have acted); both release the key.
+Not knowing is not failure: a key is released only when the request provably never
+reached the upstream (the connection could not be made, or failed before the request
+was written: 502 upstream_unavailable, and the retry executes once) or when the
+upstream answered a releasing status. Everything else keeps the record and its derived
+key:
+  - an upstream slower than --upstream-timeout: the client gets 504 upstream_timeout
+    with Retry-After, and the proxy waits on (up to --upstream-wait-limit) and stores
+    the answer; a retry meanwhile gets 409 request_in_progress, then the answer;
+  - a reply lost after the request was written (a reset, an EOF, a body broken after
+    the status, the wait limit, a shutdown while waiting): the outcome is unknown.
+    By default (--on-lapse unknown) the client and every retry get 500
+    outcome_unknown until an operator resolves the key ('idem keys resolve');
+    --on-lapse take_over answers 502 upstream_reply_lost and forwards the retry again
+    under the same derived key, which is safe only for an upstream that deduplicates
+    by it. A proxy that dies mid-forward is the same, after its lease (--lock-timeout);
+  - a response that cannot be stored whole (trailers, a body over --max-stored-body)
+    passes through as it comes; repeats get 409 response_not_stored, never a second
+    execution. An event stream (text/event-stream) passes through as it comes and is
+    stored when it ends within --max-stored-body, so that a retry gets the same events.
+A WebSocket upgrade (a GET with Upgrade: websocket) is forwarded untouched; any other
+upgrade offer (h2c, as curl --http2 sends) is ignored and the request protected.
+--require-key patterns match the path's common variants too (letter case, a trailing
+slash, ;params, %2F), so that none sidesteps the key.
 
 It migrates the store's schema on start, cleans expired records in the background,
 answers GET --health-path itself (200 when the store answers, and the upstream's
 --upstream-health-path when set), serves Prometheus metrics on --metrics-addr, and
 shuts down gracefully on SIGINT/SIGTERM, letting requests in flight finish for up to
---upstream-timeout plus 15 s. Store URLs as for 'idem payments' (SQLite by default, in
+--upstream-timeout plus 15 s (requests already answered 504 and waiting past it are
+settled as outcome unknown at once). Store URLs as for 'idem payments' (SQLite by default, in
 the working directory; PostgreSQL; Redis). Every flag can also be set by its
 environment variable; the flag wins. docs/proxy.md shows the sidecar setup.`
 
@@ -62,11 +80,15 @@ type proxyFlags struct {
 	serverFlags
 	upstream                                  string
 	scopeHeader, keyHeader, upstreamKeyHeader string
+	scopeCookie                               string
 	methods, requireKey, storedHeaders        listFlag
+	routes                                    listFlag
 	onLapse                                   lapseFlag
 	inFlightWait                              time.Duration
 	maxBodyBytes, maxStoredBody               int64
+	maxBufferedBodies                         int64
 	upstreamTimeout, upstreamIdleTimeout      time.Duration
+	upstreamWaitLimit                         time.Duration
 	healthPath, upstreamHealthPath            string
 }
 
@@ -80,16 +102,20 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		"bound on the store's migrations at start, waiting for another process's migration included: past it the command exits 1")
 	fs.StringVar(&f.upstream, "upstream", "", "base `URL` of the API behind the proxy, http://host:port or https://host[:port][/path] (required)")
 	fs.StringVar(&f.scopeHeader, "scope-header", proxy.DefaultScopeHeader, "request `header` whose value is the principal: a key's scope is the hex SHA-256 of it, and a keyed request without it gets 401 scope_required. '' puts every key in one scope, \"shared\", with no header needed (for an upstream without principals)")
+	fs.StringVar(&f.scopeCookie, "scope-cookie", "", "`name` of the cookie whose value is the principal, instead of --scope-header: the scope is the hex SHA-256 of that one cookie (other cookies, such as an analytics id, do not change it); a keyed request without it, with it empty or twice gets 401 scope_required")
 	fs.StringVar(&f.keyHeader, "key-header", idem.DefaultKeyHeader, "request `header` that carries the idempotency key")
 	fs.Var(&f.methods, "methods", "`methods` whose requests are protected when they carry a key, comma-separated ('' for none: only the --require-key routes)")
 	fs.Var(&f.requireKey, "require-key", "a route whose requests must carry a key (400 key_required without one), as a net/http ServeMux `pattern`: 'POST /v1/charges', 'POST /v1/orders/{id}/pay', '/v1/transfers/' (repeatable; several comma-separated)")
+	fs.Var(&f.routes, "route", "a route that names protected requests in metrics and logs, as a net/http ServeMux `pattern` such as 'POST /v1/charges' (repeatable; several comma-separated; the --require-key patterns name their routes too; other protected requests are named by their method)")
 	fs.StringVar(&f.upstreamKeyHeader, "upstream-key-header", proxy.DefaultUpstreamKeyHeader, "`header` that carries the derived key, hex SHA-256(record id ‖ \"upstream\"), to the upstream, replacing one the client sent ('' sends none)")
 	fs.Var(&f.onLapse, "on-lapse", "`policy` of a retry that finds its key's holder (a proxy that died mid-forward) gone after its lease: unknown (answer 500 outcome_unknown until 'idem keys resolve': the upstream may or may not have acted) or take_over (forward again under the same derived key, for an upstream that deduplicates by it)")
 	fs.DurationVar(&f.inFlightWait, "in-flight-wait", idem.DefaultInFlightWait, "how long a duplicate of a request still in flight waits for it to finish and gets its replay, before it answers 409 request_in_progress (0: answer at once)")
 	fs.Int64Var(&f.maxBodyBytes, "max-body-bytes", idem.DefaultMaxBodyBytes, "largest request body of a protected request, in `bytes`: a larger one is refused 413 body_too_large (other requests are forwarded as they come)")
-	fs.Int64Var(&f.maxStoredBody, "max-stored-body", proxy.DefaultMaxStoredBody, "largest response body stored, in `bytes`: a larger one is passed through and the key released")
+	fs.Int64Var(&f.maxStoredBody, "max-stored-body", proxy.DefaultMaxStoredBody, "largest response body stored, in `bytes`: a larger one is passed through, and repeats of its key get 409 response_not_stored (an event stream is stored when it ends within it)")
+	fs.Int64Var(&f.maxBufferedBodies, "max-buffered-bodies", proxy.DefaultMaxBufferedBodies, "bound on the `bytes` of request bodies that protected requests hold at once, all connections together: a request whose body would pass it gets 503 proxy_busy with Retry-After")
 	fs.Var(&f.storedHeaders, "stored-header", "a response `header` stored and replayed besides Content-Type, Content-Encoding, Content-Language, Content-Disposition, Location, ETag, Last-Modified, Link, Cache-Control and Vary (repeatable; several comma-separated; never Set-Cookie, Date or hop-by-hop headers)")
-	fs.DurationVar(&f.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "bound on the wait for the upstream's response headers: past it the client gets 504 upstream_timeout and the key is released (the body then streams as long as the upstream sends it)")
+	fs.DurationVar(&f.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "how long a client waits for the upstream's response headers: past it the client gets 504 upstream_timeout with Retry-After, and a protected request's exchange goes on (its record in flight) until the upstream answers, whose answer is stored for the retry, or --upstream-wait-limit passes")
+	fs.DurationVar(&f.upstreamWaitLimit, "upstream-wait-limit", proxy.DefaultUpstreamWaitLimit, "bound on a protected request's whole exchange with the upstream, its wait past --upstream-timeout included: past it the outcome is unknown (--on-lapse says what a retry gets)")
 	fs.DurationVar(&f.upstreamIdleTimeout, "upstream-idle-timeout", proxy.DefaultUpstreamIdleTimeout, "how long an idle connection to the upstream is kept; keep it below the upstream's keep-alive timeout (Node.js: 5s)")
 	fs.StringVar(&f.healthPath, "health-path", "/healthz", "`path` the proxy answers itself on GET and HEAD: 200 when the store answers (and the upstream, with --upstream-health-path), 503 otherwise ('' forwards every path)")
 	fs.StringVar(&f.upstreamHealthPath, "upstream-health-path", "", "`path` of the upstream that --health-path also GETs, wanting 2xx or 3xx (default: the upstream is not checked)")
@@ -101,6 +127,10 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return usageError(stderr, fs, err.Error())
 	}
 	logger, libLogger := f.loggers(stderr)
+	// What the standard library logs itself (http.Transport's line about an
+	// unsolicited response quotes the upstream's bytes) goes through the same handler,
+	// in --log-format, rather than raw to stderr.
+	slog.SetDefault(libLogger)
 
 	st, err := openStore(ctx, storeURL, libLogger, &idem.CleanerConfig{Retention: f.retention, Logger: libLogger}, false)
 	if err != nil {
@@ -114,6 +144,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if f.metricsAddr != "" {
 		m = newMetrics()
 		cfg.Idem.Observer = m.observer()
+		cfg.Hooks = m.proxyHooks()
 	}
 	cfg.Idem.Store, cfg.Logger = st.store, libLogger
 	p, err := proxy.New(cfg)
@@ -130,6 +161,8 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	defer apiL.close()
 	defer metricsL.close()
+	// Requests answered 504 that wait past --upstream-timeout are settled at once.
+	apiL.srv.RegisterOnShutdown(p.Shutdown)
 
 	listening := []any{"addr", apiL.ln.Addr().String(), "upstream", cfg.Upstream.String(), "store", storeURL.String(),
 		"on_lapse", idem.LapsePolicy(f.onLapse).String(), "profile", cfg.Idem.Profile.String()}
@@ -149,6 +182,8 @@ var proxyFlagNames = strings.NewReplacer(
 	"proxy: Config.ScopeHeader", "--scope-header",
 	"proxy: Config.Methods", "--methods",
 	"proxy: Config.RequireKey", "--require-key",
+	"proxy: Config.Routes", "--route",
+	"proxy: Config.ScopeCookie", "--scope-cookie",
 	"proxy: Config.HealthPath", "--health-path",
 	"proxy: Config.UpstreamHealthPath", "--upstream-health-path",
 	"proxy: Config.Idem: ", "",
@@ -181,6 +216,12 @@ func (f *proxyFlags) validate() (storeURL, proxy.Config, error) {
 		return store, proxy.Config{}, fmt.Errorf("--upstream-timeout must be positive, got %v", f.upstreamTimeout)
 	case f.upstreamIdleTimeout <= 0:
 		return store, proxy.Config{}, fmt.Errorf("--upstream-idle-timeout must be positive, got %v", f.upstreamIdleTimeout)
+	case f.upstreamWaitLimit < f.upstreamTimeout:
+		return store, proxy.Config{}, fmt.Errorf("--upstream-wait-limit (%v) must not be shorter than --upstream-timeout (%v)", f.upstreamWaitLimit, f.upstreamTimeout)
+	case f.maxBufferedBodies <= 0:
+		return store, proxy.Config{}, fmt.Errorf("--max-buffered-bodies must be positive, got %d", f.maxBufferedBodies)
+	case f.scopeCookie != "" && f.scopeHeader == "":
+		return store, proxy.Config{}, errors.New("--scope-cookie and --scope-header '' exclude each other: a cookie's principal, or one shared scope")
 	}
 	upstream, _ := url.Parse(f.upstream) // checkBaseURL parsed it
 	cfg := proxy.Config{
@@ -190,8 +231,9 @@ func (f *proxyFlags) validate() (storeURL, proxy.Config, error) {
 			ReplayCacheSize: f.replayCache, Profile: profile, KeyHeader: f.keyHeader, MaxBodyBytes: f.maxBodyBytes,
 			StoredHeaders: f.storedHeaders.values,
 		},
-		ScopeHeader: f.scopeHeader, SharedScope: f.scopeHeader == "",
-		Methods: f.methods.values, RequireKey: f.requireKey.values,
+		ScopeHeader: f.scopeHeader, SharedScope: f.scopeHeader == "", ScopeCookie: f.scopeCookie,
+		Methods: f.methods.values, RequireKey: f.requireKey.values, Routes: f.routes.values,
+		UpstreamWaitLimit: f.upstreamWaitLimit, MaxBufferedBodies: f.maxBufferedBodies,
 		UpstreamKeyHeader: f.upstreamKeyHeader, OmitUpstreamKey: f.upstreamKeyHeader == "",
 		TakeOverOnLapse: idem.LapsePolicy(f.onLapse) == idem.LapseTakeOver,
 		MaxStoredBody:   f.maxStoredBody, UpstreamTimeout: f.upstreamTimeout, UpstreamIdleTimeout: f.upstreamIdleTimeout,

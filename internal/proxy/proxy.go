@@ -12,7 +12,11 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"path"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -29,8 +33,15 @@ const (
 	// DefaultMaxStoredBody is the largest response body stored; a larger one passes
 	// through and releases the key.
 	DefaultMaxStoredBody = idem.DefaultMaxResponseBytes
-	// DefaultUpstreamTimeout bounds the wait for the upstream's response headers.
+	// DefaultUpstreamTimeout is how long a client waits for the upstream's response
+	// headers before it gets 504; a protected request's exchange goes on.
 	DefaultUpstreamTimeout = 60 * time.Second
+	// DefaultUpstreamWaitLimit bounds a protected request's whole exchange with the
+	// upstream, its wait past UpstreamTimeout included; past it the outcome is unknown.
+	DefaultUpstreamWaitLimit = 10 * time.Minute
+	// DefaultMaxBufferedBodies bounds the bytes of the request bodies of protected
+	// requests that the proxy holds at once, all connections together.
+	DefaultMaxBufferedBodies = 64 << 20
 	// DefaultUpstreamIdleTimeout is how long an idle connection to the upstream is
 	// kept: less than Node.js's default keep-alive of 5 s, so that the proxy never
 	// sends a request on a connection the upstream is closing.
@@ -47,14 +58,25 @@ const SharedScope = "shared"
 const ForeignKeyStep = "upstream"
 
 // The codes of the proxy's own errors, written in the middleware's profile with the
-// seed type "api_error". Both are 5xx, so the key is released.
+// seed type "api_error".
 const (
-	// CodeUpstreamUnavailable (502): the upstream could not be reached, or broke the
-	// exchange before its response headers.
+	// CodeUpstreamUnavailable (502): the request provably never reached the upstream
+	// (the connection could not be made, or failed before the request was written).
+	// The key is released: a retry executes once, afresh.
 	CodeUpstreamUnavailable = "upstream_unavailable"
-	// CodeUpstreamTimeout (504): the upstream's response headers did not come within
-	// Config.UpstreamTimeout. The upstream may have acted.
+	// CodeUpstreamTimeout (504, Retry-After): the upstream's response headers did not
+	// come within Config.UpstreamTimeout. The upstream may have acted: a protected
+	// request's record is kept while the proxy waits on (Config.UpstreamWaitLimit) and
+	// stores the upstream's answer, which the retry gets.
 	CodeUpstreamTimeout = "upstream_timeout"
+	// CodeUpstreamReplyLost (502, Retry-After), under the policy take_over: the request
+	// was written to the upstream and its reply was lost. The record is kept: the
+	// retry is forwarded again under the same derived key. (Under the policy unknown
+	// the answer is 500 outcome_unknown.)
+	CodeUpstreamReplyLost = "upstream_reply_lost"
+	// CodeProxyBusy (503, Retry-After): the request bodies the proxy holds at once
+	// reached Config.MaxBufferedBodies; nothing was claimed or forwarded.
+	CodeProxyBusy = "proxy_busy"
 )
 
 // DefaultMethods returns the methods whose keyed requests are protected by default:
@@ -77,9 +99,16 @@ type Config struct {
 
 	// ScopeHeader names the request header whose value is the principal: the scope of
 	// a key is the hex SHA-256 of its value (its values joined by a newline when it is
-	// repeated), so that no token is stored or logged. A keyed request without it is
-	// refused 401 scope_required. Defaults to [DefaultScopeHeader].
+	// repeated), so that no token is stored or logged. A keyed request without it, or
+	// whose every value is empty, is refused 401 scope_required. Defaults to
+	// [DefaultScopeHeader].
 	ScopeHeader string
+	// ScopeCookie, when set, names the cookie whose value is the principal instead of
+	// ScopeHeader: the scope is the hex SHA-256 of that one cookie's value, whatever
+	// other cookies the request carries (an analytics cookie that changes is not a new
+	// principal). A keyed request without it, with it empty, or with two of it, is
+	// refused 401 scope_required. Defaults to "" (ScopeHeader).
+	ScopeCookie string
 	// SharedScope puts every record in one scope, [SharedScope], and ignores
 	// ScopeHeader: for an upstream without principals, or one whose clients cannot
 	// see each other's keys anyway. Defaults to false.
@@ -92,8 +121,16 @@ type Config struct {
 	Methods []string
 	// RequireKey are net/http ServeMux patterns ("POST /v1/charges",
 	// "POST /v1/orders/{id}/pay", "/v1/transfers/") of routes whose requests must carry
-	// a key (400 key_required without one), whatever their method. Defaults to none.
+	// a key (400 key_required without one), whatever their method. A request matches a
+	// pattern when its path does, or any of the variants that common routers send to
+	// the same handler: letter case ignored, a trailing slash removed, ";params" of a
+	// segment removed, %2F decoded (so that none sidesteps the key). Defaults to none.
 	RequireKey []string
+	// Routes are ServeMux patterns that name the protected requests in metrics and
+	// logs (the RouteOptions.Name of the middleware, the route label): a protected
+	// request is named by the first RequireKey or Routes pattern it matches, else by
+	// its method. Defaults to none.
+	Routes []string
 
 	// UpstreamKeyHeader names the header that carries the derived key to the upstream
 	// (it replaces a header of that name that the client sent, such as the client's
@@ -117,18 +154,40 @@ type Config struct {
 	// Defaults to [DefaultMaxStoredBody].
 	MaxStoredBody int64
 
-	// UpstreamTimeout bounds the wait for the upstream's response headers (its body
-	// streams as long as the upstream sends it); past it the client gets 504
-	// upstream_timeout. Defaults to [DefaultUpstreamTimeout].
+	// UpstreamTimeout is how long a client waits for the upstream's response headers:
+	// past it the client gets 504 upstream_timeout with Retry-After. An unprotected
+	// request is then cancelled; a protected one's exchange goes on (the upstream may
+	// have acted), its record in flight, until the upstream answers (its answer is
+	// stored, and the retry gets it) or UpstreamWaitLimit passes. Defaults to
+	// [DefaultUpstreamTimeout].
 	UpstreamTimeout time.Duration
+	// UpstreamWaitLimit bounds a protected request's whole exchange with the upstream,
+	// headers and body: past it, or when the proxy shuts down while waiting past
+	// UpstreamTimeout, the outcome is unknown (TakeOverOnLapse says what a retry
+	// gets). It must not be shorter than UpstreamTimeout. Defaults to
+	// [DefaultUpstreamWaitLimit].
+	UpstreamWaitLimit time.Duration
+	// MaxBufferedBodies bounds the bytes of request bodies that protected requests
+	// hold at once, all connections together (each body is bounded by
+	// Idem.MaxBodyBytes, and grows with the bytes received): a request whose body
+	// would pass it gets 503 proxy_busy with Retry-After, claiming nothing. Defaults to
+	// [DefaultMaxBufferedBodies].
+	MaxBufferedBodies int64
 	// UpstreamIdleTimeout is how long an idle connection to the upstream is kept for
 	// the next request; keep it below the upstream's own keep-alive timeout. Defaults
 	// to [DefaultUpstreamIdleTimeout].
 	UpstreamIdleTimeout time.Duration
 	// Transport sends the requests to the upstream. Defaults to an http.Transport with
-	// UpstreamTimeout as its ResponseHeaderTimeout, UpstreamIdleTimeout, up to 256 idle
-	// connections, no compression of its own and no proxy from the environment.
+	// UpstreamWaitLimit as its ResponseHeaderTimeout, UpstreamIdleTimeout, up to 256
+	// idle connections, no compression of its own and no proxy from the environment.
+	// It must call the request's httptrace.ClientTrace WroteHeaders hook (as
+	// http.Transport does): a protected request whose exchange failed before it is
+	// taken never to have reached the upstream.
 	Transport http.RoundTripper
+
+	// Hooks, when set, are told of every upstream exchange and pass-through, for
+	// metrics. Defaults to nil.
+	Hooks *Hooks
 
 	// HealthPath, when set, is a path the proxy answers itself on GET and HEAD instead
 	// of forwarding it: 200 when the store answers (and the upstream, with
@@ -147,6 +206,23 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// Hooks are told what the proxy does with the upstream, for metrics (`idem proxy
+// --metrics-addr`); a nil func is not called. They are called from the requests'
+// goroutines and must not block.
+type Hooks struct {
+	// UpstreamResponse is told of each upstream response's headers: the request's
+	// route (as [Proxy.Route] names it), the status and how long they took to come.
+	UpstreamResponse func(route string, status int, took time.Duration)
+	// PassThrough is told of a protected response that passes through as it comes:
+	// "event_stream" (stored when it ends within MaxStoredBody), "trailers" or
+	// "too_large" (completed as response_not_stored).
+	PassThrough func(route, reason string)
+	// UpstreamFailed is told of an upstream exchange that failed: "not_sent" (the key
+	// is released), "unknown" (the request was written: the record is kept) or
+	// "timeout" (the client got 504 and the proxy waits on).
+	UpstreamFailed func(route, outcome string)
+}
+
 // Proxy is an http.Handler that forwards requests to the upstream, protecting keyed
 // ones with idem's middleware. Build one with [New]; it is safe for concurrent use.
 type Proxy struct {
@@ -159,17 +235,33 @@ type Proxy struct {
 	scopeHeader       string // canonical; "" for SharedScope
 	upstreamKeyHeader string // canonical; "" with OmitUpstreamKey
 	maxStored         int64
+	upstreamTimeout   time.Duration
+	waitLimit         time.Duration
+	onLapse           idem.LapsePolicy
+	scopeCookie       string
+	hooks             Hooks
+	budget            bodyBudget
 	healthPath        string
 	upstreamHealth    string
 	logger            *slog.Logger
 
 	// forward forwards a request without the middleware; byMethod holds the
 	// middleware's routes of the protected methods (key optional), required its routes
-	// of RequireKey by pattern, and requiredMux matches the patterns (nil without).
+	// of RequireKey by pattern, and requiredMux matches the patterns (nil without), in
+	// lower case (matchPattern); named and namedMux are the same for Routes, whose
+	// routes are those of the protected methods under the pattern's name.
 	forward     http.Handler
 	byMethod    map[string]http.Handler
 	required    map[string]http.Handler
 	requiredMux *http.ServeMux
+	named       map[string]http.Handler
+	namedMux    *http.ServeMux
+
+	// closing is set by Shutdown; waiting holds the protected exchanges under way, so
+	// that Shutdown settles those that wait past UpstreamTimeout.
+	closing   atomic.Bool
+	waitingMu sync.Mutex
+	waiting   map[*exchange]struct{}
 }
 
 // New returns a Proxy for cfg, or the error of [Config.Validate], or of idem.New's
@@ -183,7 +275,16 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p := &Proxy{upstream: cfg.Upstream, store: cfg.Idem.Store, profile: cfg.Idem.Profile,
 		healthPath: cfg.HealthPath, upstreamHealth: cfg.UpstreamHealthPath, logger: cfg.Logger,
-		maxStored: withDefault(cfg.MaxStoredBody, DefaultMaxStoredBody), byMethod: map[string]http.Handler{}}
+		maxStored:       withDefault(cfg.MaxStoredBody, DefaultMaxStoredBody),
+		upstreamTimeout: withDefault(cfg.UpstreamTimeout, DefaultUpstreamTimeout),
+		waitLimit:       withDefault(cfg.UpstreamWaitLimit, DefaultUpstreamWaitLimit),
+		scopeCookie:     cfg.ScopeCookie,
+		budget: bodyBudget{limit: withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies),
+			maxBody: withDefault(cfg.Idem.MaxBodyBytes, idem.DefaultMaxBodyBytes)},
+		byMethod: map[string]http.Handler{}, waiting: map[*exchange]struct{}{}}
+	if cfg.Hooks != nil {
+		p.hooks = *cfg.Hooks
+	}
 	if p.logger == nil {
 		p.logger = slog.Default()
 	}
@@ -199,8 +300,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.transport = cfg.Transport
 	if p.transport == nil {
-		p.transport = newTransport(withDefault(cfg.UpstreamTimeout, DefaultUpstreamTimeout),
-			withDefault(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout))
+		p.transport = newTransport(p.upstreamTimeout, p.waitLimit, withDefault(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout))
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
@@ -216,9 +316,9 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	onLapse := idem.LapseUnknown
+	p.onLapse = idem.LapseUnknown
 	if cfg.TakeOverOnLapse {
-		onLapse = idem.LapseTakeOver
+		p.onLapse = idem.LapseTakeOver
 	}
 	methods := cfg.Methods
 	if methods == nil {
@@ -226,17 +326,25 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	for _, m := range methods {
 		m = strings.ToUpper(m)
-		p.byMethod[m] = mw.Route(idem.RouteOptions{Name: m, Requirement: idem.KeyOptional, OnLapse: onLapse})(p.forward)
+		p.byMethod[m] = mw.Route(idem.RouteOptions{Name: m, Requirement: idem.KeyOptional, OnLapse: p.onLapse})(p.forward)
 	}
-	if len(cfg.RequireKey) > 0 {
-		p.required = map[string]http.Handler{}
-		p.requiredMux = http.NewServeMux()
-		for _, pattern := range cfg.RequireKey {
-			_ = handlePattern(p.requiredMux, pattern) // Validate registered them once already
-			p.required[pattern] = mw.Route(idem.RouteOptions{Name: pattern, Requirement: idem.KeyRequired, OnLapse: onLapse})(p.forward)
-		}
-	}
+	p.requiredMux, p.required = p.routes(mw, cfg.RequireKey, idem.KeyRequired)
+	p.namedMux, p.named = p.routes(mw, cfg.Routes, idem.KeyOptional)
 	return p, nil
+}
+
+// routes returns the middleware's routes of patterns, by pattern, and a mux that
+// matches them (nil without patterns).
+func (p *Proxy) routes(mw *idem.Middleware, patterns []string, req idem.Requirement) (*http.ServeMux, map[string]http.Handler) {
+	if len(patterns) == 0 {
+		return nil, nil
+	}
+	mux, byPattern := http.NewServeMux(), map[string]http.Handler{}
+	for _, pattern := range patterns {
+		_ = handlePattern(mux, pattern) // Validate registered them once already
+		byPattern[pattern] = mw.Route(idem.RouteOptions{Name: pattern, Requirement: req, OnLapse: p.onLapse})(p.forward)
+	}
+	return mux, byPattern
 }
 
 // Validate reports the first field of c that New would refuse, in an error naming it
@@ -253,6 +361,17 @@ func (c Config) Validate() error {
 		return fmt.Errorf("proxy: Config.UpstreamTimeout must not be negative, got %v", c.UpstreamTimeout)
 	case c.UpstreamIdleTimeout < 0:
 		return fmt.Errorf("proxy: Config.UpstreamIdleTimeout must not be negative, got %v", c.UpstreamIdleTimeout)
+	case c.UpstreamWaitLimit < 0:
+		return fmt.Errorf("proxy: Config.UpstreamWaitLimit must not be negative, got %v", c.UpstreamWaitLimit)
+	case withDefault(c.UpstreamWaitLimit, DefaultUpstreamWaitLimit) < withDefault(c.UpstreamTimeout, DefaultUpstreamTimeout):
+		return fmt.Errorf("proxy: Config.UpstreamWaitLimit (%v) must not be shorter than Config.UpstreamTimeout (%v)",
+			withDefault(c.UpstreamWaitLimit, DefaultUpstreamWaitLimit), withDefault(c.UpstreamTimeout, DefaultUpstreamTimeout))
+	case c.MaxBufferedBodies < 0:
+		return fmt.Errorf("proxy: Config.MaxBufferedBodies must not be negative, got %d", c.MaxBufferedBodies)
+	case c.ScopeCookie != "" && c.SharedScope:
+		return errors.New("proxy: Config.ScopeCookie and Config.SharedScope exclude each other")
+	case c.ScopeCookie != "" && !validCookieName(c.ScopeCookie):
+		return fmt.Errorf("proxy: Config.ScopeCookie is not a cookie name: %q", c.ScopeCookie)
 	case c.HealthPath != "" && !strings.HasPrefix(c.HealthPath, "/"):
 		return fmt.Errorf("proxy: Config.HealthPath must start with /, got %q", c.HealthPath)
 	case c.UpstreamHealthPath != "" && !strings.HasPrefix(c.UpstreamHealthPath, "/"):
@@ -272,17 +391,29 @@ func (c Config) Validate() error {
 			return fmt.Errorf("proxy: Config.Methods: %q is not a method", m)
 		}
 	}
-	mux, seen := http.NewServeMux(), map[string]bool{}
-	for _, pattern := range c.RequireKey {
-		if seen[pattern] {
-			return fmt.Errorf("proxy: Config.RequireKey: %q is given twice", pattern)
-		}
-		seen[pattern] = true
-		if err := handlePattern(mux, pattern); err != nil {
-			return err
+	for _, list := range [...]struct {
+		field    string
+		patterns []string
+	}{{"Config.RequireKey", c.RequireKey}, {"Config.Routes", c.Routes}} {
+		mux, seen := http.NewServeMux(), map[string]bool{}
+		for _, pattern := range list.patterns {
+			if seen[pattern] {
+				return fmt.Errorf("proxy: %s: %q is given twice", list.field, pattern)
+			}
+			seen[pattern] = true
+			if err := handlePattern(mux, pattern); err != nil {
+				return fmt.Errorf("proxy: %s: %w", list.field, err)
+			}
 		}
 	}
 	return nil
+}
+
+// validCookieName reports whether name is a cookie's name (an RFC 7230 token).
+func validCookieName(name string) bool {
+	return name != "" && !strings.ContainsFunc(name, func(r rune) bool {
+		return r <= ' ' || r >= 0x7f || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, r)
+	})
 }
 
 // withDefault returns v, or def when v is zero.
@@ -311,16 +442,91 @@ func newMiddleware(c idem.Config, p *Proxy) (mw *idem.Middleware, err error) {
 	return idem.New(c), nil
 }
 
-// handlePattern registers pattern in mux, which panics on a pattern it cannot parse or
-// that conflicts with another; the panic is returned as an error.
+// handlePattern registers pattern in mux, in lower case (matchPattern matches
+// requests in lower case), which panics on a pattern it cannot parse or that
+// conflicts with another; the panic is returned as an error.
 func handlePattern(mux *http.ServeMux, pattern string) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("proxy: Config.RequireKey: %v", v)
+			err = fmt.Errorf("%v", v)
 		}
 	}()
-	mux.Handle(pattern, http.NotFoundHandler()) // only matched, never served
+	mux.Handle(lowerPattern(pattern), patternHandler(pattern)) // only matched, never served
 	return nil
+}
+
+// patternHandler is the handler a pattern is registered with: it names the pattern as
+// written, for matchPattern.
+type patternHandler string
+
+func (patternHandler) ServeHTTP(w http.ResponseWriter, _ *http.Request) { http.NotFound(w, nil) }
+
+// lowerPattern is pattern with its path in lower case, its method and host as they
+// are: ServeMux matches paths case-sensitively, and matchPattern matches lower-case
+// variants of a request's path.
+func lowerPattern(pattern string) string {
+	i := strings.IndexByte(pattern, '/')
+	if i < 0 {
+		return pattern
+	}
+	return pattern[:i] + strings.ToLower(pattern[i:])
+}
+
+// matchPattern returns the pattern (as written) of mux that r's path matches, or any
+// of the variants that common routers send to the same handler: letter case ignored
+// (Express's default), a trailing slash removed (Express's default, and many
+// others'), ";params" of a segment removed (Java servlet containers), %2F decoded.
+// Matching more than the upstream routes only asks for a key more often: a key
+// requirement must not be sidestepped by how a path is spelled.
+func matchPattern(mux *http.ServeMux, r *http.Request) (string, bool) {
+	if mux == nil {
+		return "", false
+	}
+	for _, path := range pathVariants(r.URL) {
+		probe := &http.Request{Method: r.Method, Host: r.Host, URL: &url.URL{Path: path}, Header: r.Header}
+		if h, pattern := mux.Handler(probe); pattern != "" {
+			if named, ok := h.(patternHandler); ok {
+				return string(named), true
+			}
+		}
+	}
+	return "", false
+}
+
+// pathVariants returns the lower-case spellings of u's path that matchPattern tries.
+func pathVariants(u *url.URL) []string {
+	base := strings.ToLower(u.Path)
+	variants := []string{base}
+	if clean := path.Clean(base); clean != base && clean != "." {
+		variants = append(variants, clean) // ServeMux would redirect to it
+	}
+	add := func(v string) {
+		if v != "" && !slices.Contains(variants, v) {
+			variants = append(variants, v)
+		}
+	}
+	if raw := strings.ToLower(u.EscapedPath()); strings.Contains(raw, "%2f") {
+		if dec, err := url.PathUnescape(raw); err == nil {
+			add(dec)
+		}
+	}
+	for _, v := range slices.Clone(variants) {
+		if strings.Contains(v, ";") {
+			segs := strings.Split(v, "/")
+			for i, seg := range segs {
+				if j := strings.IndexByte(seg, ';'); j >= 0 {
+					segs[i] = seg[:j]
+				}
+			}
+			add(strings.Join(segs, "/"))
+		}
+	}
+	for _, v := range slices.Clone(variants) {
+		if len(v) > 1 && strings.HasSuffix(v, "/") {
+			add(strings.TrimRight(v, "/"))
+		}
+	}
+	return variants
 }
 
 // checkUpstream refuses an upstream URL that is not http(s) with a host, or that has a
@@ -351,8 +557,9 @@ func headerName(field, name, def string) (string, error) {
 
 // newTransport is the default Transport: every request goes to one host, so many
 // idle connections are kept for it, never longer than idle; the upstream's response
-// headers must come within timeout; the body is passed on as the upstream encoded it.
-func newTransport(timeout, idle time.Duration) *http.Transport {
+// headers must come within waitLimit (the exchange answers the client at timeout);
+// the body is passed on as the upstream encoded it.
+func newTransport(timeout, waitLimit, idle time.Duration) *http.Transport {
 	return &http.Transport{
 		DialContext:           (&net.Dialer{Timeout: min(timeout, 10*time.Second), KeepAlive: 30 * time.Second}).DialContext,
 		ForceAttemptHTTP2:     true,
@@ -360,37 +567,55 @@ func newTransport(timeout, idle time.Duration) *http.Transport {
 		MaxIdleConnsPerHost:   256,
 		IdleConnTimeout:       idle,
 		TLSHandshakeTimeout:   10 * time.Second,
-		ResponseHeaderTimeout: timeout,
+		ResponseHeaderTimeout: waitLimit,
 		ExpectContinueTimeout: time.Second,
 		DisableCompression:    true,
 	}
 }
 
-// ServeHTTP answers the health path, forwards protocol upgrades and unprotected
+// ServeHTTP answers the health path, forwards WebSocket upgrades and unprotected
 // requests untouched, and runs protected ones through the middleware.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p.healthPath != "" && r.URL.Path == p.healthPath && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		p.health(w, r)
 		return
 	}
+	ignoreUpgradeOffer(r)
 	h, route := p.route(r)
-	if route == routeUpgrade && len(r.Header[p.keyHeader]) > 0 {
-		p.logger.WarnContext(r.Context(), "idem proxy: a protocol upgrade carries an idempotency key; it is forwarded without idempotency (an upgraded connection has no response to store)",
-			"method", r.Method, "path", r.URL.Path, "upgrade", upgradeType(r.Header))
+	switch {
+	case route == routeUpgrade:
+		if len(r.Header[p.keyHeader]) > 0 {
+			p.logger.WarnContext(r.Context(), "idem proxy: a WebSocket upgrade carries an idempotency key; it is forwarded without idempotency (an upgraded connection has no response to store)",
+				"method", r.Method, "path", r.URL.Path)
+		}
+	case route != routePassThrough && len(r.Header[p.keyHeader]) > 0:
+		// A protected request's body is held until its exchange ends: bound them all.
+		release, ok := p.budget.buffer(r)
+		defer release()
+		if !ok {
+			p.logger.WarnContext(r.Context(), "idem proxy: the request bodies held at once reached the limit (MaxBufferedBodies, --max-buffered-bodies); answering 503",
+				"method", r.Method, "path", r.URL.Path, "max_buffered_bodies", p.budget.limit)
+			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Connection", "close")
+			idem.WriteProblem(w, r, p.profile, &idem.Problem{Status: http.StatusServiceUnavailable, Code: CodeProxyBusy, Type: "api_error",
+				Detail: "The proxy holds as many request bodies as it may; retry later."})
+			return
+		}
 	}
 	h.ServeHTTP(w, r)
 }
 
-// Names of the routes that are not a pattern of RequireKey or a protected method.
+// Names of the routes that are not a pattern of RequireKey or Routes, or a protected
+// method.
 const (
 	routeUpgrade     = "upgrade"
 	routePassThrough = "passthrough"
 	routeHealth      = "healthz"
 )
 
-// Route returns the name of r's route, for metrics: the RequireKey pattern it
-// matches, its method when it is a protected method ("POST"), "upgrade" for a protocol
-// upgrade, "healthz" for the health path, or "passthrough".
+// Route returns the name of r's route, for metrics: the RequireKey or Routes pattern
+// it matches, its method when it is a protected method ("POST"), "upgrade" for a
+// WebSocket upgrade, "healthz" for the health path, or "passthrough".
 func (p *Proxy) Route(r *http.Request) string {
 	if p.healthPath != "" && r.URL.Path == p.healthPath && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		return routeHealth
@@ -401,65 +626,112 @@ func (p *Proxy) Route(r *http.Request) string {
 
 // route returns the handler of r and its route's name.
 func (p *Proxy) route(r *http.Request) (http.Handler, string) {
-	if upgradeType(r.Header) != "" {
+	if isWebSocketUpgrade(r) {
 		// An upgraded connection has no response to store: it is forwarded as is,
 		// claiming nothing (the middleware's capture refuses Hijack).
 		return p.forward, routeUpgrade
 	}
-	if p.requiredMux != nil {
-		// The pattern of the cleaned path too (a request for //v1/charges, which
-		// ServeMux would redirect), so that an unclean path does not dodge the key.
-		if _, pattern := p.requiredMux.Handler(r); pattern != "" {
-			if h, ok := p.required[pattern]; ok {
-				return h, pattern
+	if pattern, ok := matchPattern(p.requiredMux, r); ok {
+		return p.required[pattern], pattern
+	}
+	h, ok := p.byMethod[r.Method]
+	if !ok {
+		return p.forward, routePassThrough
+	}
+	if pattern, ok := matchPattern(p.namedMux, r); ok {
+		return p.named[pattern], pattern
+	}
+	return h, r.Method
+}
+
+// isWebSocketUpgrade reports whether r can switch protocols here: a GET asking for
+// WebSocket (its Connection header lists "upgrade", as ReverseProxy decides). Nothing
+// else bypasses the middleware.
+func isWebSocketUpgrade(r *http.Request) bool {
+	return r.Method == http.MethodGet && connectionHas(r.Header, "upgrade") && strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+}
+
+// ignoreUpgradeOffer removes from r any upgrade offer that is not a WebSocket GET's:
+// an h2c offer (Upgrade: h2c, HTTP2-Settings, which curl --http2 adds to every http://
+// request) is ignored, as Go's own server ignores it, so that the request is protected
+// like any other and the upstream is not asked to switch either.
+func ignoreUpgradeOffer(r *http.Request) {
+	if isWebSocketUpgrade(r) || (r.Header.Get("Upgrade") == "" && !connectionHas(r.Header, "upgrade")) {
+		return
+	}
+	r.Header.Del("Upgrade")
+	r.Header.Del("Http2-Settings")
+	var kept []string
+	for _, v := range r.Header["Connection"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			if t := strings.TrimSpace(tok); t != "" && !strings.EqualFold(t, "upgrade") && !strings.EqualFold(t, "http2-settings") {
+				kept = append(kept, t)
 			}
 		}
 	}
-	if h, ok := p.byMethod[r.Method]; ok {
-		return h, r.Method
+	if len(kept) == 0 {
+		r.Header.Del("Connection")
+		return
 	}
-	return p.forward, routePassThrough
+	r.Header["Connection"] = []string{strings.Join(kept, ", ")}
 }
 
-// upgradeType returns the protocol a request asks to switch to, or "": its Upgrade
-// header when its Connection header lists "upgrade" (as ReverseProxy decides).
-func upgradeType(h http.Header) string {
+// connectionHas reports whether h's Connection header lists token.
+func connectionHas(h http.Header, token string) bool {
 	for _, v := range h["Connection"] {
 		for tok := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(tok), "upgrade") {
-				return h.Get("Upgrade")
+			if strings.EqualFold(strings.TrimSpace(tok), token) {
+				return true
 			}
 		}
 	}
-	return ""
+	return false
 }
 
-// scope is the middleware's Scope: the hex SHA-256 of the scope header's value.
+// scope is the middleware's Scope: the hex SHA-256 of the scope cookie's value, or of
+// the scope header's values. A header whose every value is empty is missing.
 func (p *Proxy) scope(r *http.Request) (string, error) {
+	if p.scopeCookie != "" {
+		return cookieScope(r, p.scopeCookie)
+	}
 	if p.scopeHeader == "" {
 		return SharedScope, nil
 	}
 	v := r.Header[p.scopeHeader]
-	if len(v) == 0 || (len(v) == 1 && v[0] == "") {
+	if !slices.ContainsFunc(v, func(s string) bool { return strings.TrimSpace(s) != "" }) {
 		return "", errNoScope
 	}
-	sum := sha256.Sum256([]byte(strings.Join(v, "\n")))
-	return hex.EncodeToString(sum[:]), nil
+	return hashScope(strings.Join(v, "\n")), nil
+}
+
+// cookieScope is the scope of the one cookie named name: missing, empty or repeated,
+// there is none.
+func cookieScope(r *http.Request, name string) (string, error) {
+	var value string
+	n := 0
+	for _, c := range r.CookiesNamed(name) {
+		value = c.Value
+		n++
+	}
+	if n != 1 || value == "" {
+		return "", errNoScope
+	}
+	return hashScope(value), nil
+}
+
+func hashScope(principal string) string {
+	sum := sha256.Sum256([]byte(principal))
+	return hex.EncodeToString(sum[:])
 }
 
 var errNoScope = errors.New("proxy: no scope header")
 
-// serveForward forwards r to the upstream. Under the middleware's claim (a protected
-// request with its key acquired) the response goes through an exchange, which decides
-// whether it can be stored whole.
+// serveForward forwards r to the upstream through an exchange, which watches what
+// crosses the network (and, under the middleware's claim, decides how the response is
+// stored).
 func (p *Proxy) serveForward(w http.ResponseWriter, r *http.Request) {
-	h := idem.FromContext(r.Context())
-	if h == nil {
-		p.rp.ServeHTTP(w, r)
-		return
-	}
-	x := &exchange{p: p, h: h, w: w, r: r}
-	p.rp.ServeHTTP(x, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
+	x := &exchange{p: p, h: idem.FromContext(r.Context()), w: w, r: r}
+	x.forward()
 }
 
 // rewrite is the ReverseProxy's Rewrite: the request goes to the upstream as the
@@ -486,24 +758,97 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	}
 }
 
-// upstreamFailed is the ReverseProxy's ErrorHandler: 504 upstream_timeout when the
-// upstream's headers did not come in time, 502 upstream_unavailable otherwise. Under a
-// claim both release the key (SPEC §6: every 5xx).
+// upstreamFailed is the ReverseProxy's ErrorHandler. What the answer and the key
+// become depends on what crossed the network (SPEC §17):
+//
+//   - the request provably never reached the upstream (nothing was written: a dial
+//     failure, a refused connection): 502 upstream_unavailable, which releases a
+//     protected request's key, so that its retry executes once, afresh;
+//   - an unprotected request whose headers did not come within UpstreamTimeout: 504;
+//   - a protected request that was written (a reset, an EOF, the wait limit, the
+//     proxy shutting down): the outcome is unknown, the record is kept
+//     (Handle.SetOutcomeUnknown) and the client is told so: 500 outcome_unknown, or
+//     502 upstream_reply_lost under take_over. Nothing more when the client was
+//     answered 504 already.
 func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error) {
-	status, code, detail := http.StatusBadGateway, CodeUpstreamUnavailable, "The upstream service could not be reached; retry later."
-	var ne net.Error
-	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-		status, code, detail = http.StatusGatewayTimeout, CodeUpstreamTimeout, "The upstream service did not answer in time; it may have acted."
-	}
+	x := exchangeOf(r.Context())
 	level := slog.LevelWarn
-	if r.Context().Err() != nil {
-		// The client went away (or, under a claim, the lease was lost, which the
-		// middleware answers 503): nothing went wrong upstream.
+	if r.Context().Err() != nil && (x == nil || x.leaseLost()) {
+		// The client went away, or the lease was lost (which the middleware answers
+		// 503): nothing went wrong upstream.
 		level = slog.LevelDebug
 	}
-	p.logger.Log(r.Context(), level, "idem proxy: the upstream exchange failed", "method", r.Method, "path", r.URL.Path,
-		"status", status, "error", err)
-	idem.WriteProblem(w, r, p.profile, &idem.Problem{Status: status, Code: code, Type: "api_error", Detail: detail})
+	if x == nil || x.h == nil || !x.wrote.Load() || x.leaseLost() {
+		status, code, detail := http.StatusBadGateway, CodeUpstreamUnavailable, "The upstream service could not be reached; retry later."
+		if x != nil && errors.Is(context.Cause(r.Context()), errHeaderTimeout) {
+			status, code, detail = http.StatusGatewayTimeout, CodeUpstreamTimeout, "The upstream service did not answer in time; it may have acted."
+		}
+		outcome := "not_sent"
+		if x != nil && x.wrote.Load() {
+			outcome = "unknown"
+		}
+		if x != nil {
+			p.upstreamFailedHook(x, outcome)
+		}
+		p.logger.Log(r.Context(), level, "idem proxy: the upstream exchange failed", "method", r.Method, "path", r.URL.Path,
+			"status", status, "sent", outcome != "not_sent", "error", err)
+		idem.WriteProblem(w, r, p.profile, &idem.Problem{Status: status, Code: code, Type: "api_error", Detail: detail})
+		return
+	}
+	x.h.SetOutcomeUnknown()
+	p.upstreamFailedHook(x, "unknown")
+	cause := context.Cause(r.Context())
+	if cause == nil || errors.Is(cause, context.Canceled) {
+		cause = err
+	}
+	p.logger.Log(r.Context(), level, "idem proxy: the request reached the upstream and its reply was lost; the outcome is unknown and the record is kept",
+		x.attrs(slog.Any("error", err), slog.Any("cause", cause), slog.String("on_lapse", p.onLapse.String()))...)
+	if !x.waitingInBackground() {
+		x.writeUnknown(w)
+	}
+}
+
+// track and untrack keep the protected exchanges under way, for Shutdown.
+func (p *Proxy) track(x *exchange) {
+	p.waitingMu.Lock()
+	p.waiting[x] = struct{}{}
+	p.waitingMu.Unlock()
+}
+
+func (p *Proxy) untrack(x *exchange) {
+	p.waitingMu.Lock()
+	delete(p.waiting, x)
+	p.waitingMu.Unlock()
+}
+
+// Shutdown settles the exchanges that wait for the upstream past UpstreamTimeout
+// (their clients got 504): their outcome is unknown, and their records are kept for
+// the lapse policy. Exchanges still within UpstreamTimeout finish as usual (when
+// their timeout passes first, they are settled in the same way). Call it when the
+// server begins to shut down (http.Server.RegisterOnShutdown), before waiting for the
+// handlers to return.
+func (p *Proxy) Shutdown() {
+	p.closing.Store(true)
+	p.waitingMu.Lock()
+	defer p.waitingMu.Unlock()
+	for x := range p.waiting {
+		if x.waitingInBackground() {
+			x.cancel(errShutdown)
+		}
+	}
+}
+
+// observeUpstream and upstreamFailedHook call the Hooks.
+func (p *Proxy) observeUpstream(x *exchange, status int) {
+	if f := p.hooks.UpstreamResponse; f != nil {
+		f(p.Route(x.r), status, time.Since(x.start))
+	}
+}
+
+func (p *Proxy) upstreamFailedHook(x *exchange, outcome string) {
+	if f := p.hooks.UpstreamFailed; f != nil {
+		f(p.Route(x.r), outcome)
+	}
 }
 
 // health answers the health path: 200 {"status":"ok"} when the store answers a ping

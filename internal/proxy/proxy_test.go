@@ -40,6 +40,9 @@ import (
 //	/v1/trailer         a body and a trailer
 //	/v1/slow            answers once release is closed
 //	/v1/drop            closes the connection without answering
+//	/v1/broken          201 with a Content-Length of 100, then closes after 10 bytes
+//	/v1/sse-broken      an event stream that closes after its first event
+//	/v1/trailer-undeclared  a body and a trailer it did not declare
 //	/ws                 a protocol upgrade that echoes what it reads
 type upstream struct {
 	srv         *httptest.Server
@@ -135,9 +138,30 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write(echo())
 		w.Header().Set("X-Checksum", "abc")
+	case "/v1/trailer-undeclared":
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(echo())
+		http.NewResponseController(w).Flush() // chunked: net/http sends trailers only then
+		w.Header().Set(http.TrailerPrefix+"X-Sum", "def")
 	case "/v1/slow":
 		<-u.release
+		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(echo())
+	case "/v1/broken", "/v1/sse-broken":
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		if r.URL.Path == "/v1/broken" {
+			fmt.Fprintf(rw, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"n\": %d, ", n)
+		} else {
+			fmt.Fprintf(rw, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+			ev := fmt.Sprintf("data: first %d\n\n", n)
+			fmt.Fprintf(rw, "%x\r\n%s\r\n", len(ev), ev)
+		}
+		rw.Flush()
+		conn.Close()
 	case "/v1/drop":
 		conn, _, err := http.NewResponseController(w).Hijack()
 		if err == nil {
@@ -163,6 +187,7 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 // bundle is a proxy on a fresh SQLite store in front of an upstream.
 type bundle struct {
 	t     *testing.T
+	proxy *proxy.Proxy
 	store *sqlite.Store
 	up    *upstream
 	url   string // the proxy's
@@ -195,6 +220,7 @@ func setup(t *testing.T, configure ...func(*proxy.Config)) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
+	b.proxy = p
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
 	b.url = srv.URL
@@ -228,16 +254,27 @@ func (a answer) code() string {
 // Authorization: Bearer token (none when "").
 func (b *bundle) send(method, path, key, token, body string) answer {
 	b.t.Helper()
+	h := http.Header{}
+	if key != "" {
+		h.Set("Idempotency-Key", key)
+	}
+	if token != "" {
+		h.Set("Authorization", "Bearer "+token)
+	}
+	return b.sendHeader(method, path, body, h)
+}
+
+// sendHeader sends method path with body through the proxy, with the header fields of
+// h (and a JSON Content-Type unless h has one).
+func (b *bundle) sendHeader(method, path, body string, h http.Header) answer {
+	b.t.Helper()
 	req, err := http.NewRequest(method, b.url+path, strings.NewReader(body))
 	if err != nil {
 		b.t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+	for k, v := range h {
+		req.Header[k] = v
 	}
 	resp, err := noRedirects.Do(req)
 	if err != nil {
@@ -249,6 +286,22 @@ func (b *bundle) send(method, path, key, token, body string) answer {
 		b.t.Fatalf("%s %s: reading the body: %v", method, path, err)
 	}
 	return answer{status: resp.StatusCode, header: resp.Header, body: string(got)}
+}
+
+// open sends a keyed POST from tok_a through the proxy and returns the response
+// unread, for a test that reads it as it comes, trailers included.
+func (b *bundle) open(path, key string) *http.Response {
+	b.t.Helper()
+	req, _ := http.NewRequest("POST", b.url+path, strings.NewReader(`{}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Authorization", "Bearer tok_a")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(func() { resp.Body.Close() })
+	return resp
 }
 
 // noRedirects is a client that returns a redirect as the answer.
@@ -423,6 +476,92 @@ func TestRequireKeyRefusesAKeylessRequestOnItsRoutesOnly(t *testing.T) {
 	}
 }
 
+// A router such as Express sends /V1/Echo and /v1/echo/ to the handler of /v1/echo, a
+// servlet container /v1/echo;jsessionid=1, and many decode %2F: none sidesteps the key
+// that a RequireKey route requires.
+func TestRequireKeyCannotBeSidesteppedByHowThePathIsSpelled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) { c.RequireKey = []string{"POST /v1/charges", "POST /v1/orders/{id}/pay"} })
+	for _, path := range []string{"/V1/Charges", "/v1/charges/", "/v1/charges//", "/v1/charges;jsessionid=1", "/v1%2Fcharges",
+		"/v1/ORDERS/ord_1/PAY", "/v1/orders/ord_1/pay;x=1/", "/v1/orders/ord_1%2Fpay"} {
+		got := b.send("POST", path, "", "tok_a", `{}`)
+		if got.status != http.StatusBadRequest || got.code() != idem.CodeKeyRequired {
+			t.Errorf("POST %s without a key: %d %s, want 400 key_required", path, got.status, got.body)
+		}
+	}
+	if got := b.send("POST", "/v1/chargesx", "", "tok_a", `{}`); got.status != http.StatusOK {
+		t.Fatalf("POST /v1/chargesx is another route: %d %s", got.status, got.body)
+	}
+}
+
+// curl --http2 offers every http:// request an upgrade to h2c: the offer is ignored (as
+// Go's server ignores it), the upstream is not asked to switch, and the request is
+// protected like any other; only a WebSocket GET bypasses the middleware.
+func TestAnH2COfferIsIgnoredAndTheRequestProtected(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) { c.RequireKey = []string{"POST /v1/charges"} })
+	send := func(path, key string) answer {
+		h := http.Header{"Authorization": {"Bearer tok_a"}, "Connection": {"Upgrade, HTTP2-Settings"},
+			"Upgrade": {"h2c"}, "Http2-Settings": {"AAMAAABkAARAAAAAAAIAAAAA"}}
+		if key != "" {
+			h.Set("Idempotency-Key", key)
+		}
+		return b.sendHeader("POST", path, `{}`, h)
+	}
+	first, retry := send("/v1/echo", key1), send("/v1/echo", key1)
+	if first.status != http.StatusCreated || !retry.replayed() || retry.body != first.body || b.up.count("/v1/echo") != 1 {
+		t.Fatalf("an h2c offer with a key: %d, retry %d replayed=%v, %d executions; want one, replayed", first.status, retry.status, retry.replayed(), b.up.count("/v1/echo"))
+	}
+	if h, _ := b.up.last(); h.Get("Upgrade") != "" || h.Get("Http2-Settings") != "" {
+		t.Fatalf("the upstream was offered the upgrade: %v", h)
+	}
+	if got := send("/v1/charges", ""); got.status != http.StatusBadRequest || got.code() != idem.CodeKeyRequired {
+		t.Fatalf("an h2c offer without a key on a RequireKey route: %d %s, want 400 key_required", got.status, got.body)
+	}
+}
+
+// Two empty Authorization fields are no principal: they would put every such client
+// in one scope.
+func TestAScopeHeaderWhoseEveryValueIsEmptyIs401(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, values := range [][]string{{""}, {"", ""}, {" ", ""}} {
+		got := b.sendHeader("POST", "/v1/echo", `{}`, http.Header{"Idempotency-Key": {key1}, "Authorization": values})
+		if got.status != http.StatusUnauthorized {
+			t.Errorf("Authorization %q: %d, want 401", values, got.status)
+		}
+	}
+	if n := b.up.count("/v1/echo"); n != 0 {
+		t.Fatalf("refused requests reached the upstream %d times", n)
+	}
+}
+
+// With ScopeCookie the principal is one named cookie: another cookie that changes (an
+// analytics id) is the same principal, another session is another one, and a request
+// without it is 401.
+func TestTheScopeCookieIsThePrincipalWhateverTheOtherCookies(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) { c.ScopeCookie = "session" })
+	send := func(cookie string) answer {
+		h := http.Header{"Idempotency-Key": {key1}}
+		if cookie != "" {
+			h.Set("Cookie", cookie)
+		}
+		return b.sendHeader("POST", "/v1/echo", `{}`, h)
+	}
+	first := send("session=s1; _ga=1")
+	again := send("_ga=2; session=s1")
+	other := send("session=s2; _ga=1")
+	if first.status != http.StatusCreated || !again.replayed() || other.replayed() || b.up.count("/v1/echo") != 2 {
+		t.Fatalf("first %d, same session replayed=%v, other session replayed=%v, %d executions; want 2", first.status, again.replayed(), other.replayed(), b.up.count("/v1/echo"))
+	}
+	for _, cookie := range []string{"", "_ga=1", "session=", "session=s1; session=s2"} {
+		if got := send(cookie); got.status != http.StatusUnauthorized {
+			t.Errorf("Cookie %q: %d, want 401", cookie, got.status)
+		}
+	}
+}
+
 func TestTheScopeIsTheHashedHeaderAndAKeyedRequestWithoutItIs401(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -485,19 +624,13 @@ func TestTheUpstreamsStatusesAreStoredOrReleasedAsSection6Says(t *testing.T) {
 }
 
 // An event stream passes through as the upstream sends it: the client reads the first
-// event while the upstream still holds the second. The key is then released, with a
-// warning, and a retry executes again.
-func TestAnEventStreamPassesThroughAsItComesAndReleasesTheKey(t *testing.T) {
+// event while the upstream still holds the second. It is stored once it ended within
+// MaxStoredBody, so that a retry gets the same events, replayed, and the upstream runs
+// once.
+func TestAnEventStreamPassesThroughAsItComesAndIsStoredWhenItEnds(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	req, _ := http.NewRequest("POST", b.url+"/v1/sse", strings.NewReader(`{}`))
-	req.Header.Set("Idempotency-Key", key1)
-	req.Header.Set("Authorization", "Bearer tok_a")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	resp := b.open("/v1/sse", key1)
 	r := bufio.NewReader(resp.Body)
 	line, err := r.ReadString('\n')
 	if err != nil || line != "data: first 1\n" {
@@ -512,54 +645,87 @@ func TestAnEventStreamPassesThroughAsItComesAndReleasesTheKey(t *testing.T) {
 		t.Fatalf("rest of the stream: %q", rest)
 	}
 	resp.Body.Close()
-	waitReleased(t, b, "tok_a", key1)
-	if got := b.send("POST", "/v1/sse", key1, "tok_a", `{}`); got.replayed() || !strings.Contains(got.body, "first 2") {
-		t.Fatalf("retry: replayed=%v %q, want a second execution", got.replayed(), got.body)
+	waitCompleted(t, b, "tok_a", key1)
+	got := b.send("POST", "/v1/sse", key1, "tok_a", `{}`)
+	if !got.replayed() || got.body != "data: first 1\n\ndata: second 1\n\n" || got.header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("retry: %d replayed=%v %q %v, want the same events replayed", got.status, got.replayed(), got.body, got.header)
 	}
-	if logs := b.logs.String(); !strings.Contains(logs, "reason=event_stream") || strings.Contains(logs, key1) {
-		t.Fatalf("want one warning with the reason and no key:\n%s", logs)
+	if n := b.up.count("/v1/sse"); n != 1 {
+		t.Fatalf("the upstream ran %d times, want 1", n)
 	}
 }
 
-// waitReleased waits until the key's record is gone: the middleware releases it after
-// the response was sent.
-func waitReleased(t *testing.T, b *bundle, token, key string) {
+// An event stream that grows past MaxStoredBody is not stored: its repeats get 409
+// response_not_stored, and the upstream never runs again.
+func TestAnEventStreamOverTheLimitIsResponseNotStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) { c.MaxStoredBody = 10 })
+	b.up.unblock()
+	first := b.send("POST", "/v1/sse", key1, "tok_a", `{}`)
+	if first.body != "data: first 1\n\ndata: second 1\n\n" {
+		t.Fatalf("the client got %q", first.body)
+	}
+	waitCompleted(t, b, "tok_a", key1)
+	if got := b.send("POST", "/v1/sse", key1, "tok_a", `{}`); got.status != http.StatusConflict || got.code() != idem.CodeResponseNotStored {
+		t.Fatalf("retry: %d %s, want 409 response_not_stored", got.status, got.body)
+	}
+	if n := b.up.count("/v1/sse"); n != 1 {
+		t.Fatalf("the upstream ran %d times, want 1", n)
+	}
+}
+
+// waitCompleted waits until the key's record is completed: the middleware completes it
+// after the response was sent.
+func waitCompleted(t *testing.T, b *bundle, token, key string) *idem.Record {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, err := b.record(token, key)
-		if errors.Is(err, idem.ErrNotFound) {
-			return
+		rec, err := b.record(token, key)
+		if err == nil && rec.State == idem.StateCompleted {
+			return rec
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the key was not released: %v", err)
+			t.Fatalf("the key's record was not completed: %v %v", rec, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-func TestAResponseThatCannotBeStoredWholePassesThroughAndReleasesTheKey(t *testing.T) {
+// A response that cannot be stored whole passes through as the upstream sends it,
+// trailers included, and is never a reason to run twice: its repeats get 409
+// response_not_stored, as the library's own do (SPEC §6).
+func TestAResponseThatCannotBeStoredWholePassesThroughAndIsNeverRunAgain(t *testing.T) {
 	t.Parallel()
 	const limit = 64 << 10
 	b := setup(t, func(c *proxy.Config) { c.MaxStoredBody = limit })
-	for _, tc := range []struct{ name, path, reason string }{
-		{"Content-Length over the limit", fmt.Sprintf("/v1/big?size=%d", limit+1), "too_large"},
-		{"a chunked body growing over the limit", fmt.Sprintf("/v1/big?size=%d&chunked=1", 3*limit), "too_large"},
-		{"trailers", "/v1/trailer", "trailers"},
+	for _, tc := range []struct{ name, path, reason, trailer, value string }{
+		{"Content-Length over the limit", fmt.Sprintf("/v1/big?size=%d", limit+1), "too_large", "", ""},
+		{"a chunked body growing over the limit", fmt.Sprintf("/v1/big?size=%d&chunked=1", 3*limit), "too_large", "", ""},
+		{"declared trailers", "/v1/trailer", "trailers", "X-Checksum", "abc"},
+		{"undeclared trailers", "/v1/trailer-undeclared", "trailers", "X-Sum", "def"},
 	} {
 		key := "key-whole-" + tc.reason + strconv.Itoa(len(tc.path))
-		first := b.send("POST", tc.path, key, "tok_a", `{}`)
-		if first.status != http.StatusCreated {
-			t.Fatalf("%s: %d", tc.name, first.status)
-		}
 		u, _ := url.Parse(tc.path)
-		if size := u.Query().Get("size"); size != "" && strconv.Itoa(len(first.body)) != size {
-			t.Fatalf("%s: the client got %d bytes, want %s", tc.name, len(first.body), size)
+		before := b.up.count(u.Path)
+		resp := b.open(tc.path, key)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("%s: %d", tc.name, resp.StatusCode)
 		}
-		waitReleased(t, b, "tok_a", key)
+		if size := u.Query().Get("size"); size != "" && strconv.Itoa(len(body)) != size {
+			t.Fatalf("%s: the client got %d bytes, want %s", tc.name, len(body), size)
+		}
+		if tc.trailer != "" && resp.Trailer.Get(tc.trailer) != tc.value {
+			t.Fatalf("%s: the client got trailers %v, want %s: %s", tc.name, resp.Trailer, tc.trailer, tc.value)
+		}
+		waitCompleted(t, b, "tok_a", key)
 		retry := b.send("POST", tc.path, key, "tok_a", `{}`)
-		if retry.replayed() || retry.body == first.body {
-			t.Fatalf("%s: retry replayed=%v; want a second execution", tc.name, retry.replayed())
+		if retry.status != http.StatusConflict || retry.code() != idem.CodeResponseNotStored || retry.replayed() {
+			t.Fatalf("%s: retry %d %s, want 409 response_not_stored", tc.name, retry.status, retry.body)
+		}
+		if n := b.up.count(u.Path) - before; n != 1 {
+			t.Fatalf("%s: the upstream ran %d times, want 1", tc.name, n)
 		}
 		if !strings.Contains(b.logs.String(), "reason="+tc.reason) {
 			t.Fatalf("%s: no warning with reason=%s:\n%s", tc.name, tc.reason, b.logs)
@@ -573,27 +739,160 @@ func TestAResponseThatCannotBeStoredWholePassesThroughAndReleasesTheKey(t *testi
 	}
 }
 
-func TestAnUpstreamThatFailsGets502Or504AndReleasesTheKey(t *testing.T) {
+// A request that reached the upstream and lost its reply (the upstream closed the
+// connection without answering, or broke its body after the status) is never run a
+// second time under the policy unknown: the client and every retry get 500
+// outcome_unknown, and the record is marked so at once, for an operator to resolve.
+func TestALostReplyIsOutcomeUnknownAndNeverRunAgain(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(c *proxy.Config) { c.UpstreamTimeout = 200 * time.Millisecond })
-	for _, tc := range []struct {
-		path   string
-		status int
-		code   string
-	}{
-		{"/v1/drop", http.StatusBadGateway, proxy.CodeUpstreamUnavailable},
-		{"/v1/slow", http.StatusGatewayTimeout, proxy.CodeUpstreamTimeout},
-	} {
-		for i := 1; i <= 2; i++ {
-			got := b.send("POST", tc.path, "key-fail"+tc.path, "tok_a", `{}`)
-			if got.status != tc.status || got.code() != tc.code || got.replayed() {
-				t.Fatalf("POST %s #%d: %d %s, want %d %s", tc.path, i, got.status, got.body, tc.status, tc.code)
-			}
-			// The retry reached the upstream again: the key was released.
-			if n := b.up.count(tc.path); n != i {
-				t.Fatalf("POST %s #%d reached the upstream %d times", tc.path, i, n)
+	b := setup(t)
+	for _, path := range []string{"/v1/drop", "/v1/broken"} {
+		key := "key-lost" + strings.ReplaceAll(path, "/", "-")
+		for i := 1; i <= 3; i++ {
+			got := b.send("POST", path, key, "tok_a", `{}`)
+			if got.status != http.StatusInternalServerError || got.code() != idem.CodeOutcomeUnknown || got.replayed() {
+				t.Fatalf("POST %s #%d: %d %s, want 500 outcome_unknown", path, i, got.status, got.body)
 			}
 		}
+		if n := b.up.count(path); n != 1 {
+			t.Fatalf("POST %s reached the upstream %d times, want 1", path, n)
+		}
+		rec, err := b.record("tok_a", key)
+		if err != nil || rec.Response == nil || !rec.Response.OutcomeUnknown {
+			t.Fatalf("POST %s: the record is %+v (%v), want it marked outcome unknown", path, rec, err)
+		}
+	}
+}
+
+// A streamed response whose body broke after the status went to the client: the
+// client's connection is aborted (the break is passed on), and the record is kept.
+func TestABrokenStreamAbortsTheClientAndIsOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	resp := b.open("/v1/sse-broken", key1)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil || !strings.HasPrefix(string(body), "data: first 1") {
+		t.Fatalf("the client read %q, %v; want the first event and a broken body", body, err)
+	}
+	if got := b.send("POST", "/v1/sse-broken", key1, "tok_a", `{}`); got.code() != idem.CodeOutcomeUnknown {
+		t.Fatalf("retry: %d %s, want 500 outcome_unknown", got.status, got.body)
+	}
+	if n := b.up.count("/v1/sse-broken"); n != 1 {
+		t.Fatalf("the upstream ran %d times, want 1", n)
+	}
+}
+
+// Under take_over, a lost reply keeps the record too: the client gets 502
+// upstream_reply_lost with Retry-After, and its retry is forwarded again under the
+// same derived key, for the upstream to deduplicate.
+func TestALostReplyUnderTakeOverIsForwardedAgainUnderTheSameDerivedKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) { c.TakeOverOnLapse = true })
+	first := b.send("POST", "/v1/drop", key1, "tok_a", `{}`)
+	if first.status != http.StatusBadGateway || first.code() != proxy.CodeUpstreamReplyLost || first.header.Get("Retry-After") == "" {
+		t.Fatalf("first: %d %s %v, want 502 upstream_reply_lost with Retry-After", first.status, first.body, first.header)
+	}
+	h1, _ := b.up.last()
+	b.send("POST", "/v1/drop", key1, "tok_a", `{}`)
+	h2, _ := b.up.last()
+	if n := b.up.count("/v1/drop"); n != 2 {
+		t.Fatalf("the retry reached the upstream %d times in all, want 2", n)
+	}
+	if k := h1.Get("Idempotency-Key"); k == "" || h2.Get("Idempotency-Key") != k {
+		t.Fatalf("derived keys %q then %q, want the same", k, h2.Get("Idempotency-Key"))
+	}
+}
+
+// An upstream that is slower than UpstreamTimeout: the client gets 504 with
+// Retry-After at once, a duplicate meanwhile 409 in flight, and the proxy waits on and
+// stores the upstream's answer, which the retry gets: one execution.
+func TestASlowUpstreamsAnswerIsStoredForTheRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) { c.UpstreamTimeout = 100 * time.Millisecond })
+	first := b.send("POST", "/v1/slow", key1, "tok_a", `{}`)
+	if first.status != http.StatusGatewayTimeout || first.code() != proxy.CodeUpstreamTimeout || first.header.Get("Retry-After") == "" ||
+		first.header.Get("Idempotency-Key") != key1 {
+		t.Fatalf("first: %d %s %v, want 504 upstream_timeout with Retry-After and the key", first.status, first.body, first.header)
+	}
+	if dup := b.send("POST", "/v1/slow", key1, "tok_a", `{}`); dup.status != http.StatusConflict || dup.code() != idem.CodeRequestInProgress {
+		t.Fatalf("duplicate while waiting: %d %s, want 409 request_in_progress", dup.status, dup.body)
+	}
+	b.up.unblock()
+	waitCompleted(t, b, "tok_a", key1)
+	retry := b.send("POST", "/v1/slow", key1, "tok_a", `{}`)
+	if retry.status != http.StatusCreated || !retry.replayed() || !strings.Contains(retry.body, `"n":1`) {
+		t.Fatalf("retry: %d replayed=%v %s, want the upstream's 201 replayed", retry.status, retry.replayed(), retry.body)
+	}
+	if n := b.up.count("/v1/slow"); n != 1 {
+		t.Fatalf("the upstream ran %d times, want 1", n)
+	}
+}
+
+// Past UpstreamWaitLimit, or when the proxy shuts down while it waits, the outcome is
+// unknown: the record is kept and marked, and no retry runs the request again.
+func TestAnUpstreamPastTheWaitLimitOrAShutdownIsOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) {
+		c.UpstreamTimeout, c.UpstreamWaitLimit = 50*time.Millisecond, 300*time.Millisecond
+	})
+	if first := b.send("POST", "/v1/slow", key1, "tok_a", `{}`); first.status != http.StatusGatewayTimeout {
+		t.Fatalf("first: %d %s, want 504", first.status, first.body)
+	}
+	waitUnknown(t, b, "tok_a", key1)
+	if got := b.send("POST", "/v1/slow", key1, "tok_a", `{}`); got.code() != idem.CodeOutcomeUnknown {
+		t.Fatalf("retry past the wait limit: %d %s, want 500 outcome_unknown", got.status, got.body)
+	}
+
+	s := setup(t, func(c *proxy.Config) { c.UpstreamTimeout = 50 * time.Millisecond })
+	if first := s.send("POST", "/v1/slow", key1, "tok_a", `{}`); first.status != http.StatusGatewayTimeout {
+		t.Fatalf("first: %d %s, want 504", first.status, first.body)
+	}
+	s.proxy.Shutdown()
+	waitUnknown(t, s, "tok_a", key1)
+	if n := b.up.count("/v1/slow") + s.up.count("/v1/slow"); n != 2 {
+		t.Fatalf("the upstreams ran %d times, want once each", n)
+	}
+}
+
+// waitUnknown waits until the key's record is marked outcome unknown.
+func waitUnknown(t *testing.T, b *bundle, token, key string) {
+	t.Helper()
+	rec := waitCompleted(t, b, token, key)
+	if rec.Response == nil || !rec.Response.OutcomeUnknown {
+		t.Fatalf("the record is completed with %+v, want outcome unknown", rec.Response)
+	}
+}
+
+// A request that provably never reached the upstream releases its key: 502
+// upstream_unavailable, and the retry, once the upstream is back, executes once.
+func TestAnUpstreamThatWasDownRunsTheRetryOnceWhenItIsBack(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	b := setup(t, func(c *proxy.Config) { c.Upstream = &url.URL{Scheme: "http", Host: addr} })
+	if got := b.send("POST", "/v1/echo", key1, "tok_a", `{}`); got.status != http.StatusBadGateway || got.code() != proxy.CodeUpstreamUnavailable {
+		t.Fatalf("%d %s, want 502 upstream_unavailable", got.status, got.body)
+	}
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("the upstream's port was taken meanwhile: %v", err)
+	}
+	srv := &http.Server{Handler: b.up.srv.Config.Handler}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	for i := 0; i < 2; i++ {
+		got := b.send("POST", "/v1/echo", key1, "tok_a", `{}`)
+		if got.status != http.StatusCreated || got.replayed() != (i == 1) {
+			t.Fatalf("after the upstream came back, #%d: %d replayed=%v", i+1, got.status, got.replayed())
+		}
+	}
+	if n := b.up.count("/v1/echo"); n != 1 {
+		t.Fatalf("the upstream ran %d times, want 1", n)
 	}
 }
 
@@ -639,7 +938,7 @@ func TestAProtocolUpgradeIsForwardedWithoutAClaim(t *testing.T) {
 	if _, err := b.record("tok_a", key1); !errors.Is(err, idem.ErrNotFound) {
 		t.Fatalf("the upgrade claimed its key: %v", err)
 	}
-	if !strings.Contains(b.logs.String(), "protocol upgrade carries an idempotency key") {
+	if !strings.Contains(b.logs.String(), "WebSocket upgrade carries an idempotency key") {
 		t.Fatalf("no warning about the key:\n%s", b.logs)
 	}
 }
@@ -728,6 +1027,11 @@ func TestNewRefusesABadConfigNamingTheField(t *testing.T) {
 		{"bad method", proxy.Config{Upstream: up, Idem: idem.Config{Store: st}, Methods: []string{"PO ST"}}, "Config.Methods"},
 		{"ttl under the lease", proxy.Config{Upstream: up, Idem: idem.Config{Store: st, TTL: time.Second}}, "Config.TTL"},
 		{"health path", proxy.Config{Upstream: up, Idem: idem.Config{Store: st}, HealthPath: "healthz"}, "Config.HealthPath"},
+		{"wait limit under the timeout", proxy.Config{Upstream: up, Idem: idem.Config{Store: st}, UpstreamTimeout: time.Minute, UpstreamWaitLimit: time.Second}, "Config.UpstreamWaitLimit"},
+		{"bad scope cookie", proxy.Config{Upstream: up, Idem: idem.Config{Store: st}, ScopeCookie: "a b"}, "Config.ScopeCookie"},
+		{"scope cookie and shared scope", proxy.Config{Upstream: up, Idem: idem.Config{Store: st}, ScopeCookie: "s", SharedScope: true}, "Config.ScopeCookie"},
+		{"bad route", proxy.Config{Upstream: up, Idem: idem.Config{Store: st}, Routes: []string{"POST v1"}}, "Config.Routes"},
+		{"negative body budget", proxy.Config{Upstream: up, Idem: idem.Config{Store: st}, MaxBufferedBodies: -1}, "Config.MaxBufferedBodies"},
 	} {
 		_, err := proxy.New(tc.cfg)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
