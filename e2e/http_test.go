@@ -26,10 +26,11 @@ const (
 
 // response is an HTTP answer read whole.
 type response struct {
-	Status int
-	Header http.Header
-	Body   []byte
-	Close  bool // the server closes the connection after it
+	Status  int
+	Header  http.Header
+	Body    []byte
+	Trailer http.Header
+	Close   bool // the server closes the connection after it
 }
 
 func (r *response) String() string {
@@ -104,7 +105,8 @@ type request struct {
 	key         string // Idempotency-Key; none when empty
 	contentType string
 	body        []byte
-	chunked     bool // send the body without Content-Length
+	chunked     bool        // send the body without Content-Length
+	header      http.Header // more header fields
 }
 
 // send performs req against base and returns the answer, or the transport's error.
@@ -130,6 +132,9 @@ func (c *client) send(ctx context.Context, base string, req request) (*response,
 	if req.contentType != "" {
 		hr.Header.Set("Content-Type", req.contentType)
 	}
+	for k, v := range req.header {
+		hr.Header[k] = v
+	}
 	res, err := c.http.Do(hr)
 	if err != nil {
 		return nil, err
@@ -139,7 +144,7 @@ func (c *client) send(ctx context.Context, base string, req request) (*response,
 	if err != nil {
 		return nil, err
 	}
-	return &response{Status: res.StatusCode, Header: res.Header, Body: b, Close: res.Close}, nil
+	return &response{Status: res.StatusCode, Header: res.Header, Body: b, Trailer: res.Trailer, Close: res.Close}, nil
 }
 
 // do sends req and fails the test on a transport error.

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -61,7 +62,10 @@ func startUpstream(t testing.TB, lang upstreamLang, args ...string) *upstreamPro
 	if err != nil {
 		testenv.Unavailable(t, "%s is not installed (the %s upstream of the proxy's tests)", interpreter, lang)
 	}
-	cmd := exec.Command(path, append([]string{script, "--port", "0"}, args...)...)
+	if !slices.Contains(args, "--port") {
+		args = append([]string{"--port", "0"}, args...)
+	}
+	cmd := exec.Command(path, append([]string{script}, args...)...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

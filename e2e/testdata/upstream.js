@@ -18,6 +18,12 @@
 //   ?status=N   answer N instead
 //   ?hold=NAME  wait, after counting, until POST /_release?hold=NAME
 //   ?length=1   send a Content-Length
+// and, for the request that makes the effect (not for a deduplicated repeat):
+//   ?fail=drop  make the effect, then close the connection without answering (a reply
+//               lost: the process died after its commit, the connection reset)
+//   ?fail=break make the effect, send the status and half the body, then close
+//   ?sse=1      answer an event stream: two events, then the end
+//   ?trailer=1  answer with a declared trailer, X-Checksum: abc
 //
 //   GET  /_count               {"requests": N, "effects": M}
 //   POST /_release?hold=NAME   releases the requests held under NAME (and later ones)
@@ -92,12 +98,31 @@ const server = http.createServer(async (req, res) => {
     requests++;
     const key = dedupHeader ? req.headers[dedupHeader] : undefined;
     let answer;
+    let executed = false;
     if (key && answers.has(key)) {
       answer = await answers.get(key);
     } else {
       const p = execute(req, url, body);
       if (key) answers.set(key, p);
       answer = await p;
+      executed = true;
+    }
+    const fail = executed ? url.searchParams.get("fail") : null;
+    if (fail === "drop") return req.socket.destroy();
+    if (fail === "break") {
+      res.writeHead(answer.status, { "Content-Type": "application/json", "Content-Length": Buffer.byteLength(answer.body) + 100 });
+      return res.write(answer.body.slice(0, 10), () => res.socket.destroy());
+    }
+    if (url.searchParams.get("sse")) {
+      res.writeHead(200, { "Content-Type": "text/event-stream" });
+      res.write(`data: ${JSON.parse(answer.body).effect}\n\n`);
+      return res.end("data: done\n\n");
+    }
+    if (url.searchParams.get("trailer")) {
+      res.writeHead(answer.status, { "Content-Type": "application/json", Trailer: "X-Checksum" });
+      res.write(answer.body);
+      res.addTrailers({ "X-Checksum": "abc" });
+      return res.end();
     }
     res.setHeader("Content-Type", "application/json");
     res.setHeader("X-Upstream-Effect", JSON.parse(answer.body).effect);

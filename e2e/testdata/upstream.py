@@ -16,6 +16,12 @@ with a Content-Length, unless the query says:
     ?status=N   answer N instead
     ?hold=NAME  wait, after counting, until POST /_release?hold=NAME
     ?chunked=1  send the body chunked
+and, for the request that makes the effect (not for a deduplicated repeat):
+    ?fail=drop  make the effect, then close the connection without answering (a reply
+                lost: the process died after its commit, the connection reset)
+    ?fail=break make the effect, send the status and half the body, then close
+    ?sse=1      answer an event stream: two events, then the end
+    ?trailer=1  answer with a declared trailer, X-Checksum: abc
 
     GET  /_count               {"requests": N, "effects": M}
     POST /_release?hold=NAME   releases the requests held under NAME (and later ones)
@@ -23,6 +29,7 @@ with a Content-Length, unless the query says:
 """
 import argparse
 import json
+import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -96,6 +103,34 @@ class Handler(BaseHTTPRequestHandler):
             entry[0].wait()
             answer = entry[1]
         status, out = answer
+        fail = query.get("fail") if first else None
+        if fail == "drop":
+            return self.drop()
+        if fail == "break":
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out) + 100))
+            self.end_headers()
+            self.wfile.write(out[:10])
+            self.wfile.flush()
+            return self.drop()
+        if query.get("sse"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for event in (b"data: %d\n\n" % json.loads(out)["effect"], b"data: done\n\n"):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        if query.get("trailer"):
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Trailer", "X-Checksum")
+            self.end_headers()
+            self.wfile.write(b"%x\r\n%s\r\n0\r\nX-Checksum: abc\r\n\r\n" % (len(out), out))
+            return
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("X-Upstream-Effect", str(json.loads(out)["effect"]))
@@ -109,6 +144,14 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(out)))
             self.end_headers()
             self.wfile.write(out)
+
+    def drop(self):
+        """Closes the connection at once, unanswered."""
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def handle_one_request(self):
         try:

@@ -751,10 +751,24 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 			out[name] = v
 		}
 	}
+	h := idem.FromContext(pr.In.Context())
+	if h == nil {
+		return
+	}
+	// A protected request must never be re-sent by the transport once written. But
+	// http.Transport takes a request with an Idempotency-Key or X-Idempotency-Key
+	// header for replayable, and re-sends it by itself when a kept-alive connection
+	// breaks after the request was written (its own safe retry, of a request nothing
+	// of which was written, stays). So the client's key fields are dropped, and the
+	// derived key goes under its name in lower case, which the transport does not
+	// see as that header and every server reads as it (field names are
+	// case-insensitive, RFC 9110 §5.1).
+	delete(out, "Idempotency-Key")
+	delete(out, "X-Idempotency-Key")
+	delete(out, p.keyHeader)
 	if p.upstreamKeyHeader != "" {
-		if h := idem.FromContext(pr.In.Context()); h != nil {
-			out.Set(p.upstreamKeyHeader, h.ForeignKey(ForeignKeyStep))
-		}
+		delete(out, p.upstreamKeyHeader)
+		out[strings.ToLower(p.upstreamKeyHeader)] = []string{h.ForeignKey(ForeignKeyStep)}
 	}
 }
 
