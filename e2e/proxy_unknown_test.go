@@ -56,7 +56,6 @@ func (k *keyed) sendUntil(t testing.TB) *response {
 	return res
 }
 
-
 func TestProxyNeverRunsARequestTwiceWhenItCannotKnowTheOutcome(t *testing.T) {
 	t.Parallel()
 	forEachUpstreamAndSQLStore(t, func(t *testing.T, lang upstreamLang, store string) {
