@@ -19,10 +19,6 @@ const (
 	// Loud: the first request and every duplicate get no 2xx and no replay, and an
 	// error naming the route (or method) is logged.
 	Loud
-	// Released: the response passes through unstored and frees the key, as SPEC §6 and
-	// §17 say of what cannot be stored whole: every repeat runs again, none says it was
-	// replayed, and a warning says why.
-	Released
 )
 
 // Mark is how the document shows an outcome.
@@ -34,8 +30,9 @@ func (o Outcome) Mark() string {
 		return "✗ refused when built"
 	case Loud:
 		return "! fails loudly"
-	case Released:
-		return "↺ passed through, released"
+	}
+	if m, ok := proxyMarks[o]; ok {
+		return m
 	}
 	return "—"
 }
@@ -48,8 +45,9 @@ func (o Outcome) String() string {
 		return "refused at construction"
 	case Loud:
 		return "loud on the first request"
-	case Released:
-		return "passed through and released"
+	}
+	if m, ok := proxyNames[o]; ok {
+		return m
 	}
 	return "none"
 }
@@ -205,21 +203,6 @@ func ExpectCore(adapter string, s Store) Outcome {
 	return None
 }
 
-// The proxy's axes (SPEC §17): its store, its policy for a dead holder (--on-lapse)
-// and what the upstream answers.
-var (
-	ProxyStores   = []Store{SQLite, Postgres, "Redis"}
-	ProxyOnLapse  = []string{"unknown", "take_over"}
-	ProxyAnswers  = []string{ProxyStored, ProxyStream}
-	ProxyOutcomes = map[string]Outcome{ProxyStored: ExactlyOnce, ProxyStream: Released}
-)
-
-// The upstream's answers of the proxy cells.
-const (
-	ProxyStored = "201, chunked"
-	ProxyStream = "an event stream"
-)
-
 // Document is docs/combinations.md, generated from Expect, ExpectCore and the proxy's
 // outcomes.
 func Document() string {
@@ -284,22 +267,8 @@ before its handler (SPEC §7), where every request of the cell must be such a re
 		}
 		b.WriteString("\n")
 	}
-	b.WriteString("\n## idem proxy\n\n| upstream answers | store | --on-lapse unknown | --on-lapse take_over |\n|---|---|---|---|\n")
-	for _, a := range ProxyAnswers {
-		for _, s := range ProxyStores {
-			fmt.Fprintf(&b, "| %s | %s |", a, s)
-			for range ProxyOnLapse {
-				fmt.Fprintf(&b, " %s |", ProxyOutcomes[a].Mark())
-			}
-			b.WriteString("\n")
-		}
-	}
+	writeProxyDocument(&b)
 	b.WriteString(`
-An event stream (like a response over --max-stored-body, or one with trailers) cannot
-be stored whole: it passes through, the key is released with a warning, and a repeat
-runs again, never as a replay (**↺**). What a dead proxy leaves under each
---on-lapse is tested by killing real proxies (e2e/proxy_test.go; docs/proxy.md).
-
 A streaming gRPC call cannot run at most once per key (a stream has no one response to
 store): ` + "`grpcidem.StreamServerInterceptor`" + ` refuses one that carries a key, or whose method
 requires one, with ` + "`FAILED_PRECONDITION stream_not_supported`" + ` and an error log.

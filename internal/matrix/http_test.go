@@ -78,10 +78,12 @@ func TestHTTPCombinations(t *testing.T) {
 
 // answer is what one request got.
 type answer struct {
-	status   int
-	body     string
-	replayed bool
-	code     string // the error code of an idem error
+	status     int
+	body       string
+	replayed   bool
+	code       string // the error code of an idem error
+	retryAfter string
+	trailer    http.Header
 }
 
 func (a answer) String() string {
@@ -104,7 +106,8 @@ func post(t *testing.T, c *http.Client, url, key string) answer {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	a := answer{status: resp.StatusCode, body: string(b), replayed: resp.Header.Get("Idempotent-Replayed") == "true"}
+	a := answer{status: resp.StatusCode, body: string(b), replayed: resp.Header.Get("Idempotent-Replayed") == "true",
+		retryAfter: resp.Header.Get("Retry-After"), trailer: resp.Trailer}
 	if i := strings.Index(a.body, `"code":"`); i >= 0 {
 		a.code, _, _ = strings.Cut(a.body[i+len(`"code":"`):], `"`)
 	}
@@ -243,13 +246,19 @@ func sendDuplicates(t *testing.T, handler http.Handler) (seqKey, concKey string,
 	t.Cleanup(srv.Close)
 	client := srv.Client()
 	client.Transport.(*http.Transport).MaxIdleConnsPerHost = duplicates
+	return sendDuplicatesTo(t, client, srv.URL)
+}
+
+// sendDuplicatesTo is sendDuplicates to the server at url, through client.
+func sendDuplicatesTo(t *testing.T, client *http.Client, url string) (seqKey, concKey string, first, retry answer, conc []answer) {
+	t.Helper()
 	seqKey, concKey = "seq-"+newID(), "conc-"+newID()
-	first = post(t, client, srv.URL, seqKey)
-	retry = post(t, client, srv.URL, seqKey)
+	first = post(t, client, url, seqKey)
+	retry = post(t, client, url, seqKey)
 	conc = make([]answer, duplicates)
 	var wg sync.WaitGroup
 	for i := range conc {
-		wg.Go(func() { conc[i] = post(t, client, srv.URL, concKey) })
+		wg.Go(func() { conc[i] = post(t, client, url, concKey) })
 	}
 	wg.Wait()
 	t.Logf("first %v; retry %v; concurrent %v", first, retry, conc)

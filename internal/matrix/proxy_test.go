@@ -9,48 +9,84 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/proxy"
 )
 
 // upstream is a Go API behind the proxy: POST /v1/charges makes one effect per
-// request, counted by the derived key the proxy sends, and answers 201 chunked (no
-// Content-Length) or, for stream, an event stream; each answer names its execution.
+// derived key the proxy sends (it counts every delivery too), and answers as its kind
+// says; each answer names its execution.
 type upstream struct {
-	mu      sync.Mutex
-	effects map[string]int
-	stream  bool
+	kind string
+	// release holds the answers of the slow kind until it is closed.
+	release chan struct{}
+
+	mu         sync.Mutex
+	deliveries map[string]int // by derived key
 }
+
+// upstreamTimeout and the proxy's wait: the slow upstream answers once the cell
+// closes release, after every request of the cell was answered.
+const upstreamTimeout = 50 * time.Millisecond
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key") // derived by the proxy
 	u.mu.Lock()
-	u.effects[key]++
+	u.deliveries[key]++
 	u.mu.Unlock()
+	if r.Header.Get("Upgrade") != "" || r.Header.Get("Http2-Settings") != "" {
+		http.Error(w, "the proxy passed an upgrade offer on", http.StatusTeapot)
+		return
+	}
 	id := newID()
-	if u.stream {
+	switch u.kind {
+	case ProxyStream:
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
 		fmt.Fprintf(w, "data: %s\n\n", id)
 		http.NewResponseController(w).Flush()
+		fmt.Fprint(w, "data: done\n\n")
+		return
+	case ProxyTrailers:
+		w.Header().Set("Trailer", "X-Checksum")
+	case ProxySlow:
+		<-u.release
+	case ProxyLostReply, ProxyBrokenBody:
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		if u.kind == ProxyBrokenBody {
+			fmt.Fprintf(rw, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":%q", id)
+			rw.Flush()
+		}
+		conn.Close()
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
-	fmt.Fprintf(w, `{"id":%q,"object":"charge"}`, id)
+	fmt.Fprintf(w, `{"id":%q,"object":"charge"`, id)
 	http.NewResponseController(w).Flush() // chunked: the proxy must store it whole all the same
+	if u.kind == ProxyTooLarge {
+		fmt.Fprint(w, `,"padding":"`+strings.Repeat("x", 256)+`"`)
+	}
+	fmt.Fprint(w, `}`)
+	if u.kind == ProxyTrailers {
+		w.Header().Set("X-Checksum", id)
+	}
 }
 
-// total is every effect the upstream made.
-func (u *upstream) total() int {
+// keys and total are the derived keys the upstream received and its deliveries.
+func (u *upstream) counts() (keys, total int) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	n := 0
-	for _, c := range u.effects {
-		n += c
+	for _, c := range u.deliveries {
+		keys++
+		total += c
 	}
-	return n
+	return keys, total
 }
 
 // TestProxyCombinations runs the proxy's cells (SPEC §17): store × --on-lapse × what
@@ -60,7 +96,7 @@ func TestProxyCombinations(t *testing.T) {
 	for _, a := range ProxyAnswers {
 		for _, s := range ProxyStores {
 			for _, lapse := range ProxyOnLapse {
-				want := ProxyOutcomes[a]
+				want := ExpectProxy(a, lapse)
 				t.Run(fmt.Sprintf("%s on %s, --on-lapse %s, is %s", a, s, lapse, want), func(t *testing.T) {
 					t.Parallel()
 					runProxyCell(t, a, s, lapse, want)
@@ -72,60 +108,144 @@ func TestProxyCombinations(t *testing.T) {
 
 func runProxyCell(t *testing.T, kind string, s Store, lapse string, want Outcome) {
 	e := openEnv(t, s)
-	up := &upstream{effects: map[string]int{}, stream: kind == ProxyStream}
+	up := &upstream{kind: kind, release: make(chan struct{}), deliveries: map[string]int{}}
 	upSrv := httptest.NewServer(up)
 	t.Cleanup(upSrv.Close)
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(up.release) }) }
+	t.Cleanup(release) // before the upstream closes: a held answer must end
 	u, err := url.Parse(upSrv.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	logs := &lockedBuffer{}
 	p, err := proxy.New(proxy.Config{Upstream: u, Idem: idem.Config{Store: e.store},
-		TakeOverOnLapse: lapse == "take_over", Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		TakeOverOnLapse: lapse == "take_over", MaxStoredBody: 128, UpstreamTimeout: upstreamTimeout,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _, first, retry, conc := sendDuplicates(t, p)
+	var h http.Handler = p
+	if kind == ProxyH2C {
+		// What curl --http2 adds to every http:// request.
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			r.Header.Set("Connection", "Upgrade, HTTP2-Settings")
+			r.Header.Set("Upgrade", "h2c")
+			r.Header.Set("Http2-Settings", "AAMAAABkAARAAAAAAAIAAAAA")
+			p.ServeHTTP(w, r)
+		})
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	client := srv.Client()
+	client.Transport.(*http.Transport).MaxIdleConnsPerHost = duplicates
+	seqKey, concKey, first, retry, conc := sendDuplicatesTo(t, client, srv.URL)
+	all := append([]answer{first, retry}, conc...)
+	keys, total := up.counts()
+	for _, a := range all {
+		if a.replayed && a.status/100 != 2 {
+			t.Fatalf("an answer %v says it was replayed", a)
+		}
+	}
 
 	switch want {
 	case ExactlyOnce:
-		if first.status != http.StatusCreated || first.replayed || retry.body != first.body || !retry.replayed {
-			t.Fatalf("first %v, retry %v; want 201 and its replay", first, retry)
+		if first.status/100 != 2 || first.replayed || retry.body != first.body || !retry.replayed {
+			t.Fatalf("first %v, retry %v; want a success and its replay", first, retry)
 		}
 		wantExactlyOnce(t, "the concurrent duplicates", conc)
-		if n := up.total(); n != 2 {
-			t.Fatalf("the upstream made %d effects for two keys, want 2", n)
+		if keys != 2 || total != 2 {
+			t.Fatalf("the upstream got %d deliveries under %d derived keys for two keys, want 2 and 2", total, keys)
 		}
 		if strings.Contains(logs.String(), "level=ERROR") {
 			t.Fatalf("an error was logged by a combination that holds:\n%s", logs)
 		}
-	case Released:
-		// Every answer that is not an in-flight 409 is an execution of its own.
-		executed := 0
-		seen := map[string]bool{}
-		for _, a := range append([]answer{first, retry}, conc...) {
-			switch {
-			case a.replayed:
-				t.Fatalf("an answer %v says it was replayed: a passed-through response is never stored", a)
-			case a.status == http.StatusOK:
-				if seen[a.body] {
-					t.Fatalf("two answers carry one execution's body %q", a.body)
-				}
-				seen[a.body] = true
-				executed++
-			case a.status == http.StatusConflict && a.code == idem.CodeRequestInProgress:
-			default:
-				t.Fatalf("an answer %v is neither a stream nor 409 request_in_progress", a)
+	case NotStored:
+		if first.status != http.StatusCreated || first.replayed || !strings.Contains(first.body, "padding") && kind == ProxyTooLarge {
+			t.Fatalf("first %v: want the upstream's 201 passed through", first)
+		}
+		if kind == ProxyTrailers && first.trailer.Get("X-Checksum") == "" {
+			t.Fatalf("first %v: its trailer did not reach the client", first)
+		}
+		wantEvery(t, "the repeats", append([]answer{retry}, conc...), http.StatusCreated, idem.CodeResponseNotStored, idem.CodeRequestInProgress)
+		wantOneSuccess(t, conc)
+		if total != 2 {
+			t.Fatalf("the upstream got %d deliveries for two keys, want 2", total)
+		}
+	case AnsweredLater:
+		if first.status != http.StatusGatewayTimeout || first.code != proxy.CodeUpstreamTimeout || first.retryAfter == "" {
+			t.Fatalf("first %v: want 504 upstream_timeout with Retry-After", first)
+		}
+		wantEvery(t, "the repeats", append([]answer{retry}, conc...), http.StatusGatewayTimeout, proxy.CodeUpstreamTimeout, idem.CodeRequestInProgress)
+		release()
+		for _, key := range []string{seqKey, concKey} {
+			later := waitAnswered(t, client, srv.URL, key)
+			if later.status != http.StatusCreated || !later.replayed {
+				t.Fatalf("once the upstream answered: %v, want its 201 replayed", later)
 			}
 		}
-		if first.status != http.StatusOK || retry.status != http.StatusOK {
-			t.Fatalf("first %v, retry %v; want each streamed, the retry run again", first, retry)
+		if keys, total = up.counts(); total != 2 {
+			t.Fatalf("the upstream got %d deliveries for two keys, want 2", total)
 		}
-		if n := up.total(); n != executed {
-			t.Fatalf("the upstream made %d effects for %d streamed answers", n, executed)
+	case Unknown:
+		wantEvery(t, "every answer", all, 0, idem.CodeOutcomeUnknown, idem.CodeRequestInProgress)
+		if first.code != idem.CodeOutcomeUnknown || total != 2 {
+			t.Fatalf("first %v, %d deliveries for two keys: want outcome_unknown and 2", first, total)
 		}
-		if !strings.Contains(logs.String(), "level=WARN") {
-			t.Fatalf("no warning says the key was released:\n%s", logs)
+	case ReForwarded:
+		if first.status != http.StatusBadGateway || first.code != proxy.CodeUpstreamReplyLost || first.retryAfter == "" {
+			t.Fatalf("first %v: want 502 upstream_reply_lost with Retry-After", first)
 		}
+		wantEvery(t, "every answer", all, 0, proxy.CodeUpstreamReplyLost, idem.CodeRequestInProgress)
+		if keys != 2 || total < 3 {
+			t.Fatalf("the upstream got %d deliveries under %d derived keys, want the retries re-forwarded under the two keys' own", total, keys)
+		}
+	default:
+		t.Fatalf("no assertion for %v", want)
+	}
+}
+
+// wantEvery fails unless every answer is a success of status (0: none allowed) or an
+// error with one of codes, with Retry-After on each 409 in flight.
+func wantEvery(t *testing.T, what string, answers []answer, status int, codes ...string) {
+	t.Helper()
+	for _, a := range answers {
+		ok := status != 0 && a.status == status && a.code == ""
+		for _, c := range codes {
+			ok = ok || a.code == c
+		}
+		if !ok {
+			t.Fatalf("%s: an answer %v is not one of %d or %v", what, a, status, codes)
+		}
+		if a.code == idem.CodeRequestInProgress && a.retryAfter == "" {
+			t.Fatalf("%s: a 409 in flight without Retry-After: %v", what, a)
+		}
+	}
+}
+
+// wantOneSuccess fails unless exactly one of answers is a success.
+func wantOneSuccess(t *testing.T, answers []answer) {
+	t.Helper()
+	n := 0
+	for _, a := range answers {
+		if a.status/100 == 2 {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d concurrent duplicates succeeded, want 1: %v", n, answers)
+	}
+}
+
+// waitAnswered sends key's POST until it is not 409 in flight, within 10 s.
+func waitAnswered(t *testing.T, c *http.Client, url, key string) answer {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a := post(t, c, url, key)
+		if a.code != idem.CodeRequestInProgress || time.Now().After(deadline) {
+			return a
+		}
+		time.Sleep(10 * time.Millisecond) // a poll: the answer is stored in the background
 	}
 }

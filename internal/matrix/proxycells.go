@@ -1,0 +1,117 @@
+package matrix
+
+import (
+	"fmt"
+	"strings"
+)
+
+// The outcomes of the proxy's cells that HTTP handlers do not have (SPEC §17): what
+// crossed the network to the upstream decides them. Each keeps one effect per key.
+const (
+	// NotStored: one effect; the first answer is the upstream's, passed through as it
+	// came (trailers included); every repeat gets 409 response_not_stored (or an
+	// in-flight 409), never a replay, never a second execution.
+	NotStored Outcome = 100 + iota
+	// AnsweredLater: the upstream is slower than --upstream-timeout: the first answer
+	// is 504 upstream_timeout with Retry-After, the repeats meanwhile an in-flight 409
+	// with Retry-After, and once the upstream answered, its answer replayed; one
+	// effect.
+	AnsweredLater
+	// Unknown: the request was written and its reply lost (a reset, a body broken
+	// after the status): the first answer and every repeat are 500 outcome_unknown
+	// (or an in-flight 409); one delivery to the upstream, nothing replayed.
+	Unknown
+	// ReForwarded: the same under --on-lapse take_over: the first answer is 502
+	// upstream_reply_lost with Retry-After, and each repeat is forwarded again under
+	// the same derived key (one key at the upstream, which an upstream that
+	// deduplicates by it makes one effect); no answer is a success or a replay.
+	ReForwarded
+)
+
+var proxyMarks = map[Outcome]string{
+	NotStored:     "✓ once, not stored (409 response_not_stored)",
+	AnsweredLater: "✓ once: 504, then the stored answer",
+	Unknown:       "✓ once: outcome_unknown",
+	ReForwarded:   "✓ once per derived key: re-forwarded",
+}
+
+var proxyNames = map[Outcome]string{
+	NotStored:     "once, not stored",
+	AnsweredLater: "once, answered later",
+	Unknown:       "once, outcome unknown",
+	ReForwarded:   "re-forwarded under the same derived key",
+}
+
+// The proxy's axes (SPEC §17): its store, its policy for a holder whose outcome is
+// unknown (--on-lapse) and what the upstream answers.
+var (
+	ProxyStores  = []Store{SQLite, Postgres, "Redis"}
+	ProxyOnLapse = []string{"unknown", "take_over"}
+	ProxyAnswers = []string{ProxyStored, ProxyStream, ProxyH2C, ProxyTooLarge, ProxyTrailers, ProxySlow, ProxyLostReply, ProxyBrokenBody}
+)
+
+// The upstream's answers of the proxy cells.
+const (
+	ProxyStored     = "201, chunked"
+	ProxyStream     = "an event stream"
+	ProxyH2C        = "201 to a request offering h2c"
+	ProxyTooLarge   = "a body over --max-stored-body"
+	ProxyTrailers   = "a body with a trailer"
+	ProxySlow       = "201, slower than --upstream-timeout"
+	ProxyLostReply  = "no reply (the connection closed after the request)"
+	ProxyBrokenBody = "201, its body broken half way"
+)
+
+// ExpectProxy is the outcome of a proxy cell: the upstream's answer under the policy
+// lapse. The store changes nothing.
+func ExpectProxy(answer, lapse string) Outcome {
+	switch answer {
+	case ProxyTooLarge, ProxyTrailers:
+		return NotStored
+	case ProxySlow:
+		return AnsweredLater
+	case ProxyLostReply, ProxyBrokenBody:
+		if lapse == "take_over" {
+			return ReForwarded
+		}
+		return Unknown
+	}
+	return ExactlyOnce
+}
+
+// writeProxyDocument writes the proxy's section of docs/combinations.md.
+func writeProxyDocument(b *strings.Builder) {
+	b.WriteString("\n## idem proxy\n\n| upstream answers | store | --on-lapse unknown | --on-lapse take_over |\n|---|---|---|---|\n")
+	for _, a := range ProxyAnswers {
+		for _, s := range ProxyStores {
+			fmt.Fprintf(b, "| %s | %s |", a, s)
+			for _, lapse := range ProxyOnLapse {
+				fmt.Fprintf(b, " %s |", ExpectProxy(a, lapse).Mark())
+			}
+			b.WriteString("\n")
+		}
+	}
+	b.WriteString(`
+Each proxy cell sends the same requests (a retry and 16 concurrent duplicates) through
+an ` + "`idem proxy`" + ` in process, in front of a Go upstream that counts what it receives by
+the derived key, and holds it to its outcome. Not knowing is not failure: a key is
+released only when the request provably never reached the upstream, so every row keeps
+one effect per key:
+
+- **✓ once, not stored**: the response passes through as it came (trailers included);
+  the repeats get 409 ` + "`response_not_stored`" + `, never a second execution.
+- **✓ once: 504, then the stored answer**: the client gets 504 ` + "`upstream_timeout`" + ` with
+  ` + "`Retry-After`" + `; the proxy waits on and stores the upstream's answer, which the retry
+  gets, replayed.
+- **✓ once: outcome_unknown**: the request reached the upstream and its reply was lost;
+  every answer is 500 ` + "`outcome_unknown`" + ` until an operator resolves the key.
+- **✓ once per derived key: re-forwarded** (` + "`--on-lapse take_over`" + `): the client gets 502
+  ` + "`upstream_reply_lost`" + `; its retry is forwarded again under the same derived key, for the
+  upstream to deduplicate.
+
+An event stream is stored when it ends within --max-stored-body and replayed; an h2c
+upgrade offer is ignored and the request protected. What a proxy killed mid-forward
+leaves under each --on-lapse is tested by killing real proxies (e2e/proxy_test.go,
+e2e/proxy_unknown_test.go; docs/proxy.md).
+`)
+}
