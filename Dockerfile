@@ -11,7 +11,8 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN scripts/build-static /out/idem && mkdir /out/data
+ARG IDEM_COMMIT=""
+RUN IDEM_COMMIT="$IDEM_COMMIT" scripts/build-static /out/idem && mkdir /out/data
 
 # Run stage: distroless/static has CA certificates (for rediss:// and PostgreSQL over
 # TLS), time zones, and a non-root user (65532); no shell, no package manager. It

@@ -20,6 +20,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin"
 	"github.com/idem-go/idem/internal/payments"
+	"github.com/idem-go/idem/internal/proxy"
 )
 
 const keysUsage = `usage: idem keys <command> --store URL [flags]
@@ -139,18 +140,39 @@ func parseKey(raw string) (string, error) {
 }
 
 const keysGetSynopsis = `--store URL (--scope SCOPE | --token TOKEN) --key KEY [--body] [--json]
+       idem keys get --store URL --upstream-key KEY [--scope SCOPE] [--body] [--json]
 
 Shows one record: its state, record id, creation and expiry, the lease of an in-flight
-record, the stored response's status and size, the fingerprint and the recovery point.
-An expired record shows until it is deleted. The response's headers and body show only
-with --body. The lock token never shows.`
+record, the stored response's status and size, the fingerprint, the recovery point, and
+the key that idem proxy derives from the record for the upstream (hex SHA-256(record id
+‖ "upstream")), so that a record can be matched with the upstream's logs. An expired
+record shows until it is deleted. The response's headers and body show only with
+--body. The lock token never shows.
+
+--upstream-key finds the record whose derived key that is, from an upstream's log line:
+it reads the records (of --scope, or of every scope) a page at a time (SQL stores only:
+Redis cannot list its keys).`
 
 func runKeysGet(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newKeysCommand("get", keysGetSynopsis)
-	rawKey := c.fs.String("key", "", "the idempotency `key`, as the client sent it in Idempotency-Key (required)")
+	rawKey := c.fs.String("key", "", "the idempotency `key`, as the client sent it in Idempotency-Key (required, unless --upstream-key)")
+	upstreamKey := c.fs.String("upstream-key", "", "find the record by the `key` idem proxy derived from it for the upstream, instead of --key")
 	body := c.fs.Bool("body", false, "also show the stored response's headers and body")
 	if code, done := parse(c.fs, args, stdout, stderr); done {
 		return code
+	}
+	if *upstreamKey != "" {
+		u, scope, err := c.target(false)
+		if err == nil && *rawKey != "" {
+			err = errors.New("--key and --upstream-key exclude each other")
+		}
+		return c.withStore(ctx, stderr, u, err, func(as admin.Store) int {
+			found, err := findByUpstreamKey(ctx, as, scope, *upstreamKey)
+			if err != nil {
+				return failure(stderr, c.fs.Name(), err)
+			}
+			return c.get(ctx, as, found.Scope, found.Key, *body, stdout, stderr)
+		})
 	}
 	u, scope, err := c.target(true)
 	key := ""
@@ -161,6 +183,31 @@ func runKeysGet(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return c.get(ctx, as, scope, key, *body, stdout, stderr)
 	})
 }
+
+// findByUpstreamKey pages through the records of scope (every scope when "") for the
+// one whose derived upstream key is key.
+func findByUpstreamKey(ctx context.Context, as admin.Store, scope, key string) (*admin.Record, error) {
+	p := admin.RecordListParams{Scope: scope, Limit: admin.MaxListLimit}
+	for {
+		res, err := as.RecordList(ctx, &p)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range res.Records {
+			if upstreamKeyOf(r.ID) == key {
+				return r, nil
+			}
+		}
+		if !res.More || len(res.Records) == 0 {
+			return nil, fmt.Errorf("no record whose upstream key is %q", key)
+		}
+		last := res.Records[len(res.Records)-1]
+		p.AfterScope, p.AfterKey = last.Scope, last.Key
+	}
+}
+
+// upstreamKeyOf is the key idem proxy derives from a record for the upstream.
+func upstreamKeyOf(recordID string) string { return idem.ForeignKey(recordID, proxy.ForeignKeyStep) }
 
 func (c *keysCommand) get(ctx context.Context, as admin.Store, scope, key string, body bool, stdout, stderr io.Writer) int {
 	res, err := as.RecordInspect(ctx, &admin.RecordInspectParams{Scope: scope, Key: key, Body: body})
@@ -487,6 +534,8 @@ type keyRecordJSON struct {
 	ResponseBytes     int        `json:"response_bytes"`
 	Fingerprint       string     `json:"fingerprint"`
 	RecoveryPoint     string     `json:"recovery_point"`
+	// UpstreamKey is the key idem proxy derives from the record for the upstream.
+	UpstreamKey string `json:"upstream_key"`
 	// Unfinished is true for an unfinished operation (SPEC §13), which never expires.
 	Unfinished     bool   `json:"unfinished"`
 	OutcomeUnknown bool   `json:"outcome_unknown"`
@@ -521,7 +570,10 @@ func recordJSON(r *admin.Record, now time.Time, body bool) keyRecordJSON {
 		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, LeaseLive: r.LeaseLive(now),
 		ResponseNotStored: r.NotStored, ResponseBytes: r.BodySize,
 		Fingerprint: fingerprint(r.Fingerprint), RecoveryPoint: r.RecoveryPoint, Unfinished: r.Unfinished(),
-		OutcomeUnknown: r.OutcomeUnknown, Operation: r.Operation,
+		OutcomeUnknown: r.OutcomeUnknown, Operation: r.Operation, UpstreamKey: upstreamKeyOf(r.ID),
+	}
+	if r.OutcomeUnknown {
+		j.State = admin.StateOutcomeUnknown // as the text says, and --state names it
 	}
 	if json.Valid(r.Steps) {
 		j.Steps = r.Steps
@@ -563,6 +615,7 @@ func writeRecord(w io.Writer, r *admin.Record, now time.Time, body bool) {
 	fmt.Fprintf(tw, "key\t%s\n", r.Key)
 	fmt.Fprintf(tw, "state\t%s\n", describeState(r, now))
 	fmt.Fprintf(tw, "record id\t%s\n", r.ID)
+	fmt.Fprintf(tw, "upstream key\t%s (what idem proxy sends the upstream)\n", upstreamKeyOf(r.ID))
 	fmt.Fprintf(tw, "created\t%s\n", showTime(r.CreatedAt, now))
 	if r.Unfinished() {
 		fmt.Fprintf(tw, "expires\tnot while unfinished (created + TTL: %s); a TTL after its completion\n", showTime(r.ExpiresAt, now))

@@ -393,3 +393,36 @@ func TestCursorRoundTrips(t *testing.T) {
 		}
 	}
 }
+
+// keys get names the key idem proxy derives from a record for the upstream, finds a
+// record by it (--upstream-key), and its JSON says an outcome-unknown record's state as
+// the text does.
+func TestKeysGetShowsAndFindsTheUpstreamKey(t *testing.T) {
+	t.Parallel()
+	for _, s := range keysStores {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			url := s.url(t)
+			unknownFixture(t, url)
+			want := idem.ForeignKey("rec-key-lost", "upstream")
+			a := []string{"--store", url, "--token", "tok_a"}
+			out, _ := mustRun(t, exitOK, append([]string{"keys", "get", "--key", "key-lost"}, a...)...)
+			if !strings.Contains(out, "upstream key  "+want) {
+				t.Errorf("keys get says\n%s\nwant the upstream key %s", out, want)
+			}
+			out, _ = mustRun(t, exitOK, append([]string{"keys", "get", "--key", "key-lost", "--json"}, a...)...)
+			var rec keyRecordJSON
+			if err := json.Unmarshal([]byte(out), &rec); err != nil || rec.UpstreamKey != want || rec.State != "outcome_unknown" {
+				t.Errorf("keys get --json: %+v %v, want upstream_key %s and state outcome_unknown", rec, err, want)
+			}
+			if strings.HasPrefix(url, "redis") {
+				return // Redis cannot list its keys
+			}
+			out, _ = mustRun(t, exitOK, "keys", "get", "--store", url, "--upstream-key", want)
+			if !strings.Contains(out, "key-lost") {
+				t.Errorf("keys get --upstream-key says\n%s\nwant key-lost", out)
+			}
+			mustRun(t, exitFailure, "keys", "get", "--store", url, "--upstream-key", "nope")
+		})
+	}
+}

@@ -19,9 +19,13 @@ func runVersion(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
+// buildCommit is the commit a build without the checkout's VCS information was made
+// from (scripts/build-static sets it with -X, from IDEM_COMMIT in a Docker build).
+var buildCommit string
+
 // versionLine is "idem VERSION [COMMIT[-dirty]] GOVERSION".
 func versionLine() string {
-	version, commit, dirty := "(unknown)", "", false
+	version, commit, dirty := "(unknown)", buildCommit, false
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		version = bi.Main.Version
 		for _, s := range bi.Settings {

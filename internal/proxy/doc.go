@@ -8,19 +8,25 @@
 //
 //   - which requests are protected: by default POST and PATCH that carry a key
 //     (Config.Methods); a key is mandatory on the routes of Config.RequireKey
-//     (ServeMux patterns such as "POST /v1/charges"); every other request, and every
-//     protocol upgrade (WebSocket), is forwarded untouched, claiming nothing;
+//     (ServeMux patterns such as "POST /v1/charges", matched on the path's common
+//     variants too); every other request, and a WebSocket upgrade, is forwarded
+//     untouched, claiming nothing (an h2c upgrade offer is ignored);
 //   - the scope: the hex SHA-256 of a request header (Config.ScopeHeader,
-//     Authorization by default), so that no token is stored or logged;
+//     Authorization by default) or of one cookie (Config.ScopeCookie), so that no
+//     token is stored or logged;
 //   - the derived key: a protected request reaches the upstream with
 //     Idempotency-Key (Config.UpstreamKeyHeader) = hex SHA-256(record id ‖ "upstream"),
-//     the foreign key of SPEC §13, the same for every holder of the record, so that an
-//     upstream that deduplicates by key makes a takeover after a crash safe;
-//   - responses that cannot be stored whole (an event stream, a body over
-//     Config.MaxStoredBody, trailers) pass through as they come and release the key
-//     (logged at warn level): they are never half stored;
-//   - the upstream's failures: 502 upstream_unavailable and 504 upstream_timeout, which
-//     release the key like every 5xx.
+//     the foreign key of SPEC §13, the same for every forward of the record, so that
+//     an upstream that deduplicates by key makes every repeat the proxy cannot rule
+//     out safe;
+//   - what crossed the network (exchange.go): a key is released only when the request
+//     provably never reached the upstream (502); a slow upstream's client gets 504
+//     while the proxy waits on and stores the answer (idem.AnswerNow); a reply lost
+//     after the request was written keeps the record (Handle.SetOutcomeUnknown);
+//     responses that cannot be stored whole pass through and are never run again
+//     (response_not_stored), event streams are stored when they end within the limit
+//     (idem.TeeStream);
+//   - bounds in total: the request bodies held at once (budget.go).
 //
 // docs/proxy.md shows the sidecar setup and the table of what each upstream answer, and
 // a proxy that dies mid-forward, leads to.
