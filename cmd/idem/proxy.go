@@ -23,7 +23,7 @@ const proxySynopsis = `--upstream URL [--addr 127.0.0.1:8081] [--store URL]
                   [--max-stored-body 1048576] [--stored-header NAME]...
                   [--scope-cookie NAME] [--route 'METHOD PATTERN']...
                   [--upstream-timeout 60s] [--upstream-wait-limit 10m]
-                  [--max-buffered-bodies 67108864] [--health-path /healthz]
+                  [--max-buffered-bodies 67108864] [--access-log] [--health-path /healthz]
                   [--metrics-addr ADDR] ...
 
 Serves as a reverse proxy in front of an HTTP API written in any language, and gives it
@@ -90,6 +90,7 @@ type proxyFlags struct {
 	upstreamTimeout, upstreamIdleTimeout      time.Duration
 	upstreamWaitLimit                         time.Duration
 	healthPath, upstreamHealthPath            string
+	accessLog                                 bool
 }
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -117,6 +118,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&f.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "how long a client waits for the upstream's response headers: past it the client gets 504 upstream_timeout with Retry-After, and a protected request's exchange goes on (its record in flight) until the upstream answers, whose answer is stored for the retry, or --upstream-wait-limit passes")
 	fs.DurationVar(&f.upstreamWaitLimit, "upstream-wait-limit", proxy.DefaultUpstreamWaitLimit, "bound on a protected request's whole exchange with the upstream, its wait past --upstream-timeout included: past it the outcome is unknown (--on-lapse says what a retry gets)")
 	fs.DurationVar(&f.upstreamIdleTimeout, "upstream-idle-timeout", proxy.DefaultUpstreamIdleTimeout, "how long an idle connection to the upstream is kept; keep it below the upstream's keep-alive timeout (Node.js: 5s)")
+	fs.BoolVar(&f.accessLog, "access-log", false, "log one line per request at info level: method, route, status, outcome (forwarded, replayed, answered, not_sent, outcome_unknown, upstream_timeout), duration, bytes and the key's short hash")
 	fs.StringVar(&f.healthPath, "health-path", "/healthz", "`path` the proxy answers itself on GET and HEAD: 200 when the store answers (and the upstream, with --upstream-health-path), 503 otherwise ('' forwards every path)")
 	fs.StringVar(&f.upstreamHealthPath, "upstream-health-path", "", "`path` of the upstream that --health-path also GETs, wanting 2xx or 3xx (default: the upstream is not checked)")
 	if code, done := parse(fs, args, stdout, stderr); done {
@@ -237,7 +239,7 @@ func (f *proxyFlags) validate() (storeURL, proxy.Config, error) {
 		UpstreamKeyHeader: f.upstreamKeyHeader, OmitUpstreamKey: f.upstreamKeyHeader == "",
 		TakeOverOnLapse: idem.LapsePolicy(f.onLapse) == idem.LapseTakeOver,
 		MaxStoredBody:   f.maxStoredBody, UpstreamTimeout: f.upstreamTimeout, UpstreamIdleTimeout: f.upstreamIdleTimeout,
-		HealthPath: f.healthPath, UpstreamHealthPath: f.upstreamHealthPath,
+		HealthPath: f.healthPath, UpstreamHealthPath: f.upstreamHealthPath, AccessLog: f.accessLog,
 	}
 	if f.keyHeader == "" {
 		return store, cfg, errors.New("--key-header must not be empty")

@@ -156,6 +156,7 @@ func (x *exchange) headerTimeout() {
 	}
 	x.early = true
 	x.p.upstreamFailedHook(x, "timeout")
+	note(x.r.Context(), x, "upstream_timeout")
 	x.p.logger.WarnContext(x.r.Context(), "idem proxy: the upstream did not answer within the upstream timeout; the client got 504, and the proxy waits on for the answer to store it",
 		x.attrs(slog.Duration("upstream_timeout", x.p.upstreamTimeout), slog.Duration("wait_limit", x.p.waitLimit))...)
 	if x.p.closing.Load() {
@@ -184,6 +185,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	x.mu.Unlock()
 	x.timer.Stop()
 	p.observeUpstream(x, resp.StatusCode)
+	note(x.r.Context(), x, "forwarded")
 	if x.h == nil {
 		return nil
 	}
@@ -277,6 +279,7 @@ func (x *exchange) recoverBrokenBody() {
 		panic(v)
 	}
 	x.h.SetOutcomeUnknown()
+	note(x.r.Context(), x, "outcome_unknown")
 	x.p.logger.WarnContext(x.r.Context(), "idem proxy: the upstream's body broke after its status; the outcome is unknown and the record is kept",
 		x.attrs(slog.Int("status", x.status), slog.Any("error", x.bodyErr), slog.String("on_lapse", x.p.onLapse.String()))...)
 	if x.streaming && !x.waitingInBackground() {

@@ -189,6 +189,12 @@ type Config struct {
 	// metrics. Defaults to nil.
 	Hooks *Hooks
 
+	// AccessLog logs one line per request at info level to Logger (never summarised):
+	// method, route, status, outcome (forwarded, replayed, answered by idem, not_sent,
+	// outcome_unknown, upstream_timeout), duration, bytes and the key's short hash.
+	// Defaults to false.
+	AccessLog bool
+
 	// HealthPath, when set, is a path the proxy answers itself on GET and HEAD instead
 	// of forwarding it: 200 when the store answers (and the upstream, with
 	// UpstreamHealthPath), 503 otherwise, within [DefaultHealthTimeout]. Defaults to ""
@@ -241,6 +247,7 @@ type Proxy struct {
 	scopeCookie       string
 	hooks             Hooks
 	budget            bodyBudget
+	access            *slog.Logger // the access log; nil without AccessLog
 	healthPath        string
 	upstreamHealth    string
 	logger            *slog.Logger
@@ -287,6 +294,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if p.logger == nil {
 		p.logger = slog.Default()
+	}
+	if cfg.AccessLog {
+		p.access = p.logger
 	}
 	// A failing upstream fails every request alike: one line and a count per interval,
 	// as the middleware's own lines.
@@ -582,6 +592,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ignoreUpgradeOffer(r)
 	h, route := p.route(r)
+	if p.access != nil {
+		p.logAccess(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(h, route, w, r) }), w, r, route)
+		return
+	}
+	p.serve(h, route, w, r)
+}
+
+// serve serves r through h, its route's handler, bounding the bodies of protected
+// requests.
+func (p *Proxy) serve(h http.Handler, route string, w http.ResponseWriter, r *http.Request) {
 	switch {
 	case route == routeUpgrade:
 		if len(r.Header[p.keyHeader]) > 0 {
@@ -803,6 +823,7 @@ func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error
 		}
 		if x != nil {
 			p.upstreamFailedHook(x, outcome)
+			note(r.Context(), x, outcome)
 		}
 		p.logger.Log(r.Context(), level, "idem proxy: the upstream exchange failed", "method", r.Method, "path", r.URL.Path,
 			"status", status, "sent", outcome != "not_sent", "error", err)
@@ -811,6 +832,7 @@ func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error
 	}
 	x.h.SetOutcomeUnknown()
 	p.upstreamFailedHook(x, "unknown")
+	note(r.Context(), x, "outcome_unknown")
 	cause := context.Cause(r.Context())
 	if cause == nil || errors.Is(cause, context.Canceled) {
 		cause = err

@@ -1043,3 +1043,36 @@ func TestNewRefusesABadConfigNamingTheField(t *testing.T) {
 		}
 	}
 }
+
+// With AccessLog every request gets one info line: its route, status, outcome and the
+// key's short hash, never the key or a token.
+func TestTheAccessLogSaysWhatHappenedToEachRequest(t *testing.T) {
+	t.Parallel()
+	logs := &testkit.Buffer{}
+	b := setup(t, func(c *proxy.Config) {
+		c.AccessLog, c.Routes = true, []string{"POST /v1/echo"}
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	b.send("POST", "/v1/echo", key1, "tok_a", `{}`)
+	b.send("POST", "/v1/echo", key1, "tok_a", `{}`)
+	b.send("POST", "/v1/echo", key1, "tok_a", `{"other":1}`)
+	b.send("GET", "/v1/echo", "", "tok_a", "")
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	want := []string{
+		`route="POST /v1/echo" status=201 outcome=forwarded`,
+		`route="POST /v1/echo" status=201 outcome=replayed`,
+		`route="POST /v1/echo" status=409 outcome=answered`,
+		`route=passthrough status=201 outcome=forwarded`,
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("%d access lines, want %d:\n%s", len(lines), len(want), logs)
+	}
+	for i, w := range want {
+		if !strings.Contains(lines[i], w) || (i < 3 && !strings.Contains(lines[i], "key_hash=")) {
+			t.Errorf("line %d:\n%s\nwant %s and the key's hash", i+1, lines[i], w)
+		}
+	}
+	if strings.Contains(logs.String(), key1) || strings.Contains(logs.String(), "tok_a") {
+		t.Fatalf("a key or a token reached the access log:\n%s", logs)
+	}
+}
