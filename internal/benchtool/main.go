@@ -12,6 +12,7 @@
 //	benchtool chart   --minimal M --scale S --out chart.svg  # the chart of a scripts/bench run
 //	benchtool report  --minimal M --scale S --cleanup C      # its Markdown
 //	benchtool wal     [--paths /plain,/respond,…]            # what each WAL record of a request is
+//	benchtool holdbodies --url URL --pid PID [--conns 1000]  # RSS of a server holding keyed bodies
 //
 // Each subcommand has -h.
 package main
@@ -32,16 +33,17 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cmds := map[string]func(context.Context, []string) error{
-		"serve":   runServe,
-		"prepare": runPrepare,
-		"minimal": runMinimal,
-		"load":    runLoad,
-		"fill":    runFill,
-		"scale":   runScale,
-		"cleanup": runCleanup,
-		"chart":   runChart,
-		"report":  runReport,
-		"wal":     runWAL,
+		"serve":      runServe,
+		"prepare":    runPrepare,
+		"minimal":    runMinimal,
+		"load":       runLoad,
+		"fill":       runFill,
+		"scale":      runScale,
+		"cleanup":    runCleanup,
+		"chart":      runChart,
+		"report":     runReport,
+		"wal":        runWAL,
+		"holdbodies": runHoldBodies,
 	}
 	run, ok := cmds[os.Args[1]]
 	if !ok {
@@ -55,5 +57,5 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: benchtool serve|prepare|load|minimal|fill|scale|cleanup|chart|report|wal [flags] (-h for each)")
+	fmt.Fprintln(os.Stderr, "usage: benchtool serve|prepare|load|minimal|fill|scale|cleanup|chart|report|wal|holdbodies [flags] (-h for each)")
 }
