@@ -205,3 +205,21 @@ func TestProxyKilledWhileWaitingPastTheUpstreamTimeoutNeverRunsTheRequestTwice(t
 		up.wantCounts("after the kill and the retries", 1, 1)
 	})
 }
+
+// idem check passes idem proxy in front of a naive upstream (one that knows nothing of
+// keys): every check the proxy is answerable for, on SQLite and PostgreSQL.
+func TestIdemCheckPassesTheProxyInFrontOfANaiveUpstream(t *testing.T) {
+	t.Parallel()
+	for _, kind := range sqlStores {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			up := startUpstream(t, langNode)
+			px := startProxy(t, up, "--store", newStore(t, kind), "--require-key", "POST /v1/charges")
+			res := mustRunIdem(t, "check", "--url", px.URL()+"/v1/charges", "--body", `{"amount": 2000, "currency": "usd"}`,
+				"--header", "Authorization: Bearer sk_test_check_a", "--as-other", "Authorization: Bearer sk_test_check_b")
+			if strings.Contains(res.stdout+res.stderr, "FAIL") {
+				t.Fatalf("idem check reports a failure:\n%s%s", res.stdout, res.stderr)
+			}
+		})
+	}
+}
