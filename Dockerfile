@@ -11,8 +11,10 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-ARG IDEM_COMMIT=""
-RUN IDEM_COMMIT="$IDEM_COMMIT" scripts/build-static /out/idem && mkdir /out/data
+ARG BUILD_COMMIT=""
+# BUILD_COMMIT (a build argument is in the environment of RUN) names the commit in
+# `idem version`: the build context has no .git.
+RUN scripts/build-static /out/idem && mkdir /out/data
 
 # Run stage: distroless/static has CA certificates (for rediss:// and PostgreSQL over
 # TLS), time zones, and a non-root user (65532); no shell, no package manager. It

@@ -20,7 +20,7 @@ func runVersion(args []string, stdout, stderr io.Writer) int {
 }
 
 // buildCommit is the commit a build without the checkout's VCS information was made
-// from (scripts/build-static sets it with -X, from IDEM_COMMIT in a Docker build).
+// from (scripts/build-static sets it with -X, from BUILD_COMMIT in a Docker build).
 var buildCommit string
 
 // versionLine is "idem VERSION [COMMIT[-dirty]] GOVERSION".
