@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -24,14 +25,22 @@ var addrAttr = regexp.MustCompile(`msg="idem payments listening" addr=(127\.0\.0
 // SQLite file until t ends, and returns its base URL.
 func servePayments(t *testing.T, args ...string) string {
 	t.Helper()
+	return serveCommand(t, addrAttr, append([]string{"payments"}, args...)...)
+}
+
+// serveCommand runs `idem args… --addr 127.0.0.1:0 --store sqlite:…` in-process until
+// t ends, and returns the base URL that its start line says, found by start's first
+// group.
+func serveCommand(t *testing.T, start *regexp.Regexp, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(testenv.Context(t))
 	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	lines, exit := startPayments(ctx, append([]string{"--addr", "127.0.0.1:0", "--store", store}, args...)...)
+	lines, exit := startCommand(ctx, append(args, "--addr", "127.0.0.1:0", "--store", store)...)
 	if !lines.Scan() {
 		cancel()
-		t.Fatalf("idem payments wrote no start line; exit %d", <-exit)
+		t.Fatalf("idem %s wrote no start line; exit %d", args[0], <-exit)
 	}
-	m := addrAttr.FindStringSubmatch(lines.Text())
+	m := start.FindStringSubmatch(lines.Text())
 	rest := restOfLines(lines)
 	t.Cleanup(func() {
 		cancel()
@@ -217,5 +226,64 @@ func TestCheckHelpDocumentsEveryFlagAndCheck(t *testing.T) {
 		if !strings.Contains(stdout, s) {
 			t.Errorf("idem check --help does not mention %q", s)
 		}
+	}
+}
+
+// chargesUpstream is a charges API without any key support of its own: POST
+// /v1/charges makes a charge (201 with Location; 400 for a body that is not one), GET
+// /v1/charges lists the caller's.
+func chargesUpstream(t *testing.T) string {
+	var (
+		mu      sync.Mutex
+		n       int
+		charges = map[string][]json.RawMessage{}
+	)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		who := r.Header.Get("Authorization")
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.URL.Path != "/v1/charges":
+			http.Error(w, `{"error":{"code":"not_found"}}`, http.StatusNotFound)
+		case r.Method == http.MethodGet:
+			mu.Lock()
+			list, _ := json.Marshal(charges[who])
+			mu.Unlock()
+			_, _ = w.Write(list)
+		case r.Method != http.MethodPost:
+			http.Error(w, `{"error":{"code":"method_not_allowed"}}`, http.StatusMethodNotAllowed)
+		default:
+			var p struct {
+				Amount   int    `json:"amount"`
+				Currency string `json:"currency"`
+			}
+			if json.NewDecoder(r.Body).Decode(&p) != nil || p.Amount <= 0 || len(p.Currency) != 3 {
+				http.Error(w, `{"error":{"code":"parameter_invalid"}}`, http.StatusBadRequest)
+				return
+			}
+			mu.Lock()
+			n++
+			c, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("ch_%d", n), "amount": p.Amount, "currency": p.Currency})
+			charges[who] = append(charges[who], c)
+			mu.Unlock()
+			w.Header().Set("Location", fmt.Sprintf("/v1/charges/ch_%d", n))
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write(c)
+		}
+	}))
+	t.Cleanup(up.Close)
+	return up.URL
+}
+
+// idem proxy in front of an API without key support passes every check (restart
+// is skipped: no --between), in the checker's default rounds of real bursts.
+func TestCheckPassesAgainstIdemProxy(t *testing.T) {
+	t.Parallel()
+	base := serveCommand(t, proxyListeningLine, "proxy", "--upstream", chargesUpstream(t), "--require-key", "POST /v1/charges")
+	code, stdout, stderr := runCmd(t, checkArgs(base)...)
+	if code != exitOK || stderr != "" {
+		t.Fatalf("exit %d, stderr %q; want 0:\n%s", code, stderr, stdout)
+	}
+	if n := strings.Count(stdout, "\n  PASS  "); n != len(check.Checks())-1 || !strings.Contains(stdout, "\n  SKIP  restart ") {
+		t.Errorf("%d checks passed, want %d and restart skipped:\n%s", n, len(check.Checks())-1, stdout)
 	}
 }

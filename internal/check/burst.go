@@ -1,6 +1,8 @@
 package check
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -8,29 +10,30 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"time"
 )
 
-// burst sends rs at once: it opens a connection for each request first (a TCP
-// connection, and the TLS session of an https URL), then releases them together, so
-// that the requests reach the server within a few microseconds of each other and
-// none begins with a handshake. Go's transport dials lazily, so N requests started at
-// once through one client arrive spread over their connects; a check-then-insert race
-// then goes unseen most of the time. A request whose connection cannot be opened is
-// sent through the configuration's client instead (a proxy, say). It returns the
+// burst sends rs at once, as closely together as a client can: it opens a connection
+// for each request first (a TCP connection, and the TLS session of an https URL),
+// writes all of each request but its last byte, and then releases the last bytes
+// together, so that every request is complete at the server within microseconds of
+// the others and none begins with a handshake. (Go's transport dials lazily: N
+// requests started at once through one client arrive spread over their connects, and
+// a check-then-insert race goes unseen most of the time.) A request that cannot be
+// sent that way (its connection cannot be opened, or a proxy is configured) is sent
+// through the configuration's client once the others are released. It returns the
 // exchanges in the order of rs.
 func (e *env) burst(ctx context.Context, rs []request) []*Exchange {
 	xs := make([]*Exchange, len(rs))
+	held := make([]*heldRequest, len(rs))
 	reqs := make([]*http.Request, len(rs))
 	var wg sync.WaitGroup
 	for i, r := range rs {
 		wg.Go(func() {
 			x, req := e.newRequest(ctx, r)
 			xs[i], reqs[i] = x, req
-			if req == nil {
-				return
-			}
-			if c, err := e.preopened(ctx, req.URL); err == nil {
-				rs[i].client = c
+			if req != nil {
+				held[i], _ = e.hold(ctx, req)
 			}
 		})
 	}
@@ -42,69 +45,100 @@ func (e *env) burst(ctx context.Context, rs []request) []*Exchange {
 		}
 		wg.Go(func() {
 			<-start
-			e.do(xs[i], reqs[i], rs[i].client)
+			if held[i] == nil {
+				e.do(xs[i], reqs[i], nil)
+				return
+			}
+			e.requests.Add(1)
+			t := time.Now()
+			resp, err := held[i].release()
+			e.answer(xs[i], t, resp, err)
+			held[i].conn.Close()
 		})
 	}
 	close(start)
 	wg.Wait()
-	for _, r := range rs {
-		if r.client != nil {
-			r.client.CloseIdleConnections()
-		}
-	}
 	return xs
 }
 
-// errUsed is the dial error of a pre-opened connection asked for a second time.
-var errUsed = errors.New("idem check: the pre-opened connection was used already")
+// heldRequest is a request written to its own connection but for its last byte.
+type heldRequest struct {
+	req  *http.Request
+	conn net.Conn
+	last []byte
+}
 
-// preopened returns a client of one request over a connection to u opened now.
-func (e *env) preopened(ctx context.Context, u *url.URL) (*http.Client, error) {
-	if t, ok := e.cfg.Client.Transport.(*http.Transport); ok && t.Proxy != nil {
-		if p, err := t.Proxy(&http.Request{URL: u}); err != nil || p != nil {
-			return nil, errors.New("through a proxy")
+// release writes the last byte and reads the answer.
+func (h *heldRequest) release() (*http.Response, error) {
+	if _, err := h.conn.Write(h.last); err != nil {
+		return nil, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(h.conn), h.req)
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// errProxy says that the burst's requests go through a proxy, which they cannot hold.
+var errProxy = errors.New("through a proxy")
+
+// hold opens a connection to req's server and writes all of req but its last byte.
+func (e *env) hold(ctx context.Context, req *http.Request) (*heldRequest, error) {
+	u := req.URL
+	t, _ := e.cfg.Client.Transport.(*http.Transport)
+	if t == nil {
+		return nil, errProxy // a client of the caller's: send through it
+	}
+	if t.Proxy != nil {
+		if p, err := t.Proxy(req); err != nil || p != nil {
+			return nil, errProxy
 		}
 	}
+	conn, err := dial(ctx, t, u, e.cfg.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	// The answer is read until the connection closes, within the timeout.
+	_ = conn.SetDeadline(time.Now().Add(e.cfg.Timeout))
+	req.Close = true
+	var b bytes.Buffer
+	if err := req.Write(&b); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	wire := b.Bytes()
+	if _, err := conn.Write(wire[:len(wire)-1]); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return &heldRequest{req: req, conn: conn, last: wire[len(wire)-1:]}, nil
+}
+
+// dial opens a connection to u's host, with its TLS session for https (HTTP/1.1,
+// the transport's TLS configuration).
+func dial(ctx context.Context, t *http.Transport, u *url.URL, timeout time.Duration) (net.Conn, error) {
 	host := u.Host
 	if u.Port() == "" {
 		host = net.JoinHostPort(u.Hostname(), map[string]string{"http": "80", "https": "443"}[u.Scheme])
 	}
-	d := net.Dialer{Timeout: e.cfg.Timeout}
+	d := net.Dialer{Timeout: timeout}
 	conn, err := d.DialContext(ctx, "tcp", host)
-	if err != nil {
+	if err != nil || u.Scheme != "https" {
+		return conn, err
+	}
+	cfg := &tls.Config{}
+	if t.TLSClientConfig != nil {
+		cfg = t.TLSClientConfig.Clone()
+	}
+	if cfg.ServerName == "" {
+		cfg.ServerName = u.Hostname()
+	}
+	cfg.NextProtos = []string{"http/1.1"}
+	tc := tls.Client(conn, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		conn.Close()
 		return nil, err
 	}
-	if u.Scheme == "https" {
-		cfg := &tls.Config{}
-		if t, ok := e.cfg.Client.Transport.(*http.Transport); ok && t.TLSClientConfig != nil {
-			cfg = t.TLSClientConfig.Clone()
-		}
-		cfg.ServerName = u.Hostname()
-		cfg.NextProtos = []string{"http/1.1"}
-		tc := tls.Client(conn, cfg)
-		if err := tc.HandshakeContext(ctx); err != nil {
-			conn.Close()
-			return nil, err
-		}
-		conn = tc
-	}
-	var mu sync.Mutex
-	take := func(context.Context, string, string) (net.Conn, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if conn == nil {
-			return nil, errUsed
-		}
-		c := conn
-		conn = nil
-		return c, nil
-	}
-	return &http.Client{
-		Transport: &http.Transport{
-			DialContext: take, DialTLSContext: take,
-			DisableCompression: true, MaxIdleConnsPerHost: 1,
-		},
-		Timeout:       e.cfg.Timeout,
-		CheckRedirect: e.cfg.Client.CheckRedirect,
-	}, nil
+	return tc, nil
 }

@@ -88,9 +88,6 @@ type request struct {
 	instance int
 	// url, when set, replaces the instance's URL (another path or query).
 	url string
-	// client, when set, sends the request instead of the configuration's (a burst's
-	// pre-opened connection).
-	client *http.Client
 	// wrote, when set, is called once the request is written.
 	wrote func()
 }
@@ -165,7 +162,7 @@ func (e *env) send(ctx context.Context, r request) *Exchange {
 	if req == nil {
 		return x
 	}
-	return e.do(x, req, r.client)
+	return e.do(x, req, nil)
 }
 
 // newRequest returns r's exchange and its HTTP request, or a nil request and the
@@ -214,6 +211,11 @@ func (e *env) do(x *Exchange, req *http.Request, c *http.Client) *Exchange {
 	e.requests.Add(1)
 	start := time.Now()
 	resp, err := c.Do(req)
+	return e.answer(x, start, resp, err)
+}
+
+// answer fills in x with resp, read to its end and closed, or with err.
+func (e *env) answer(x *Exchange, start time.Time, resp *http.Response, err error) *Exchange {
 	if err != nil {
 		x.Elapsed = Millis(time.Since(start))
 		x.Error = oneLine(secret.RedactURLError(err).Error())

@@ -1,0 +1,287 @@
+package check_test
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/internal/check"
+	"github.com/idem-go/idem/internal/testenv"
+)
+
+// The third-party libraries of testdata/node, pinned in its package.json and
+// package-lock.json: .ci/run installs them with npm ci.
+const nodeDir = "testdata/node"
+
+// needNode skips t, or fails it under CI=true, unless node and the packages of
+// testdata/node are installed.
+func needNode(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		testenv.Unavailable(t, "node is not on PATH, needed for the third-party libraries of %s: %v", nodeDir, err)
+	}
+	for _, pkg := range []string{"express", "express-idempotency", "express-idempotency-redis-adapter"} {
+		if _, err := os.Stat(filepath.Join(nodeDir, "node_modules", pkg, "package.json")); err != nil {
+			testenv.Unavailable(t, "the npm package %s is not installed: run (cd internal/check/%s && npm ci)", pkg, nodeDir)
+		}
+	}
+}
+
+// expressServer starts testdata/node/server.js with args until t ends and returns its
+// charges endpoint's URL.
+func expressServer(t *testing.T, args ...string) string {
+	t.Helper()
+	needNode(t)
+	return startServer(t, "node", append([]string{nodeDir + "/server.js", "--port", "0"}, args...)...)
+}
+
+// redisArgs are the arguments of server.js for its Redis adapter on the test Redis.
+func redisArgs(t *testing.T) []string {
+	return []string{"--store", "redis", "--redis", testenv.RedisURL(t)}
+}
+
+// wantSays fails t unless the check named name has status s and its summary says
+// each of says.
+func wantSays(t *testing.T, rep *check.Report, name string, s check.Status, says ...string) {
+	t.Helper()
+	c := result(t, rep, name)
+	if c.Status != s {
+		t.Errorf("%s: %s (%s), want %s", name, c.Status, c.Summary, s)
+	}
+	for _, w := range says {
+		if !strings.Contains(c.Summary, w) {
+			t.Errorf("%s: %q does not say %q", name, c.Summary, w)
+		}
+	}
+}
+
+// The defects of express-idempotency 1.0.6 (dist/services/idempotencyService.js), in
+// memory, mounted as its README says (app.post('*', idempotency())), that a black box
+// shows, each found by its check in every run:
+//   - a replay carries only Content-Type (buildIdempotencyResponse's headerWhitelist):
+//     the 201's Location is lost (replay fails);
+//   - a key is looked up by itself (findByIdempotencyKey(idempotencyKey)): another
+//     principal's request with it gets the first principal's charge (per-principal
+//     fails);
+//   - a duplicate in flight gets 409 through next(err), Express's HTML error page,
+//     without Retry-After (concurrent-duplicates warns: the in-memory adapter's
+//     find-then-create runs in one turn of the event loop, so one charge is made);
+//   - a changed body is 417 Expectation Failed, an HTML page (changed-body warns,
+//     naming 417 and the page's text);
+//   - a request without a key, or with an empty one, runs (bad-keys warns: keys are
+//     optional).
+func TestExpressIdempotencyInMemory(t *testing.T) {
+	t.Parallel()
+	rep := run(t, config(expressServer(t)))
+	want(t, rep, map[string]check.Status{
+		"replay": check.StatusFail, "per-principal": check.StatusFail,
+		"concurrent-duplicates": check.StatusWarn, "changed-body": check.StatusWarn, "bad-keys": check.StatusWarn,
+	})
+	wantSays(t, rep, "replay", check.StatusFail, `the retry got Location "" where the first answer had "/v1/charges/ch_`)
+	wantSays(t, rep, "per-principal", check.StatusFail, "the other principal got the first principal's response")
+	wantSays(t, rep, "concurrent-duplicates", check.StatusWarn, "in-flight 409s had no Retry-After", "409 Error: A previous request is still in progress for this key.")
+	wantSays(t, rep, "changed-body", check.StatusWarn, "refused, with 417 Error: Misuse of the idempotency key. Please check your request., where profile seed answers 409")
+	wantSays(t, rep, "bad-keys", check.StatusWarn, "missing 201 (keys are optional)")
+	if rep.ExitStatus != 1 {
+		t.Errorf("exit status %d, want 1", rep.ExitStatus)
+	}
+}
+
+// express-idempotency-redis-adapter 1.0.8 (src/index.ts), mounted as its README says
+// (app.use(idempotency({ dataAdapter }))), adds three defects a black box shows:
+//   - create is a plain SET after the middleware's GET, no SET NX: duplicates sent at
+//     once all find nothing and all run (concurrent-duplicates fails, ten runs in a
+//     row);
+//   - app.use puts GETs under the middleware too: a GET with a key is stored and
+//     replayed, so after a write it answers the stale list (safe-methods fails);
+//   - the in-flight record is written with the adapter's TTL (a day) and only a
+//     response replaces it: a server killed mid-request leaves the key in flight, and
+//     every retry gets 409 (restart fails; TestExpressIdempotencyOnRedisLeavesAKeyStuck).
+func TestExpressIdempotencyOnRedis(t *testing.T) {
+	t.Parallel()
+	url := expressServer(t, redisArgs(t)...)
+	rep := run(t, config(url))
+	want(t, rep, map[string]check.Status{
+		"replay": check.StatusFail, "per-principal": check.StatusFail, "concurrent-duplicates": check.StatusFail,
+		"safe-methods": check.StatusFail, "changed-body": check.StatusWarn, "bad-keys": check.StatusWarn,
+	})
+	wantSays(t, rep, "safe-methods", check.StatusFail, "keyed GETs are answered from a cache")
+	wantSays(t, rep, "concurrent-duplicates", check.StatusFail, "the duplicates ran more than once")
+	// The race, nine more times in a row.
+	for i := range 9 {
+		cfg := config(url)
+		cfg.Checks = []*check.Check{check.ConcurrencyCheck}
+		rep := run(t, cfg)
+		if c := result(t, rep, "concurrent-duplicates"); c.Status != check.StatusFail {
+			t.Errorf("run %d of 10: concurrent-duplicates %s (%s), want fail", i+2, c.Status, c.Summary)
+		}
+	}
+}
+
+// Two processes of the in-memory express-idempotency, as two replicas behind no
+// balancer: each keeps its own keys, so a retry on the other instance runs again
+// (replay fails) and each instance runs its share of a burst (concurrent-duplicates
+// fails, naming the instances).
+func TestExpressIdempotencyOnTwoInstances(t *testing.T) {
+	t.Parallel()
+	cfg := config(expressServer(t))
+	cfg.Instances = []string{expressServer(t)}
+	rep := run(t, cfg)
+	wantSays(t, rep, "replay", check.StatusFail, "the retry on instance 2 got another resource")
+	wantSays(t, rep, "concurrent-duplicates", check.StatusFail, "3 of 3 rounds ran duplicates", "instance 1: 1 × 201", "instance 2: 1 × 201")
+	if rep.Hint != "" {
+		t.Errorf("hint %q: the first instance replays, so the key is not ignored", rep.Hint)
+	}
+	for _, x := range result(t, rep, "concurrent-duplicates").Evidence {
+		if x.Instance != 1 && x.Instance != 2 {
+			t.Fatalf("%s: instance %d, want 1 or 2", x.Label, x.Instance)
+		}
+	}
+}
+
+// A server killed in the middle of a request and started again: with the Redis
+// adapter the key stays in flight (every retry 409) and restart fails; with the
+// in-memory adapter the restart forgets the key and its retry runs, which passes.
+func TestExpressIdempotencyOnRedisLeavesAKeyStuck(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		args   []string
+		status check.Status
+		says   string
+	}{
+		{"redis", redisArgs(t), check.StatusFail, "the key is still in flight"},
+		{"memory", nil, check.StatusPass, "after --between its retry got 201"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			needNode(t)
+			// The charge takes 2 s: the kill lands while it runs, and a retry that
+			// runs it again ends within the timeout.
+			url, between := superviseServer(t, "node", append([]string{nodeDir + "/server.js", "--work", "2000"}, c.args...)...)
+			cfg := config(url)
+			cfg.Between = between
+			cfg.Timeout = 5 * time.Second
+			cfg.Checks = []*check.Check{check.RestartCheck}
+			rep := run(t, cfg)
+			wantSays(t, rep, "restart", c.status, c.says)
+			if c.status == check.StatusFail && !rep.Failed() {
+				t.Error("the report did not fail")
+			}
+		})
+	}
+}
+
+// superviseServer runs program with args and --port until t ends, starting it again
+// on the same port whenever it dies, and returns its charges endpoint's URL and a
+// --between command that kills it (SIGKILL) and returns once the new process
+// listens.
+func superviseServer(t *testing.T, program string, args ...string) (url, between string) {
+	t.Helper()
+	path, err := exec.LookPath(program)
+	if err != nil {
+		testenv.Unavailable(t, "%s is not on PATH: %v", program, err)
+	}
+	dir := t.TempDir()
+	pidFile, upFIFO := filepath.Join(dir, "pid"), filepath.Join(dir, "up")
+	if err := syscall.Mkfifo(upFIFO, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu       sync.Mutex
+		cur      *exec.Cmd
+		stopping bool
+	)
+	// start runs one process and returns the address it listens on and a channel
+	// closed when it exits.
+	start := func(port string) (string, chan struct{}) {
+		cmd := exec.Command(path, append(append([]string{}, args...), "--port", port)...)
+		// An os.Pipe, not StdoutPipe: Wait must not close what the scanner reads.
+		stdout, w, err := os.Pipe()
+		if err != nil {
+			t.Error(err)
+			return "", nil
+		}
+		cmd.Stdout = w
+		err = cmd.Start()
+		w.Close()
+		if err != nil {
+			stdout.Close()
+			t.Error(err)
+			return "", nil
+		}
+		exited := make(chan struct{})
+		go func() {
+			_ = cmd.Wait()
+			close(exited)
+		}()
+		mu.Lock()
+		cur = cmd
+		mu.Unlock()
+		if err := os.WriteFile(pidFile, []byte(fmt.Sprint(cmd.Process.Pid)), 0o600); err != nil {
+			t.Error(err)
+		}
+		sc := bufio.NewScanner(stdout)
+		if !sc.Scan() {
+			t.Errorf("%s %v said nothing", program, args)
+			return "", exited
+		}
+		go func() {
+			defer stdout.Close()
+			for sc.Scan() {
+			}
+		}()
+		addr, ok := strings.CutPrefix(sc.Text(), "listening on ")
+		if !ok {
+			t.Errorf("%s %v printed %q", program, args, sc.Text())
+		}
+		return addr, exited
+	}
+	addr, exited := start("0")
+	if addr == "" {
+		t.FailNow()
+	}
+	_, port, _ := strings.Cut(addr, ":")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			<-exited
+			mu.Lock()
+			stop := stopping
+			mu.Unlock()
+			if stop {
+				return
+			}
+			if _, exited = start(port); exited == nil {
+				return
+			}
+			// Tell the --between command that the new process listens (the open
+			// waits for the command's read, or for the cleanup's).
+			if f, err := os.OpenFile(upFIFO, os.O_WRONLY, 0); err == nil {
+				fmt.Fprintln(f, "up")
+				f.Close()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		stopping = true
+		c := cur
+		mu.Unlock()
+		_ = c.Process.Kill()
+		// Unblock a supervisor waiting to say "up" to no command.
+		if f, err := os.OpenFile(upFIFO, os.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
+			defer f.Close()
+		}
+		<-done
+	})
+	return "http://" + addr + "/v1/charges", fmt.Sprintf(`kill -KILL "$(cat %s)" && read -r _ < %s`, pidFile, upFIFO)
+}
