@@ -89,6 +89,8 @@ func TestHandWrittenServersFailExactlyTheCheckOfTheirDefect(t *testing.T) {
 		{"keys-on-get", "safe-methods", check.StatusFail, "GET with a fresh key got 200, without a key 400 key_required", nil},
 		{"optional-keys", "bad-keys", check.StatusWarn, "missing 201 (keys are optional)", nil},
 		{"no-retry-after", "concurrent-duplicates", check.StatusWarn, "in-flight 409s had no Retry-After (§5.2)", nil},
+		{"key-not-bound", "other-request", check.StatusFail, "another path (/v1/charges/idem-check) got the first answer (201, ch_", nil},
+		{"caches-get", "safe-methods", check.StatusFail, "keyed GETs are answered from a cache", nil},
 	} {
 		t.Run(c.bug, func(t *testing.T) {
 			t.Parallel()
