@@ -301,7 +301,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	for _, c := range cfg.Checks {
 		var r Result
 		if e.naive != "" {
-			r = skip(nil, "not run: %s", e.naive)
+			r = skip(nil, "not run: the endpoint ran a retry again as a new request (see the hint)")
 		} else {
 			r = c.run(ctx, e)
 		}

@@ -285,3 +285,66 @@ func superviseServer(t *testing.T, program string, args ...string) (url, between
 	})
 	return "http://" + addr + "/v1/charges", fmt.Sprintf(`kill -KILL "$(cat %s)" && read -r _ < %s`, pidFile, upFIFO)
 }
+
+// fiberServer builds testdata/fiber (its own module: Fiber v3.1.0's idempotency
+// middleware) with the go command and serves it until t ends; it returns its charges
+// endpoint's URL.
+func fiberServer(t *testing.T) string {
+	t.Helper()
+	if testing.Short() && !testenv.CI() {
+		t.Skip("-short: testdata/fiber builds Fiber")
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		testenv.Unavailable(t, "the go command is not on PATH, needed to build testdata/fiber: %v", err)
+	}
+	exe := filepath.Join(t.TempDir(), "fiber")
+	build := exec.Command(goBin, "build", "-o", exe, ".")
+	build.Dir = "testdata/fiber"
+	build.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("(cd internal/check/testdata/fiber && go build) failed: %v\n%s", err, out)
+	}
+	return startServer(t, exe, "-addr", "127.0.0.1:0")
+}
+
+// Fiber v3.1.0's idempotency middleware (middleware/idempotency/idempotency.go),
+// mounted as its documentation says (app.Use(idempotency.New())), reads
+// X-Idempotency-Key: checked with the default Idempotency-Key, it looks as if it
+// ignored keys, and the checker stops after the replay check with a hint instead of
+// creating dozens of charges. With --key-header X-Idempotency-Key, its defects, each
+// found by its check:
+//   - the stored response is looked up by the key alone (maybeWriteCachedResponse(c,
+//     key)): a changed body gets the first answer (changed-body fails), so do DELETE,
+//     another path and another query (other-request fails), and another principal
+//     (per-principal fails);
+//   - a handler's 400 returned with a nil error is stored like any response: the key
+//     then replays the 400 to a valid body (errors-not-stored fails);
+//   - a key of another length than 36 is KeyHeaderValidate's error, which Fiber
+//     answers 500 (bad-keys fails), and a request without a key runs.
+//
+// Its lock makes one charge of a burst and replays it to the others: concurrent-
+// duplicates passes, and replay and safe-methods too.
+func TestFiberIdempotencyMiddleware(t *testing.T) {
+	t.Parallel()
+	url := fiberServer(t)
+
+	rep := run(t, config(url))
+	wantSays(t, rep, "replay", check.StatusFail, "the request ran twice")
+	if !strings.Contains(rep.Hint, "is --key-header Idempotency-Key the header it reads?") || rep.Counts[check.StatusSkip] != len(check.Checks())-1 || rep.Created != 2 {
+		t.Errorf("with Idempotency-Key: hint %q, counts %v, created %d; want the hint, every other check skipped, 2 created", rep.Hint, rep.Counts, rep.Created)
+	}
+
+	cfg := config(url)
+	cfg.KeyHeader = "X-Idempotency-Key"
+	rep = run(t, cfg)
+	want(t, rep, map[string]check.Status{
+		"changed-body": check.StatusFail, "other-request": check.StatusFail, "per-principal": check.StatusFail,
+		"errors-not-stored": check.StatusFail, "bad-keys": check.StatusFail,
+	})
+	wantSays(t, rep, "changed-body", check.StatusFail, "the changed body got the first answer")
+	wantSays(t, rep, "other-request", check.StatusFail, "another method (DELETE) got the first answer (201, ch_")
+	wantSays(t, rep, "errors-not-stored", check.StatusFail, "the key replays its rejection (400 parameter_invalid) to a valid body")
+	wantSays(t, rep, "bad-keys", check.StatusFail, "256 characters 500 invalid idempotency key")
+	wantSays(t, rep, "per-principal", check.StatusFail, "keys are not scoped per principal")
+}
