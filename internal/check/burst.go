@@ -38,25 +38,36 @@ func (e *env) burst(ctx context.Context, rs []request) []*Exchange {
 		})
 	}
 	wg.Wait()
-	start := make(chan struct{})
+	// One goroutine writes every last byte, in a loop of one write per connection:
+	// goroutines of their own would be scheduled over the machine's cores one after
+	// another, and the server would see the first request alone.
+	start := time.Now()
+	written := make([]error, len(rs))
+	for i, h := range held {
+		if h != nil {
+			e.requests.Add(1)
+			_, written[i] = h.conn.Write(h.last)
+		}
+	}
 	for i := range rs {
 		if reqs[i] == nil {
 			continue
 		}
 		wg.Go(func() {
-			<-start
-			if held[i] == nil {
+			h := held[i]
+			if h == nil {
 				e.do(xs[i], reqs[i], nil)
 				return
 			}
-			e.requests.Add(1)
-			t := time.Now()
-			resp, err := held[i].release()
-			e.answer(xs[i], t, resp, err)
-			held[i].conn.Close()
+			defer h.conn.Close()
+			if written[i] != nil {
+				e.answer(xs[i], start, nil, written[i])
+				return
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(h.conn), h.req)
+			e.answer(xs[i], start, resp, err)
 		})
 	}
-	close(start)
 	wg.Wait()
 	return xs
 }
@@ -66,18 +77,6 @@ type heldRequest struct {
 	req  *http.Request
 	conn net.Conn
 	last []byte
-}
-
-// release writes the last byte and reads the answer.
-func (h *heldRequest) release() (*http.Response, error) {
-	if _, err := h.conn.Write(h.last); err != nil {
-		return nil, err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(h.conn), h.req)
-	if err != nil {
-		return nil, err
-	}
-	return resp, nil
 }
 
 // errProxy says that the burst's requests go through a proxy, which they cannot hold.

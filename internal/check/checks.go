@@ -149,6 +149,10 @@ func runConcurrency(ctx context.Context, e *env) Result {
 	if len(e.urls) > 1 {
 		where = fmt.Sprintf(" across %d instances", len(e.urls))
 	}
+	if worst != nil {
+		// The failed round's exchanges first: the text report shows the first few.
+		ev = slices.Concat(worst.exchanges, slices.DeleteFunc(slices.Clone(ev), func(x *Exchange) bool { return slices.Contains(worst.exchanges, x) }))
+	}
 	var r Result
 	switch {
 	case dup > 0:
@@ -393,7 +397,7 @@ func runOtherRequest(ctx context.Context, e *env) Result {
 	var res Result
 	switch {
 	case len(fails) > 0:
-		res = fail(ev, "%s: the key is not bound to the method, path and query; %s", strings.Join(fails, "; "), strings.Join(notes, "; "))
+		res = fail(ev, "%s: the key is not bound to the method, path and query", strings.Join(append(fails, notes...), "; "))
 	case slices.ContainsFunc(notes, func(n string) bool { return strings.Contains(n, "cannot be told") }):
 		res = warn(ev, "%s", strings.Join(notes, "; "))
 	default:

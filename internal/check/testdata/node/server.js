@@ -5,7 +5,8 @@
 //
 //   node server.js [--port 0] [--store memory|redis] [--redis URL] [--work MS]
 //
-// It prints "listening on 127.0.0.1:PORT" once it accepts connections.
+// It prints "listening on 127.0.0.1:PORT" once it accepts connections, and "handling
+// KEY" when the handler of a charge with that Idempotency-Key starts.
 //
 // --store memory mounts the middleware as express-idempotency's README does:
 // app.post('*', idempotency.idempotency()), its in-memory data adapter. --store redis
@@ -52,6 +53,9 @@ async function main() {
     if (idempotency.getSharedIdempotencyService().isHit(req)) {
       return;
     }
+    // The middleware has claimed the key: a test that kills the server mid-request
+    // waits for this line (stdout is synchronous on a pipe).
+    console.log("handling " + (req.get("idempotency-key") || ""));
     const who = principal(req);
     if (!who) {
       return res.status(401).json({ error: { code: "unauthenticated" } });
