@@ -135,7 +135,9 @@ type Config struct {
 	Between string
 	// Profile says which answers count as right. Defaults to [ProfileSeed].
 	Profile Profile
-	// Timeout bounds each request. Defaults to [DefaultTimeout].
+	// Timeout bounds each request, and the retries of a key in flight; the restart
+	// check waits that long for a final answer after Between, so it must exceed the
+	// server's lease. Defaults to [DefaultTimeout].
 	Timeout time.Duration
 	// Client sends the requests. Defaults to a client that keeps Concurrency
 	// connections, follows no redirect and asks for no compression, with Timeout.

@@ -768,6 +768,10 @@ var RestartCheck = &Check{
 	run:  runRestart,
 }
 
+// hookMethod is the Method of the --between command's exchange, whose URL is the
+// command.
+const hookMethod = "sh -c"
+
 // hookOutput is how much of the --between command's output the evidence keeps.
 const hookOutput = 2 << 10
 
@@ -827,7 +831,7 @@ func runRestart(ctx context.Context, e *env) Result {
 // (the first request's key) in its environment, and returns it as an exchange of the
 // evidence: its output in the answer's body, its failure as the error.
 func (e *env) runHook(ctx context.Context, key string) *Exchange {
-	x := &Exchange{Label: "--between", Request: SentRequest{Method: "sh -c", URL: e.cfg.Between}}
+	x := &Exchange{Label: "--between", Request: SentRequest{Method: hookMethod, URL: e.cfg.Between}}
 	ctx, cancel := context.WithTimeout(ctx, max(e.cfg.Timeout, time.Minute))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "sh", "-c", e.cfg.Between)

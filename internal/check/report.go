@@ -144,6 +144,18 @@ func (r *Report) WriteText(w io.Writer) error {
 // URL, the key and the body) and the answer.
 func writeExchange(w io.Writer, x *Exchange, keyHeader string) {
 	req := x.Request
+	if req.Method == hookMethod {
+		outcome := "exit status 0"
+		if x.Error != "" {
+			outcome = x.Error
+		}
+		out := ""
+		if x.Response != nil && x.Response.Body != "" {
+			out = "  " + cut(x.Response.Body, textBody)
+		}
+		fmt.Fprintf(w, "  %s\n    $ %s\n    ← %s%s  (%s)\n", x.Label, req.URL, outcome, out, x.Elapsed)
+		return
+	}
 	line := "    → " + req.Method + " " + req.URL
 	if keys, ok := req.Header[keyHeader]; ok {
 		for _, k := range keys {
