@@ -8,6 +8,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -444,5 +446,48 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) || errors.Is(err, check.ErrUnusable) {
 			t.Errorf("Run(%+v): %v, want an error naming %q", c.cfg, err, c.want)
 		}
+	}
+}
+
+// A burst over https opens its TLS sessions itself, with the client's TLS
+// configuration (here the test server's certificate): every duplicate is answered,
+// each on a connection of its own. (The test server's client speaks HTTP/2, which
+// would carry a burst sent through it on one connection.)
+func TestABurstOpensItsOwnTLSSessions(t *testing.T) {
+	t.Parallel()
+	var (
+		mu    sync.Mutex
+		conns int
+	)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%q}`, r.Header.Get("Idempotency-Key"))
+	}))
+	srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			conns++
+			mu.Unlock()
+		}
+	}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	cfg := config(srv.URL + "/v1/charges")
+	cfg.Client = srv.Client()
+	cfg.Rounds = 2
+	cfg.Checks = []*check.Check{check.ConcurrencyCheck}
+	rep := run(t, cfg)
+	c := result(t, rep, "concurrent-duplicates")
+	for _, x := range c.Evidence {
+		if x.Response == nil || x.Response.Status != http.StatusCreated {
+			t.Fatalf("%s: %s", x.Label, x.Outcome())
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := 2 * check.DefaultConcurrency; conns < want || c.Status != check.StatusPass {
+		t.Errorf("%d TLS connections, concurrent-duplicates %s (%s); want at least %d (one per duplicate) and a pass", conns, c.Status, c.Summary, want)
 	}
 }

@@ -192,6 +192,10 @@ func (e *env) newRequest(ctx context.Context, r request) (*Exchange, *http.Reque
 		x.Error = err.Error()
 		return x, nil
 	}
+	// Go's transport sends a request with a body it can rebuild and an
+	// Idempotency-Key again, on a new connection, when a reused one fails: the
+	// checker must send each of its requests once, and count what it sent.
+	req.GetBody = nil
 	req.Header = e.header(r.other)
 	if r.body != nil && req.Header.Get("Content-Type") == "" {
 		req.Header.Set("Content-Type", contentType(r.body))
