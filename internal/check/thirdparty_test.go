@@ -2,6 +2,7 @@ package check_test
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -148,6 +149,14 @@ func TestExpressIdempotencyOnTwoInstances(t *testing.T) {
 		if x.Instance != 1 && x.Instance != 2 {
 			t.Fatalf("%s: instance %d, want 1 or 2", x.Label, x.Instance)
 		}
+	}
+	// The reports say which instance answered.
+	var text, page strings.Builder
+	if err := errors.Join(rep.WriteText(&text), rep.WriteHTML(&page)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "(instance 2)\n") || !strings.Contains(page.String(), "(instance 2, ") || !strings.Contains(page.String(), "instances: "+cfg.URL+", "+cfg.Instances[0]) {
+		t.Errorf("the reports do not name the instances:\n%s", text.String())
 	}
 }
 
