@@ -491,3 +491,49 @@ func TestABurstOpensItsOwnTLSSessions(t *testing.T) {
 		t.Errorf("%d TLS connections, concurrent-duplicates %s (%s); want at least %d (one per duplicate) and a pass", conns, c.Status, c.Summary, want)
 	}
 }
+
+// An endpoint that never replays (here it refuses every retry of a used key, as if
+// the first request were still running) makes a fresh execution prove nothing:
+// errors-not-stored and per-principal are skipped with that reason, not passed.
+func TestChecksThatWouldPassVacuouslyAreSkipped(t *testing.T) {
+	t.Parallel()
+	var (
+		mu   sync.Mutex
+		seen = map[string]bool{}
+		n    int
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method != http.MethodPost {
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		if !strings.Contains(string(b), "amount") {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		k := r.Header.Get("Authorization") + " " + r.Header.Get("Idempotency-Key")
+		if seen[k] {
+			w.WriteHeader(http.StatusConflict)
+			return
+		}
+		seen[k] = true
+		n++
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":"ch_%d"}`, n)
+	}))
+	t.Cleanup(srv.Close)
+	cfg := config(srv.URL + "/v1/charges")
+	cfg.Checks = []*check.Check{check.ReplayCheck, check.ErrorsNotStoredCheck, check.PerPrincipalCheck}
+	rep := run(t, cfg)
+	wantSays(t, rep, "replay", check.StatusFail, "the retry got 409 where the first request got 201")
+	for _, name := range []string{"errors-not-stored", "per-principal"} {
+		wantSays(t, rep, name, check.StatusSkip, "the endpoint did not replay the retry of the replay check", "proves nothing")
+	}
+	if rep.Hint != "" {
+		t.Errorf("hint %q: the retry did not run again", rep.Hint)
+	}
+}
