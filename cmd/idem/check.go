@@ -103,7 +103,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&f.between, "between", "", "a shell `COMMAND` the restart check runs after its first request is written and before the retry: a restart or a kill of the server, returning once it answers again (without it that check is skipped)")
 	fs.StringVar(&f.profile, "profile", string(check.ProfileSeed), "the `profile` whose answers count as right: seed (409 key_reused, 409 request_in_progress with Retry-After), ietf (422 for a changed body, 409 in flight) or stripe (400 idempotency_error for a changed body, 409 in flight)")
 	fs.Var(&f.other, "as-other", "a header of a second principal, `'Name: value'`, replacing the --header of that name in the per-principal check; repeat it for more (without it that check is skipped)")
-	fs.DurationVar(&f.timeout, "timeout", check.DefaultTimeout, "bound of one request (and of the retries of an in-flight answer)")
+	fs.DurationVar(&f.timeout, "timeout", check.DefaultTimeout, "bound of one request, and of the retries of an in-flight answer (restart: of the wait for a final answer after --between; set it above the server's lease)")
 	fs.BoolVar(&f.json, "json", false, "write the report as JSON on stdout (the table goes to stderr)")
 	fs.StringVar(&f.html, "html", "", "also write the report as a self-contained HTML page to `FILE`, each check's evidence collapsible")
 	if code, done := parse(fs, args, stdout, stderr); done {
