@@ -28,7 +28,7 @@ func needNode(t *testing.T) {
 	if _, err := exec.LookPath("node"); err != nil {
 		testenv.Unavailable(t, "node is not on PATH, needed for the third-party libraries of %s: %v", nodeDir, err)
 	}
-	for _, pkg := range []string{"express", "express-idempotency", "express-idempotency-redis-adapter"} {
+	for _, pkg := range []string{"express", "express-idempotency", "express-idempotency-redis-adapter", "@nestjs/core", "@node-idempotency/nestjs"} {
 		if _, err := os.Stat(filepath.Join(nodeDir, "node_modules", pkg, "package.json")); err != nil {
 			testenv.Unavailable(t, "the npm package %s is not installed: run (cd internal/check/%s && npm ci)", pkg, nodeDir)
 		}
@@ -41,6 +41,13 @@ func expressServer(t *testing.T, args ...string) string {
 	t.Helper()
 	needNode(t)
 	return startServer(t, "node", append([]string{nodeDir + "/server.js", "--port", "0"}, args...)...)
+}
+
+// nestServer starts testdata/node/nest.js as expressServer does server.js.
+func nestServer(t *testing.T, args ...string) string {
+	t.Helper()
+	needNode(t)
+	return startServer(t, "node", append([]string{nodeDir + "/nest.js", "--port", "0"}, args...)...)
 }
 
 // redisArgs are the arguments of server.js for its Redis adapter on the test Redis.
@@ -104,7 +111,7 @@ func TestExpressIdempotencyInMemory(t *testing.T) {
 //     replayed, so after a write it answers the stale list (safe-methods fails);
 //   - the in-flight record is written with the adapter's TTL (a day) and only a
 //     response replaces it: a server killed mid-request leaves the key in flight, and
-//     every retry gets 409 (restart fails; TestExpressIdempotencyOnRedisLeavesAKeyStuck).
+//     every retry gets 409 (restart fails; TestNodeLibrariesOnRedisLeaveAKeyStuck).
 func TestExpressIdempotencyOnRedis(t *testing.T) {
 	t.Parallel()
 	url := expressServer(t, redisArgs(t)...)
@@ -160,26 +167,30 @@ func TestExpressIdempotencyOnTwoInstances(t *testing.T) {
 	}
 }
 
-// A server killed in the middle of a request and started again: with the Redis
-// adapter the key stays in flight (every retry 409) and restart fails; with the
-// in-memory adapter the restart forgets the key and its retry runs, which passes.
-func TestExpressIdempotencyOnRedisLeavesAKeyStuck(t *testing.T) {
+// A server killed in the middle of a request and started again: on Redis both
+// libraries leave the key in flight, express-idempotency's adapter for its TTL of a
+// day and @node-idempotency's for cacheTTLMS, a day too (every retry 409): restart
+// fails. In memory the restart forgets the key and its retry runs, which passes.
+func TestNodeLibrariesOnRedisLeaveAKeyStuck(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		name   string
+		script string
 		args   func(*testing.T) []string
 		status check.Status
 		says   string
 	}{
-		{"redis", redisArgs, check.StatusFail, "the key is still in flight"},
-		{"memory", func(*testing.T) []string { return nil }, check.StatusPass, "after --between its retry got 201"},
+		{"express-idempotency/redis", "server.js", redisArgs, check.StatusFail, "the key is still in flight"},
+		{"express-idempotency/memory", "server.js", func(*testing.T) []string { return nil }, check.StatusPass, "after --between its retry got 201"},
+		{"node-idempotency/redis", "nest.js", redisArgs, check.StatusFail, "the key is still in flight"},
+		{"node-idempotency/memory", "nest.js", func(*testing.T) []string { return nil }, check.StatusPass, "after --between its retry got 201"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			needNode(t)
 			// The charge takes 2 s: the kill lands while it runs, and a retry that
 			// runs it again ends within the timeout.
-			url, between := superviseServer(t, "node", append([]string{nodeDir + "/server.js", "--work", "2000"}, c.args(t)...)...)
+			url, between := superviseServer(t, "node", append([]string{nodeDir + "/" + c.script, "--work", "2000"}, c.args(t)...)...)
 			cfg := config(url)
 			cfg.Between = between
 			cfg.Timeout = 5 * time.Second
@@ -191,6 +202,40 @@ func TestExpressIdempotencyOnRedisLeavesAKeyStuck(t *testing.T) {
 			}
 		})
 	}
+}
+
+// @node-idempotency/nestjs 1.0.4 (dist/interceptors/node-idempotency.iterceptor.js)
+// with @node-idempotency/core 1.0.7, mounted as its README says (@Idempotent() on
+// the controller), claims keys atomically (setIfNotExists) under method, URL and key,
+// so concurrent-duplicates and other-request pass. What a black box shows:
+//   - a replay carries only the headers of shared's headers2Cache: the 201's
+//     Location is lost (replay fails);
+//   - the key is not scoped per principal (per-principal fails);
+//   - an error response is stored like a success (catchError calls onResponse): a
+//     400 binds the key to the rejected body, and the valid body then gets 422
+//     (errors-not-stored fails);
+//   - @Idempotent() on the controller covers its GET: a GET with a used key is a
+//     replay (safe-methods fails);
+//   - a changed body is 422 (changed-body warns in the seed profile, passes in ietf);
+//   - keys are optional (bad-keys warns).
+func TestNodeIdempotencyNestjs(t *testing.T) {
+	t.Parallel()
+	url := nestServer(t)
+	rep := run(t, config(url))
+	want(t, rep, map[string]check.Status{
+		"replay": check.StatusFail, "per-principal": check.StatusFail, "errors-not-stored": check.StatusFail,
+		"safe-methods": check.StatusFail, "changed-body": check.StatusWarn, "bad-keys": check.StatusWarn,
+	})
+	wantSays(t, rep, "replay", check.StatusFail, `the retry got Location "" where the first answer had "/v1/charges/ch_`)
+	wantSays(t, rep, "per-principal", check.StatusFail, "keys are not scoped per principal")
+	wantSays(t, rep, "errors-not-stored", check.StatusFail, "--body-invalid got 400 parameter_invalid, then --body got 422")
+	wantSays(t, rep, "safe-methods", check.StatusFail, "GET with the same key again was answered as a replay")
+	wantSays(t, rep, "changed-body", check.StatusWarn, "refused, with 422", "--profile ietf")
+
+	cfg := config(url)
+	cfg.Profile = check.ProfileIETF
+	cfg.Checks = []*check.Check{check.ChangedBodyCheck}
+	wantSays(t, run(t, cfg), "changed-body", check.StatusPass, "the first body still gets its first answer")
 }
 
 // superviseServer runs program with args and --port until t ends, starting it again
