@@ -17,14 +17,7 @@ const { Module, Controller, Post, Get, HttpCode, Body, Req, Res, Header, HttpExc
 const { NestFactory } = require("@nestjs/core");
 const { NodeIdempotencyModule, Idempotent } = require("@node-idempotency/nestjs");
 
-const args = process.argv.slice(2);
-function arg(name, def) {
-  const i = args.indexOf("--" + name);
-  return i >= 0 && i + 1 < args.length ? args[i + 1] : def;
-}
-const port = Number(arg("port", "0"));
-const store = arg("store", "memory");
-const work = Number(arg("work", "100"));
+const { port, store, redis, work } = require("./flags");
 
 const charges = new Map();
 const principal = (req) => {
@@ -65,7 +58,7 @@ Reflect.decorate([Controller("v1/charges"), Idempotent()], ChargesController);
 
 class AppModule {}
 const storage = store === "redis"
-  ? { adapter: "redis", options: { url: arg("redis", "redis://127.0.0.1:6379") } }
+  ? { adapter: "redis", options: { url: redis } }
   : { adapter: "memory" };
 Reflect.decorate([Module({ imports: [NodeIdempotencyModule.forRootAsync({ storage })], controllers: [ChargesController] })], AppModule);
 

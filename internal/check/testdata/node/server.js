@@ -22,21 +22,14 @@ const crypto = require("node:crypto");
 const express = require("express");
 const idempotency = require("express-idempotency");
 
-const args = process.argv.slice(2);
-function arg(name, def) {
-  const i = args.indexOf("--" + name);
-  return i >= 0 && i + 1 < args.length ? args[i + 1] : def;
-}
-const port = Number(arg("port", "0"));
-const store = arg("store", "memory");
-const work = Number(arg("work", "100"));
+const { port, store, redis, work } = require("./flags");
 
 async function main() {
   const app = express();
   app.use(express.json());
   if (store === "redis") {
     const RedisAdapter = require("express-idempotency-redis-adapter").default;
-    const adapter = new RedisAdapter({ connectionConfig: { url: arg("redis", "redis://127.0.0.1:6379") } });
+    const adapter = new RedisAdapter({ connectionConfig: { url: redis } });
     await adapter.connect();
     app.use(idempotency.idempotency({ dataAdapter: adapter }));
   } else {
