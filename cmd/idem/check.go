@@ -13,62 +13,85 @@ import (
 	"github.com/idem-go/idem/internal/check"
 )
 
-const checkSynopsis = `--url URL --body BODY [--method POST] [--header 'Name: value']...
+const checkSynopsis = `--url URL [--url URL]... --body BODY [--method POST] [--header 'Name: value']...
                   [--body-alt BODY] [--body-invalid BODY] [--key-header Idempotency-Key]
-                  [--concurrency 16] [--profile seed|ietf|stripe]
-                  [--as-other 'Name: value']... [--timeout 10s] [--json] [--html FILE]
+                  [--concurrency 16] [--rounds 3] [--profile seed|ietf|stripe]
+                  [--as-other 'Name: value']... [--between 'COMMAND'] [--timeout 10s]
+                  [--json] [--html FILE]
 
 Checks from outside one endpoint's Idempotency-Key support against docs/spec.md, the
 seed's rules and the IETF draft (SPEC §18), and prints one line per check:
 
   replay                 a retry with the same key and body gets the first answer
-                         again: the same status, Content-Type and body
-  concurrent-duplicates  --concurrency requests with one key sent at once create one
-                         resource (2xx answers with identical bodies or ids); the
-                         others get an in-flight answer (409, or 429/503 per
-                         profile) or the replay
+                         again, on every --url: the same status, body bytes and
+                         stored headers (Content-Type, Location)
+  concurrent-duplicates  --rounds bursts of --concurrency requests with one fresh key
+                         each, every connection (and TLS session) opened before the
+                         requests are released together, spread over the --url
+                         instances: each burst creates one resource (2xx answers
+                         with identical bodies or ids); the others get an in-flight
+                         answer (409, or 429/503 per profile) or the replay
   changed-body           the same key with --body-alt is refused (409 seed, 422 ietf,
                          400 stripe), never answered with the first response, and the
                          first body still gets its first answer
+  other-request          the used key with another method (DELETE), path (URL path
+                         + /idem-check) or query (idem-check=other) is refused or
+                         runs as a new request, never answered with the first response
   errors-not-stored      --body-invalid is rejected, then --body with the same key
                          succeeds: a rejection is not stored
   bad-keys               a missing, empty, 256-character or malformed key (a list, two
                          fields) is refused with 400, or keys are reported optional
   per-principal          with --as-other, another principal using the same key never
                          gets the first principal's response
-  safe-methods           a GET of the URL with a key is answered as one without
+  safe-methods           a GET of the URL with a key is answered as one without, and,
+                         after a write, a GET with a used key sees it as one without
+                         does (a stale body is a cache)
+  restart                with --between, a request with a fresh key is sent, COMMAND
+                         runs once it is written (sh -c: restart or kill the server,
+                         returning once it is back), then the retry of that key must
+                         get a final answer within --timeout, not stay in flight
 
-Each line is PASS, WARN (keys optional, a 409 without Retry-After, keys shared across
-principals), FAIL or SKIP (GET not served, no --as-other), with what decided it; the
-rule and the requests and answers of each FAIL and WARN follow the table (--json and
---html show the evidence of every check). Every key sent is a fresh UUID v4. The check
-creates only the resources it needs (3 against a correct endpoint, 4 with --as-other)
-and says how many it created: point it at a test or staging environment.
+Verdicts: PASS, the rule held. WARN, nothing was lost or leaked but a client should
+know (keys optional, a 409 without Retry-After, keys shared across principals, a
+refusal with another status than the profile's: "refused, with 417"). FAIL, the rule
+was broken; the summary and the evidence show how. SKIP, the check could not judge,
+with the reason: GET not served, no --as-other, no --between, or an endpoint that
+replays nothing (errors-not-stored and per-principal then prove nothing). When the
+retry of the replay check runs again as a new request, the endpoint looks as if it
+ignored the key: every later check is skipped, before it creates dozens of resources,
+with a hint to check --key-header. The rule and the requests and answers of each FAIL
+and WARN follow the table (--json and --html show the evidence of every check, and
+which --url answered each request). Every key sent is a fresh UUID v4. The check
+creates only the resources it needs and says how many it created (against a correct
+endpoint: the first request's, one per round, one each for errors-not-stored,
+safe-methods' write, per-principal and restart when they run): point it at a test or
+staging environment.
 
 A body given as @FILE is read from FILE. A body without a Content-Type header is sent
 as application/json when it is JSON, else as a form. Header values are redacted in the
 reports but for Content-Type and Accept (an Authorization value keeps its scheme and a
-short hash).
+short hash); an HTML body is summarised by its title and first text.
 
 Exit status: 0 when no check fails, 1 when one fails, 2 on a bad flag or when the
 endpoint cannot be checked (no answer, or --body with a fresh key is not answered
-2xx).`
+2xx). --json's report carries the counts of each verdict and this exit status.`
 
 // checkFlags are the flags of `idem check`.
 type checkFlags struct {
-	url, method, body, bodyAlt, bodyInvalid string
-	keyHeader, profile, html                string
-	header, other                           headerFlag
-	concurrency                             int
-	timeout                                 time.Duration
-	json                                    bool
+	method, body, bodyAlt, bodyInvalid string
+	keyHeader, profile, html, between  string
+	urls                               urlsFlag
+	header, other                      headerFlag
+	concurrency, rounds                int
+	timeout                            time.Duration
+	json                               bool
 }
 
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const name = "idem check"
 	var f checkFlags
 	fs := newFlagSet("check", checkSynopsis)
-	fs.StringVar(&f.url, "url", "", "the endpoint's `URL`, such as http://127.0.0.1:8080/v1/charges (required)")
+	fs.Var(&f.urls, "url", "the endpoint's `URL`, such as http://127.0.0.1:8080/v1/charges (required); repeat it for other instances of the same endpoint (replicas, another port): bursts and retries are spread across them")
 	fs.StringVar(&f.method, "method", check.DefaultMethod, "the endpoint's `METHOD`: POST, PATCH, PUT or DELETE (not a safe method)")
 	fs.StringVar(&f.body, "body", "", "a `BODY` the endpoint accepts with a 2xx, or @FILE (required)")
 	fs.Var(&f.header, "header", "a header sent with every request, `'Name: value'` (authentication, Content-Type); repeat it for more")
@@ -76,9 +99,11 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&f.bodyInvalid, "body-invalid", "", "a `BODY` the endpoint rejects (400, 422) for the errors-not-stored check, or @FILE (default: {} when --body is a JSON object, else the check is skipped)")
 	fs.StringVar(&f.keyHeader, "key-header", "Idempotency-Key", "the `NAME` of the key's header")
 	fs.IntVar(&f.concurrency, "concurrency", check.DefaultConcurrency, "how many duplicates of one key the concurrency check sends at once (at least 2)")
+	fs.IntVar(&f.rounds, "rounds", check.DefaultRounds, "how many bursts of duplicates the concurrency check sends, each with a fresh key (at least 1)")
+	fs.StringVar(&f.between, "between", "", "a shell `COMMAND` the restart check runs after its first request is written and before the retry: a restart or a kill of the server, returning once it answers again (without it that check is skipped)")
 	fs.StringVar(&f.profile, "profile", string(check.ProfileSeed), "the `profile` whose answers count as right: seed (409 key_reused, 409 request_in_progress with Retry-After), ietf (422 for a changed body, 409 in flight) or stripe (400 idempotency_error for a changed body, 409 in flight)")
 	fs.Var(&f.other, "as-other", "a header of a second principal, `'Name: value'`, replacing the --header of that name in the per-principal check; repeat it for more (without it that check is skipped)")
-	fs.DurationVar(&f.timeout, "timeout", check.DefaultTimeout, "bound of one request (and of the retries of an in-flight answer)")
+	fs.DurationVar(&f.timeout, "timeout", check.DefaultTimeout, "bound of one request, and of the retries of an in-flight answer (restart: of the wait for a final answer after --between; set it above the server's lease)")
 	fs.BoolVar(&f.json, "json", false, "write the report as JSON on stdout (the table goes to stderr)")
 	fs.StringVar(&f.html, "html", "", "also write the report as a self-contained HTML page to `FILE`, each check's evidence collapsible")
 	if code, done := parse(fs, args, stdout, stderr); done {
@@ -117,8 +142,13 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // flag.
 func (f *checkFlags) config() (check.Config, error) {
 	var cfg check.Config
-	if err := checkHTTPURL("url", f.url, "http://host/path or https://host/path"); err != nil {
-		return cfg, err
+	if len(f.urls) == 0 {
+		return cfg, errors.New("--url is required")
+	}
+	for _, u := range f.urls {
+		if err := checkHTTPURL("url", u, "http://host/path or https://host/path"); err != nil {
+			return cfg, err
+		}
 	}
 	switch {
 	case f.body == "":
@@ -129,6 +159,8 @@ func (f *checkFlags) config() (check.Config, error) {
 		return cfg, fmt.Errorf("--key-header %q is not a header name", f.keyHeader)
 	case f.concurrency < 2:
 		return cfg, fmt.Errorf("--concurrency must be at least 2, got %d", f.concurrency)
+	case f.rounds < 1:
+		return cfg, fmt.Errorf("--rounds must be at least 1, got %d", f.rounds)
 	case f.timeout <= 0:
 		return cfg, fmt.Errorf("--timeout must be positive, got %v", f.timeout)
 	}
@@ -141,7 +173,8 @@ func (f *checkFlags) config() (check.Config, error) {
 		return cfg, fmt.Errorf("--profile: %w", err)
 	}
 	cfg = check.Config{
-		URL: f.url, Method: f.method, KeyHeader: f.keyHeader, Concurrency: f.concurrency,
+		URL: f.urls[0], Instances: f.urls[1:], Method: f.method, KeyHeader: f.keyHeader,
+		Concurrency: f.concurrency, Rounds: f.rounds, Between: f.between,
 		Profile: profile, Timeout: f.timeout,
 	}
 	if cfg.Header, err = f.header.headers("--header"); err != nil {
@@ -192,6 +225,16 @@ func writeHTML(path string, rep *check.Report) error {
 		return err
 	}
 	return f.Close()
+}
+
+// urlsFlag is the repeatable --url.
+type urlsFlag []string
+
+func (f *urlsFlag) String() string { return strings.Join(*f, " ") }
+
+func (f *urlsFlag) Set(s string) error {
+	*f = append(*f, s)
+	return nil
 }
 
 // headerFlag is a repeatable 'Name: value' flag. Set keeps what it is given and

@@ -3,10 +3,15 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idem-go/idem/internal/check"
@@ -20,14 +25,22 @@ var addrAttr = regexp.MustCompile(`msg="idem payments listening" addr=(127\.0\.0
 // SQLite file until t ends, and returns its base URL.
 func servePayments(t *testing.T, args ...string) string {
 	t.Helper()
+	return serveCommand(t, addrAttr, append([]string{"payments"}, args...)...)
+}
+
+// serveCommand runs `idem args… --addr 127.0.0.1:0 --store sqlite:…` in-process until
+// t ends, and returns the base URL that its start line says, found by start's first
+// group.
+func serveCommand(t *testing.T, start *regexp.Regexp, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(testenv.Context(t))
 	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	lines, exit := startPayments(ctx, append([]string{"--addr", "127.0.0.1:0", "--store", store}, args...)...)
+	lines, exit := startCommand(ctx, append(args, "--addr", "127.0.0.1:0", "--store", store)...)
 	if !lines.Scan() {
 		cancel()
-		t.Fatalf("idem payments wrote no start line; exit %d", <-exit)
+		t.Fatalf("idem %s wrote no start line; exit %d", args[0], <-exit)
 	}
-	m := addrAttr.FindStringSubmatch(lines.Text())
+	m := start.FindStringSubmatch(lines.Text())
 	rest := restOfLines(lines)
 	t.Cleanup(func() {
 		cancel()
@@ -57,13 +70,14 @@ func TestCheckPassesAgainstIdemPaymentsInBothProfiles(t *testing.T) {
 			if code != exitOK || stderr != "" {
 				t.Fatalf("exit %d, stderr %q; want 0:\n%s", code, stderr, stdout)
 			}
-			if n := strings.Count(stdout, "\n  PASS  "); n != len(check.Checks()) {
-				t.Errorf("%d checks passed, want %d:\n%s", n, len(check.Checks()), stdout)
+			// Every check but restart (no --between) passes.
+			if n := strings.Count(stdout, "\n  PASS  "); n != len(check.Checks())-1 || !strings.Contains(stdout, "\n  SKIP  restart ") {
+				t.Errorf("%d checks passed, want %d and restart skipped:\n%s", n, len(check.Checks())-1, stdout)
 			}
-			// The first request's charge, one for the duplicates, one after the
-			// rejected body, one of the other principal.
-			if !strings.Contains(stdout, "7 pass, 0 fail · ") || !strings.Contains(stdout, "created 4 resources") {
-				t.Errorf("the totals do not say 7 pass and 4 resources created:\n%s", stdout)
+			// The first request's charge, one per round of duplicates, one after the
+			// rejected body, one of the other principal, safe-methods' write.
+			if !strings.Contains(stdout, "8 pass, 0 fail, 1 skip · ") || !strings.Contains(stdout, "created 7 resources") {
+				t.Errorf("the totals do not say 8 pass, 1 skip and 7 resources created:\n%s", stdout)
 			}
 			html, err := os.ReadFile(page)
 			if err != nil {
@@ -79,7 +93,7 @@ func TestCheckPassesAgainstIdemPaymentsInBothProfiles(t *testing.T) {
 func TestCheckJSONGoesToStdoutAndTheTableToStderr(t *testing.T) {
 	t.Parallel()
 	base := servePayments(t)
-	code, stdout, stderr := runCmd(t, checkArgs(base, "--json", "--concurrency", "4")...)
+	code, stdout, stderr := runCmd(t, checkArgs(base, "--json", "--concurrency", "4", "--rounds", "2")...)
 	if code != exitOK {
 		t.Fatalf("exit %d:\n%s", code, stderr)
 	}
@@ -87,32 +101,67 @@ func TestCheckJSONGoesToStdoutAndTheTableToStderr(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
 		t.Fatalf("stdout is not the JSON report: %v\n%s", err, stdout)
 	}
-	if len(rep.Checks) != len(check.Checks()) || rep.Failed() || rep.Concurrency != 4 || rep.Created != 4 {
-		t.Errorf("JSON report: %d checks, failed %v, concurrency %d, created %d", len(rep.Checks), rep.Failed(), rep.Concurrency, rep.Created)
+	if len(rep.Checks) != len(check.Checks()) || rep.Failed() || rep.Concurrency != 4 || rep.Rounds != 2 || rep.Created != 6 {
+		t.Errorf("JSON report: %d checks, failed %v, concurrency %d, %d rounds, created %d; want 4, 2 rounds and 6 created", len(rep.Checks), rep.Failed(), rep.Concurrency, rep.Rounds, rep.Created)
+	}
+	if c := rep.Counts; c[check.StatusPass] != 8 || c[check.StatusSkip] != 1 || c[check.StatusFail] != 0 || c[check.StatusWarn] != 0 || rep.ExitStatus != exitOK {
+		t.Errorf("JSON report: counts %v, exit_status %d; want 8 pass, 1 skip and 0", c, rep.ExitStatus)
 	}
 	if !strings.Contains(stderr, "  PASS  replay ") || strings.Contains(stderr, "sk_test_check") {
 		t.Errorf("stderr is not the table, or shows a token:\n%s", stderr)
 	}
 }
 
-func TestCheckExitsOneWhenACheckFails(t *testing.T) {
+// A refusal with the other profile's status is a warning that names it, not a
+// failure.
+func TestCheckWarnsOfARefusalWithAnotherProfilesStatus(t *testing.T) {
 	t.Parallel()
 	base := servePayments(t) // profile seed: a changed body is 409, not the IETF's 422
 	code, stdout, _ := runCmd(t, checkArgs(base, "--profile", "ietf")...)
-	if code != exitFailure {
-		t.Fatalf("exit %d, want 1:\n%s", code, stdout)
+	if code != exitOK {
+		t.Fatalf("exit %d, want 0:\n%s", code, stdout)
 	}
 	for _, s := range []string{
-		"changed-body           the changed body got 409 key_reused; want 422 in profile ietf (409 is profile seed's answer: --profile seed)\n",
-		"  FAIL  changed-body ",
-		"6 pass, 1 fail",
-		"FAIL changed-body: ",
+		"  WARN  changed-body           refused, with 409 key_reused, where profile ietf answers 422 (409 is profile seed's answer: --profile seed)",
+		"7 pass, 1 warn, 0 fail, 1 skip",
+		"WARN changed-body: ",
 		"  the same key with --body-alt\n    → POST " + base + `/v1/charges  Idempotency-Key: `,
 		`{"amount": 1999, "currency": "usd"}`,
-		"    ← 409  {\"error\":{\"type\":\"idempotency_error\",\"code\":\"key_reused\"",
+		"    ← 409  Content-Type: application/json  {\"error\":{\"type\":\"idempotency_error\",\"code\":\"key_reused\"",
 	} {
 		if !strings.Contains(stdout, s) {
 			t.Errorf("the report lacks %q:\n%s", s, stdout)
+		}
+	}
+}
+
+// An endpoint that ignores the key (or a wrong --key-header) fails replay, and the
+// checker stops there with a hint instead of creating dozens of resources.
+func TestCheckExitsOneAndStopsWithAHintWhenTheKeyIsIgnored(t *testing.T) {
+	t.Parallel()
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodPost {
+			w.WriteHeader(http.StatusCreated)
+		}
+		fmt.Fprintf(w, `{"id":"ch_%d"}`, n.Add(1))
+	}))
+	t.Cleanup(srv.Close)
+	code, stdout, stderr := runCmd(t, checkArgs(srv.URL, "--json", "--key-header", "X-Idempotency-Key")...)
+	if code != exitFailure {
+		t.Fatalf("exit %d, want 1:\n%s", code, stderr)
+	}
+	var rep check.Report
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.ExitStatus != exitFailure || rep.Counts[check.StatusFail] != 1 || rep.Counts[check.StatusSkip] != len(check.Checks())-1 || rep.Created != 2 {
+		t.Errorf("exit_status %d, counts %v, created %d; want 1, replay failed and every other check skipped, 2 created", rep.ExitStatus, rep.Counts, rep.Created)
+	}
+	for _, s := range []string{"  FAIL  replay ", "the request ran twice", "hint: the endpoint ran a retry with the same X-Idempotency-Key again, as if it ignored the key: is --key-header X-Idempotency-Key the header it reads?"} {
+		if !strings.Contains(stderr, s) {
+			t.Errorf("the table lacks %q:\n%s", s, stderr)
 		}
 	}
 }
@@ -130,6 +179,8 @@ func TestCheckFlagErrorsAreOneLineWithExitStatus2(t *testing.T) {
 		{append([]string{"check", "--url", "http://h/x", "--method", "GET"}, body...), "--method GET is safe"},
 		{append([]string{"check", "--url", "http://h/x", "--method", "PO ST"}, body...), "--method"},
 		{append([]string{"check", "--url", "http://h/x", "--concurrency", "1"}, body...), "--concurrency must be at least 2"},
+		{append([]string{"check", "--url", "http://h/x", "--rounds", "0"}, body...), "--rounds must be at least 1"},
+		{append([]string{"check", "--url", "http://h/x", "--url", "h2:8080/x"}, body...), "--url"},
 		{append([]string{"check", "--url", "http://h/x", "--profile", "rfc"}, body...), "--profile"},
 		{append([]string{"check", "--url", "http://h/x", "--timeout", "0s"}, body...), "--timeout"},
 		{append([]string{"check", "--url", "http://h/x", "--key-header", "Idem Key"}, body...), "--key-header"},
@@ -157,7 +208,7 @@ func TestCheckHelpDocumentsEveryFlagAndCheck(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
-	flags := []string{"url", "method", "body", "header", "body-alt", "body-invalid", "key-header", "concurrency", "profile", "as-other", "timeout", "json", "html"}
+	flags := []string{"url", "method", "body", "header", "body-alt", "body-invalid", "key-header", "concurrency", "rounds", "profile", "between", "as-other", "timeout", "json", "html"}
 	for _, f := range flags {
 		if !strings.Contains(stdout, "\n  --"+f+" ") {
 			t.Errorf("idem check --help does not explain --%s:\n%s", f, stdout)
@@ -171,9 +222,68 @@ func TestCheckHelpDocumentsEveryFlagAndCheck(t *testing.T) {
 			t.Errorf("idem check --help does not explain the check %s", c.Name)
 		}
 	}
-	for _, s := range []string{"Exit status: 0", "seed", "ietf", "stripe", "@FILE", "IDEM_AS_OTHER"} {
+	for _, s := range []string{"Exit status: 0", "seed", "ietf", "stripe", "@FILE", "IDEM_AS_OTHER", "PASS", "WARN", "FAIL", "SKIP", "refused, with 417", "--key-header"} {
 		if !strings.Contains(stdout, s) {
 			t.Errorf("idem check --help does not mention %q", s)
 		}
+	}
+}
+
+// chargesUpstream is a charges API without any key support of its own: POST
+// /v1/charges makes a charge (201 with Location; 400 for a body that is not one), GET
+// /v1/charges lists the caller's.
+func chargesUpstream(t *testing.T) string {
+	var (
+		mu      sync.Mutex
+		n       int
+		charges = map[string][]json.RawMessage{}
+	)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		who := r.Header.Get("Authorization")
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.URL.Path != "/v1/charges":
+			http.Error(w, `{"error":{"code":"not_found"}}`, http.StatusNotFound)
+		case r.Method == http.MethodGet:
+			mu.Lock()
+			list, _ := json.Marshal(charges[who])
+			mu.Unlock()
+			_, _ = w.Write(list)
+		case r.Method != http.MethodPost:
+			http.Error(w, `{"error":{"code":"method_not_allowed"}}`, http.StatusMethodNotAllowed)
+		default:
+			var p struct {
+				Amount   int    `json:"amount"`
+				Currency string `json:"currency"`
+			}
+			if json.NewDecoder(r.Body).Decode(&p) != nil || p.Amount <= 0 || len(p.Currency) != 3 {
+				http.Error(w, `{"error":{"code":"parameter_invalid"}}`, http.StatusBadRequest)
+				return
+			}
+			mu.Lock()
+			n++
+			c, _ := json.Marshal(map[string]any{"id": fmt.Sprintf("ch_%d", n), "amount": p.Amount, "currency": p.Currency})
+			charges[who] = append(charges[who], c)
+			mu.Unlock()
+			w.Header().Set("Location", fmt.Sprintf("/v1/charges/ch_%d", n))
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write(c)
+		}
+	}))
+	t.Cleanup(up.Close)
+	return up.URL
+}
+
+// idem proxy in front of an API without key support passes every check (restart
+// is skipped: no --between), in the checker's default rounds of real bursts.
+func TestCheckPassesAgainstIdemProxy(t *testing.T) {
+	t.Parallel()
+	base := serveCommand(t, proxyListeningLine, "proxy", "--upstream", chargesUpstream(t), "--require-key", "POST /v1/charges")
+	code, stdout, stderr := runCmd(t, checkArgs(base)...)
+	if code != exitOK || stderr != "" {
+		t.Fatalf("exit %d, stderr %q; want 0:\n%s", code, stderr, stdout)
+	}
+	if n := strings.Count(stdout, "\n  PASS  "); n != len(check.Checks())-1 || !strings.Contains(stdout, "\n  SKIP  restart ") {
+		t.Errorf("%d checks passed, want %d and restart skipped:\n%s", n, len(check.Checks())-1, stdout)
 	}
 }

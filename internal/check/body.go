@@ -3,8 +3,10 @@ package check
 import (
 	"bytes"
 	"encoding/json"
+	"html"
 	"regexp"
 	"strconv"
+	"strings"
 )
 
 // AltBody returns body with one number changed, the changed-body check's second valid
@@ -71,4 +73,65 @@ func changeNumber(s string) string {
 func jsonObject(body []byte) bool {
 	var obj map[string]json.RawMessage
 	return json.Unmarshal(body, &obj) == nil && obj != nil
+}
+
+// summary renders a body in a few words for a one-line description: an HTML page
+// by its title and its first text ("Error: Misuse of the idempotency key."), a JSON
+// body as it is, any other text by its first line; at most 80 bytes.
+func summary(contentType string, body []byte) string {
+	s := ""
+	switch {
+	case json.Valid(body):
+		s = oneLine(string(body))
+	case strings.Contains(contentType, "html") || looksHTML(body):
+		s = htmlSummary(body)
+	default:
+		s = firstLine(string(body))
+	}
+	if len(s) > 80 {
+		s = s[:80] + "…"
+	}
+	return s
+}
+
+var (
+	htmlTitle   = regexp.MustCompile(`(?is)<title[^>]*>(.*?)</title>`)
+	htmlDropped = regexp.MustCompile(`(?is)<(head|script|style)\b.*?</(head|script|style)\s*>`)
+	htmlBreak   = regexp.MustCompile(`(?i)<(br|/p|/div|/h[1-6]|/li|/tr|/pre)\b[^>]*>`)
+	htmlTag     = regexp.MustCompile(`(?s)<[^>]*>`)
+)
+
+// looksHTML reports whether a body starts as an HTML document or fragment.
+func looksHTML(body []byte) bool {
+	b := strings.ToLower(strings.TrimSpace(string(body[:min(len(body), 512)])))
+	return strings.HasPrefix(b, "<!doctype html") || strings.HasPrefix(b, "<html") || strings.HasPrefix(b, "<head") || strings.HasPrefix(b, "<body") || strings.HasPrefix(b, "<h1")
+}
+
+// htmlSummary is an HTML page's title and first line of text, the title alone when
+// the text begins with it.
+func htmlSummary(body []byte) string {
+	title := ""
+	if m := htmlTitle.FindSubmatch(body); m != nil {
+		title = oneLine(html.UnescapeString(string(m[1])))
+	}
+	text := htmlDropped.ReplaceAllString(string(body), "")
+	text = htmlBreak.ReplaceAllString(text, "\n")
+	text = firstLine(html.UnescapeString(htmlTag.ReplaceAllString(text, "\n")))
+	switch {
+	case text == "":
+		return title
+	case title == "" || strings.HasPrefix(text, title):
+		return text
+	}
+	return title + ": " + text
+}
+
+// firstLine is the first non-blank line of s, its spaces collapsed.
+func firstLine(s string) string {
+	for l := range strings.SplitSeq(s, "\n") {
+		if l = oneLine(strings.ReplaceAll(l, "\u00a0", " ")); l != "" {
+			return l
+		}
+	}
+	return ""
 }

@@ -86,6 +86,8 @@ func (p Profile) inFlight(status int) bool {
 const (
 	// DefaultConcurrency is how many duplicates the concurrency check sends at once.
 	DefaultConcurrency = 16
+	// DefaultRounds is how many bursts the concurrency check sends.
+	DefaultRounds = 3
 	// DefaultTimeout bounds one request.
 	DefaultTimeout = 10 * time.Second
 	// DefaultMethod is the method of the endpoint.
@@ -96,6 +98,10 @@ const (
 type Config struct {
 	// URL is the endpoint (required): http:// or https://.
 	URL string
+	// Instances are more URLs of the same endpoint (replicas behind no balancer,
+	// another port): the bursts and the retries are spread across URL and them, and
+	// every exchange says which one answered.
+	Instances []string
 	// Method is the endpoint's method. Defaults to [DefaultMethod].
 	Method string
 	// Header is sent with every request (authentication, Content-Type). A body
@@ -120,9 +126,18 @@ type Config struct {
 	// Concurrency is how many duplicates of one key the concurrency check sends at
 	// once; at least 2. Defaults to [DefaultConcurrency].
 	Concurrency int
+	// Rounds is how many bursts of duplicates the concurrency check sends, each with
+	// a fresh key; at least 1. Defaults to [DefaultRounds].
+	Rounds int
+	// Between is a shell command (sh -c) that the restart check runs once its first
+	// request is written and before its retry: a restart or a kill of the server.
+	// Empty skips that check.
+	Between string
 	// Profile says which answers count as right. Defaults to [ProfileSeed].
 	Profile Profile
-	// Timeout bounds each request. Defaults to [DefaultTimeout].
+	// Timeout bounds each request, and the retries of a key in flight; the restart
+	// check waits that long for a final answer after Between, so it must exceed the
+	// server's lease. Defaults to [DefaultTimeout].
 	Timeout time.Duration
 	// Client sends the requests. Defaults to a client that keeps Concurrency
 	// connections, follows no redirect and asks for no compression, with Timeout.
@@ -134,15 +149,23 @@ type Config struct {
 // setDefaults fills in the defaults and checks the configuration; errors name the
 // field.
 func (c *Config) setDefaults() error {
-	u, err := url.Parse(c.URL)
-	switch {
-	case c.URL == "":
+	if c.URL == "" {
 		return errors.New("URL is required")
-	case err != nil:
-		return fmt.Errorf("URL: %w", err)
-	case u.Scheme != "http" && u.Scheme != "https" || u.Host == "":
-		return fmt.Errorf("URL %q: want http://host/path or https://host/path", c.URL)
-	case c.Body == nil:
+	}
+	for i, raw := range append([]string{c.URL}, c.Instances...) {
+		field := "URL"
+		if i > 0 {
+			field = fmt.Sprintf("Instances[%d]", i-1)
+		}
+		u, err := url.Parse(raw)
+		switch {
+		case err != nil:
+			return fmt.Errorf("%s: %w", field, err)
+		case u.Scheme != "http" && u.Scheme != "https" || u.Host == "":
+			return fmt.Errorf("%s %q: want http://host/path or https://host/path", field, redactURL(raw))
+		}
+	}
+	if c.Body == nil {
 		return errors.New("Body is required: a body the endpoint accepts")
 	}
 	if c.Method == "" {
@@ -161,6 +184,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Concurrency < 2 {
 		return fmt.Errorf("Concurrency must be at least 2 (duplicates), got %d", c.Concurrency)
+	}
+	if c.Rounds == 0 {
+		c.Rounds = DefaultRounds
+	}
+	if c.Rounds < 1 {
+		return fmt.Errorf("Rounds must be at least 1, got %d", c.Rounds)
 	}
 	if c.Profile == "" {
 		c.Profile = ProfileSeed
@@ -259,21 +288,31 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	start := time.Now()
-	e := &env{cfg: &cfg}
+	e := &env{cfg: &cfg, urls: append([]string{cfg.URL}, cfg.Instances...)}
 	if err := e.prepare(ctx); err != nil {
 		return nil, err
 	}
 	rep := &Report{
 		URL: redactURL(cfg.URL), Method: cfg.Method, KeyHeader: cfg.KeyHeader, Profile: cfg.Profile,
-		Draft: Draft, Concurrency: cfg.Concurrency, Started: start.UTC(),
+		Draft: Draft, Concurrency: cfg.Concurrency, Rounds: cfg.Rounds, Started: start.UTC(),
 		Created: 1, // the fixture
 	}
+	for _, u := range cfg.Instances {
+		rep.Instances = append(rep.Instances, redactURL(u))
+	}
 	for _, c := range cfg.Checks {
-		r := c.run(ctx, e)
+		var r Result
+		if e.naive != "" {
+			r = skip(nil, "not run: the endpoint ran a retry again as a new request (see the hint)")
+		} else {
+			r = c.run(ctx, e)
+		}
 		rep.Checks = append(rep.Checks, CheckReport{Name: c.Name, Doc: c.Doc, Rule: c.Rule(cfg.Profile), Result: r})
 		rep.Created += r.Created
 	}
+	rep.Hint = e.naive
 	rep.Requests = int(e.requests.Load())
 	rep.Duration = Millis(time.Since(start))
+	rep.count()
 	return rep, nil
 }

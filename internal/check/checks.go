@@ -2,9 +2,13 @@ package check
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -17,8 +21,8 @@ import (
 // Checks returns every check, in the order [Run] runs them.
 func Checks() []*Check {
 	return []*Check{
-		ReplayCheck, ConcurrencyCheck, ChangedBodyCheck, ErrorsNotStoredCheck,
-		BadKeysCheck, PerPrincipalCheck, SafeMethodsCheck,
+		ReplayCheck, ConcurrencyCheck, ChangedBodyCheck, OtherRequestCheck, ErrorsNotStoredCheck,
+		BadKeysCheck, PerPrincipalCheck, SafeMethodsCheck, RestartCheck,
 	}
 }
 
@@ -39,38 +43,71 @@ func rules(seed, ietf, stripe string) func(Profile) string {
 // ReplayCheck: a retry of a completed request gets its answer again, byte for byte.
 var ReplayCheck = &Check{
 	Name: "replay",
-	Doc:  "a retry with the same key and body gets the first answer again: the same status, Content-Type and body",
+	Doc:  "a retry with the same key and body gets the first answer again: the same status, body bytes and stored headers (" + strings.Join(replayedHeaders, ", ") + "), on every instance",
 	rule: rules("§5.4 (the same status, body bytes and stored headers); IETF draft 2.6 (a retry gets the result of the completed request)", "", ""),
 	run:  runReplay,
 }
 
+// replayedHeaders are the headers of a first answer that its replays must carry.
+var replayedHeaders = []string{"Content-Type", "Location"}
+
 func runReplay(ctx context.Context, e *env) Result {
 	first := e.fixture
-	xs := e.sendUntilFinal(ctx, request{label: "retry: the same key and body", body: e.cfg.Body, keys: []string{e.fixtureKey}})
-	retry := xs[len(xs)-1]
-	ev := append([]*Exchange{first}, xs...)
-	switch {
-	case retry.Response == nil:
-		return fail(ev, "the retry got %s", retry.describe())
-	case retry.ok() && !sameResource(first, retry):
-		r := fail(ev, "the retry got another resource (%s, first %s): the request ran twice", identity(retry), identity(first))
-		r.Created = 1
-		return r
-	case retry.status() != first.status():
-		return fail(ev, "the retry got %s where the first request got %s", retry.describe(), first.describe())
-	case !bytes.Equal(retry.Response.raw, first.Response.raw):
-		return fail(ev, "the retry got the same resource (%s) with another body: %s", identity(first), diffAt(first.Response.raw, retry.Response.raw))
+	ev := []*Exchange{first}
+	var retries []*Exchange
+	for i := range e.urls {
+		label := "retry: the same key and body"
+		if len(e.urls) > 1 {
+			label += fmt.Sprintf(", on instance %d", i+1)
+		}
+		xs := e.sendUntilFinal(ctx, request{label: label, body: e.cfg.Body, keys: []string{e.fixtureKey}, instance: i})
+		ev = append(ev, xs...)
+		retries = append(retries, xs[len(xs)-1])
 	}
-	for _, h := range []string{"Content-Type", "Location"} {
-		if got, want := retry.Response.Header.Get(h), first.Response.Header.Get(h); got != want {
-			return fail(ev, "the retry got %s %q where the first answer had %q", h, got, want)
+	for i, retry := range retries {
+		where := ""
+		if len(e.urls) > 1 {
+			where = fmt.Sprintf(" on instance %d", i+1)
+		}
+		switch {
+		case retry.Response == nil:
+			return fail(ev, "the retry%s got %s", where, retry.describe())
+		case retry.ok() && !sameResource(first, retry):
+			r := fail(ev, "the retry%s got another resource (%s, first %s): the request ran twice", where, identity(retry), identity(first))
+			r.Created = 1
+			if i == 0 && !retry.replayed() {
+				e.naive = fmt.Sprintf("the endpoint ran a retry with the same %s again, as if it ignored the key: is --key-header %s the header it reads?", e.cfg.KeyHeader, e.cfg.KeyHeader)
+			}
+			return r
+		case retry.status() != first.status():
+			return fail(ev, "the retry%s got %s where the first request got %s", where, retry.describe(), first.describe())
+		}
+		e.replays = true
+	}
+	// Then what a replay of the first answer must carry, on each instance.
+	for i, retry := range retries {
+		where := ""
+		if len(e.urls) > 1 {
+			where = fmt.Sprintf(" on instance %d", i+1)
+		}
+		if !bytes.Equal(retry.Response.raw, first.Response.raw) {
+			return fail(ev, "the retry%s got the same resource (%s) with another body: %s", where, identity(first), diffAt(first.Response.raw, retry.Response.raw))
+		}
+		for _, h := range replayedHeaders {
+			if got, want := retry.Response.Header.Get(h), first.Response.Header.Get(h); got != want {
+				return fail(ev, "the retry%s got %s %q where the first answer had %q", where, h, got, want)
+			}
 		}
 	}
 	marker := "no " + HeaderReplayed + " header"
-	if retry.replayed() {
+	if retries[0].replayed() {
 		marker = HeaderReplayed + ": true"
 	}
-	return pass(ev, "%d again, the same body (%s)", retry.status(), marker)
+	where := ""
+	if len(e.urls) > 1 {
+		where = fmt.Sprintf(" on each of %d instances", len(e.urls))
+	}
+	return pass(ev, "%d again%s, the same body and %s (%s)", retries[0].status(), where, strings.Join(replayedHeaders, ", "), marker)
 }
 
 // ConcurrencyCheck: duplicates of one key sent at once create one resource.
@@ -84,28 +121,89 @@ var ConcurrencyCheck = &Check{
 }
 
 func runConcurrency(ctx context.Context, e *env) Result {
+	var ev []*Exchange
+	var rounds []roundResult
+	for round := range e.cfg.Rounds {
+		rr := e.concurrencyRound(ctx, round+1)
+		ev = append(ev, rr.exchanges...)
+		rounds = append(rounds, rr)
+	}
+	created, dup := 0, 0
+	var worst *roundResult
+	for i := range rounds {
+		rr := &rounds[i]
+		created += rr.created
+		if rr.status == StatusFail && worst == nil {
+			worst = rr
+		}
+		if rr.duplicated {
+			dup++
+		}
+	}
+	n, total := e.cfg.Concurrency, e.cfg.Rounds
+	roundsText := fmt.Sprintf("%d rounds", total)
+	if total == 1 {
+		roundsText = "1 round"
+	}
+	where := ""
+	if len(e.urls) > 1 {
+		where = fmt.Sprintf(" across %d instances", len(e.urls))
+	}
+	if worst != nil {
+		// The failed round's exchanges first: the text report shows the first few.
+		ev = slices.Concat(worst.exchanges, slices.DeleteFunc(slices.Clone(ev), func(x *Exchange) bool { return slices.Contains(worst.exchanges, x) }))
+	}
+	var r Result
+	switch {
+	case dup > 0:
+		r = fail(ev, "%d of %s ran duplicates; round %d: %s", dup, roundsText, worst.round, worst.summary)
+	case worst != nil:
+		r = fail(ev, "round %d of %d: %s", worst.round, total, worst.summary)
+	default:
+		for _, rr := range rounds {
+			if rr.status == StatusWarn {
+				r = warn(ev, "round %d of %d: %s", rr.round, total, rr.summary)
+				r.Created = created
+				return r
+			}
+		}
+		r = pass(ev, "%s of %d at once%s, one resource each (round %d: %s)", roundsText, n, where, total, rounds[total-1].tally)
+	}
+	r.Created = created
+	return r
+}
+
+// roundResult is what one burst of the concurrency check found.
+type roundResult struct {
+	round      int
+	status     Status
+	summary    string
+	created    int
+	duplicated bool   // the burst made more than one resource
+	tally      string // the burst's answers
+	exchanges  []*Exchange
+}
+
+// concurrencyRound sends Concurrency duplicates of a fresh key at once, spread over
+// the instances, then the key once more, and judges the answers.
+func (e *env) concurrencyRound(ctx context.Context, round int) roundResult {
 	n := e.cfg.Concurrency
 	key := client.NewKey()
-	burst := make([]*Exchange, n)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			burst[i] = e.send(ctx, request{label: fmt.Sprintf("duplicate %d of %d, sent at once", i+1, n), body: e.cfg.Body, keys: []string{key}})
-		})
+	rs := make([]request, n)
+	for i := range rs {
+		rs[i] = request{label: fmt.Sprintf("round %d: duplicate %d of %d, sent at once", round, i+1, n), body: e.cfg.Body, keys: []string{key}, instance: i % len(e.urls)}
 	}
-	close(start)
-	wg.Wait()
-	after := e.sendUntilFinal(ctx, request{label: "afterwards: the same key and body again", body: e.cfg.Body, keys: []string{key}})
-	ev := append(burst, after...)
+	burst := e.burst(ctx, rs)
+	after := e.sendUntilFinal(ctx, request{label: fmt.Sprintf("round %d: afterwards, the same key and body again", round), body: e.cfg.Body, keys: []string{key}, instance: (round - 1) % len(e.urls)})
+	rr := roundResult{round: round, exchanges: append(burst, after...)}
 
-	var resources []string // identities of the 2xx answers, distinct, in order
+	var resources []string // identities of the burst's 2xx answers, distinct, in order
 	var wrong []*Exchange  // neither 2xx nor in flight
 	noRetryAfter, burstOK := 0, 0
-	note := func(x *Exchange) {
+	for _, x := range burst {
 		switch {
 		case x.ok():
+			burstOK++
 			if id := identity(x); !slices.Contains(resources, id) {
 				resources = append(resources, id)
 			}
@@ -117,41 +215,42 @@ func runConcurrency(ctx context.Context, e *env) Result {
 			wrong = append(wrong, x)
 		}
 	}
-	for _, x := range burst {
-		if x.ok() {
-			burstOK++
-		}
-		note(x)
+	last := after[len(after)-1]
+	afterNew := last.ok() && !slices.Contains(resources, identity(last))
+	tally := tallyAnswers(burst, len(e.urls) > 1)
+	rr.tally = tally
+	set := func(s Status, format string, args ...any) roundResult {
+		rr.status, rr.summary = s, fmt.Sprintf(format, args...)
+		return rr
 	}
-	for _, x := range after {
-		note(x)
+	rr.created = len(resources)
+	if afterNew && len(resources) > 0 {
+		rr.created++
 	}
-	tally := tallyAnswers(burst)
 	switch {
 	case len(resources) > 1:
-		r := fail(ev, "%d requests at once made %d resources (%s): the duplicates ran more than once; answers: %s",
-			n, len(resources), list(resources, 3), tally)
-		r.Created = len(resources)
-		return r
+		rr.duplicated = true
+		more := ""
+		if afterNew {
+			more = ", and the request afterwards made one more"
+		}
+		return set(StatusFail, "%d requests at once made %d resources (%s)%s: the duplicates ran more than once; answers: %s",
+			n, len(resources), list(resources, 3), more, tally)
 	case len(wrong) > 0:
-		r := fail(ev, "%s got %s: a duplicate gets the one resource (2xx) or an in-flight answer (%s); answers: %s",
+		return set(StatusFail, "%s got %s: a duplicate gets the one resource (2xx) or an in-flight answer (%s); answers: %s",
 			wrong[0].Label, wrong[0].describe(), e.cfg.Profile.inFlightText(), tally)
-		r.Created = len(resources)
-		return r
-	case len(resources) == 0:
-		return fail(ev, "no request with the key got a 2xx answer; answers: %s", tally)
+	case afterNew && len(resources) == 1:
+		return set(StatusFail, "the %d requests at once made one resource (%s), but the same key afterwards made another (%s): the key did not keep its answer; answers: %s",
+			n, resources[0], identity(last), tally)
+	case len(resources) == 0 && !last.ok():
+		return set(StatusFail, "no request with the key got a 2xx answer (afterwards: %s); answers: %s", last.describe(), tally)
 	case burstOK == 0:
-		r := warn(ev, "none of the %d requests at once ran (%s); the key ran afterwards (%s): concurrency was not observed", n, tally, resources[0])
-		r.Created = 1
-		return r
+		rr.created = 1
+		return set(StatusWarn, "none of the %d requests at once ran (%s); the key ran afterwards (%s): concurrency was not observed", n, tally, identity(last))
 	case noRetryAfter > 0 && e.cfg.Profile == ProfileSeed:
-		r := warn(ev, "one resource (%s), but %d in-flight 409s had no Retry-After (§5.2); answers: %s", resources[0], noRetryAfter, tally)
-		r.Created = 1
-		return r
+		return set(StatusWarn, "one resource (%s), but %d in-flight 409s had no Retry-After (§5.2); answers: %s", resources[0], noRetryAfter, tally)
 	}
-	r := pass(ev, "%d at once, one resource (%s): %s", n, resources[0], tally)
-	r.Created = 1
-	return r
+	return set(StatusPass, "one resource (%s): %s", resources[0], tally)
 }
 
 // inFlightDuplicate reports whether x is a right answer to a duplicate whose first
@@ -204,8 +303,8 @@ func runChangedBody(ctx context.Context, e *env) Result {
 		return r
 	case x.Response.Code == idem.CodeRequestInProgress:
 		return fail(ev, "the changed body got %s, long after the first request completed; want %d", x.describe(), want)
-	case x.status() != want:
-		return fail(ev, "the changed body got %s; want %d in profile %s%s", x.describe(), want, e.cfg.Profile, e.cfg.Profile.otherProfile(x.status()))
+	case x.status() != want && !refusal(x.status()):
+		return fail(ev, "the changed body got %s, not a refusal; want %d in profile %s", x.describe(), want, e.cfg.Profile)
 	}
 	again := e.sendUntilFinal(ctx, request{label: "then the first body again", body: e.cfg.Body, keys: []string{e.fixtureKey}})
 	ev = append(ev, again...)
@@ -217,7 +316,17 @@ func runChangedBody(ctx context.Context, e *env) Result {
 		}
 		return r
 	}
+	if x.status() != want {
+		return warn(ev, "refused, with %s, where profile %s answers %d%s; the first body still gets its first answer",
+			x.describe(), e.cfg.Profile, want, e.cfg.Profile.otherProfile(x.status()))
+	}
 	return pass(ev, "%s; the first body still gets its first answer", x.describe())
+}
+
+// refusal reports whether status refuses a request: a 4xx, but 408 and 429, which
+// ask for the request again.
+func refusal(status int) bool {
+	return status >= 400 && status < 500 && status != http.StatusRequestTimeout && status != http.StatusTooManyRequests
 }
 
 // otherProfile names the profile whose changed-body status is status, as a hint.
@@ -228,6 +337,74 @@ func (p Profile) otherProfile(status int) string {
 		}
 	}
 	return ""
+}
+
+// OtherRequestCheck: a used key sent to another method, path or query is never
+// answered with the first response.
+var OtherRequestCheck = &Check{
+	Name: "other-request",
+	Doc:  "a used key sent with another method, path or query is refused or runs as a new request, never answered with the first response",
+	rule: rules("§4 (the fingerprint covers the method and the path; a used key with another fingerprint is 409 key_reused); the seed (method + path + body); Stripe (a key is compared with the endpoint it was first used on)", "", ""),
+	run:  runOtherRequest,
+}
+
+// otherRequests are the requests of the other-request check: the fixture's key with
+// another method, path and query.
+func (e *env) otherRequests() []request {
+	method, body := http.MethodDelete, []byte(nil)
+	if e.cfg.Method == http.MethodDelete {
+		method, body = http.MethodPost, e.cfg.Body
+	}
+	u, _ := url.Parse(e.cfg.URL)
+	path := *u
+	path.Path = strings.TrimSuffix(u.Path, "/") + "/idem-check"
+	path.RawPath = ""
+	query := *u
+	q := u.Query()
+	q.Set("idem-check", "other")
+	query.RawQuery = q.Encode()
+	keys := []string{e.fixtureKey}
+	return []request{
+		{label: "the used key with another method (" + method + ")", method: method, body: body, keys: keys},
+		{label: "the used key with another path (" + path.Path + ")", body: e.cfg.Body, keys: keys, url: path.String()},
+		{label: "the used key with another query (idem-check=other added)", body: e.cfg.Body, keys: keys, url: query.String()},
+	}
+}
+
+func runOtherRequest(ctx context.Context, e *env) Result {
+	ev := []*Exchange{e.fixture}
+	var fails, notes []string
+	created := 0
+	for _, r := range e.otherRequests() {
+		xs := e.sendUntilFinal(ctx, r)
+		ev = append(ev, xs...)
+		x := xs[len(xs)-1]
+		what := strings.TrimPrefix(r.label, "the used key with ")
+		switch {
+		case x.ok() && sameResource(e.fixture, x) && resourceID(x.Response.raw) == "" && !x.replayed():
+			notes = append(notes, fmt.Sprintf("%s: %d, the first answer's bytes without an id or a replay marker (whether it ran cannot be told)", what, x.status()))
+		case x.ok() && sameResource(e.fixture, x):
+			fails = append(fails, fmt.Sprintf("%s got the first answer (%d, %s)", what, x.status(), identity(x)))
+		case x.ok() && x.replayed():
+			fails = append(fails, fmt.Sprintf("%s got a replay (%d, %s: true)", what, x.status(), HeaderReplayed))
+		case x.ok():
+			created++
+			notes = append(notes, fmt.Sprintf("%s ran as a new request (%d)", what, x.status()))
+		default:
+			notes = append(notes, fmt.Sprintf("%s %s", what, x.describe()))
+		}
+	}
+	var res Result
+	switch {
+	case len(fails) > 0:
+		res = fail(ev, "%s: the key is not bound to the method, path and query", strings.Join(append(fails, notes...), "; "))
+	case slices.ContainsFunc(notes, func(n string) bool { return strings.Contains(n, "cannot be told") }):
+		res = warn(ev, "%s", strings.Join(notes, "; "))
+	default:
+		res = pass(ev, "never the first answer: %s", strings.Join(notes, "; "))
+	}
+	res.Created = created
+	return res
 }
 
 // ErrorsNotStoredCheck: a rejected request frees its key.
@@ -259,6 +436,10 @@ func runErrorsNotStored(ctx context.Context, e *env) Result {
 	ev = append(ev, again...)
 	good := again[len(again)-1]
 	switch {
+	case good.ok() && !e.replays:
+		r := skip(ev, "%s: --body-invalid %s, then --body %d with the same key proves nothing", notReplaying, bad.describe(), good.status())
+		r.Created = 1
+		return r
 	case good.ok():
 		r := pass(ev, "--body-invalid %s, then --body %d with the same key", bad.describe(), good.status())
 		r.Created = 1
@@ -270,6 +451,10 @@ func runErrorsNotStored(ctx context.Context, e *env) Result {
 	}
 	return fail(ev, "--body-invalid got %s, then --body got %s with the same key; want 2xx", bad.describe(), good.describe())
 }
+
+// notReplaying is the reason of a check skipped because the endpoint replayed
+// nothing: a fresh execution is then what every request gets.
+const notReplaying = "the endpoint did not replay the retry of the replay check, so it cannot be told from one that ignores keys"
 
 // BadKeysCheck: a missing or malformed key is refused, or keys are optional.
 var BadKeysCheck = &Check{
@@ -371,6 +556,10 @@ func runPerPrincipal(ctx context.Context, e *env) Result {
 		r := fail(ev, "the other principal's first use of the key got a replay (%s: true)", HeaderReplayed)
 		r.Created = 1
 		return r
+	case x.ok() && !e.replays:
+		r := skip(ev, "%s: the other principal's request ran (%d, %s), which proves nothing", notReplaying, s, identity(x))
+		r.Created = 1
+		return r
 	case x.ok():
 		r := pass(ev, "the other principal's request ran as its own (%d, %s)", s, identity(x))
 		r.Created = 1
@@ -386,7 +575,7 @@ func runPerPrincipal(ctx context.Context, e *env) Result {
 // SafeMethodsCheck: GET ignores the key.
 var SafeMethodsCheck = &Check{
 	Name: "safe-methods",
-	Doc:  "a GET of the URL with a key is answered as one without: the key is ignored, nothing is replayed",
+	Doc:  "a GET of the URL with a key is answered as one without: the key is ignored, nothing is replayed, and after a write the keyed GET sees it as the unkeyed one does (no cache)",
 	rule: rules("§2 (GET, HEAD, OPTIONS pass through; a key is ignored); IETF draft 1 (the key is for non-idempotent methods)", "", ""),
 	run:  runSafeMethods,
 }
@@ -412,11 +601,31 @@ func runSafeMethods(ctx context.Context, e *env) Result {
 			return fail(ev, "%s was answered as a replay (%s: true)", x.Label, HeaderReplayed)
 		}
 	}
-	note := ""
-	if !bytes.Equal(plain.Response.raw, keyed.Response.raw) {
-		note = " (the bodies differ: the data may have changed between them)"
+	write := e.send(ctx, request{label: "a write: --body with a fresh key", body: e.cfg.Body, keys: []string{client.NewKey()}})
+	ev = append(ev, write)
+	created := 0
+	if write.ok() {
+		created = 1
 	}
-	return pass(ev, "GET %d with and without a key%s", plain.status(), note)
+	plain2 := e.send(ctx, request{label: "after the write: GET without a key", method: http.MethodGet})
+	keyed2 := e.send(ctx, request{label: "after the write: GET with the first GET's key", method: http.MethodGet, keys: []string{key}})
+	ev = append(ev, plain2, keyed2)
+	var r Result
+	switch {
+	case plain2.Response == nil || keyed2.Response == nil:
+		r = fail(ev, "after the write, a GET got %s", cmp.Or(plain2.Error, keyed2.Error))
+	case !bytes.Equal(plain2.Response.raw, plain.Response.raw) && bytes.Equal(keyed2.Response.raw, keyed.Response.raw):
+		r = fail(ev, "after a write the GET with a used key got its first body again (%d, %d bytes) where the GET without a key got another (%d, %d bytes): keyed GETs are answered from a cache",
+			keyed2.status(), len(keyed2.Response.raw), plain2.status(), len(plain2.Response.raw))
+	case keyed2.status() != plain2.status():
+		r = fail(ev, "after the write, the GET with a used key got %s, without a key %s", keyed2.describe(), plain2.describe())
+	case bytes.Equal(plain2.Response.raw, plain.Response.raw):
+		r = pass(ev, "GET %d with and without a key (the write did not change the GET's body, so a cache could not be told)", plain.status())
+	default:
+		r = pass(ev, "GET %d with and without a key, and a keyed GET sees a write", plain.status())
+	}
+	r.Created = created
+	return r
 }
 
 // sendUntilFinal sends r, and sends it again while the answer says that the key's
@@ -424,13 +633,19 @@ func runSafeMethods(ctx context.Context, e *env) Result {
 // Retry-After), waiting Retry-After (between 50 ms and 1 s) in between, for at most
 // the request timeout. It returns every exchange, the final one last.
 func (e *env) sendUntilFinal(ctx context.Context, r request) []*Exchange {
+	return e.sendWhile(ctx, r, e.inFlightRetry)
+}
+
+// sendWhile sends r, and sends it again while again says so of the answer, as
+// sendUntilFinal does.
+func (e *env) sendWhile(ctx context.Context, r request, again func(*Exchange) bool) []*Exchange {
 	deadline := time.Now().Add(e.cfg.Timeout)
 	label := r.label
 	var xs []*Exchange
 	for attempt := 2; ; attempt++ {
 		x := e.send(ctx, r)
 		xs = append(xs, x)
-		if !e.inFlightRetry(x) || time.Now().After(deadline) {
+		if !again(x) || time.Now().After(deadline) {
 			return xs
 		}
 		t := time.NewTimer(retryWait(x))
@@ -466,14 +681,18 @@ func retryWait(x *Exchange) time.Duration {
 }
 
 // tallyAnswers counts answers by what they were, in the order of their statuses:
-// "1 × 201, 15 × 409 request_in_progress", replays apart.
-func tallyAnswers(xs []*Exchange) string {
+// "1 × 201, 15 × 409 request_in_progress", replays apart; byInstance prefixes each
+// with the instance that answered ("instance 2: 8 × 201").
+func tallyAnswers(xs []*Exchange, byInstance bool) string {
 	var order []string
 	count := map[string]int{}
 	for _, x := range xs {
 		d := x.describe()
 		if x.ok() && x.replayed() {
 			d += " replayed"
+		}
+		if byInstance {
+			d = fmt.Sprintf("instance %d: %s", x.Instance, d)
 		}
 		if count[d] == 0 {
 			order = append(order, d)
@@ -483,6 +702,10 @@ func tallyAnswers(xs []*Exchange) string {
 	slices.Sort(order)
 	parts := make([]string, len(order))
 	for i, d := range order {
+		if inst, rest, ok := strings.Cut(d, ": "); byInstance && ok {
+			parts[i] = fmt.Sprintf("%s: %d × %s", inst, count[d], rest)
+			continue
+		}
 		parts[i] = fmt.Sprintf("%d × %s", count[d], d)
 	}
 	return strings.Join(parts, ", ")
@@ -534,4 +757,109 @@ func fail(ev []*Exchange, format string, args ...any) Result {
 
 func skip(ev []*Exchange, format string, args ...any) Result {
 	return result(StatusSkip, ev, format, args...)
+}
+
+// RestartCheck: a key whose first request was cut off by a restart does not stay in
+// flight.
+var RestartCheck = &Check{
+	Name: "restart",
+	Doc:  "with --between, a key whose first request was cut off by the command (a restart, a kill) is answered within --timeout of it, not left in flight",
+	rule: rules("§5.3 (a claim held by a dead process is taken over once its lease expires); §5.2 (Retry-After says when to retry); IETF draft 2.6", "", ""),
+	run:  runRestart,
+}
+
+// hookMethod is the Method of the --between command's exchange, whose URL is the
+// command.
+const hookMethod = "sh -c"
+
+// hookOutput is how much of the --between command's output the evidence keeps.
+const hookOutput = 2 << 10
+
+func runRestart(ctx context.Context, e *env) Result {
+	if e.cfg.Between == "" {
+		return skip(nil, "no --between: give a command that restarts or kills the server between a request and its retry")
+	}
+	key := client.NewKey()
+	wrote := make(chan struct{})
+	var once sync.Once
+	written := func() { once.Do(func() { close(wrote) }) }
+	firstDone := make(chan *Exchange, 1)
+	go func() {
+		x := e.send(ctx, request{label: "first request with a fresh key, cut off by --between", body: e.cfg.Body, keys: []string{key}, wrote: written})
+		written()
+		firstDone <- x
+	}()
+	<-wrote
+	hook := e.runHook(ctx, key)
+	first := <-firstDone
+	ev := []*Exchange{first, hook}
+	if hook.Error != "" {
+		return skip(ev, "the --between command failed (%s): nothing to judge", hook.Error)
+	}
+	created := 0
+	if first.ok() {
+		created = 1
+	}
+	start := time.Now()
+	inFlight := func(x *Exchange) bool { return e.inFlightDuplicate(x) || e.inFlightRetry(x) }
+	retries := e.sendWhile(ctx, request{label: "the retry after --between: the same key and body", body: e.cfg.Body, keys: []string{key}}, inFlight)
+	ev = append(ev, retries...)
+	last := retries[len(retries)-1]
+	var r Result
+	switch {
+	case last.Response == nil:
+		r = fail(ev, "after --between the retry got %s", last.describe())
+	case inFlight(last):
+		r = fail(ev, "the key is still in flight %s after --between (%d answers, the last %s): a key cut off by a restart stays stuck",
+			time.Since(start).Round(100*time.Millisecond), len(retries), last.Outcome())
+	case last.ok() && first.ok() && sameResource(first, last):
+		r = pass(ev, "the first request finished before the command; its retry got its answer (%d)", last.status())
+	case last.ok() && first.ok():
+		created++
+		r = fail(ev, "the first request got %s, yet its retry after --between ran again (%s): the request ran twice", identity(first), identity(last))
+	case last.ok():
+		created++
+		r = pass(ev, "the first request got %s; after --between its retry got %d (%s) after %d answer(s)", first.describe(), last.status(), identity(last), len(retries))
+	default:
+		r = pass(ev, "the first request got %s; after --between its retry got a final answer, %s: the key is not stuck", first.describe(), last.describe())
+	}
+	r.Created = created
+	return r
+}
+
+// runHook runs the --between command with sh -c, IDEM_CHECK_URL and IDEM_CHECK_KEY
+// (the first request's key) in its environment, and returns it as an exchange of the
+// evidence: its output in the answer's body, its failure as the error.
+func (e *env) runHook(ctx context.Context, key string) *Exchange {
+	x := &Exchange{Label: "--between", Request: SentRequest{Method: hookMethod, URL: e.cfg.Between}}
+	ctx, cancel := context.WithTimeout(ctx, max(e.cfg.Timeout, time.Minute))
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "sh", "-c", e.cfg.Between)
+	cmd.Env = append(os.Environ(), "IDEM_CHECK_URL="+e.cfg.URL, "IDEM_CHECK_KEY="+key)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = time.Second
+	start := time.Now()
+	err := cmd.Run()
+	x.Elapsed = Millis(time.Since(start))
+	b := out.Bytes()
+	if len(b) > hookOutput {
+		b = b[len(b)-hookOutput:]
+	}
+	status := 0
+	if err != nil {
+		x.Error = oneLine(err.Error())
+		if last := lastLine(b); last != "" {
+			x.Error += ": " + last
+		}
+		status = 1
+	}
+	x.Response = &Answer{Status: status, Body: string(b), raw: b}
+	return x
+}
+
+// lastLine returns the last non-empty line of b.
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return oneLine(lines[len(lines)-1])
 }

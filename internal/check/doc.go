@@ -12,7 +12,11 @@
 // for machines ([Report.WriteJSON]) and as a self-contained HTML page whose every check
 // shows its evidence in a collapsible block ([Report.WriteHTML]).
 //
-// Every key the checker sends is a fresh UUID v4. It creates only the resources its
-// checks need (three against a correct endpoint, four with a second principal, more
-// when the endpoint runs duplicates) and the report says how many it created.
+// Every key the checker sends is a fresh UUID v4. Duplicates go in real bursts (see
+// [Config.Rounds]): every connection is opened first and the requests' last bytes are
+// written together. It creates only the resources its checks need (the first
+// request's, one per round of duplicates, one after a rejected body, one for the
+// write of the safe-methods check, one with a second principal, one with
+// [Config.Between]; more when the endpoint runs duplicates) and the report says how
+// many it created. A check that cannot judge is skipped with its reason, never passed.
 package check

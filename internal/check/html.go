@@ -63,14 +63,15 @@ pre { background: #f6f8fa; padding: .5em .7em; border-radius: 4px; overflow-x: a
 </head>
 <body>
 <h1>{{.Title}}</h1>
-<div class="meta">{{.Totals}} · started {{.Started.Format "2006-01-02 15:04:05 UTC"}} · {{.Concurrency}} duplicates at once · rules cite docs/spec.md (§N) and {{.Draft}}</div>
+<div class="meta">{{.Totals}} · started {{.Started.Format "2006-01-02 15:04:05 UTC"}} · {{.Rounds}} rounds of {{.Concurrency}} duplicates at once{{if .Instances}} · instances: {{.URL}}{{range .Instances}}, {{.}}{{end}}{{end}} · rules cite docs/spec.md (§N) and {{.Draft}}</div>
+{{if .Hint}}<p><strong>hint:</strong> {{.Hint}}</p>{{end}}
 {{range .Checks}}
 <details class="check"{{if open .Status}} open{{end}}><summary><span class="badge {{.Status}}">{{upper .Status}}</span><span class="name">{{.Name}}</span>{{.Summary}}</summary>
 <div>
 <p>{{.Doc}}<br><span class="rule">rule: {{.Rule}}</span>{{if .Created}}<br><span class="rule">created {{.Created}} resource(s)</span>{{end}}</p>
 {{$many := gt (len .Evidence) 4}}{{range .Evidence}}
 <details class="x"{{if not $many}} open{{end}}>
-<summary>{{.Label}}: {{.Outcome}} <span class="rule">({{.Elapsed}})</span></summary>
+<summary>{{.Label}}: {{.Outcome}} <span class="rule">({{if .Instance}}instance {{.Instance}}, {{end}}{{.Elapsed}})</span></summary>
 <pre>{{.Request.Method}} {{.Request.URL}}
 {{range headers .Request.Header}}{{.Name}}: {{.Value}}
 {{end}}{{if .Request.Body}}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -35,9 +36,18 @@ const HeaderReplayed = "Idempotent-Replayed"
 type env struct {
 	cfg      *Config
 	requests atomic.Int64
+	// urls are the endpoint's instances: cfg.URL, then cfg.Instances.
+	urls []string
 	// fixture is the first answer of fixtureKey, sent by prepare.
 	fixtureKey string
 	fixture    *Exchange
+	// replays is set by the replay check when the endpoint answered a retry with its
+	// first answer: without it, a fresh execution proves nothing in the checks that
+	// judge one.
+	replays bool
+	// naive, set by the replay check, says why the endpoint looks as if it ignored the
+	// key; the checks after it are then skipped with that reason.
+	naive string
 }
 
 // prepare sends Body with a fresh key: the first request of the checks that need a
@@ -53,6 +63,12 @@ func (e *env) prepare(ctx context.Context) error {
 			ErrUnusable, e.cfg.Method, redactURL(e.cfg.URL), x.Response.describe())
 	}
 	e.fixture = x
+	for i, u := range e.urls[1:] {
+		y := e.send(ctx, request{label: fmt.Sprintf("instance %d: GET without a key", i+2), method: http.MethodGet, instance: i + 1})
+		if y.Response == nil {
+			return fmt.Errorf("%w: instance %d, %s: %s", ErrUnusable, i+2, redactURL(u), y.Error)
+		}
+	}
 	return nil
 }
 
@@ -68,12 +84,21 @@ type request struct {
 	keys []string
 	// other sends the second principal's headers.
 	other bool
+	// instance is the index in env.urls of the instance the request goes to.
+	instance int
+	// url, when set, replaces the instance's URL (another path or query).
+	url string
+	// wrote, when set, is called once the request is written.
+	wrote func()
 }
 
 // Exchange is one request and its answer, as the report shows them.
 type Exchange struct {
 	// Label says what the request was for.
 	Label string `json:"label"`
+	// Instance is which of the endpoint's URLs was asked, from 1; 0 when there is
+	// one.
+	Instance int `json:"instance,omitempty"`
 	// Request is what was sent, secrets redacted.
 	Request SentRequest `json:"request"`
 	// Response is the answer; nil when there was none.
@@ -133,20 +158,44 @@ func (m Millis) String() string { return time.Duration(m).Round(time.Millisecond
 // send sends r and returns the exchange; an error is in the exchange, never
 // returned: a check judges a missing answer as any other.
 func (e *env) send(ctx context.Context, r request) *Exchange {
+	x, req := e.newRequest(ctx, r)
+	if req == nil {
+		return x
+	}
+	return e.do(x, req, nil)
+}
+
+// newRequest returns r's exchange and its HTTP request, or a nil request and the
+// exchange with its error.
+func (e *env) newRequest(ctx context.Context, r request) (*Exchange, *http.Request) {
 	method := r.method
 	if method == "" {
 		method = e.cfg.Method
 	}
-	x := &Exchange{Label: r.label, Request: SentRequest{Method: method, URL: redactURL(e.cfg.URL), Body: shown(r.body)}}
+	target := e.urls[r.instance]
+	if r.url != "" {
+		target = r.url
+	}
+	x := &Exchange{Label: r.label, Request: SentRequest{Method: method, URL: redactURL(target), Body: shown(r.body)}}
+	if len(e.urls) > 1 {
+		x.Instance = r.instance + 1
+	}
 	var body io.Reader
 	if r.body != nil {
 		body = bytes.NewReader(r.body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, e.cfg.URL, body)
+	if r.wrote != nil {
+		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { r.wrote() }})
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, body)
 	if err != nil {
 		x.Error = err.Error()
-		return x
+		return x, nil
 	}
+	// Go's transport sends a request with a body it can rebuild and an
+	// Idempotency-Key again, on a new connection, when a reused one fails: the
+	// checker must send each of its requests once, and count what it sent.
+	req.GetBody = nil
 	req.Header = e.header(r.other)
 	if r.body != nil && req.Header.Get("Content-Type") == "" {
 		req.Header.Set("Content-Type", contentType(r.body))
@@ -155,9 +204,22 @@ func (e *env) send(ctx context.Context, r request) *Exchange {
 		req.Header[e.cfg.KeyHeader] = r.keys
 	}
 	x.Request.Header = redactHeader(req.Header, e.cfg.KeyHeader)
+	return x, req
+}
+
+// do sends req with c (the configuration's client when nil) and fills in x.
+func (e *env) do(x *Exchange, req *http.Request, c *http.Client) *Exchange {
+	if c == nil {
+		c = e.cfg.Client
+	}
 	e.requests.Add(1)
 	start := time.Now()
-	resp, err := e.cfg.Client.Do(req)
+	resp, err := c.Do(req)
+	return e.answer(x, start, resp, err)
+}
+
+// answer fills in x with resp, read to its end and closed, or with err.
+func (e *env) answer(x *Exchange, start time.Time, resp *http.Response, err error) *Exchange {
 	if err != nil {
 		x.Elapsed = Millis(time.Since(start))
 		x.Error = oneLine(secret.RedactURLError(err).Error())
@@ -256,10 +318,7 @@ func (a *Answer) describe() string {
 	if is2xx(a.Status) {
 		return fmt.Sprint(a.Status)
 	}
-	b := oneLine(string(a.raw))
-	if len(b) > 80 {
-		b = b[:80] + "…"
-	}
+	b := summary(a.Header.Get("Content-Type"), a.raw)
 	if b == "" {
 		return fmt.Sprint(a.Status)
 	}

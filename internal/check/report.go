@@ -21,17 +21,41 @@ type Report struct {
 	Profile Profile `json:"profile"`
 	// Draft is the IETF draft whose sections the rules cite.
 	Draft string `json:"ietf_draft"`
+	// Instances are the endpoint's other URLs, when it was checked on several.
+	Instances []string `json:"instances,omitempty"`
 	// Concurrency is how many duplicates the concurrency check sent at once.
-	Concurrency int       `json:"concurrency"`
-	Started     time.Time `json:"started"`
-	Duration    Millis    `json:"duration_ms"`
+	Concurrency int `json:"concurrency"`
+	// Rounds is how many bursts of duplicates it sent.
+	Rounds   int       `json:"rounds"`
+	Started  time.Time `json:"started"`
+	Duration Millis    `json:"duration_ms"`
 	// Requests is how many requests the checks sent.
 	Requests int `json:"requests"`
 	// Created is how many resources the requests created: the first request's, which
 	// several checks share, and those each check counted.
 	Created int `json:"created"`
+	// Counts are how many checks ended with each verdict, every verdict present.
+	Counts map[Status]int `json:"counts"`
+	// ExitStatus is the exit status of `idem check` for this report: 1 when a check
+	// failed, else 0.
+	ExitStatus int `json:"exit_status"`
+	// Hint, when set, says why the endpoint looks as if it ignored the key (the
+	// checks after the replay check were then skipped).
+	Hint string `json:"hint,omitempty"`
 	// Checks are the results, in the order the checks ran.
 	Checks []CheckReport `json:"checks"`
+}
+
+// count fills in Counts and ExitStatus.
+func (r *Report) count() {
+	r.Counts = map[Status]int{}
+	for _, s := range []Status{StatusPass, StatusWarn, StatusFail, StatusSkip} {
+		r.Counts[s] = r.Count(s)
+	}
+	r.ExitStatus = 0
+	if r.Failed() {
+		r.ExitStatus = 1
+	}
 }
 
 // CheckReport is one check's result with its name, doc line and rule.
@@ -97,6 +121,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	tw.Flush()
 	fmt.Fprintf(ew, "\n%s\n", r.Totals())
+	if r.Hint != "" {
+		fmt.Fprintf(ew, "\nhint: %s\n", r.Hint)
+	}
 	for _, c := range r.Checks {
 		if c.Status != StatusFail && c.Status != StatusWarn {
 			continue
@@ -117,6 +144,18 @@ func (r *Report) WriteText(w io.Writer) error {
 // URL, the key and the body) and the answer.
 func writeExchange(w io.Writer, x *Exchange, keyHeader string) {
 	req := x.Request
+	if req.Method == hookMethod {
+		outcome := "exit status 0"
+		if x.Error != "" {
+			outcome = x.Error
+		}
+		out := ""
+		if x.Response != nil && x.Response.Body != "" {
+			out = "  " + cut(x.Response.Body, textBody)
+		}
+		fmt.Fprintf(w, "  %s\n    $ %s\n    ← %s%s  (%s)\n", x.Label, req.URL, outcome, out, x.Elapsed)
+		return
+	}
 	line := "    → " + req.Method + " " + req.URL
 	if keys, ok := req.Header[keyHeader]; ok {
 		for _, k := range keys {
@@ -131,6 +170,9 @@ func writeExchange(w io.Writer, x *Exchange, keyHeader string) {
 	if req.Body != "" {
 		line += "  " + cut(req.Body, textBody)
 	}
+	if x.Instance > 0 {
+		line += fmt.Sprintf("  (instance %d)", x.Instance)
+	}
 	fmt.Fprintf(w, "  %s\n%s\n", x.Label, line)
 	if x.Response == nil {
 		fmt.Fprintf(w, "    ← no answer: %s\n", x.Error)
@@ -138,12 +180,16 @@ func writeExchange(w io.Writer, x *Exchange, keyHeader string) {
 	}
 	a := x.Response
 	extra := ""
-	for _, h := range []string{HeaderReplayed, "Retry-After"} {
+	for _, h := range append([]string{HeaderReplayed, "Retry-After"}, replayedHeaders...) {
 		if v := a.Header.Get(h); v != "" {
 			extra += fmt.Sprintf("  %s: %s", h, v)
 		}
 	}
-	fmt.Fprintf(w, "    ← %d%s  %s  (%s)\n", a.Status, extra, cut(a.Body, textBody), x.Elapsed)
+	body := cut(a.Body, textBody)
+	if !json.Valid(a.raw) && (strings.Contains(a.Header.Get("Content-Type"), "html") || looksHTML(a.raw)) {
+		body = fmt.Sprintf("[HTML, %d bytes] %s", len(a.raw), summary("text/html", a.raw))
+	}
+	fmt.Fprintf(w, "    ← %d%s  %s  (%s)\n", a.Status, extra, body, x.Elapsed)
 }
 
 // cut shortens s to n bytes on one line.

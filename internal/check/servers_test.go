@@ -2,6 +2,7 @@ package check_test
 
 import (
 	"bufio"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -88,6 +89,8 @@ func TestHandWrittenServersFailExactlyTheCheckOfTheirDefect(t *testing.T) {
 		{"keys-on-get", "safe-methods", check.StatusFail, "GET with a fresh key got 200, without a key 400 key_required", nil},
 		{"optional-keys", "bad-keys", check.StatusWarn, "missing 201 (keys are optional)", nil},
 		{"no-retry-after", "concurrent-duplicates", check.StatusWarn, "in-flight 409s had no Retry-After (§5.2)", nil},
+		{"key-not-bound", "other-request", check.StatusFail, "another path (/v1/charges/idem-check) got the first answer (201, ch_", nil},
+		{"caches-get", "safe-methods", check.StatusFail, "keyed GETs are answered from a cache", nil},
 	} {
 		t.Run(c.bug, func(t *testing.T) {
 			t.Parallel()
@@ -131,11 +134,17 @@ func raceEvidence(t *testing.T, rep *check.Report) {
 			bodies[x.Response.Body] = true
 		}
 	}
-	if r.Created < 2 || len(r.Evidence) != check.DefaultConcurrency+1 || len(bodies) != r.Created {
+	exchanges := check.DefaultRounds * (check.DefaultConcurrency + 1)
+	if r.Created < 2 || len(r.Evidence) != exchanges || len(bodies) != r.Created {
 		t.Errorf("concurrent-duplicates: created %d, %d exchanges, %d distinct 201 bodies; want 2 or more created, %d exchanges, one body per resource",
-			r.Created, len(r.Evidence), len(bodies), check.DefaultConcurrency+1)
+			r.Created, len(r.Evidence), len(bodies), exchanges)
 	}
-	if rep.Created != 3+r.Created {
-		t.Errorf("the report says %d created, want %d: 3 by the other checks and %d by the duplicates", rep.Created, 3+r.Created, r.Created)
+	if !strings.Contains(r.Summary, fmt.Sprintf("%d requests at once made ", check.DefaultConcurrency)) || !strings.Contains(r.Summary, fmt.Sprintf("of %d rounds ran duplicates", check.DefaultRounds)) {
+		t.Errorf("concurrent-duplicates: %q does not count the requests of a burst and the rounds", r.Summary)
+	}
+	// The first request, --body-invalid's retry, the other principal's and
+	// safe-methods' write.
+	if rep.Created != 4+r.Created {
+		t.Errorf("the report says %d created, want %d: 4 by the other checks and %d by the duplicates", rep.Created, 4+r.Created, r.Created)
 	}
 }

@@ -24,6 +24,11 @@ stored bytes, a changed body is 409 key_reused, a rejected body frees its key.
   keys-on-get            GET /v1/charges requires a key too
   optional-keys          (not a defect) a POST without a key is run without one
   no-retry-after         an in-flight duplicate's 409 has no Retry-After
+  key-not-bound          a key is looked up before the request is routed, as a
+                         middleware mounted on every route does: a used key sent to
+                         another path or query (or method) gets the stored answer
+  caches-get             a GET with a key is stored under it and replayed, as a
+                         middleware mounted on every method does: stale after a write
 """
 
 import argparse
@@ -35,13 +40,14 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 BUGS = ["none", "race", "replay-differs", "changed-body-replayed", "stores-errors", "global-keys",
-        "accepts-bad-keys", "keys-on-get", "optional-keys", "no-retry-after"]
+        "accepts-bad-keys", "keys-on-get", "optional-keys", "no-retry-after", "key-not-bound", "caches-get"]
 
 # Visible ASCII without '"', ',' and '\\', as idem's SPEC §3 allows in a key.
 KEY_CHARS = set(chr(c) for c in range(0x21, 0x7F)) - set('",\\')
 
 LOCK = threading.Lock()
 RECORDS = {}  # record key -> {"fp", "state", "status", "body"}
+GETS = {}  # caches-get: (principal, key) -> the first answer of a keyed GET
 CHARGES = {}  # principal -> [charge]
 ARGS = None
 
@@ -96,14 +102,38 @@ class Handler(BaseHTTPRequestHandler):
         scope = self.principal()
         if scope is None:
             return self.error(401, "unauthenticated")
-        if ARGS.bug == "keys-on-get" and not self.headers.get("Idempotency-Key"):
+        key = self.headers.get("Idempotency-Key")
+        if ARGS.bug == "keys-on-get" and not key:
             return self.error(400, "key_required")
         with LOCK:
             data = list(CHARGES.get(scope, []))
-        self.send(200, encode({"object": "list", "data": data}))
+            answer = encode({"object": "list", "data": data})
+            if ARGS.bug == "caches-get" and key:
+                answer = GETS.setdefault((scope, key), answer)
+        self.send(200, answer)
+
+    def do_DELETE(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if ARGS.bug == "key-not-bound" and self.stored_answer(b""):
+            return
+        self.error(405, "method_not_allowed")
+
+    def stored_answer(self, body):
+        """key-not-bound: answers from the record of the request's key, whatever its
+        method, path and query; False when there is none."""
+        scope = self.principal()
+        key = self.headers.get("Idempotency-Key")
+        with LOCK:
+            rec = RECORDS.get((scope, key)) if scope and key else None
+        if rec is None:
+            return False
+        self.answer_existing(rec, hashlib.sha256(body).hexdigest())
+        return True
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if ARGS.bug == "key-not-bound" and self.path != "/v1/charges" and self.stored_answer(body):
+            return
         if self.path != "/v1/charges":
             return self.error(404, "not_found")
         scope = self.principal()
