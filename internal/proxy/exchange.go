@@ -275,7 +275,7 @@ func (x *exchange) recoverBrokenBody() {
 	if v == nil {
 		return
 	}
-	if v != http.ErrAbortHandler || x.leaseLost() {
+	if v != http.ErrAbortHandler {
 		panic(v)
 	}
 	x.h.SetOutcomeUnknown()

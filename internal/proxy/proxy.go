@@ -812,7 +812,9 @@ func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error
 		// 503): nothing went wrong upstream.
 		level = slog.LevelDebug
 	}
-	if x == nil || x.h == nil || !x.wrote.Load() || x.leaseLost() {
+	// A lost lease does not change what crossed the network: a request written before
+	// it is unknown too (and never released, whoever holds the key now).
+	if x == nil || x.h == nil || !x.wrote.Load() {
 		status, code, detail := http.StatusBadGateway, CodeUpstreamUnavailable, "The upstream service could not be reached; retry later."
 		if x != nil && errors.Is(context.Cause(r.Context()), errHeaderTimeout) {
 			status, code, detail = http.StatusGatewayTimeout, CodeUpstreamTimeout, "The upstream service did not answer in time; it may have acted."

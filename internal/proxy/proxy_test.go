@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1074,5 +1075,52 @@ func TestTheAccessLogSaysWhatHappenedToEachRequest(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), key1) || strings.Contains(logs.String(), "tok_a") {
 		t.Fatalf("a key or a token reached the access log:\n%s", logs)
+	}
+}
+
+// renewFails is an SQLite store whose renewals fail once fail is set, as a store that
+// went away does: the holder's lease is lost while it forwards.
+type renewFails struct {
+	*sqlite.Store
+	fail atomic.Bool
+}
+
+func (s *renewFails) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (time.Time, error) {
+	if s.fail.Load() {
+		return time.Time{}, errors.New("store down")
+	}
+	return s.Store.RecordRenew(ctx, p)
+}
+
+// A holder that loses its lease (its renewals fail) after the request was written
+// does not know what the upstream did either: the record is kept, never released, so
+// that no retry forwards the request again under a new derived key.
+func TestALeaseLostAfterTheRequestWasWrittenKeepsTheRecord(t *testing.T) {
+	t.Parallel()
+	var st *renewFails
+	b := setup(t, func(c *proxy.Config) {
+		st = &renewFails{Store: c.Idem.Store.(*sqlite.Store)}
+		c.Idem.Store, c.Idem.Lease, c.UpstreamTimeout = st, time.Second, time.Minute
+	})
+	st.fail.Store(true)
+	first := b.send("POST", "/v1/slow", key1, "tok_a", `{}`)
+	if first.status/100 == 2 || first.replayed() {
+		t.Fatalf("first: %d %s, want a failure: the lease was lost", first.status, first.body)
+	}
+	st.fail.Store(false)
+	b.up.unblock()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := b.send("POST", "/v1/slow", key1, "tok_a", `{}`)
+		if got.code() == idem.CodeOutcomeUnknown {
+			break
+		}
+		if got.code() != idem.CodeRequestInProgress || time.Now().After(deadline) {
+			t.Fatalf("a retry: %d %s, want 409 in flight until the lease lapses, then 500 outcome_unknown", got.status, got.body)
+		}
+		time.Sleep(50 * time.Millisecond) // a poll: the lease lapses by the store's clock
+	}
+	if n := b.up.count("/v1/slow"); n != 1 {
+		t.Fatalf("the upstream ran %d times, want 1", n)
 	}
 }
