@@ -220,17 +220,7 @@ func TestClaimInHandlerReadsTheKeyFirstWhileRetriesAreFrequent(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	var runs atomic.Int64
-	h := claimInHandler(b, func(w http.ResponseWriter, r *http.Request) {
-		runs.Add(1)
-		if err := idem.FromContext(r.Context()).AcquireForTx(r.Context()); err != nil {
-			return // the middleware answers what the claim found
-		}
-		_ = inTx(r.Context(), b.store, nil, func() error {
-			w.WriteHeader(http.StatusCreated)
-			_, _ = io.WriteString(w, `{"id":"ord_1"}`)
-			return nil
-		})
-	})
+	h := claimInHandler(b, leaseCreated(b, `{"id":"ord_1"}`, &runs))
 	newKeys := func(n int, prefix string) {
 		t.Helper()
 		for i := range n {
@@ -316,5 +306,58 @@ func TestAcquireForTxOnAClaimInHandlerRoute(t *testing.T) {
 	}
 	if runs.Load() != 2 || b.store.claims.Load() != 2 || strings.Contains(b.logs.String(), "wrote after") {
 		t.Fatalf("%d runs, %d claims; logs:\n%s", runs.Load(), b.store.claims.Load(), b.logs)
+	}
+}
+
+// A replay served from the replay cache is a request that found its key recorded: with
+// ReplayCacheSize > 0, retries make a ClaimInHandler route read its keys first as they
+// do without a cache (issue 28: the cache answered them before the route's rate of
+// retries saw them, and after 25 retries a key completed elsewhere still ran the
+// handler, with no read).
+func TestCachedReplaysMakeAClaimInHandlerRouteReadItsKeysFirst(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *idem.Config) { c.ReplayCacheSize = 100 })
+	var runs atomic.Int64
+	h := claimInHandler(b, leaseCreated(b, `{"id":"ord_1"}`, &runs))
+	if w := serve(h, req("POST", "/x", "key-cached", `{"a":1}`)); w.Code != http.StatusCreated {
+		t.Fatalf("first request: %d %s", w.Code, w.Body)
+	}
+	for range 25 {
+		if w := serve(h, req("POST", "/x", "key-cached", `{"a":1}`)); w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("retry: %d %s, want a replay", w.Code, w.Body)
+		}
+	}
+	if n := b.store.gets.Load(); n != 0 {
+		t.Fatalf("%d reads for retries of a cached key, want none: the cache answers them", n)
+	}
+	// A key completed by another process: this process's cache does not hold it.
+	other := idem.New(idem.Config{Store: b.store, Scope: bearerScope, Clock: b.clock.Now})
+	if w := serve(claimInHandler(&bundle{mw: other}, leaseCreated(b, `{"id":"ord_2"}`, new(atomic.Int64))), req("POST", "/x", "key-elsewhere", `{"a":1}`)); w.Code != http.StatusCreated {
+		t.Fatalf("the other process's request: %d %s", w.Code, w.Body)
+	}
+	runsBefore := runs.Load()
+	w := serve(h, req("POST", "/x", "key-elsewhere", `{"a":1}`))
+	if w.Body.String() != `{"id":"ord_2"}` || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry of a key completed elsewhere: %d %s, want its replay", w.Code, w.Body)
+	}
+	if runs.Load() != runsBefore || b.store.gets.Load() != 1 {
+		t.Fatalf("after 25 cached replays, a retry of a key completed elsewhere ran the handler %d times with %d reads; "+
+			"want it answered from one read of the key, before the handler", runs.Load()-runsBefore, b.store.gets.Load())
+	}
+}
+
+// leaseCreated is a ClaimInHandler route's handler that claims its key under a lease
+// (AcquireForTx) and answers 201 body inside its transaction, counting its runs.
+func leaseCreated(b *bundle, body string, runs *atomic.Int64) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		if err := idem.FromContext(r.Context()).AcquireForTx(r.Context()); err != nil {
+			return // the middleware answers what the claim found
+		}
+		_ = inTx(r.Context(), b.store, nil, func() error {
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, body)
+			return nil
+		})
 	}
 }

@@ -349,6 +349,11 @@ func grow(full []byte, size int64) []byte {
 func (x *request) run(next http.Handler) {
 	g, h := x.rt.m.g, &x.h
 	if resp, err := g.cached(h); resp != nil || err != nil {
+		if x.rt.claimInHandler {
+			// A cached replay found its key recorded, as a read would have: the
+			// route's rate of retries counts it (issue 28).
+			x.rt.retries.observe(true)
+		}
 		x.answer(resp, err)
 		return
 	}
