@@ -85,8 +85,19 @@ func keyLockID(scope, key string) int32 {
 // the COMMIT queued behind it); never as the store being unavailable. Then anything the handler answers goes through the middleware as
 // usual: stored or releasing the key by its status (SPEC §6). It returns
 // [idem.ErrNoHandle] for a request that is neither behind the middleware nor marked
-// idem.WithoutKey. fn runs once; its statements may be sent twice (the fallback
-// above), each time in a transaction that commits at most once.
+// idem.WithoutKey. fn runs once per call of Respond, before anything is sent: its
+// statements may be sent twice (the fallback above), each time in a transaction that
+// commits at most once. A call is a request that reached the handler, and on a
+// ClaimInHandler route whose requests mostly carry new keys nothing reads the key
+// before the handler: a retry of a key already recorded, or a concurrent duplicate,
+// reaches it too, and fn runs for it before its batch finds the key recorded (its
+// statements never commit, and the request is answered the replay, 409 or key_reused;
+// a request and its retry run fn twice). So fn only builds the statements and the
+// response; work of any other kind (a call to another system, a message sent) belongs
+// under a lease (a lease route, or InTx), or must be idempotent itself. Once the
+// route's retries are frequent it reads the key first and a retry never reaches fn;
+// RespondSQL and the SQLite store's Respond claim the key before fn runs, so there fn
+// runs only for the request that executes.
 //
 // Respond never retries a transaction that may have committed.
 func (s *Store) Respond(w http.ResponseWriter, r *http.Request, fn func(b *pgx.Batch) (*idem.Response, error)) error {
