@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idem-go/idem/store/memory"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testkit"
+	"github.com/idem-go/idem/store/memory"
 )
 
 // The misuses of the SPEC §7 helpers that the root package refuses, whatever the store.
@@ -275,13 +277,14 @@ func TestClaimInHandlerIsRefusedOnAStoreWithoutTransactions(t *testing.T) {
 }
 
 // A lease helper on a ClaimInHandler route claims the key first; when the key is
-// completed already the middleware replays it and the helper returns ErrAnswered, and
-// whatever the handler writes then is discarded without a word.
+// completed already (by another process: this one would have read it first) the
+// middleware replays it and the helper returns ErrAnswered, and whatever the handler
+// writes then is discarded without a word.
 func TestAcquireForTxOnAClaimInHandlerRoute(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	var runs atomic.Int64
-	h := claimInHandler(b, func(w http.ResponseWriter, r *http.Request) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		if err := idem.FromContext(r.Context()).AcquireForTx(r.Context()); err != nil {
 			if !errors.Is(err, idem.ErrAnswered) {
@@ -299,7 +302,9 @@ func TestAcquireForTxOnAClaimInHandlerRoute(t *testing.T) {
 			t.Errorf("inTx: %v", err)
 		}
 	})
-	first, second := serve(h, req("POST", "/x", key, "{}")), serve(h, req("POST", "/x", key, "{}"))
+	other := idem.New(idem.Config{Store: b.store, Scope: bearerScope, Clock: b.clock.Now, Logger: slog.New(slog.NewTextHandler(b.logs, nil))})
+	first := serve(claimInHandler(b, handler), req("POST", "/x", key, "{}"))
+	second := serve(claimInHandler(&bundle{mw: other}, handler), req("POST", "/x", key, "{}"))
 	if first.Code != http.StatusCreated || second.Code != http.StatusCreated || second.Body.String() != `{"id":"ord_1"}` ||
 		second.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("first %d %s, second %d %s; want the 201 then its replay", first.Code, first.Body, second.Code, second.Body)
@@ -359,5 +364,53 @@ func leaseCreated(b *bundle, body string, runs *atomic.Int64) http.HandlerFunc {
 			_, _ = io.WriteString(w, body)
 			return nil
 		})
+	}
+}
+
+// A ClaimInHandler route whose requests carry new keys runs the handler at once, with
+// the claim still to make; but a key this process knows is answered before the handler
+// (issue 28: on PostgreSQL, Respond's function ran for a request and its retry, and for
+// each of six concurrent duplicates): a duplicate of a key whose handler runs here gets
+// 409 request_in_progress with Retry-After, and a retry of a key recorded here is read
+// first and replayed. The handler runs once.
+func TestClaimInHandlerRunsTheHandlerOnceForTheKeysItKnows(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var runs atomic.Int64
+	var gates testkit.Gates
+	first := gates.Add("first")
+	h := claimInHandler(b, func(w http.ResponseWriter, r *http.Request) {
+		gates.Pass(r.Header.Get("X-Gate"))
+		leaseCreated(b, `{"id":"ord_1"}`, &runs)(w, r)
+	})
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		r := req("POST", "/x", "key-known", `{"a":1}`)
+		r.Header.Set("X-Gate", "first")
+		done <- serve(h, r)
+	}()
+	<-first.Entered
+	for range 6 {
+		w := serve(h, req("POST", "/x", "key-known", `{"a":1}`))
+		wantCode(t, w, http.StatusConflict, idem.CodeRequestInProgress)
+		if w.Header().Get("Retry-After") == "" {
+			t.Fatalf("a duplicate in flight was answered 409 without Retry-After")
+		}
+	}
+	close(first.Proceed)
+	if w := <-done; w.Code != http.StatusCreated {
+		t.Fatalf("first request: %d %s", w.Code, w.Body)
+	}
+	for range 2 {
+		w := serve(h, req("POST", "/x", "key-known", `{"a":1}`))
+		if w.Body.String() != `{"id":"ord_1"}` || w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("retry: %d %s, want the first answer replayed", w.Code, w.Body)
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times for a request, 6 concurrent duplicates and 2 retries on one process, want 1", n)
+	}
+	if n := b.store.gets.Load(); n != 2 {
+		t.Fatalf("%d reads, want one for each retry", n)
 	}
 }

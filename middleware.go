@@ -56,6 +56,8 @@ type route struct {
 	// read their key before the handler.
 	claimInHandler bool
 	retries        retryRate
+	// local is what this process knows of a ClaimInHandler route's keys (localkeys.go).
+	local localKeys
 	// onLapse is RouteOptions.OnLapse (SPEC §5.3, §13).
 	onLapse LapsePolicy
 }

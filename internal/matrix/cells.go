@@ -166,18 +166,11 @@ func Expect(s Store, r Route, h Helper, _ Mount) (Outcome, string) {
 	return ExactlyOnce, ""
 }
 
-// RespondRuns is how many times the function of the store's Respond form runs for a
-// request and its sequential retry on a route that holds: once, for the execution,
-// everywhere but pgx Respond on a ClaimInHandler route in its regime of new keys, where
-// nothing reads the key before the handler and the function runs before the batch that
-// finds the key recorded: it runs for the retry too, its statements never committing
-// (the function's doc says so).
-func RespondRuns(s Store, r Route, readFirst bool) int {
-	if s == Postgres && r == ClaimInHandler && !readFirst {
-		return 2
-	}
-	return 1
-}
+// RespondRuns is how many times the function of the store's Respond form runs for
+// the requests of one key that one process serves, on a route that holds: once, for
+// the execution (a ClaimInHandler route answers a key it knows before the handler:
+// 409 while its handler runs here, a read once it is recorded here).
+func RespondRuns(Store, Route) int { return 1 }
 
 // LoudFix is what the error logged by a misuse of helper h says to do instead: the
 // cell finds it in one ERROR line with the route.
@@ -284,18 +277,18 @@ each cell below to its outcome with one shared assertion, the whole promise of S
   and it counts what committed: one charge per key and principal, in the application's
   table. With a store that has transactions, the SPEC §7 helpers complete the record
   inside the application's transaction: its Observer sees every completion ` + "`InTx`" + ` and no
-  completion of its own. The function of the store's Respond form runs once for a
-  request and its retry (twice with pgx Respond on a ClaimInHandler route in its regime
-  of new keys, where nothing reads the key before the handler: the function runs for the
-  retry before its batch finds the key recorded, and its statements never commit; its
-  doc says so). No error is logged.
+  completion of its own. The function of the store's Respond form runs once for the
+  key's request and retry, and once for its 16 duplicates: a ClaimInHandler route
+  answers a key its process knows before the handler (409 while its handler runs there,
+  a read once it is recorded there). No error is logged.
 - **✗ refused when built**: building the route panics with an ` + "`idem: `" + ` message naming
   the option and what to use instead.
 - **! fails loudly**: on the first request and every duplicate; no answer is a success
   (HTTP: a 5xx; gRPC: ` + "`FAILED_PRECONDITION stream_not_supported`" + `, exactly), none says it was
   replayed, the effects are what the misuse makes (a response written after ` + "`InTx`" + ` is
   refused before the transaction commits: no charge; a ClaimInHandler handler that
-  writes with the database directly charges on every request, which is why it is loud),
+  writes with the database directly charges on every request that reaches it, which is
+  why it is loud),
   and one ERROR line names the route (or method) and the fix.
 - **—**: the combination does not exist.
 
