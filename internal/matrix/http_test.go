@@ -65,11 +65,17 @@ func TestHTTPCombinations(t *testing.T) {
 							continue
 						}
 						name := fmt.Sprintf("%s route, %s, mounted on %s, is %s", r, HelperAPI(s, h), m, want)
-						t.Run(name, func(t *testing.T) { runHTTPCell(t, s, r, h, m, want, false) })
+						t.Run(name, func(t *testing.T) { runHTTPCell(t, s, r, h, m, want, regime{}) })
 						if r == ClaimInHandler && want == ExactlyOnce {
 							// The route's other regime: while its requests often find
-							// their key recorded, it reads the key before the handler.
-							t.Run(name+", reading its key first", func(t *testing.T) { runHTTPCell(t, s, r, h, m, want, true) })
+							// their key recorded, it reads the key before the handler;
+							// replays from a replay cache count as such (issue 28).
+							t.Run(name+", reading its key first", func(t *testing.T) { runHTTPCell(t, s, r, h, m, want, regime{readFirst: true}) })
+							if m == OneRoute {
+								t.Run(name+", reading its key first, with a replay cache", func(t *testing.T) {
+									runHTTPCell(t, s, r, h, m, want, regime{readFirst: true, cache: true})
+								})
+							}
 						}
 					}
 				}
@@ -188,24 +194,35 @@ type httpCell struct {
 	clock   *testkit.Clock
 	handler http.Handler
 	srv     *httptest.Server
+	other   *httptest.Server // another process serving the same route on the same store
 
 	// What the Observer saw: the reads before the handler, the completions made by a
 	// store call of their own, and the completions stored, by whether they ran inside
 	// the application's transaction.
-	lookups, completeCalls, storedInTx, storedApart atomic.Int64
+	lookups, cacheHits, completeCalls, storedInTx, storedApart atomic.Int64
 
 	// gates hold the requests that ask to stall (stallingAt).
 	gates testkit.Gates
 }
 
-// runHTTPCell builds one cell and holds it to want. With readFirst (a ClaimInHandler
-// route that holds) the route is first sent retries of another key until it reads each
-// key before its handler (SPEC §7), and every request of the cell must then be such a
-// read: the cell checks that regime, not the one of new keys.
-func runHTTPCell(t *testing.T, s Store, r Route, h Helper, m Mount, want Outcome, readFirst bool) {
+// regime is how a cell's route runs: with readFirst (a ClaimInHandler route that
+// holds) the route is first sent retries of another key until it reads each key before
+// its handler (SPEC §7), and every request of the cell must then be such a read (or an
+// answer before it: 409 for a key in flight in the process, a replay from the cache):
+// the cell checks that regime, not the one of new keys. With cache the middleware keeps
+// a replay cache (Config.ReplayCacheSize).
+type regime struct{ readFirst, cache bool }
+
+// runHTTPCell builds one cell and holds it to want.
+func runHTTPCell(t *testing.T, s Store, r Route, h Helper, m Mount, want Outcome, rg regime) {
 	t.Parallel()
 	c := &httpCell{t: t, s: s, r: r, h: h, e: openEnv(t, s), logs: &lockedBuffer{}, clock: testkit.NewClock(time.Now())}
 	observer := &idem.Observer{
+		Claimed: func(ev idem.ClaimEvent) {
+			if ev.Outcome == idem.OutcomeReplayedFromCache {
+				c.cacheHits.Add(1)
+			}
+		},
 		StoreCall: func(ev idem.StoreCallEvent) {
 			switch ev.Op {
 			case idem.StoreOpLookup:
@@ -224,8 +241,9 @@ func runHTTPCell(t *testing.T, s Store, r Route, h Helper, m Mount, want Outcome
 			}
 		},
 	}
-	mw := idem.New(idem.Config{Store: c.e.store, Scope: scope, Logger: slog.New(slog.NewTextHandler(c.logs, nil)),
-		Observer: observer, Clock: c.clock.Now})
+	cfg := idem.Config{Store: c.e.store, Scope: scope, Logger: slog.New(slog.NewTextHandler(c.logs, nil)),
+		Observer: observer, Clock: c.clock.Now, ReplayCacheSize: cacheSize(rg.cache)}
+	mw := idem.New(cfg)
 	opts := idem.RouteOptions{ClaimInHandler: r == ClaimInHandler}
 	refusal := func() (p any) {
 		defer func() { p = recover() }()
@@ -242,24 +260,29 @@ func runHTTPCell(t *testing.T, s Store, r Route, h Helper, m Mount, want Outcome
 		t.Fatalf("building it panicked: %v", refusal)
 	}
 	c.srv = serve(t, c.handler)
+	// Another process on the same store: its own middleware, which knows no key.
+	c.other = serve(t, mount(m, idem.New(cfg), opts, c.e.handler(h, c.gates.Pass)))
+	readFirst := rg.readFirst
 	if readFirst {
 		warmUp(t, c.srv)
-		if c.lookups.Load() == 0 {
+		if c.lookups.Load() == 0 && !rg.cache { // with a cache: the cell's first request reads
 			t.Fatal("retries of one key did not make the ClaimInHandler route read its keys first")
 		}
 		c.lookups.Store(0)
+		c.cacheHits.Store(0)
 	}
 	seqKey, concKey, first, retry, conc := sendTo(t, c.srv)
 	all := append([]answer{first, retry}, conc...)
-	reached := 0 // the requests not answered 409 in flight: each reached the store
+	reached := -c.cacheHits.Load() // the requests not answered in flight or from the cache: each reached the store
 	for _, a := range all {
 		if !a.inFlight() {
 			reached++
 		}
 	}
-	if n := c.lookups.Load(); readFirst && n < int64(reached) {
-		t.Fatalf("%d of the cell's %d requests not answered in flight read their key before the handler, want every one", n, reached)
+	if n := c.lookups.Load(); readFirst && n < reached {
+		t.Fatalf("%d of the cell's %d requests not answered in flight or from the cache read their key before the handler, want every one", n, reached)
 	}
+
 	switch want {
 	case ExactlyOnce:
 		if h == Respond {
@@ -269,9 +292,20 @@ func runHTTPCell(t *testing.T, s Store, r Route, h Helper, m Mount, want Outcome
 			}
 		}
 		c.holdsExactlyOnce(seqKey, concKey, first, retry, conc)
+		if rg.cache && c.cacheHits.Load() == 0 {
+			t.Fatal("no answer came from the replay cache")
+		}
 	case Loud:
 		c.failsLoudly(seqKey, concKey, all)
 	}
+}
+
+// cacheSize is the Config.ReplayCacheSize of a cell with a replay cache, or none.
+func cacheSize(cache bool) int {
+	if cache {
+		return 64
+	}
+	return 0
 }
 
 // holdsExactlyOnce is the promise of a cell that holds (SPEC §5–§7), all of it, on the
@@ -291,6 +325,10 @@ func (c *httpCell) holdsExactlyOnce(seqKey, concKey string, first, retry answer,
 		}
 	}
 
+	// A retry that another process serves is the first answer's replay too.
+	if a := post(t, c.other.Client(), c.other.URL, seqKey); notReplayOf(a, first) != "" {
+		t.Fatalf("the retry that another process served was answered %v: %s", a, notReplayOf(a, first))
+	}
 	// A different body under a used key is refused, and the record is untouched.
 	if a := post(t, c.srv.Client(), c.srv.URL, seqKey, withBody(`{"amount":9999,"currency":"usd"}`)); a.status != http.StatusConflict || a.code != idem.CodeKeyReused || a.replayed {
 		t.Fatalf("a different body under a used key was answered %v; want 409 key_reused, never the first answer", a)
