@@ -386,7 +386,8 @@ are in SQL files and Lua scripts; each entry here is a bug a user would lose som
 to, with the sentence that says what.) The survivor, and why no cell here sees it:
 
 - ` + "`write-error-no-retry-after`" + `: ` + "`idem.WriteError`" + ` without ` + "`Retry-After`" + `. The middleware sets its
-  own (a mutant of it is killed); only the backstop answers with ` + "`idem.WriteError`" + `'s 409,
-  when two executions of one key meet at its row after the Redis record was lost, which
-  no cell makes happen (backstop's own tests do).
+  own (a mutant of it is killed); only the backstop answers with ` + "`idem.WriteError`" + `'s 409
+  and 503: the 409 on a path its own comment calls unreachable (a row and its response
+  commit together), the 503 when the application's database fails, which no cell makes
+  happen.
 `
