@@ -167,10 +167,10 @@ func Expect(s Store, r Route, h Helper, _ Mount) (Outcome, string) {
 }
 
 // RespondRuns is how many times the function of the store's Respond form runs for
-// the requests of one key that one process serves, on a route that holds: once, for
-// the execution (a ClaimInHandler route answers a key it knows before the handler:
-// 409 while its handler runs here, a read once it is recorded here).
-func RespondRuns(Store, Route) int { return 1 }
+// the requests of one key that one process serves, on every route that holds: once,
+// for the execution (a ClaimInHandler route answers a key it knows before the
+// handler: 409 while its handler runs here, a read once it is recorded here).
+const RespondRuns = 1
 
 // LoudFix is what the error logged by a misuse of helper h says to do instead: the
 // cell finds it in one ERROR line with the route.
