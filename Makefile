@@ -1,5 +1,5 @@
 # The commands the README names.
-.PHONY: run test bench dashboard ci tidy
+.PHONY: run test bench mutants dashboard ci tidy
 
 run:
 	go run ./cmd/idem payments
@@ -10,6 +10,10 @@ test:
 # End-to-end ratios into docs/benchmarks.md; the middleware's own: go test -bench . -benchmem .
 bench:
 	scripts/bench
+
+# The configuration-matrix suite's mutation score (docs/combinations.md).
+mutants:
+	scripts/mutants
 
 # Every query of deploy/grafana/idem.json against a real Prometheus under idem load, and
 # its screenshot (needs Debian's prometheus and chromium; docs/operations.md#metrics).

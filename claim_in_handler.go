@@ -37,14 +37,33 @@ func (c *capture) reopen() {
 // under that lease). Otherwise, and for a key without a live record, the handler runs
 // with the claim still to make, in the transaction of the store's Respond, which
 // answers a key recorded meanwhile itself.
+//
+// A key this process knows (localKeys) is answered before the handler in either
+// regime: a duplicate of a key whose handler runs here gets 409 request_in_progress
+// (unless the route waits for keys in flight), and a key recorded here is read first.
 func (x *request) runClaimingInHandler(next http.Handler) {
 	rt := x.rt
 	defer func() { rt.retries.observe(x.keyFound) }()
-	if !rt.retries.readFirst() {
-		x.executeClaimingInHandler(next)
-		return
-	}
 	g, h := rt.m.g, &x.h
+	k := cacheKey{h.scope, h.key}
+	switch rt.local.begin(k, h.claim.Fingerprint) {
+	case localNothing:
+		defer func() {
+			completed, _ := h.outcome()
+			rt.local.end(k, x.keyFound || completed || !h.inTx)
+		}()
+		if !rt.retries.readFirst() {
+			x.executeClaimingInHandler(next)
+			return
+		}
+	case localRunning:
+		if g.cfg.InFlightWait == 0 {
+			x.keyFound = true
+			h.observeClaim(OutcomeInProgress, false, time.Now(), nil)
+			x.writeError(CodeRequestInProgress, "")
+			return
+		}
+	}
 	ctx := x.r.Context()
 	first, found, err := h.lookup(ctx)
 	if err != nil {

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idem-go/idem/store/memory"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testkit"
+	"github.com/idem-go/idem/store/memory"
 )
 
 // The misuses of the SPEC §7 helpers that the root package refuses, whatever the store.
@@ -220,17 +222,7 @@ func TestClaimInHandlerReadsTheKeyFirstWhileRetriesAreFrequent(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	var runs atomic.Int64
-	h := claimInHandler(b, func(w http.ResponseWriter, r *http.Request) {
-		runs.Add(1)
-		if err := idem.FromContext(r.Context()).AcquireForTx(r.Context()); err != nil {
-			return // the middleware answers what the claim found
-		}
-		_ = inTx(r.Context(), b.store, nil, func() error {
-			w.WriteHeader(http.StatusCreated)
-			_, _ = io.WriteString(w, `{"id":"ord_1"}`)
-			return nil
-		})
-	})
+	h := claimInHandler(b, leaseCreated(b, `{"id":"ord_1"}`, &runs))
 	newKeys := func(n int, prefix string) {
 		t.Helper()
 		for i := range n {
@@ -285,13 +277,14 @@ func TestClaimInHandlerIsRefusedOnAStoreWithoutTransactions(t *testing.T) {
 }
 
 // A lease helper on a ClaimInHandler route claims the key first; when the key is
-// completed already the middleware replays it and the helper returns ErrAnswered, and
-// whatever the handler writes then is discarded without a word.
+// completed already (by another process: this one would have read it first) the
+// middleware replays it and the helper returns ErrAnswered, and whatever the handler
+// writes then is discarded without a word.
 func TestAcquireForTxOnAClaimInHandlerRoute(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	var runs atomic.Int64
-	h := claimInHandler(b, func(w http.ResponseWriter, r *http.Request) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		if err := idem.FromContext(r.Context()).AcquireForTx(r.Context()); err != nil {
 			if !errors.Is(err, idem.ErrAnswered) {
@@ -309,12 +302,115 @@ func TestAcquireForTxOnAClaimInHandlerRoute(t *testing.T) {
 			t.Errorf("inTx: %v", err)
 		}
 	})
-	first, second := serve(h, req("POST", "/x", key, "{}")), serve(h, req("POST", "/x", key, "{}"))
+	other := idem.New(idem.Config{Store: b.store, Scope: bearerScope, Clock: b.clock.Now, Logger: slog.New(slog.NewTextHandler(b.logs, nil))})
+	first := serve(claimInHandler(b, handler), req("POST", "/x", key, "{}"))
+	second := serve(claimInHandler(&bundle{mw: other}, handler), req("POST", "/x", key, "{}"))
 	if first.Code != http.StatusCreated || second.Code != http.StatusCreated || second.Body.String() != `{"id":"ord_1"}` ||
 		second.Header().Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("first %d %s, second %d %s; want the 201 then its replay", first.Code, first.Body, second.Code, second.Body)
 	}
 	if runs.Load() != 2 || b.store.claims.Load() != 2 || strings.Contains(b.logs.String(), "wrote after") {
 		t.Fatalf("%d runs, %d claims; logs:\n%s", runs.Load(), b.store.claims.Load(), b.logs)
+	}
+}
+
+// A replay served from the replay cache is a request that found its key recorded: with
+// ReplayCacheSize > 0, retries make a ClaimInHandler route read its keys first as they
+// do without a cache (issue 28: the cache answered them before the route's rate of
+// retries saw them, and after 25 retries a key completed elsewhere still ran the
+// handler, with no read).
+func TestCachedReplaysMakeAClaimInHandlerRouteReadItsKeysFirst(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *idem.Config) { c.ReplayCacheSize = 100 })
+	var runs atomic.Int64
+	h := claimInHandler(b, leaseCreated(b, `{"id":"ord_1"}`, &runs))
+	if w := serve(h, req("POST", "/x", "key-cached", `{"a":1}`)); w.Code != http.StatusCreated {
+		t.Fatalf("first request: %d %s", w.Code, w.Body)
+	}
+	for range 25 {
+		if w := serve(h, req("POST", "/x", "key-cached", `{"a":1}`)); w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("retry: %d %s, want a replay", w.Code, w.Body)
+		}
+	}
+	if n := b.store.gets.Load(); n != 0 {
+		t.Fatalf("%d reads for retries of a cached key, want none: the cache answers them", n)
+	}
+	// A key completed by another process: this process's cache does not hold it.
+	other := idem.New(idem.Config{Store: b.store, Scope: bearerScope, Clock: b.clock.Now})
+	if w := serve(claimInHandler(&bundle{mw: other}, leaseCreated(b, `{"id":"ord_2"}`, new(atomic.Int64))), req("POST", "/x", "key-elsewhere", `{"a":1}`)); w.Code != http.StatusCreated {
+		t.Fatalf("the other process's request: %d %s", w.Code, w.Body)
+	}
+	runsBefore := runs.Load()
+	w := serve(h, req("POST", "/x", "key-elsewhere", `{"a":1}`))
+	if w.Body.String() != `{"id":"ord_2"}` || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry of a key completed elsewhere: %d %s, want its replay", w.Code, w.Body)
+	}
+	if runs.Load() != runsBefore || b.store.gets.Load() != 1 {
+		t.Fatalf("after 25 cached replays, a retry of a key completed elsewhere ran the handler %d times with %d reads; "+
+			"want it answered from one read of the key, before the handler", runs.Load()-runsBefore, b.store.gets.Load())
+	}
+}
+
+// leaseCreated is a ClaimInHandler route's handler that claims its key under a lease
+// (AcquireForTx) and answers 201 body inside its transaction, counting its runs.
+func leaseCreated(b *bundle, body string, runs *atomic.Int64) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		if err := idem.FromContext(r.Context()).AcquireForTx(r.Context()); err != nil {
+			return // the middleware answers what the claim found
+		}
+		_ = inTx(r.Context(), b.store, nil, func() error {
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, body)
+			return nil
+		})
+	}
+}
+
+// A ClaimInHandler route whose requests carry new keys runs the handler at once, with
+// the claim still to make; but a key this process knows is answered before the handler
+// (issue 28: on PostgreSQL, Respond's function ran for a request and its retry, and for
+// each of six concurrent duplicates): a duplicate of a key whose handler runs here gets
+// 409 request_in_progress with Retry-After, and a retry of a key recorded here is read
+// first and replayed. The handler runs once.
+func TestClaimInHandlerRunsTheHandlerOnceForTheKeysItKnows(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var runs atomic.Int64
+	var gates testkit.Gates
+	first := gates.Add("first")
+	h := claimInHandler(b, func(w http.ResponseWriter, r *http.Request) {
+		gates.Pass(r.Header.Get("X-Gate"))
+		leaseCreated(b, `{"id":"ord_1"}`, &runs)(w, r)
+	})
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		r := req("POST", "/x", "key-known", `{"a":1}`)
+		r.Header.Set("X-Gate", "first")
+		done <- serve(h, r)
+	}()
+	<-first.Entered
+	for range 6 {
+		w := serve(h, req("POST", "/x", "key-known", `{"a":1}`))
+		wantCode(t, w, http.StatusConflict, idem.CodeRequestInProgress)
+		if w.Header().Get("Retry-After") == "" {
+			t.Fatalf("a duplicate in flight was answered 409 without Retry-After")
+		}
+	}
+	close(first.Proceed)
+	if w := <-done; w.Code != http.StatusCreated {
+		t.Fatalf("first request: %d %s", w.Code, w.Body)
+	}
+	for range 2 {
+		w := serve(h, req("POST", "/x", "key-known", `{"a":1}`))
+		if w.Body.String() != `{"id":"ord_1"}` || w.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("retry: %d %s, want the first answer replayed", w.Code, w.Body)
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times for a request, 6 concurrent duplicates and 2 retries on one process, want 1", n)
+	}
+	if n := b.store.gets.Load(); n != 2 {
+		t.Fatalf("%d reads, want one for each retry", n)
 	}
 }

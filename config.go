@@ -293,15 +293,18 @@ type RouteOptions struct {
 	// recent ones: a client retrying, a retry storm), the middleware reads the key first
 	// (one primary-key read) and answers a retry as the lease route does, without
 	// running the handler; it stops when they rarely do (under an eighth), since the
-	// read costs every new key a round trip. A helper that needs a
+	// read costs every new key a round trip. Either way a key this process knows is
+	// answered before the handler: a duplicate of a key whose handler runs here gets
+	// 409 request_in_progress (unless InFlightWait is set), and a key recorded here
+	// (the route's last 1,024) is read first. A helper that needs a
 	// lease (InTx, backstop's) claims the key first the usual way
 	// ([Handle.AcquireForTx]). A handler that answers a response to store without a
 	// helper (its writes through the database directly) is a misuse, answered 500
 	// internal_error, never stored, and logged at error level naming the route: it
 	// would run once per duplicate. Route panics when the store has no such Respond
 	// (Capabilities.Transactions false: Redis, memory). Unsuitable for a handler that
-	// calls anything outside the database before its transaction: a concurrent
-	// duplicate runs that call too. Defaults to false.
+	// calls anything outside the database before its transaction: a duplicate that
+	// another process serves runs that call too. Defaults to false.
 	ClaimInHandler bool
 
 	// Resume, when set, is the function that finishes the operation of a record whose

@@ -477,7 +477,7 @@ func (h *Handle) finish() (ending, error) {
 	case failed != nil: // ... or did not commit: neither effects nor record exist
 		if errors.Is(failed, ErrNoResponse) {
 			g.cfg.Logger.ErrorContext(&h.detached, "idem: the handler's transaction was rolled back: it was to commit with the response, "+
-				"but none was written yet; write the response inside the transaction's function (or return it from Respond's); answering 500", h.attrs()...)
+				"but none was written yet; write the response inside the transaction's function (or return it from Respond's); answering 500", h.attrs(h.routeAttr()...)...)
 		} else {
 			g.cfg.Logger.WarnContext(&h.detached, "idem: the completing transaction failed; the result is not used",
 				h.attrs(slog.Any("error", failed))...)
@@ -668,6 +668,15 @@ func (h *Handle) warnIfExpired() bool {
 	h.g.cfg.Logger.WarnContext(&h.detached, "idem: record completed after its TTL: it is expired already, and a retry executes again; make the TTL longer than the operation runs",
 		h.attrs(slog.Duration("ttl", h.claim.TTL))...)
 	return true
+}
+
+// routeAttr names the route of a middleware request, for a log line about a mistake in
+// its handler; none for other callers.
+func (h *Handle) routeAttr() []any {
+	if x, ok := h.describer.(*request); ok {
+		return []any{slog.String("route", x.routeName())}
+	}
+	return nil
 }
 
 // attrs are the attributes of every log line about the call, then extra: a hash of

@@ -56,6 +56,8 @@ type route struct {
 	// read their key before the handler.
 	claimInHandler bool
 	retries        retryRate
+	// local is what this process knows of a ClaimInHandler route's keys (localkeys.go).
+	local localKeys
 	// onLapse is RouteOptions.OnLapse (SPEC §5.3, §13).
 	onLapse LapsePolicy
 }
@@ -349,6 +351,11 @@ func grow(full []byte, size int64) []byte {
 func (x *request) run(next http.Handler) {
 	g, h := x.rt.m.g, &x.h
 	if resp, err := g.cached(h); resp != nil || err != nil {
+		if x.rt.claimInHandler {
+			// A cached replay found its key recorded, as a read would have: the
+			// route's rate of retries counts it (issue 28).
+			x.rt.retries.observe(true)
+		}
 		x.answer(resp, err)
 		return
 	}

@@ -34,14 +34,16 @@ type env struct {
 	store idem.Store
 	// direct inserts a charge with the database directly, outside any helper.
 	direct func(ctx context.Context, key, id string) error
-	// respond answers through the store's Respond form: the insert in its
-	// transaction, the response returned. Nil when the store has none.
-	respond func(w http.ResponseWriter, r *http.Request, key, id string) error
-	// inTx runs the insert through the store's lease form and calls inside, in its
+	// respond answers o through the store's Respond form: its insert in its
+	// transaction, its response returned. Nil when the store has none.
+	respond func(w http.ResponseWriter, r *http.Request, o op) error
+	// inTx runs o's insert through the store's lease form and calls inside, in its
 	// transaction, after the insert. Nil when the store has none.
-	inTx func(w http.ResponseWriter, r *http.Request, key, id string, inside func()) error
+	inTx func(w http.ResponseWriter, r *http.Request, o op, inside func()) error
 	// charges counts the charges of key.
 	charges func(t *testing.T, key string) int
+	// respondRuns counts the runs of the Respond form's function, by key.
+	respondRuns counter
 	// tx, for the core cells: the store's InTx with a *sql.Tx or a pgx.Tx, the insert
 	// statement's placeholders, and its own Do-style counting.
 	sqlInTx func(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error
@@ -49,16 +51,38 @@ type env struct {
 	insert  string
 }
 
-// charge is the response of an execution: its id is new at every execution, so that a
-// re-executed answer never passes for the first one's replay.
-func charge(key, id string) *idem.Response {
-	body, _ := json.Marshal(map[string]string{"id": id, "object": "charge", "key": key})
-	return &idem.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: body}
+// op is one execution of the handler: the charge it makes for key, named id, or, when
+// fail, nothing at all and a 503 that says so (a releasing status, SPEC §6).
+type op struct {
+	key, id string
+	fail    bool
 }
 
-func writeCharge(w http.ResponseWriter, key, id string) {
-	resp := charge(key, id)
-	w.Header().Set("Content-Type", "application/json")
+// response is o's answer: a 201 whose id is new at every execution, so that a
+// re-executed answer never passes for the first one's replay, with the headers a
+// replay must carry (stored: Content-Type, Location, ETag, Cache-Control) and one it
+// must not (Set-Cookie); or o's 503.
+func (o op) response() *idem.Response {
+	if o.fail {
+		return &idem.Response{Status: http.StatusServiceUnavailable, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: []byte(`{"error":"the processor is down; nothing was charged"}`)}
+	}
+	body, _ := json.Marshal(map[string]string{"id": o.id, "object": "charge", "key": o.key})
+	return &idem.Response{Status: http.StatusCreated, Header: http.Header{
+		"Content-Type":  {"application/json"},
+		"Location":      {"/v1/charges/" + o.id},
+		"Etag":          {`"` + o.id + `"`},
+		"Cache-Control": {"no-store"},
+		"Set-Cookie":    {"session=" + o.id},
+	}, Body: body}
+}
+
+// write writes o's response on w.
+func (o op) write(w http.ResponseWriter) {
+	resp := o.response()
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
 	w.WriteHeader(resp.Status)
 	_, _ = w.Write(resp.Body)
 }
@@ -127,29 +151,34 @@ func (e *env) onSQL(db *sql.DB, insert string, respond sqlRespondForm, inTx sqlL
 		_, err := db.ExecContext(ctx, insert, key, id)
 		return err
 	}
-	e.respond = func(w http.ResponseWriter, r *http.Request, key, id string) error {
+	e.respond = func(w http.ResponseWriter, r *http.Request, o op) error {
 		return respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
-			if _, err := tx.ExecContext(ctx, insert, key, id); err != nil {
+			e.respondRuns.add(o.key)
+			if err := sqlInsert(ctx, tx, insert, o); err != nil {
 				return nil, err
 			}
-			return charge(key, id), nil
+			return o.response(), nil
 		})
 	}
-	e.inTx = func(w http.ResponseWriter, r *http.Request, key, id string, inside func()) error {
-		return inTx(w, r, sqlInsert(insert, key, id, inside))
+	e.inTx = func(w http.ResponseWriter, r *http.Request, o op, inside func()) error {
+		return inTx(w, r, func(ctx context.Context, tx *sql.Tx) error {
+			if err := sqlInsert(ctx, tx, insert, o); err != nil {
+				return err
+			}
+			inside()
+			return nil
+		})
 	}
 	return e
 }
 
-// sqlInsert is a lease-form function: the insert, then inside.
-func sqlInsert(insert, key, id string, inside func()) func(ctx context.Context, tx *sql.Tx) error {
-	return func(ctx context.Context, tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, insert, key, id); err != nil {
-			return err
-		}
-		inside()
+// sqlInsert inserts o's charge in tx, unless o fails.
+func sqlInsert(ctx context.Context, tx *sql.Tx, insert string, o op) error {
+	if o.fail {
 		return nil
 	}
+	_, err := tx.ExecContext(ctx, insert, o.key, o.id)
+	return err
 }
 
 func countIn(db *sql.DB) func(t *testing.T, key string) int {
@@ -193,16 +222,21 @@ func postgresEnv(t *testing.T, databaseSQL bool) *env {
 	if databaseSQL {
 		return e.onSQL(st.DB(), insert, st.RespondSQL, leaseFormOf(st.InSQLTx))
 	}
-	e.respond = func(w http.ResponseWriter, r *http.Request, key, id string) error {
+	e.respond = func(w http.ResponseWriter, r *http.Request, o op) error {
 		return st.Respond(w, r, func(b *pgx.Batch) (*idem.Response, error) {
-			b.Queue(insert, key, id)
-			return charge(key, id), nil
+			e.respondRuns.add(o.key)
+			if !o.fail {
+				b.Queue(insert, o.key, o.id)
+			}
+			return o.response(), nil
 		})
 	}
-	e.inTx = func(w http.ResponseWriter, r *http.Request, key, id string, inside func()) error {
+	e.inTx = func(w http.ResponseWriter, r *http.Request, o op, inside func()) error {
 		return st.InTx(r.Context(), func(ctx context.Context, tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, insert, key, id); err != nil {
-				return err
+			if !o.fail {
+				if _, err := tx.Exec(ctx, insert, o.key, o.id); err != nil {
+					return err
+				}
 			}
 			inside()
 			return nil
@@ -273,30 +307,65 @@ func memoryEnv() *env {
 	}
 }
 
+// The request headers that tell the cell's handler what to do: failHeader, answer 503
+// and charge nothing; stallHeader, pass the cell's gate of that name before charging.
+const (
+	failHeader  = "X-Matrix-Fail"
+	stallHeader = "X-Matrix-Stall"
+)
+
 // handler is the cell's POST /v1/charges: it makes one charge for the request's key
-// through helper h and answers 201 with it.
-func (e *env) handler(h Helper) http.HandlerFunc {
+// through helper h and answers 201 with it (or, asked to, 503 and no charge). A
+// request asking to stall passes the gate it names first, under the key's claim.
+func (e *env) handler(h Helper, stall func(gate string)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		key, id := r.Header.Get("Idempotency-Key"), newID()
+		o := op{key: r.Header.Get("Idempotency-Key"), id: newID(), fail: r.Header.Get(failHeader) != ""}
+		if gate := r.Header.Get(stallHeader); gate != "" {
+			stall(gate)
+		}
 		var err error
 		switch h {
 		case Respond:
-			err = e.respond(w, r, key, id)
+			err = e.respond(w, r, o)
 		case InTx:
-			err = e.inTx(w, r, key, id, func() { writeCharge(w, key, id) })
+			err = e.inTx(w, r, o, func() { o.write(w) })
 		case Late:
-			if err = e.inTx(w, r, key, id, func() {}); err == nil {
-				writeCharge(w, key, id) // too late: the transaction committed without it
+			if err = e.inTx(w, r, o, func() {}); err == nil {
+				o.write(w) // too late: the transaction committed without it
 			}
 		case Direct:
-			if err = e.direct(r.Context(), key, id); err == nil {
-				writeCharge(w, key, id)
+			if !o.fail {
+				err = e.direct(r.Context(), o.key, o.id)
+			}
+			if err == nil {
+				o.write(w)
 			}
 		}
 		if err != nil && !errors.Is(err, idem.ErrAnswered) {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
 	}
+}
+
+// counter counts by key, safe for concurrent use.
+type counter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counter) add(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[key]++
+}
+
+func (c *counter) get(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[key]
 }
 
 // lockedBuffer collects a cell's log lines from concurrent requests.

@@ -6,16 +6,19 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"github.com/go-chi/chi/v5"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/internal/testkit"
 )
 
 func init() { gin.SetMode(gin.ReleaseMode) }
@@ -63,11 +66,17 @@ func TestHTTPCombinations(t *testing.T) {
 							continue
 						}
 						name := fmt.Sprintf("%s route, %s, mounted on %s, is %s", r, HelperAPI(s, h), m, want)
-						t.Run(name, func(t *testing.T) { runHTTPCell(t, s, r, h, m, want, false) })
+						t.Run(name, func(t *testing.T) { runHTTPCell(t, s, r, h, m, want, regime{}) })
 						if r == ClaimInHandler && want == ExactlyOnce {
 							// The route's other regime: while its requests often find
-							// their key recorded, it reads the key before the handler.
-							t.Run(name+", reading its key first", func(t *testing.T) { runHTTPCell(t, s, r, h, m, want, true) })
+							// their key recorded, it reads the key before the handler;
+							// replays from a replay cache count as such (issue 28).
+							t.Run(name+", reading its key first", func(t *testing.T) { runHTTPCell(t, s, r, h, m, want, regime{readFirst: true}) })
+							if m == OneRoute {
+								t.Run(name+", reading its key first, with a replay cache", func(t *testing.T) {
+									runHTTPCell(t, s, r, h, m, want, regime{readFirst: true, cache: true})
+								})
+							}
 						}
 					}
 				}
@@ -80,6 +89,7 @@ func TestHTTPCombinations(t *testing.T) {
 type answer struct {
 	status     int
 	body       string
+	header     http.Header
 	replayed   bool
 	code       string // the error code of an idem error
 	retryAfter string
@@ -90,15 +100,76 @@ func (a answer) String() string {
 	return fmt.Sprintf("%d %s (replayed %v)", a.status, strings.TrimSpace(a.body), a.replayed)
 }
 
-func post(t *testing.T, c *http.Client, url, key string) answer {
+// inFlight reports whether a is the 409 of a key in flight.
+func (a answer) inFlight() bool {
+	return a.status == http.StatusConflict && a.code == idem.CodeRequestInProgress
+}
+
+// executed reports whether a is a 2xx that says it was not replayed: an execution's.
+func (a answer) executed() bool { return a.status/100 == 2 && !a.replayed }
+
+// storedHeaders are the headers of the cells' 201 that a replay must carry (SPEC §6's
+// default allow-list); it must never carry Set-Cookie, which the 201 has too.
+var storedHeaders = []string{"Content-Type", "Location", "Etag", "Cache-Control"}
+
+// notReplayOf says why a is not the replay of the execution's answer of: "" when it
+// is one (its status, body and stored headers, marked Idempotent-Replayed: true, and no
+// Set-Cookie).
+func notReplayOf(a, of answer) string {
+	switch {
+	case !a.replayed:
+		return "it does not say Idempotent-Replayed: true"
+	case a.status != of.status || a.body != of.body:
+		return "its status or body is not the execution's"
+	case a.header.Get("Set-Cookie") != "":
+		return "it carries the execution's Set-Cookie, which is never stored"
+	}
+	for _, name := range storedHeaders {
+		if got, want := a.header.Get(name), of.header.Get(name); got != want {
+			return fmt.Sprintf("its %s is %q, the execution's %q", name, got, want)
+		}
+	}
+	return ""
+}
+
+// A request option: what the cell's request differs in from the usual one.
+type reqOption func(*http.Request)
+
+// withBody sends body instead of the usual one.
+func withBody(body string) reqOption {
+	return func(r *http.Request) {
+		r.Body = io.NopCloser(strings.NewReader(body))
+		r.ContentLength = int64(len(body))
+	}
+}
+
+// as sends the request as another principal, of bearer token tok.
+func as(tok string) reqOption {
+	return func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+tok) }
+}
+
+// failing asks the handler to answer 503 and charge nothing.
+func failing(r *http.Request) { r.Header.Set(failHeader, "1") }
+
+// stallingAt asks the handler to pass the cell's gate of that name first.
+func stallingAt(gate string) reqOption {
+	return func(r *http.Request) { r.Header.Set(stallHeader, gate) }
+}
+
+const chargeBody = `{"amount":2000,"currency":"usd"}`
+
+func post(t *testing.T, c *http.Client, url, key string, opts ...reqOption) answer {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/charges", strings.NewReader(`{"amount":2000,"currency":"usd"}`))
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/charges", strings.NewReader(chargeBody))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer sk_test_matrix")
 	req.Header.Set("Idempotency-Key", key)
+	for _, o := range opts {
+		o(req)
+	}
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Errorf("POST: %v", err)
@@ -106,7 +177,7 @@ func post(t *testing.T, c *http.Client, url, key string) answer {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	a := answer{status: resp.StatusCode, body: string(b), replayed: resp.Header.Get("Idempotent-Replayed") == "true",
+	a := answer{status: resp.StatusCode, body: string(b), header: resp.Header, replayed: resp.Header.Get("Idempotent-Replayed") == "true",
 		retryAfter: resp.Header.Get("Retry-After"), trailer: resp.Trailer}
 	if i := strings.Index(a.body, `"code":"`); i >= 0 {
 		a.code, _, _ = strings.Cut(a.body[i+len(`"code":"`):], `"`)
@@ -116,26 +187,71 @@ func post(t *testing.T, c *http.Client, url, key string) answer {
 
 func scope(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil }
 
-// runHTTPCell builds one cell and holds it to want. With readFirst (a ClaimInHandler
-// route that holds) the route is first sent retries of another key until it reads each
-// key before its handler (SPEC §7), and every request of the cell must then be such a
-// read: the cell checks that regime, not the one of new keys.
-func runHTTPCell(t *testing.T, s Store, r Route, h Helper, m Mount, want Outcome, readFirst bool) {
+// httpCell is one HTTP cell as it runs: its env, its route, what it observed.
+type httpCell struct {
+	t       *testing.T
+	s       Store
+	r       Route
+	h       Helper
+	e       *env
+	logs    *lockedBuffer
+	clock   *testkit.Clock
+	handler http.Handler
+	srv     *httptest.Server
+	other   *httptest.Server // another process serving the same route on the same store
+
+	// What the Observer saw: the reads before the handler, the completions made by a
+	// store call of their own, and the completions stored, by whether they ran inside
+	// the application's transaction.
+	lookups, cacheHits, completeCalls, storedInTx, storedApart atomic.Int64
+
+	// gates hold the requests that ask to stall (stallingAt).
+	gates testkit.Gates
+}
+
+// regime is how a cell's route runs: with readFirst (a ClaimInHandler route that
+// holds) the route is first sent retries of another key until it reads each key before
+// its handler (SPEC §7), and every request of the cell must then be such a read (or an
+// answer before it: 409 for a key in flight in the process, a replay from the cache):
+// the cell checks that regime, not the one of new keys. With cache the middleware keeps
+// a replay cache (Config.ReplayCacheSize).
+type regime struct{ readFirst, cache bool }
+
+// runHTTPCell builds one cell and holds it to want.
+func runHTTPCell(t *testing.T, s Store, r Route, h Helper, m Mount, want Outcome, rg regime) {
 	t.Parallel()
-	e := openEnv(t, s)
-	logs := &lockedBuffer{}
-	var lookups atomic.Int64
-	observer := &idem.Observer{StoreCall: func(ev idem.StoreCallEvent) {
-		if ev.Op == idem.StoreOpLookup {
-			lookups.Add(1)
-		}
-	}}
-	mw := idem.New(idem.Config{Store: e.store, Scope: scope, Logger: slog.New(slog.NewTextHandler(logs, nil)), Observer: observer})
+	c := &httpCell{t: t, s: s, r: r, h: h, e: openEnv(t, s), logs: &lockedBuffer{}, clock: testkit.NewClock(time.Now())}
+	observer := &idem.Observer{
+		Claimed: func(ev idem.ClaimEvent) {
+			if ev.Outcome == idem.OutcomeReplayedFromCache {
+				c.cacheHits.Add(1)
+			}
+		},
+		StoreCall: func(ev idem.StoreCallEvent) {
+			switch ev.Op {
+			case idem.StoreOpLookup:
+				c.lookups.Add(1)
+			case idem.StoreOpComplete:
+				c.completeCalls.Add(1)
+			}
+		},
+		Completed: func(ev idem.CompletionEvent) {
+			switch {
+			case ev.Result != idem.CompletionStored:
+			case ev.InTx:
+				c.storedInTx.Add(1)
+			default:
+				c.storedApart.Add(1)
+			}
+		},
+	}
+	cfg := idem.Config{Store: c.e.store, Scope: scope, Logger: slog.New(slog.NewTextHandler(c.logs, nil)),
+		Observer: observer, Clock: c.clock.Now, ReplayCacheSize: cacheSize(rg.cache)}
+	mw := idem.New(cfg)
 	opts := idem.RouteOptions{ClaimInHandler: r == ClaimInHandler}
-	var handler http.Handler
 	refusal := func() (p any) {
 		defer func() { p = recover() }()
-		handler = mount(m, mw, opts, e.handler(h))
+		c.handler = mount(m, mw, opts, c.e.handler(h, c.gates.Pass))
 		return nil
 	}()
 	if want == Refused {
@@ -147,59 +263,248 @@ func runHTTPCell(t *testing.T, s Store, r Route, h Helper, m Mount, want Outcome
 	if refusal != nil {
 		t.Fatalf("building it panicked: %v", refusal)
 	}
+	c.srv = serve(t, c.handler)
+	// Another process on the same store: its own middleware, which knows no key.
+	c.other = serve(t, mount(m, idem.New(cfg), opts, c.e.handler(h, c.gates.Pass)))
+	readFirst := rg.readFirst
 	if readFirst {
-		warmUp(t, handler)
-		if lookups.Load() == 0 {
+		warmUp(t, c.srv)
+		if c.lookups.Load() == 0 && !rg.cache { // with a cache: the cell's first request reads
 			t.Fatal("retries of one key did not make the ClaimInHandler route read its keys first")
 		}
-		lookups.Store(0)
+		c.lookups.Store(0)
+		c.cacheHits.Store(0)
 	}
-	seqKey, concKey, first, retry, conc := sendDuplicates(t, handler)
+	seqKey, concKey, first, retry, conc := sendTo(t, c.srv)
 	all := append([]answer{first, retry}, conc...)
-	if n := lookups.Load(); readFirst && n != int64(len(all)) {
-		t.Fatalf("%d of the cell's %d requests read their key before the handler, want every one", n, len(all))
+	reached := -c.cacheHits.Load() // the requests not answered in flight or from the cache: each reached the store
+	for _, a := range all {
+		if !a.inFlight() {
+			reached++
+		}
+	}
+	if n := c.lookups.Load(); readFirst && n < reached {
+		t.Fatalf("%d of the cell's %d requests not answered in flight or from the cache read their key before the handler, want every one", n, reached)
 	}
 
 	switch want {
 	case ExactlyOnce:
-		if first.status != http.StatusCreated || first.replayed {
-			t.Fatalf("first answer %v, want 201 not replayed", first)
-		}
-		if retry.status != first.status || retry.body != first.body || !retry.replayed {
-			t.Fatalf("retry %v, want the first answer replayed: %v", retry, first)
-		}
-		wantExactlyOnce(t, "the concurrent duplicates", conc)
-		for _, key := range []string{seqKey, concKey} {
-			if n := e.charges(t, key); n != 1 {
-				t.Fatalf("%d charges of one key, want 1", n)
+		if h == Respond {
+			if n, m := c.e.respondRuns.get(seqKey), c.e.respondRuns.get(concKey); n != RespondRuns || m != RespondRuns {
+				t.Fatalf("%s's function ran %d times for a request and its retry, %d for 16 concurrent duplicates; want %d each",
+					HelperAPI(s, h), n, m, RespondRuns)
 			}
 		}
-		if strings.Contains(logs.String(), "level=ERROR") {
-			t.Fatalf("an error was logged by a combination that holds:\n%s", logs)
+		c.holdsExactlyOnce(seqKey, concKey, first, retry, conc)
+		if rg.cache && c.cacheHits.Load() == 0 {
+			t.Fatal("no answer came from the replay cache")
 		}
 	case Loud:
-		if first.status < 500 {
-			t.Fatalf("first answer %v, want a 5xx", first)
+		c.failsLoudly(seqKey, concKey, all)
+	}
+}
+
+// cacheSize is the Config.ReplayCacheSize of a cell with a replay cache, or none.
+func cacheSize(cache bool) int {
+	if cache {
+		return 64
+	}
+	return 0
+}
+
+// holdsExactlyOnce is the promise of a cell that holds (SPEC §5–§7), all of it, on the
+// answers of sendDuplicates and on probes of its own.
+func (c *httpCell) holdsExactlyOnce(seqKey, concKey string, first, retry answer, conc []answer) {
+	t := c.t
+	if first.status != http.StatusCreated || first.replayed {
+		t.Fatalf("the first request was answered %v; want its 201, not marked as a replay", first)
+	}
+	if why := notReplayOf(retry, first); why != "" {
+		t.Fatalf("the retry was answered %v, which is not the first answer's replay: %s", retry, why)
+	}
+	wantExactlyOnce(t, "the concurrent duplicates", conc)
+	for _, key := range []string{seqKey, concKey} {
+		if n := c.e.charges(t, key); n != 1 {
+			t.Fatalf("one key made %d charges, want 1", n)
 		}
-		for _, a := range all {
-			if a.status/100 == 2 || a.replayed {
-				t.Fatalf("an answer %v is a 2xx or a replay: a misuse must fail loudly on every request", a)
-			}
+	}
+
+	// A retry that another process serves is the first answer's replay too.
+	if a := post(t, c.other.Client(), c.other.URL, seqKey); notReplayOf(a, first) != "" {
+		t.Fatalf("the retry that another process served was answered %v: %s", a, notReplayOf(a, first))
+	}
+	// A different body under a used key is refused, and the record is untouched.
+	if a := post(t, c.srv.Client(), c.srv.URL, seqKey, withBody(`{"amount":9999,"currency":"usd"}`)); a.status != http.StatusConflict || a.code != idem.CodeKeyReused || a.replayed {
+		t.Fatalf("a different body under a used key was answered %v; want 409 key_reused, never the first answer", a)
+	}
+	if a := post(t, c.srv.Client(), c.srv.URL, seqKey); notReplayOf(a, first) != "" {
+		t.Fatalf("after a different body under the key, its retry was answered %v: %s", a, notReplayOf(a, first))
+	}
+	// Another principal's key is its own: its own execution, never the first's body.
+	other := post(t, c.srv.Client(), c.srv.URL, seqKey, as("sk_test_other"))
+	if !other.executed() || other.body == first.body {
+		t.Fatalf("another principal sending the same key was answered %v; want its own execution, never the first principal's answer", other)
+	}
+	if n := c.e.charges(t, seqKey); n != 2 {
+		t.Fatalf("two principals' executions under one key made %d charges, want 2", n)
+	}
+	c.releasingStatusFreesTheKey()
+	if c.r == Lease {
+		c.staleHolderCommitsNothing()
+	}
+
+	// Retry-After on every 409 of a key in flight.
+	for _, a := range conc {
+		if a.inFlight() && a.header.Get("Retry-After") == "" {
+			t.Fatalf("a duplicate in flight was answered 409 without Retry-After: %v", a)
 		}
-		if l := logs.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "/v1/charges") {
-			t.Fatalf("no error naming the route was logged:\n%s", l)
+	}
+	// The SPEC §7 helpers of a store with transactions complete the record inside the
+	// application's transaction: no completion of the record of its own.
+	if hasTransactions(c.s) && (c.h == Respond || c.h == InTx) {
+		if n := c.completeCalls.Load(); n != 0 || c.storedApart.Load() != 0 || c.storedInTx.Load() == 0 {
+			t.Fatalf("%s completed %d records with a store call of their own (%d completions apart, %d inside the application's transaction); "+
+				"want every completion inside the transaction", HelperAPI(c.s, c.h), n, c.storedApart.Load(), c.storedInTx.Load())
+		}
+	}
+	if strings.Contains(c.logs.String(), "level=ERROR") {
+		t.Fatalf("an error was logged by a combination that holds:\n%s", c.logs)
+	}
+}
+
+// releasingStatusFreesTheKey: a 503 answered through the helper, with nothing charged,
+// frees the key (SPEC §6): the retry executes afresh, and its own retry replays it.
+func (c *httpCell) releasingStatusFreesTheKey() {
+	t := c.t
+	key := "release-" + newID()
+	if a := post(t, c.srv.Client(), c.srv.URL, key, failing); a.status != http.StatusServiceUnavailable || a.replayed {
+		t.Fatalf("a request that the handler answers 503 was answered %v; want its 503, not marked as a replay", a)
+	}
+	fresh := post(t, c.srv.Client(), c.srv.URL, key)
+	if fresh.status != http.StatusCreated || fresh.replayed {
+		t.Fatalf("the retry of a request answered 503 was answered %v; want a fresh execution's 201: a 503 releases the key", fresh)
+	}
+	if a := post(t, c.srv.Client(), c.srv.URL, key); notReplayOf(a, fresh) != "" {
+		t.Fatalf("the retry after the fresh execution was answered %v: %s", a, notReplayOf(a, fresh))
+	}
+	if n := c.e.charges(t, key); n != 1 {
+		t.Fatalf("a 503 and a fresh execution made %d charges, want 1", n)
+	}
+}
+
+// staleHolderCommitsNothing: a holder that stalls past its lease while a duplicate
+// takes the key over (the injected clock moves past the lease) commits nothing, and
+// its client never gets a success of its own (SPEC §5's fencing), even while the taker
+// still holds the key: the taker's execution is the key's only one. With the database
+// directly the stale holder's write commits (the table says so: use a helper), but its
+// client still gets no success. (On Redis + backstop the record's token cannot fence
+// the application's database: the stale holder's transaction commits with its backstop
+// row, its client gets no success, and the taker answers that row's response.)
+func (c *httpCell) staleHolderCommitsNothing() {
+	t := c.t
+	key := "lapse-" + newID()
+	staleGate, takerGate := c.gates.Add("stale"), c.gates.Add("taker")
+	defer proceed(staleGate, takerGate) // a failure below must not leave a handler waiting
+	stale, taken := make(chan answer, 1), make(chan answer, 1)
+	go func() { stale <- post(t, c.srv.Client(), c.srv.URL, key, stallingAt("stale")) }()
+	select {
+	case <-staleGate.Entered:
+	case a := <-stale:
+		t.Fatalf("a request of a new key was answered %v before its handler ran", a)
+	}
+	if a := post(t, c.srv.Client(), c.srv.URL, key); !a.inFlight() || a.header.Get("Retry-After") == "" {
+		t.Fatalf("a duplicate while the holder runs was answered %v (Retry-After %q); want 409 request_in_progress with Retry-After",
+			a, a.header.Get("Retry-After"))
+	}
+	c.clock.Advance(idem.DefaultLease + time.Second)
+	go func() { taken <- post(t, c.srv.Client(), c.srv.URL, key, stallingAt("taker")) }()
+	select {
+	case <-takerGate.Entered: // the taker holds the key
+	case a := <-taken:
+		t.Fatalf("a duplicate after the holder's lease lapsed was answered %v; want it to take the key over and execute", a)
+	}
+	proceed(staleGate)
+	stalled := <-stale
+	if stalled.status/100 == 2 {
+		t.Fatalf("the holder that stalled past its lease was answered %v after its key was taken over; want 503 store_unavailable, never a success", stalled)
+	}
+	proceed(takerGate)
+	taker := <-taken
+	backstopped := c.s == RedisSQLite || c.s == RedisPostgres
+	if taker.status != http.StatusCreated || taker.replayed && !backstopped {
+		t.Fatalf("the duplicate that took the key over was answered %v; want it to execute, the stale holder having committed nothing", taker)
+	}
+	want := 1
+	if c.h == Direct {
+		want = 2
+	}
+	if n := c.e.charges(t, key); n != want {
+		t.Fatalf("a holder that stalled past its lease and the duplicate that took its key over made %d charges, want %d", n, want)
+	}
+	if a := post(t, c.srv.Client(), c.srv.URL, key); a.status != taker.status || a.body != taker.body || !a.replayed {
+		t.Fatalf("the retry after the takeover was answered %v, not the taker's answer replayed", a)
+	}
+}
+
+// routeNamed matches a log line's attribute that names the cell's route: the ServeMux
+// pattern, or the method and path where the router set none.
+var routeNamed = regexp.MustCompile(`route="?(POST )?/v1/charges"?( |$)`)
+
+// proceed lets the handlers waiting at gates go on (once each).
+func proceed(gates ...testkit.Gate) {
+	for _, g := range gates {
+		select {
+		case <-g.Proceed:
+		default:
+			close(g.Proceed)
 		}
 	}
 }
 
+// failsLoudly is the promise of a misuse: no success, no replay, the effect of each
+// request as the table says (a late response is refused before its transaction
+// commits: no charge), and an error naming the route and the fix.
+func (c *httpCell) failsLoudly(seqKey, concKey string, all []answer) {
+	t := c.t
+	if all[0].status < 500 {
+		t.Fatalf("the first request was answered %v; want a 5xx", all[0])
+	}
+	for _, a := range all {
+		if a.status/100 == 2 || a.replayed {
+			t.Fatalf("an answer %v is a 2xx or a replay: a misuse must fail loudly on every request", a)
+		}
+	}
+	seq, conc := 0, 0
+	if c.h == Direct {
+		// ClaimInHandler: nothing claims the key, and every request that reaches the
+		// handler writes (a duplicate while another runs here is answered 409 first).
+		seq = 2
+		for _, a := range all[2:] {
+			if !a.inFlight() {
+				conc++
+			}
+		}
+	}
+	if n, m := c.e.charges(t, seqKey), c.e.charges(t, concKey); n != seq || m != conc {
+		t.Fatalf("a request and its retry made %d charges, 16 duplicates %d; want %d and %d", n, m, seq, conc)
+	}
+	fix := LoudFix(c.h)
+	for _, line := range strings.Split(c.logs.String(), "\n") {
+		if strings.Contains(line, "level=ERROR") && routeNamed.MatchString(line) && strings.Contains(line, fix) {
+			return
+		}
+	}
+	t.Fatalf("no error naming the route and the fix (%q) was logged:\n%s", fix, c.logs)
+}
+
 // wantExactlyOnce checks the answers of concurrent duplicates of one key: exactly one
-// execution answered (a 201 not replayed); every other answer is its replay, byte for
-// byte, or an in-flight 409.
+// execution answered (a 2xx not replayed); every other answer is its replay (status,
+// body, stored headers) or an in-flight 409.
 func wantExactlyOnce(t *testing.T, what string, answers []answer) {
 	t.Helper()
 	var executed []answer
 	for _, a := range answers {
-		if a.status/100 == 2 && !a.replayed {
+		if a.executed() {
 			executed = append(executed, a)
 		}
 	}
@@ -208,10 +513,11 @@ func wantExactlyOnce(t *testing.T, what string, answers []answer) {
 	}
 	for _, a := range answers {
 		switch {
-		case a.status/100 == 2 && a.body != executed[0].body:
-			t.Fatalf("%s: an answer %v differs from the execution's %v", what, a, executed[0])
-		case a.status/100 == 2:
-		case a.status == http.StatusConflict && a.code == idem.CodeRequestInProgress:
+		case a.status/100 == 2 && a.replayed:
+			if why := notReplayOf(a, executed[0]); why != "" {
+				t.Fatalf("%s: an answer %v is not the execution's replay: %s", what, a, why)
+			}
+		case a.executed(), a.inFlight():
 		default:
 			t.Fatalf("%s: an answer %v is neither the execution's nor 409 request_in_progress", what, a)
 		}
@@ -225,10 +531,8 @@ var _ = testenv.CI
 // warmUp sends handler a request and 24 retries of one key, one at a time: enough
 // for a ClaimInHandler route's rate of keys found recorded to pass a quarter (weight
 // 1/32: after about 10), and to stay above an eighth through a cell's 18 requests.
-func warmUp(t *testing.T, handler http.Handler) {
+func warmUp(t *testing.T, srv *httptest.Server) {
 	t.Helper()
-	srv := httptest.NewServer(handler)
-	defer srv.Close()
 	key := "warm-" + newID()
 	for i := range 25 {
 		if a := post(t, srv.Client(), srv.URL, key); a.status != http.StatusCreated || a.replayed != (i > 0) {
@@ -237,19 +541,30 @@ func warmUp(t *testing.T, handler http.Handler) {
 	}
 }
 
-// sendDuplicates serves handler on a loopback port and sends it what every cell sends:
-// a request and its sequential retry under seqKey, then 16 concurrent duplicates under
-// concKey.
-func sendDuplicates(t *testing.T, handler http.Handler) (seqKey, concKey string, first, retry answer, conc []answer) {
-	t.Helper()
+// serve serves handler on a loopback port until t ends.
+func serve(t *testing.T, handler http.Handler) *httptest.Server {
 	srv := httptest.NewServer(handler)
 	t.Cleanup(srv.Close)
+	srv.Client().Transport.(*http.Transport).MaxIdleConnsPerHost = duplicates
+	return srv
+}
+
+// sendDuplicates serves handler on a loopback port and sends it what every cell sends
+// (sendTo).
+func sendDuplicates(t *testing.T, handler http.Handler) (seqKey, concKey string, first, retry answer, conc []answer) {
+	t.Helper()
+	return sendTo(t, serve(t, handler))
+}
+
+// sendTo sends srv what every cell sends: a request and its sequential retry under
+// seqKey, then 16 concurrent duplicates under concKey.
+func sendTo(t *testing.T, srv *httptest.Server) (seqKey, concKey string, first, retry answer, conc []answer) {
+	t.Helper()
 	client := srv.Client()
-	client.Transport.(*http.Transport).MaxIdleConnsPerHost = duplicates
 	return sendDuplicatesTo(t, client, srv.URL)
 }
 
-// sendDuplicatesTo is sendDuplicates to the server at url, through client.
+// sendDuplicatesTo is sendTo the server at url, through client.
 func sendDuplicatesTo(t *testing.T, client *http.Client, url string) (seqKey, concKey string, first, retry answer, conc []answer) {
 	t.Helper()
 	seqKey, concKey = "seq-"+newID(), "conc-"+newID()

@@ -85,8 +85,18 @@ func keyLockID(scope, key string) int32 {
 // the COMMIT queued behind it); never as the store being unavailable. Then anything the handler answers goes through the middleware as
 // usual: stored or releasing the key by its status (SPEC §6). It returns
 // [idem.ErrNoHandle] for a request that is neither behind the middleware nor marked
-// idem.WithoutKey. fn runs once; its statements may be sent twice (the fallback
-// above), each time in a transaction that commits at most once.
+// idem.WithoutKey. fn runs once per call of Respond, before anything is sent: its
+// statements may be sent twice (the fallback above), each time in a transaction that
+// commits at most once. On a ClaimInHandler route the requests of a key that one
+// process serves call it once: the middleware answers a key the process knows before
+// the handler (409 while its handler runs there, a read once it is recorded there).
+// A retry that another process serves while the route sees few retries still reaches
+// the handler, and fn runs for it before its batch finds the key recorded (its
+// statements never commit; the request is answered the replay, 409 or key_reused). So
+// fn only builds the statements and the response: work of any other kind (a call to
+// another system, a message sent) belongs under a lease (a lease route, or InTx), or
+// must be idempotent itself. RespondSQL and the SQLite store's Respond claim the key
+// before fn runs: there fn runs only for the request that executes.
 //
 // Respond never retries a transaction that may have committed.
 func (s *Store) Respond(w http.ResponseWriter, r *http.Request, fn func(b *pgx.Batch) (*idem.Response, error)) error {

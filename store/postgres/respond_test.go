@@ -501,11 +501,13 @@ func TestInTxMisusesFailLoudly(t *testing.T) {
 
 // Round trips on the wire. A ClaimInHandler route whose requests rarely find their key
 // recorded goes straight to the handler: a new key is one round trip (the claim, the
-// writes and the completed record in one pipelined transaction), and a retry two (that
-// transaction stops at the record it finds, then the usual claim answers). Once retries
-// come often it reads the key first: a retry is one round trip (the read; the handler
-// never runs) and a new key two (the read, then the transaction). On the lease path a
-// new key is two (the claim, then the writes with the fenced completion), its replay one.
+// writes and the completed record in one pipelined transaction), and a retry that
+// another process recorded two (that transaction stops at the record it finds, then the
+// usual claim answers); a retry of a key this process recorded is one (the read: the
+// process knows the key). Once retries come often it reads every key first: a retry is
+// one round trip (the read; the handler never runs) and a new key two (the read, then
+// the transaction). On the lease path a new key is two (the claim, then the writes with
+// the fenced completion), its replay one.
 func TestRespondRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := newCountingBundle(t)
@@ -529,17 +531,25 @@ func TestRespondRoundTrips(t *testing.T) {
 			}
 		})
 	}
-	replay := func(what string, trips int) {
+	replayBy := func(h http.Handler, what string, trips int) {
 		t.Helper()
 		b.wantTrips(what, trips, func() {
-			if rec := postKey(inHandler, "key-warm-up-0"); rec.Code != http.StatusCreated || rec.Header().Get("Idempotent-Replayed") != "true" {
+			if rec := postKey(h, "key-warm-up-0"); rec.Code != http.StatusCreated || rec.Header().Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("replay = %d %s", rec.Code, rec.Body)
 			}
 		})
 	}
+	replay := func(what string, trips int) { t.Helper(); replayBy(inHandler, what, trips) }
+	if rec := postKey(inHandler, "key-warm-up-0"); rec.Code != http.StatusCreated { // prepares the read
+		t.Fatalf("replay = %d %s", rec.Code, rec.Body)
+	}
 	for range 2 { // a retry must leave nothing that costs the next request more
 		newKey("a new key on a ClaimInHandler route that sees few retries", 1)
-		replay("a retry on a ClaimInHandler route that sees few retries (the transaction, then the claim)", 2)
+		// Another process's route, which does not know the key.
+		other := idem.New(idem.Config{Store: b.s, Scope: func(*http.Request) (string, error) { return "user-1", nil }})
+		replayBy(other.Route(idem.RouteOptions{ClaimInHandler: true})(rowHandler(b.s, table)),
+			"a retry on a ClaimInHandler route that sees few retries, of a key another process recorded (the transaction, then the claim)", 2)
+		replay("a retry on a ClaimInHandler route that sees few retries, of a key this process recorded (the read)", 1)
 	}
 	for range 12 { // the route learns that retries are frequent
 		if rec := postKey(inHandler, "key-warm-up-0"); rec.Code != http.StatusCreated {
