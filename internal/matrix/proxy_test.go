@@ -32,6 +32,9 @@ type upstream struct {
 const upstreamTimeout = 50 * time.Millisecond
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet {
+		return // the cell's first request, which opens a kept-alive connection: no effect
+	}
 	key := r.Header.Get("Idempotency-Key") // derived by the proxy
 	u.mu.Lock()
 	u.deliveries[key]++
@@ -113,7 +116,6 @@ func runProxyCell(t *testing.T, kind string, s Store, lapse string, want Outcome
 	t.Cleanup(upSrv.Close)
 	var releaseOnce sync.Once
 	release := func() { releaseOnce.Do(func() { close(up.release) }) }
-	t.Cleanup(release) // before the upstream closes: a held answer must end
 	u, err := url.Parse(upSrv.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -137,8 +139,17 @@ func runProxyCell(t *testing.T, kind string, s Store, lapse string, want Outcome
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
+	t.Cleanup(release) // before the servers close (cleanups run last first): a held answer must end
 	client := srv.Client()
 	client.Transport.(*http.Transport).MaxIdleConnsPerHost = duplicates
+	// A GET first, forwarded untouched: the cell's requests then reach the upstream on
+	// a kept-alive connection, where Go's transport would re-send by itself a request it
+	// takes for replayable when the connection breaks after it was written.
+	if resp, err := client.Get(srv.URL + "/v1/charges"); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
 	seqKey, concKey, first, retry, conc := sendDuplicatesTo(t, client, srv.URL)
 	all := append([]answer{first, retry}, conc...)
 	keys, total := up.counts()
