@@ -351,11 +351,9 @@ func grow(full []byte, size int64) []byte {
 func (x *request) run(next http.Handler) {
 	g, h := x.rt.m.g, &x.h
 	if resp, err := g.cached(h); resp != nil || err != nil {
-		if x.rt.claimInHandler {
-			// A cached replay found its key recorded, as a read would have: the
-			// route's rate of retries counts it (issue 28).
-			x.rt.retries.observe(true)
-		}
+		// A cached replay found its key recorded, as a read would have: the route's
+		// rate of retries counts it (issue 28).
+		x.rt.retries.observe(true)
 		x.answer(resp, err)
 		return
 	}
@@ -363,7 +361,33 @@ func (x *request) run(next http.Handler) {
 		x.runClaimingInHandler(next)
 		return
 	}
-	if resp, err := g.claim(x.r.Context(), h); resp != nil || err != nil {
+	x.runLease(next)
+}
+
+// runLease claims a lease route's key and runs the handler under the lease. While the
+// route's requests often find their key recorded (retryRate, as on a ClaimInHandler
+// route), a plain primary-key read of the key comes first (Handle.lookup): a replay is
+// then that read, not the claim statement, which costs more on PostgreSQL (issue 31);
+// a key without a completed record is then claimed as usual, one round trip more. A
+// route that mostly sees new keys claims at once.
+func (x *request) runLease(next http.Handler) {
+	rt, g, h := x.rt, x.rt.m.g, &x.h
+	ctx := x.r.Context()
+	var first *RecordClaimResult
+	found := false
+	if rt.retries.readFirst() {
+		res, ok, err := h.lookup(ctx)
+		if err != nil {
+			h.observeClaim(OutcomeStoreError, false, time.Now(), err)
+			x.answer(nil, g.storeError(ctx, h, "lookup", err))
+			return
+		}
+		first, found = res, ok
+	}
+	resp, err := g.claimFrom(ctx, h, first)
+	var storeErr *StoreError
+	rt.retries.observe(found || resp != nil || h.tookOver || (err != nil && !errors.As(err, &storeErr)))
+	if resp != nil || err != nil {
 		x.answer(resp, err)
 		return
 	}

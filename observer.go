@@ -236,7 +236,7 @@ type StoreOp string
 const (
 	StoreOpClaim         StoreOp = "claim"          // Store.RecordClaim
 	StoreOpWait          StoreOp = "wait"           // Store.RecordGet, polling an in-flight key
-	StoreOpLookup        StoreOp = "lookup"         // Store.RecordGet, a ClaimInHandler route's read before its handler
+	StoreOpLookup        StoreOp = "lookup"         // Store.RecordGet, a route's read of its key while retries are frequent
 	StoreOpComplete      StoreOp = "complete"       // Store.RecordComplete
 	StoreOpRelease       StoreOp = "release"        // Store.RecordRelease
 	StoreOpRenew         StoreOp = "renew"          // Store.RecordRenew

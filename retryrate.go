@@ -2,9 +2,11 @@ package idem
 
 import "sync/atomic"
 
-// retryRate estimates, for one ClaimInHandler route, how often a request finds its key
-// recorded already (a replay, a duplicate in flight, a reused key), so that the route
-// reads the key before its handler only while that pays (SPEC §7). Reading first
+// retryRate estimates, for one route, how often a request finds its key recorded
+// already (a replay, a duplicate in flight, a reused key), so that the route reads the
+// key first only while that pays (SPEC §7): a ClaimInHandler route before its handler,
+// a lease route before its claim, whose statement costs a replay more than a plain
+// read does (issue 31). Reading first
 // answers a retry from one primary-key read, without running the handler; but it costs
 // every new key that read beside its transaction (on PostgreSQL, measured with
 // benchtool: the README's path at 0.54× plain with the read, 0.75× without). A route

@@ -287,12 +287,15 @@ duplicates, a released key, a takeover: 2, 1, 1, 1), not by the calls of their f
 The route kinds are the lease route (` + "`mw.Handler`, `mw.Route(idem.RouteOptions{})`" + `) and
 ` + "`RouteOptions{ClaimInHandler: true}`" + `. The mountings (one net/http route, a whole
 ServeMux, a chi router with ` + "`r.Use`" + `, a gin engine wrapped whole) change no
-outcome: every row holds for each of them. A ClaimInHandler route that holds is run in
-both its regimes: as new keys find it, and after retries have made it read each key
-before its handler (SPEC §7), where every request of the cell that is not answered
-before (409 for a key whose handler runs in the process) must be such a read; mounted
-on one route it runs that regime once more with a replay cache (` + "`Config.ReplayCacheSize`" + `),
-whose replays count as retries and must answer some of the cell's requests.
+outcome: every row holds for each of them. A route that holds is run in both its
+regimes: as new keys find it, and after retries have made it read each key first (a
+ClaimInHandler route before its handler, SPEC §7; a lease route before its claim, so
+that a replay is a plain read), where every request of the cell that is not answered
+before (409 for a key whose handler runs in the process) must be such a read (a lease
+route's reading regime on one mounting: its mountings change nothing of the read);
+mounted on one route it runs that regime once more with a replay cache
+(` + "`Config.ReplayCacheSize`" + `), whose replays count as retries and must answer some of the
+cell's requests.
 
 `)
 	b.WriteString("## HTTP\n\n| store | helper | lease route | ClaimInHandler |\n|---|---|---|---|\n")
