@@ -38,15 +38,17 @@ func (c *capture) reopen() {
 // with the claim still to make, in the transaction of the store's Respond, which
 // answers a key recorded meanwhile itself.
 //
-// A key this process knows (localKeys) is answered before the handler in either
-// regime: a duplicate of a key whose handler runs here gets 409 request_in_progress
-// (unless the route waits for keys in flight), and a key recorded here is read first.
+// A key this process knows (localKeys) is read before the handler in either regime:
+// a duplicate of a key whose handler runs here gets 409 request_in_progress unless the
+// store shows the key completed (then its replay; and unless the route waits for keys
+// in flight), and a key recorded here is read first.
 func (x *request) runClaimingInHandler(next http.Handler) {
 	rt := x.rt
 	defer func() { rt.retries.observe(x.keyFound) }()
 	g, h := rt.m.g, &x.h
 	k := cacheKey{h.scope, h.key}
-	switch rt.local.begin(k, h.claim.Fingerprint) {
+	local := rt.local.begin(k, h.claim.Fingerprint)
+	switch local {
 	case localNothing:
 		defer func() {
 			completed, _ := h.outcome()
@@ -56,19 +58,22 @@ func (x *request) runClaimingInHandler(next http.Handler) {
 			x.executeClaimingInHandler(next)
 			return
 		}
-	case localRunning:
-		if g.cfg.InFlightWait == 0 {
-			x.keyFound = true
-			h.observeClaim(OutcomeInProgress, false, time.Now(), nil)
-			x.writeError(CodeRequestInProgress, "")
-			return
-		}
 	}
 	ctx := x.r.Context()
 	first, found, err := h.lookup(ctx)
 	if err != nil {
 		h.observeClaim(OutcomeStoreError, false, time.Now(), err)
 		x.answer(nil, g.storeError(ctx, h, "lookup", err))
+		return
+	}
+	if local == localRunning && first == nil && g.cfg.InFlightWait == 0 {
+		// A handler of the key runs here, and the store shows no completed record
+		// (its claim is in that handler's open transaction): the duplicate is in
+		// flight. A key the store shows completed (the running handler's transaction
+		// will find it so too) is replayed below, not answered 409.
+		x.keyFound = true
+		h.observeClaim(OutcomeInProgress, false, time.Now(), nil)
+		x.writeError(CodeRequestInProgress, "")
 		return
 	}
 	if !found {

@@ -371,8 +371,8 @@ func leaseCreated(b *bundle, body string, runs *atomic.Int64) http.HandlerFunc {
 // the claim still to make; but a key this process knows is answered before the handler
 // (issue 28: on PostgreSQL, Respond's function ran for a request and its retry, and for
 // each of six concurrent duplicates): a duplicate of a key whose handler runs here gets
-// 409 request_in_progress with Retry-After, and a retry of a key recorded here is read
-// first and replayed. The handler runs once.
+// 409 request_in_progress with Retry-After (once a read shows the key not completed),
+// and a retry of a key recorded here is read first and replayed. The handler runs once.
 func TestClaimInHandlerRunsTheHandlerOnceForTheKeysItKnows(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
@@ -410,7 +410,41 @@ func TestClaimInHandlerRunsTheHandlerOnceForTheKeysItKnows(t *testing.T) {
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("the handler ran %d times for a request, 6 concurrent duplicates and 2 retries on one process, want 1", n)
 	}
-	if n := b.store.gets.Load(); n != 2 {
-		t.Fatalf("%d reads, want one for each retry", n)
+	if n := b.store.gets.Load(); n != 8 {
+		t.Fatalf("%d reads, want one for each duplicate (the store shows no completed record: 409) and each retry", n)
+	}
+}
+
+// A key completed elsewhere (another process, or before this one forgot it) is
+// replayed to a duplicate even while a request of it runs the handler here: the store
+// shows it completed, so 409 request_in_progress would be wrong (benchtool's replays of
+// one key got 30 of them in 16,541 requests).
+func TestClaimInHandlerReplaysAKeyCompletedElsewhereWhileItsHandlerRunsHere(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var runs atomic.Int64
+	var gates testkit.Gates
+	first := gates.Add("first")
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		gates.Pass(r.Header.Get("X-Gate"))
+		leaseCreated(b, `{"id":"ord_1"}`, &runs)(w, r)
+	}
+	other := claimInHandler(b, handler)
+	if w := serve(other, req("POST", "/x", "key-elsewhere", `{"a":1}`)); w.Code != http.StatusCreated {
+		t.Fatalf("the other process: %d %s", w.Code, w.Body)
+	}
+	h := claimInHandler(b, handler) // this process's route knows no key
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		r := req("POST", "/x", "key-elsewhere", `{"a":1}`)
+		r.Header.Set("X-Gate", "first")
+		done <- serve(h, r)
+	}()
+	<-first.Entered
+	w := serve(h, req("POST", "/x", "key-elsewhere", `{"a":1}`))
+	close(first.Proceed)
+	<-done
+	if w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("a duplicate while the handler runs here: %d %s, want the completed key replayed", w.Code, w.Body)
 	}
 }
