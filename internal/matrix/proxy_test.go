@@ -27,9 +27,18 @@ type upstream struct {
 	deliveries map[string]int // by derived key
 }
 
-// upstreamTimeout and the proxy's wait: the slow upstream answers once the cell
-// closes release, after every request of the cell was answered.
+// upstreamTimeout is the proxy's --upstream-timeout in the cell of the slow upstream,
+// which answers once the cell closes release, after every request of the cell was
+// answered; the other cells' upstreams answer at once, and get a timeout that a loaded
+// machine never reaches (a 504 there would be honest, but not the cell's outcome).
 const upstreamTimeout = 50 * time.Millisecond
+
+func timeoutOf(kind string) time.Duration {
+	if kind == ProxySlow {
+		return upstreamTimeout
+	}
+	return time.Minute
+}
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodGet {
@@ -122,7 +131,7 @@ func runProxyCell(t *testing.T, kind string, s Store, lapse string, want Outcome
 	}
 	logs := &lockedBuffer{}
 	p, err := proxy.New(proxy.Config{Upstream: u, Idem: idem.Config{Store: e.store},
-		TakeOverOnLapse: lapse == "take_over", MaxStoredBody: 128, UpstreamTimeout: upstreamTimeout,
+		TakeOverOnLapse: lapse == "take_over", MaxStoredBody: 128, UpstreamTimeout: timeoutOf(kind),
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)

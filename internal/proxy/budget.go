@@ -87,22 +87,30 @@ func (b *bodyBudget) buffer(r *http.Request) (release func(), ok bool) {
 		release()
 		return func() {}, false
 	}
-	r.Body = &heldBody{b: buf, err: readErr, rest: r.Body}
+	r.Body = &heldBody{all: buf, b: buf, err: readErr, rest: r.Body}
 	return release, true
 }
 
 // heldBody reads a body that the budget read, then its read error (or, past
-// MaxBodyBytes, the rest of the body, which the middleware never reads). It drops
-// its buffer once read, so that only the middleware's copy stays.
+// MaxBodyBytes, the rest of the body, which the middleware never reads). all stays
+// the body's bytes for the request's whole life: the upstream is sent them (rewrite),
+// never the middleware's pooled copy, which the transport's writing goroutine could
+// still be reading after the handler returned and the copy went back to the pool.
 type heldBody struct {
+	all  []byte
 	b    []byte
 	err  error
 	rest io.ReadCloser
 }
 
+// forwardable returns the body to send the upstream: all of it, read whole within
+// MaxBodyBytes, or false.
+func (h *heldBody) forwardable(maxBody int64) ([]byte, bool) {
+	return h.all, h.err == nil && int64(len(h.all)) <= maxBody
+}
+
 func (h *heldBody) Read(p []byte) (int, error) {
 	if len(h.b) == 0 {
-		h.b = nil
 		if h.err != nil {
 			return 0, h.err
 		}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -612,6 +613,9 @@ func (p *Proxy) serve(h http.Handler, route string, w http.ResponseWriter, r *ht
 		// A protected request's body is held until its exchange ends: bound them all.
 		release, ok := p.budget.buffer(r)
 		defer release()
+		if hb, held := r.Body.(*heldBody); held {
+			r = r.WithContext(context.WithValue(r.Context(), heldBodyKey{}, hb))
+		}
 		if !ok {
 			p.logger.WarnContext(r.Context(), "idem proxy: the request bodies held at once reached the limit (MaxBufferedBodies, --max-buffered-bodies); answering 503",
 				"method", r.Method, "path", r.URL.Path, "max_buffered_bodies", p.budget.limit)
@@ -746,6 +750,9 @@ func hashScope(principal string) string {
 
 var errNoScope = errors.New("proxy: no scope header")
 
+// heldBodyKey is the context key of a protected request's heldBody.
+type heldBodyKey struct{}
+
 // serveForward forwards r to the upstream through an exchange, which watches what
 // crosses the network (and, under the middleware's claim, decides how the response is
 // stored).
@@ -774,6 +781,21 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	h := idem.FromContext(pr.In.Context())
 	if h == nil {
 		return
+	}
+	if pr.Out.Body != nil {
+		// The body the budget read, not the middleware's pooled copy (heldBody).
+		hb, _ := pr.In.Context().Value(heldBodyKey{}).(*heldBody)
+		body, ok := []byte(nil), false
+		if hb != nil {
+			body, ok = hb.forwardable(p.budget.maxBody)
+		}
+		if !ok || int64(len(body)) != pr.Out.ContentLength {
+			// Not read through the budget (it always is: the middleware refuses a
+			// body it could not read whole): a private copy, read now.
+			body, _ = io.ReadAll(pr.Out.Body)
+		}
+		pr.Out.Body = io.NopCloser(bytes.NewReader(body))
+		pr.Out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	}
 	// A protected request must never be re-sent by the transport once written. But
 	// http.Transport takes a request with an Idempotency-Key or X-Idempotency-Key
