@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -107,18 +108,20 @@ func TestProxyCombinations(t *testing.T) {
 	t.Parallel()
 	for _, a := range ProxyAnswers {
 		for _, s := range ProxyStores {
-			for _, lapse := range ProxyOnLapse {
-				want := ExpectProxy(a, lapse)
-				t.Run(fmt.Sprintf("%s on %s, --on-lapse %s, is %s", a, s, lapse, want), func(t *testing.T) {
-					t.Parallel()
-					runProxyCell(t, a, s, lapse, want)
-				})
+			for _, o := range ProxyOptions {
+				for _, lapse := range ProxyOnLapse {
+					want := ExpectProxy(a, lapse)
+					t.Run(fmt.Sprintf("%s on %s, %s, --on-lapse %s, is %s", a, s, o, lapse, want), func(t *testing.T) {
+						t.Parallel()
+						runProxyCell(t, a, s, o, lapse, want)
+					})
+				}
 			}
 		}
 	}
 }
 
-func runProxyCell(t *testing.T, kind string, s Store, lapse string, want Outcome) {
+func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, want Outcome) {
 	e := openEnv(t, s)
 	up := &upstream{kind: kind, release: make(chan struct{}), deliveries: map[string]int{}}
 	upSrv := httptest.NewServer(up)
@@ -130,20 +133,38 @@ func runProxyCell(t *testing.T, kind string, s Store, lapse string, want Outcome
 		t.Fatal(err)
 	}
 	logs := &lockedBuffer{}
-	p, err := proxy.New(proxy.Config{Upstream: u, Idem: idem.Config{Store: e.store},
+	cfg := proxy.Config{Upstream: u, Idem: idem.Config{Store: e.store},
 		TakeOverOnLapse: lapse == "take_over", MaxStoredBody: 128, UpstreamTimeout: timeoutOf(kind),
-		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	var hooked atomic.Int64
+	every := options == ProxyEveryOption
+	if every {
+		cfg.ScopeCookie, cfg.AccessLog = "session", true
+		cfg.RequireKey, cfg.Routes = []string{"POST /v1/charges"}, []string{"POST /v1/"}
+		cfg.MaxBufferedBodies, cfg.UpstreamWaitLimit = 1<<20, 2*time.Minute
+		cfg.Hooks = &proxy.Hooks{UpstreamResponse: func(string, int, time.Duration) { hooked.Add(1) }}
+	}
+	p, err := proxy.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var h http.Handler = p
+	if every {
+		// The principal is the session cookie; an analytics cookie beside it changes on
+		// every request and must not make another principal.
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			r.Header.Set("Cookie", "_ga="+newID()+"; session="+strings.ReplaceAll(r.Header.Get("Authorization"), " ", "_"))
+			p.ServeHTTP(w, r)
+		})
+	}
+	inner := h
 	if kind == ProxyH2C {
 		// What curl --http2 adds to every http:// request.
 		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			r.Header.Set("Connection", "Upgrade, HTTP2-Settings")
 			r.Header.Set("Upgrade", "h2c")
 			r.Header.Set("Http2-Settings", "AAMAAABkAARAAAAAAAIAAAAA")
-			p.ServeHTTP(w, r)
+			inner.ServeHTTP(w, r)
 		})
 	}
 	srv := httptest.NewServer(h)
@@ -165,6 +186,25 @@ func runProxyCell(t *testing.T, kind string, s Store, lapse string, want Outcome
 	for _, a := range all {
 		if a.replayed && a.status/100 != 2 {
 			t.Fatalf("an answer %v says it was replayed", a)
+		}
+	}
+
+	if every {
+		// A request answered 504 early logs its line once the upstream answered.
+		answered := 0
+		for _, a := range all {
+			if a.code != proxy.CodeUpstreamTimeout {
+				answered++
+			}
+		}
+		if n := strings.Count(logs.String(), `msg="idem proxy: request"`); n < answered {
+			t.Fatalf("%d access log lines for the cell's %d requests answered:\n%s", n, answered, logs)
+		}
+		if strings.Contains(logs.String(), seqKey) || strings.Contains(logs.String(), "sk_test_matrix") {
+			t.Fatalf("a key or a token reached the logs:\n%s", logs)
+		}
+		if hooked.Load() == 0 && total > 0 && kind != ProxyLostReply {
+			t.Fatal("the hooks were told of no upstream response")
 		}
 	}
 

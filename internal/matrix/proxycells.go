@@ -47,7 +47,18 @@ var proxyNames = map[Outcome]string{
 var (
 	ProxyStores  = []Store{SQLite, Postgres, "Redis"}
 	ProxyOnLapse = []string{"unknown", "take_over"}
+	// ProxyOptions: the proxy's defaults, or every option of its own set at once
+	// (--scope-cookie, --require-key and --route on the cell's path, --access-log,
+	// --max-buffered-bodies, --upstream-wait-limit, the metrics' hooks); none changes
+	// an outcome.
+	ProxyOptions = []string{ProxyDefaults, ProxyEveryOption}
 	ProxyAnswers = []string{ProxyStored, ProxyStream, ProxyH2C, ProxyTooLarge, ProxyTrailers, ProxySlow, ProxyLostReply, ProxyBrokenBody}
+)
+
+// The proxy's option sets.
+const (
+	ProxyDefaults    = "defaults"
+	ProxyEveryOption = "every option"
 )
 
 // The upstream's answers of the proxy cells.
@@ -81,19 +92,24 @@ func ExpectProxy(answer, lapse string) Outcome {
 
 // writeProxyDocument writes the proxy's section of docs/combinations.md.
 func writeProxyDocument(b *strings.Builder) {
-	b.WriteString("\n## idem proxy\n\n| upstream answers | store | --on-lapse unknown | --on-lapse take_over |\n|---|---|---|---|\n")
+	b.WriteString("\n## idem proxy\n\n| upstream answers | store | options | --on-lapse unknown | --on-lapse take_over |\n|---|---|---|---|---|\n")
 	for _, a := range ProxyAnswers {
 		for _, s := range ProxyStores {
-			fmt.Fprintf(b, "| %s | %s |", a, s)
-			for _, lapse := range ProxyOnLapse {
-				fmt.Fprintf(b, " %s |", ExpectProxy(a, lapse).Mark())
+			for _, o := range ProxyOptions {
+				fmt.Fprintf(b, "| %s | %s | %s |", a, s, o)
+				for _, lapse := range ProxyOnLapse {
+					fmt.Fprintf(b, " %s |", ExpectProxy(a, lapse).Mark())
+				}
+				b.WriteString("\n")
 			}
-			b.WriteString("\n")
 		}
 	}
 	b.WriteString(`
 Each proxy cell sends the same requests (a retry and 16 concurrent duplicates) through
-an ` + "`idem proxy`" + ` in process, in front of a Go upstream that counts what it receives by
+an ` + "`idem proxy`" + ` in process, with its defaults or with every option of its own set
+(the principal from a cookie beside an analytics cookie that changes on every request,
+` + "`--require-key`" + ` and ` + "`--route`" + ` on the cell's path, ` + "`--access-log`" + ` (a line per request, no key
+in it), ` + "`--max-buffered-bodies`" + `, ` + "`--upstream-wait-limit`" + `, the metrics' hooks), in front of a Go upstream that counts what it receives by
 the derived key, and holds it to its outcome. Not knowing is not failure: a key is
 released only when the request provably never reached the upstream, so every row keeps
 one effect per key:
