@@ -163,4 +163,3 @@ func TestAPassThroughResponsesTrailersReachTheClient(t *testing.T) {
 		t.Fatalf("trailers %v, want X-Declared: d and X-Undeclared: u", resp.Trailer)
 	}
 }
-
