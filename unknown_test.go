@@ -2,7 +2,9 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/memory"
 )
 
 // unknownHandler says that its operation's outcome is unknown (a foreign call's reply
@@ -161,5 +164,43 @@ func TestAPassThroughResponsesTrailersReachTheClient(t *testing.T) {
 	resp.Body.Close()
 	if resp.Trailer.Get("X-Declared") != "d" || resp.Trailer.Get("X-Undeclared") != "u" {
 		t.Fatalf("trailers %v, want X-Declared: d and X-Undeclared: u", resp.Trailer)
+	}
+}
+
+// Outside the middleware, a caller of Guard.Begin that does not know whether its
+// operation happened ends the claim with SetOutcomeUnknown and Complete: under the
+// policy unknown every repeat gets ErrOutcomeUnknown; under take_over the repeat takes
+// the record over under the same record id.
+func TestGuardCallersSettleAnUnknownOutcomeWithComplete(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		policy idem.LapsePolicy
+		check  func(t *testing.T, h *idem.Handle, err error, firstID string)
+	}{
+		{idem.LapseUnknown, func(t *testing.T, h *idem.Handle, err error, _ string) {
+			if !errors.Is(err, idem.ErrOutcomeUnknown) {
+				t.Fatalf("a repeat under the policy unknown: %v, want ErrOutcomeUnknown", err)
+			}
+		}},
+		{idem.LapseTakeOver, func(t *testing.T, h *idem.Handle, err error, firstID string) {
+			if err != nil || h == nil || !h.TookOver() || h.RecordID() != firstID {
+				t.Fatalf("a repeat under take_over: %v, took over %v; want the record taken over under id %s", err, h != nil && h.TookOver(), firstID)
+			}
+			_ = h.Release()
+		}},
+	} {
+		g := idem.NewGuard(idem.GuardConfig{Store: memory.New(), Logger: slog.New(slog.DiscardHandler)})
+		call := idem.Call{Scope: "alice", Key: "key-unknown-1", Fingerprint: idem.FingerprintInput("op", []byte("x")), OnLapse: tc.policy}
+		h, _, err := g.Begin(ctx, call)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.SetOutcomeUnknown()
+		if err := h.Complete(); err != nil {
+			t.Fatalf("Complete after SetOutcomeUnknown: %v", err)
+		}
+		again, _, err := g.Begin(ctx, call)
+		tc.check(t, again, err, h.RecordID())
 	}
 }
