@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/memory"
 )
 
@@ -199,11 +200,11 @@ func BenchmarkMemoryStoreNewKey(b *testing.B) {
 			b.StartTimer()
 		}
 		k := keys[i%batch][0]
-		claim := idem.RecordClaimParams{Scope: "s", Key: k, Token: "t", RecordID: "r", Lease: idem.DefaultLease, TTL: idem.DefaultTTL}
+		claim := idemstore.ClaimParams{Scope: "s", Key: k, Token: "t", RecordID: "r", Lease: idem.DefaultLease, TTL: idem.DefaultTTL}
 		if _, err := st.RecordClaim(ctx, &claim); err != nil {
 			b.Fatal(err)
 		}
-		complete := idem.RecordCompleteParams{Scope: "s", Key: k, Token: "t", Response: resp, TTL: idem.DefaultTTL}
+		complete := idemstore.CompleteParams{Scope: "s", Key: k, Token: "t", Response: resp, TTL: idem.DefaultTTL}
 		if err := st.RecordComplete(ctx, &complete); err != nil {
 			b.Fatal(err)
 		}
@@ -215,19 +216,19 @@ func BenchmarkMemoryStoreNewKey(b *testing.B) {
 func BenchmarkMemoryStoreReplay(b *testing.B) {
 	ctx := context.Background()
 	st := memory.New()
-	claim := idem.RecordClaimParams{Scope: "s", Key: "k", Token: "t", RecordID: "r", Lease: idem.DefaultLease, TTL: idem.DefaultTTL}
+	claim := idemstore.ClaimParams{Scope: "s", Key: "k", Token: "t", RecordID: "r", Lease: idem.DefaultLease, TTL: idem.DefaultTTL}
 	if _, err := st.RecordClaim(ctx, &claim); err != nil {
 		b.Fatal(err)
 	}
 	resp := &idem.Response{Status: 201, Body: []byte(benchChargeResponse),
 		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/charges/ch_1"}}}
-	if err := st.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: "s", Key: "k", Token: "t", Response: resp, TTL: idem.DefaultTTL}); err != nil {
+	if err := st.RecordComplete(ctx, &idemstore.CompleteParams{Scope: "s", Key: "k", Token: "t", Response: resp, TTL: idem.DefaultTTL}); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		claim := idem.RecordClaimParams{Scope: "s", Key: "k", Token: "t2", RecordID: "r2", Lease: idem.DefaultLease, TTL: idem.DefaultTTL}
-		if res, err := st.RecordClaim(ctx, &claim); err != nil || res.Outcome != idem.ClaimCompleted {
+		claim := idemstore.ClaimParams{Scope: "s", Key: "k", Token: "t2", RecordID: "r2", Lease: idem.DefaultLease, TTL: idem.DefaultTTL}
+		if res, err := st.RecordClaim(ctx, &claim); err != nil || res.Outcome != idemstore.ClaimCompleted {
 			b.Fatal(res, err)
 		}
 	}

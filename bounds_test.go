@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/observe"
 	"github.com/idem-go/idem/store/memory"
 )
 
@@ -135,7 +137,7 @@ type stallingReads struct {
 	stall chan storeCall
 }
 
-func (s *stallingReads) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.Record, error) {
+func (s *stallingReads) RecordGet(ctx context.Context, p *idemstore.GetParams) (*idemstore.Record, error) {
 	s.stall <- storeCall{ctx, time.Now()}
 	<-ctx.Done()
 	return nil, ctx.Err()
@@ -162,7 +164,7 @@ func TestHandlerIsCancelledBeforeItsKeyCanBeTakenOver(t *testing.T) {
 	// The handler is cancelled when its lease-end timer fires: before the lease the
 	// store granted ends, by at least the margin.
 	cutoff := b.clock.Now().Add(leaseEnds.Armed())
-	rec, err := b.store.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "alice", Key: key, Now: b.clock.Now()})
+	rec, err := b.store.RecordGet(context.Background(), &idemstore.GetParams{Scope: "alice", Key: key, Now: b.clock.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,10 +223,10 @@ func TestTTLMustOutliveTheLease(t *testing.T) {
 
 func TestCompletingAnExpiredRecordIsLogged(t *testing.T) {
 	t.Parallel()
-	var completions []idem.CompletionEvent
+	var completions []observe.CompletionEvent
 	b := setup(t, func(c *idem.Config) {
 		c.TTL = 31 * time.Second
-		c.Observer = &idem.Observer{Completed: func(e idem.CompletionEvent) { completions = append(completions, e) }}
+		c.Observer = &observe.Observer{Completed: func(e observe.CompletionEvent) { completions = append(completions, e) }}
 	})
 	h := newHeld()
 	mw := b.mw.Handler(h)
@@ -237,7 +239,7 @@ func TestCompletingAnExpiredRecordIsLogged(t *testing.T) {
 	if !strings.Contains(b.logs.String(), "completed after its TTL") {
 		t.Errorf("no warning for a record completed already expired; logs:\n%s", b.logs)
 	}
-	if len(completions) != 1 || !completions[0].Expired || completions[0].Result != idem.CompletionStored {
+	if len(completions) != 1 || !completions[0].Expired || completions[0].Result != observe.CompletionStored {
 		t.Errorf("observer told %+v, want one stored completion marked Expired", completions)
 	}
 	// The record is absent already: a retry executes again, which is what the
@@ -257,7 +259,7 @@ type lateClaims struct {
 	late  chan func() error
 }
 
-func (s *lateClaims) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
+func (s *lateClaims) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*idemstore.ClaimResult, error) {
 	if s.armed.Add(-1) < 0 {
 		s.armed.Add(1)
 		return s.countingStore.RecordClaim(ctx, p)
@@ -300,7 +302,7 @@ func TestAClaimCutOffByStoreTimeoutThatLandsLaterIsReleased(t *testing.T) {
 	if err := (<-st.late)(); err != nil { // the partition heals: the claim lands
 		t.Fatal(err)
 	}
-	if rec, err := b.store.RecordGet(t.Context(), &idem.RecordGetParams{Scope: "alice", Key: key, Now: b.clock.Now()}); err != nil || rec.State != idem.StateInFlight {
+	if rec, err := b.store.RecordGet(t.Context(), &idemstore.GetParams{Scope: "alice", Key: key, Now: b.clock.Now()}); err != nil || rec.State != idemstore.StateInFlight {
 		t.Fatalf("after the late claim landed: %+v, %v; want the key in flight", rec, err)
 	}
 	select {

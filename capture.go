@@ -64,7 +64,7 @@ type capture struct {
 }
 
 // capturePool holds captures between requests, with their maps and body buffer. The
-// response they freeze aliases them: stores copy what they store (see [Store]), and
+// response they freeze aliases them: stores copy what they store (see [idemstore.Store]), and
 // the replay cache keeps a copy of its own.
 var capturePool = sync.Pool{New: func() any {
 	return &capture{header: make(http.Header), stored: make(http.Header)}

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/idem-go/idem/observe"
 )
 
 // ErrClaimDeferred is for store packages: a [TxFunc] returns an error wrapping it when
@@ -62,7 +64,7 @@ func (x *request) runClaimingInHandler(next http.Handler) {
 	ctx := x.r.Context()
 	first, found, err := h.lookup(ctx)
 	if err != nil {
-		h.observeClaim(OutcomeStoreError, false, time.Now(), err)
+		h.observeClaim(observe.OutcomeStoreError, false, time.Now(), err)
 		x.answer(nil, g.storeError(ctx, h, "lookup", err))
 		return
 	}
@@ -72,7 +74,7 @@ func (x *request) runClaimingInHandler(next http.Handler) {
 		// flight. A key the store shows completed (the running handler's transaction
 		// will find it so too) is replayed below, not answered 409.
 		x.keyFound = true
-		h.observeClaim(OutcomeInProgress, false, time.Now(), nil)
+		h.observeClaim(observe.OutcomeInProgress, false, time.Now(), nil)
 		x.writeError(CodeRequestInProgress, "")
 		return
 	}
@@ -234,9 +236,9 @@ func (x *request) reportLateWrites() {
 func (h *Handle) observeClaimedInTx(claimed, completed bool, failed error) {
 	switch {
 	case errors.Is(failed, ErrKeyInProgress):
-		h.observeClaim(OutcomeInProgress, false, h.claimStartedReal, nil)
+		h.observeClaim(observe.OutcomeInProgress, false, h.claimStartedReal, nil)
 	case claimed:
-		h.observeClaim(OutcomeAcquired, false, h.claimStartedReal, nil)
+		h.observeClaim(observe.OutcomeAcquired, false, h.claimStartedReal, nil)
 		switch {
 		case completed:
 			h.mu.Lock()
@@ -244,7 +246,7 @@ func (h *Handle) observeClaimedInTx(claimed, completed bool, failed error) {
 			h.mu.Unlock()
 			h.observeCompletion(completionResult(params), true, false, 0, nil)
 		case failed != nil:
-			h.observeCompletion(CompletionFailed, true, false, 0, failed)
+			h.observeCompletion(observe.CompletionFailed, true, false, 0, failed)
 		default: // its response releases the key: the transaction recorded nothing
 			h.observeRelease(0, nil)
 		}

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/idem-go/idem/idemstore"
 )
 
 // Defaults of [CleanerConfig].
@@ -53,7 +55,7 @@ type CleanerConfig struct {
 // expired record already counts as absent to every request; cleaning only reclaims
 // space, so a failed pass is logged and retried at the next one.
 type Cleaner struct {
-	store  Store
+	store  idemstore.Store
 	cfg    CleanerConfig
 	passes chan int
 }
@@ -85,7 +87,7 @@ func (cfg CleanerConfig) Validate() error {
 // The SQL stores start one themselves when they open (sqlite.Config.Cleaner,
 // postgres.Config.Cleaner); build one with NewCleaner for a store opened with its
 // cleaner disabled, in the one process (or cron job) that is to clean.
-func NewCleaner(store Store, cfg CleanerConfig) *Cleaner {
+func NewCleaner(store idemstore.Store, cfg CleanerConfig) *Cleaner {
 	if store == nil {
 		panic("idem: NewCleaner needs a store")
 	}
@@ -210,7 +212,7 @@ func (c *Cleaner) Pass(ctx context.Context) (deleted int, err error) {
 func (c *Cleaner) batch(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.BatchTimeout)
 	defer cancel()
-	p := &RecordDeleteExpiredParams{Retention: c.cfg.Retention, Limit: c.cfg.BatchSize}
+	p := &idemstore.DeleteExpiredParams{Retention: c.cfg.Retention, Limit: c.cfg.BatchSize}
 	if c.cfg.Clock != nil {
 		p.Now = c.cfg.Clock()
 	}

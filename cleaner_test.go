@@ -10,17 +10,18 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/memory"
 )
 
 // seed puts records into st at now: completed ones with ttl, and in-flight ones with
 // a lease.
-func seedRecords(t *testing.T, st idem.Store, now time.Time, prefix string, n int, ttl, lease time.Duration, complete bool) {
+func seedRecords(t *testing.T, st idemstore.Store, now time.Time, prefix string, n int, ttl, lease time.Duration, complete bool) {
 	t.Helper()
 	ctx := context.Background()
 	for i := range n {
 		k := fmt.Sprintf("%s-%02d-key", prefix, i)
-		_, err := st.RecordClaim(ctx, &idem.RecordClaimParams{
+		_, err := st.RecordClaim(ctx, &idemstore.ClaimParams{
 			Scope: "alice", Key: k, Token: "tok" + k, RecordID: "id" + k,
 			Fingerprint: idem.Fingerprint{Version: 1}, Lease: lease, TTL: ttl, Now: now,
 		})
@@ -28,7 +29,7 @@ func seedRecords(t *testing.T, st idem.Store, now time.Time, prefix string, n in
 			t.Fatal(err)
 		}
 		if complete {
-			err = st.RecordComplete(ctx, &idem.RecordCompleteParams{
+			err = st.RecordComplete(ctx, &idemstore.CompleteParams{
 				Scope: "alice", Key: k, Token: "tok" + k, TTL: ttl, Now: now,
 				Response: &idem.Response{Status: 201},
 			})

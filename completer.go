@@ -7,6 +7,9 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/observe"
 )
 
 // ResumeFunc finishes the operation of a record whose holder died (or released it)
@@ -300,29 +303,29 @@ func (c *Completer) forget() {
 }
 
 // list returns one batch of resumable records after the cursor.
-func (c *Completer) list(ctx context.Context, after recordRef) ([]*Record, error) {
+func (c *Completer) list(ctx context.Context, after recordRef) ([]*idemstore.Record, error) {
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.BatchTimeout)
 	defer cancel()
 	start := c.callStart()
-	recs, err := c.g.cfg.Store.RecordListResumable(lctx, &RecordListResumableParams{
+	recs, err := c.g.cfg.Store.RecordListResumable(lctx, &idemstore.ListResumableParams{
 		AfterScope: after.scope, AfterKey: after.key, Limit: c.cfg.BatchSize, Now: c.g.storeNow(),
 	})
-	c.observeCall(ctx, StoreOpListResumable, start, err)
+	c.observeCall(ctx, observe.StoreOpListResumable, start, err)
 	return recs, err
 }
 
 // countUnfinished counts the store's unfinished operations and tells the observer.
-func (c *Completer) countUnfinished(ctx context.Context) (*RecordCountUnfinishedResult, error) {
+func (c *Completer) countUnfinished(ctx context.Context) (*idemstore.CountUnfinishedResult, error) {
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.BatchTimeout)
 	defer cancel()
 	start := c.callStart()
-	n, err := c.g.cfg.Store.RecordCountUnfinished(cctx, &RecordCountUnfinishedParams{Now: c.g.storeNow()})
-	c.observeCall(ctx, StoreOpCountUnfinished, start, err)
+	n, err := c.g.cfg.Store.RecordCountUnfinished(cctx, &idemstore.CountUnfinishedParams{Now: c.g.storeNow()})
+	c.observeCall(ctx, observe.StoreOpCountUnfinished, start, err)
 	if err != nil {
 		return nil, err
 	}
 	if ob := c.g.cfg.Observer; ob != nil && ob.Unfinished != nil {
-		ob.Unfinished(UnfinishedEvent{Context: context.WithoutCancel(ctx), Count: n.Count, OldestAge: n.OldestAge()})
+		ob.Unfinished(observe.UnfinishedEvent{Context: context.WithoutCancel(ctx), Count: n.Count, OldestAge: n.OldestAge()})
 	}
 	return n, nil
 }
@@ -337,15 +340,15 @@ func (c *Completer) callStart() time.Time {
 }
 
 // observeCall reports the store call op that began at start (zero: not observed).
-func (c *Completer) observeCall(ctx context.Context, op StoreOp, start time.Time, err error) {
+func (c *Completer) observeCall(ctx context.Context, op observe.StoreOp, start time.Time, err error) {
 	if !start.IsZero() {
-		c.g.cfg.Observer.StoreCall(StoreCallEvent{Context: context.WithoutCancel(ctx), Op: op, Duration: time.Since(start), Err: err})
+		c.g.cfg.Observer.StoreCall(observe.StoreCallEvent{Context: context.WithoutCancel(ctx), Op: op, Duration: time.Since(start), Err: err})
 	}
 }
 
 // observe tells the observer what became of the resumable record rec, whose resume
 // began at start (zero when nothing ran).
-func (c *Completer) observe(ctx context.Context, h *Handle, rec *Record, r ResumeResult, start time.Time, err error) {
+func (c *Completer) observe(ctx context.Context, h *Handle, rec *idemstore.Record, r observe.ResumeResult, start time.Time, err error) {
 	ob := c.g.cfg.Observer
 	if ob == nil || ob.Resumed == nil {
 		return
@@ -354,7 +357,7 @@ func (c *Completer) observe(ctx context.Context, h *Handle, rec *Record, r Resum
 	if !start.IsZero() {
 		d = time.Since(start)
 	}
-	ob.Resumed(ResumeEvent{Context: context.WithoutCancel(ctx), Route: rec.Operation, KeyHash: h.keyHash,
+	ob.Resumed(observe.ResumeEvent{Context: context.WithoutCancel(ctx), Route: rec.Operation, KeyHash: h.keyHash,
 		RecoveryPoint: rec.RecoveryPoint, Result: r, Duration: d, Err: err})
 }
 
@@ -372,7 +375,7 @@ const (
 // resume takes rec over and finishes its operation, unless it must wait for its
 // backoff, has no resume function, or another caller got it first. A record it could
 // not finish is logged once at WARN when older than WarnAfter.
-func (c *Completer) resume(ctx context.Context, rec *Record) resumeOutcome {
+func (c *Completer) resume(ctx context.Context, rec *idemstore.Record) resumeOutcome {
 	ref := recordRef{rec.Scope, rec.Key, rec.ID}
 	st := c.records[ref]
 	if st == nil {
@@ -395,7 +398,7 @@ func (c *Completer) resume(ctx context.Context, rec *Record) resumeOutcome {
 }
 
 // attempt runs one attempt at rec, unless it waits for its backoff.
-func (c *Completer) attempt(ctx context.Context, h *Handle, rec *Record, st *recordState, fn ResumeFunc) resumeOutcome {
+func (c *Completer) attempt(ctx context.Context, h *Handle, rec *idemstore.Record, st *recordState, fn ResumeFunc) resumeOutcome {
 	g := c.g
 	if g.localNow().Before(st.next) {
 		return resumeWaiting
@@ -407,19 +410,19 @@ func (c *Completer) attempt(ctx context.Context, h *Handle, rec *Record, st *rec
 			"(register one with Guard.RegisterResume or RouteOptions.Resume)",
 			h.attrs(slog.String("operation", rec.Operation), slog.String("recovery_point", rec.RecoveryPoint),
 				slog.Time("next_look", st.next))...)
-		c.observe(ctx, h, rec, ResumeNoFunction, time.Time{}, nil)
+		c.observe(ctx, h, rec, observe.ResumeNoFunction, time.Time{}, nil)
 		return resumeWaiting
 	}
 	start := h.storeCallStart() // zero without an observer: no clock read
 	res, err := h.claimKey(ctx, time.Time{})
 	if err != nil {
 		c.cfg.Logger.WarnContext(ctx, "idem: the completer's claim failed", h.attrs(slog.Any("error", err))...)
-		c.observe(ctx, h, rec, ResumeFailed, start, err)
+		c.observe(ctx, h, rec, observe.ResumeFailed, start, err)
 		return c.failed(st, err)
 	}
 	switch {
-	case res.Outcome != ClaimAcquired:
-		c.observe(ctx, h, rec, ResumeTaken, time.Time{}, nil)
+	case res.Outcome != idemstore.ClaimAcquired:
+		c.observe(ctx, h, rec, observe.ResumeTaken, time.Time{}, nil)
 		return resumeSkipped // completed, or held, by a retry or another completer
 	case !res.TookOver:
 		// The record went (completed and expired, or settled by an operator) between
@@ -436,10 +439,10 @@ func (c *Completer) attempt(ctx context.Context, h *Handle, rec *Record, st *rec
 	if err := c.run(fn, h); err != nil {
 		c.cfg.Logger.WarnContext(ctx, "idem: resuming an operation failed; the record is kept and tried again later",
 			h.attrs(slog.String("operation", rec.Operation), slog.Any("error", err))...)
-		c.observe(ctx, h, rec, ResumeFailed, start, err)
+		c.observe(ctx, h, rec, observe.ResumeFailed, start, err)
 		return c.failed(st, err)
 	}
-	c.observe(ctx, h, rec, ResumeResumed, start, nil)
+	c.observe(ctx, h, rec, observe.ResumeResumed, start, nil)
 	return resumeDone
 }
 
@@ -449,7 +452,7 @@ var errNoResumeFunction = errors.New("idem: no resume function registered for th
 
 // warnIfOld logs, once per record, an unfinished operation older than WarnAfter that
 // this completer could not finish.
-func (c *Completer) warnIfOld(ctx context.Context, h *Handle, rec *Record, st *recordState) {
+func (c *Completer) warnIfOld(ctx context.Context, h *Handle, rec *idemstore.Record, st *recordState) {
 	age := c.g.localNow().Sub(rec.CreatedAt)
 	if st.warned || age < c.cfg.WarnAfter {
 		return

@@ -7,6 +7,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/observe"
 )
 
 // Defaults of [Config] and [CleanerConfig].
@@ -104,7 +107,7 @@ func DefaultMethods() map[string]Requirement {
 // the fields of [GuardConfig] do.
 type Config struct {
 	// Store keeps the records. Required.
-	Store Store
+	Store idemstore.Store
 
 	// Scope returns the authenticated principal of a request; records are identified
 	// by (scope, key), so nothing of one principal is ever replayed to another (SPEC
@@ -248,7 +251,7 @@ type Config struct {
 	// Observer is told of every claim's outcome, completion, release, failed renewal,
 	// lost lease and store call (SPEC §15), labelled with the route's name
 	// ([RouteOptions.Name]). Defaults to nil, which costs nothing.
-	Observer *Observer
+	Observer *observe.Observer
 }
 
 // RouteOptions change the middleware's behaviour for the routes one

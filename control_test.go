@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // Control per middleware and per route (SPEC §16): the key's header name, the
@@ -319,7 +320,7 @@ func TestRenewalsKeepTheTTLTheHandlerSet(t *testing.T) {
 	if err := <-renewed; err != nil {
 		t.Fatalf("renewal: %v", err)
 	}
-	rec, err := b.store.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "alice", Key: key, Now: b.clock.Now()})
+	rec, err := b.store.RecordGet(context.Background(), &idemstore.GetParams{Scope: "alice", Key: key, Now: b.clock.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/idem-go/idem/idemstore"
 )
 
 // Claims cut off by StoreTimeout (SPEC §9). A claim whose store call ran out of time
@@ -58,7 +60,7 @@ func (g *Guard) watchCutOff(h *Handle) {
 	w := cutOffWatch{
 		g:     g,
 		ctx:   context.WithoutCancel(h.detached.parent),
-		p:     RecordReleaseParams{Scope: h.scope, Key: h.key, Token: h.claim.Token},
+		p:     idemstore.ReleaseParams{Scope: h.scope, Key: h.key, Token: h.claim.Token},
 		until: h.claimStartedReal.Add(g.cfg.Lease),
 	}
 	go w.run()
@@ -68,7 +70,7 @@ func (g *Guard) watchCutOff(h *Handle) {
 type cutOffWatch struct {
 	g     *Guard
 	ctx   context.Context // the caller's values, never done
-	p     RecordReleaseParams
+	p     idemstore.ReleaseParams
 	until time.Time // the claim's lease end, by the host's clock: after it there is nothing to free
 }
 
@@ -104,7 +106,7 @@ func (w cutOffWatch) look() (done, released bool) {
 	g := w.g
 	ctx, cancel := context.WithDeadline(w.ctx, callDeadline(g.cfg.StoreTimeout, w.until))
 	defer cancel()
-	rec, err := g.cfg.Store.RecordGet(ctx, &RecordGetParams{Scope: w.p.Scope, Key: w.p.Key, Now: g.storeNow()})
+	rec, err := g.cfg.Store.RecordGet(ctx, &idemstore.GetParams{Scope: w.p.Scope, Key: w.p.Key, Now: g.storeNow()})
 	switch {
 	case err != nil:
 		return false, false // absent (not landed yet, or never will), or the store is still away

@@ -2,7 +2,7 @@
 // `Idempotency-Key: <random id>` with a POST or PATCH (or a job carries its id), and the
 // server executes the operation at most once per (scope, key) and returns the same
 // result to every retry, across restarts, crashes and any number of processes sharing
-// one [Store].
+// one [idemstore.Store].
 //
 // The package holds the pieces that do not depend on any database, in two layers. It
 // imports the standard library only; the stores live in their own packages
@@ -55,7 +55,7 @@
 // The core, without HTTP (SPEC §5, §16; guard.go, handle.go, lease.go, do.go):
 //
 //   - [Guard] runs the record state machine: [Guard.Begin] claims (scope, key) in one
-//     atomic store operation ([Decide] says what a claim finds), waits a bounded time
+//     atomic store operation ([idemstore.Decide] says what a claim finds), waits a bounded time
 //     for an operation in flight, takes over a lapsed lease, and answers a replay,
 //     [ErrKeyReused], [ErrKeyInProgress] or [ErrStoreUnavailable];
 //   - [Handle] is an acquired claim: the operation runs under its context while a
@@ -66,7 +66,7 @@
 //     business writes and the stored result commit together or not at all;
 //   - [Do] and [DoTx] run a function at most once and return its stored result to
 //     every repeat; [FingerprintInput] fingerprints its input;
-//   - an [Observer] (observer.go), when set, is told of every claim outcome,
+//   - an [observe.Observer] (observer.go), when set, is told of every claim outcome,
 //     completion, release, failed renewal, lost lease and store call (SPEC §15).
 //
 // Foreign side effects (SPEC §13; step.go, completer.go, policy.go): an operation that

@@ -14,10 +14,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/idem-go/idem/idemstore"
 )
 
 // FingerprintRequest returns the fingerprint of r with the given body (SPEC §4), version
-// [FingerprintVersion]: a SHA-256 over, in this order,
+// [idemstore.FingerprintVersion]: a SHA-256 over, in this order,
 //
 //   - the fingerprint version;
 //   - the method, as sent (methods are case-sensitive);
@@ -67,7 +69,7 @@ func contentType(h http.Header) string {
 // appendRequest frames the fields of r before its body: the version, the method, the
 // path and the query (canonical, or as sent). The canonical query is in st.body.
 func (st *fpState) appendRequest(r *http.Request) []byte {
-	b := appendField(st.frame[:0], tagVersion, strconv.AppendInt(st.num[:0], FingerprintVersion, 10))
+	b := appendField(st.frame[:0], tagVersion, strconv.AppendInt(st.num[:0], idemstore.FingerprintVersion, 10))
 	b = appendStringField(b, tagMethod, r.Method)
 	var path, query string
 	if r.URL != nil {
@@ -274,11 +276,11 @@ func (st *fpState) sum256(b []byte, tag byte, data []byte) Fingerprint {
 	st.h.Write(data)
 	// Sum into the pooled state: a slice of a local would make the local escape.
 	st.h.Sum(st.sum[:0])
-	return Fingerprint{Version: FingerprintVersion, Sum: st.sum}
+	return Fingerprint{Version: idemstore.FingerprintVersion, Sum: st.sum}
 }
 
 // FingerprintInput returns the fingerprint of a function's input (SPEC §16), version
-// [FingerprintVersion], for a [Call]: a SHA-256 over the version, op (the operation's
+// [idemstore.FingerprintVersion], for a [Call]: a SHA-256 over the version, op (the operation's
 // name, such as "charges.create" or a gRPC method's full name, so that one key used for
 // two operations is key_reused) and the input. An input that is valid I-JSON is
 // canonicalised as [CanonicalJSON] describes, so that a repeat that re-serialises the
@@ -288,7 +290,7 @@ func (st *fpState) sum256(b []byte, tag byte, data []byte) Fingerprint {
 func FingerprintInput(op string, input []byte) Fingerprint {
 	st := fpPool.Get().(*fpState)
 	defer st.release()
-	b := appendField(st.frame[:0], tagVersion, strconv.AppendInt(st.num[:0], FingerprintVersion, 10))
+	b := appendField(st.frame[:0], tagVersion, strconv.AppendInt(st.num[:0], idemstore.FingerprintVersion, 10))
 	b = appendStringField(b, tagOperation, op)
 	tag, data := byte(tagRawBody), input
 	if canon, ok := st.canon.canonical(st.body[:0], input); ok {
@@ -309,7 +311,7 @@ func FingerprintJSON(op string, v any) (Fingerprint, error) {
 }
 
 // Field tags of the fingerprint's framing. Changing any of them, or the framing, is a
-// change of [FingerprintVersion].
+// change of [idemstore.FingerprintVersion].
 const (
 	tagVersion  = 'V'
 	tagMethod   = 'M'

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/idem-go/idem/idemstore"
 	"pgregory.net/rapid"
 )
 
@@ -51,8 +52,8 @@ func jsonPost(body string) req { return req{"POST", "/v1/charges", "application/
 
 func TestFingerprintCarriesTheCurrentVersion(t *testing.T) {
 	t.Parallel()
-	if got := jsonPost(chargeBody).fp(t).Version; got != FingerprintVersion {
-		t.Fatalf("Version = %d, want %d", got, FingerprintVersion)
+	if got := jsonPost(chargeBody).fp(t).Version; got != idemstore.FingerprintVersion {
+		t.Fatalf("Version = %d, want %d", got, idemstore.FingerprintVersion)
 	}
 }
 
@@ -623,7 +624,7 @@ func FuzzFingerprint(f *testing.F) {
 	f.Fuzz(func(t *testing.T, method, path, query, contentType string, body []byte) {
 		r := &http.Request{Method: method, URL: &url.URL{Path: path, RawQuery: query}, Header: http.Header{"Content-Type": {contentType}}}
 		got := FingerprintRequest(r, body)
-		if again := FingerprintRequest(r, body); got != again || got.Version != FingerprintVersion {
+		if again := FingerprintRequest(r, body); got != again || got.Version != idemstore.FingerprintVersion {
 			t.Fatalf("not deterministic: %x vs %x", got.Sum, again.Sum)
 		}
 		// A JSON body and its canonical form are the same request.

@@ -9,6 +9,9 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/observe"
 )
 
 // Guard runs operations at most once per (scope, key): the state machine of SPEC §5
@@ -49,7 +52,7 @@ type testHooks struct {
 // default. [Config] holds the same fields for the middleware.
 type GuardConfig struct {
 	// Store keeps the records. Required.
-	Store Store
+	Store idemstore.Store
 
 	// TTL is how long a record lives after its creation; a [Call] may override it. It
 	// must be longer than Lease and at most [MaxTTL] (NewGuard panics otherwise): a record whose TTL ran out
@@ -101,7 +104,7 @@ type GuardConfig struct {
 
 	// Observer is told of every claim's outcome, completion, release, failed renewal,
 	// lost lease and store call (SPEC §15). Defaults to nil, which costs nothing.
-	Observer *Observer
+	Observer *observe.Observer
 }
 
 // NewGuard returns a Guard for cfg. It panics with a message naming the field when cfg
@@ -258,7 +261,7 @@ func (g *Guard) Begin(ctx context.Context, c Call) (h *Handle, replay *Response,
 	if err := checkCallKey(c.Key); err != nil {
 		return nil, nil, err
 	}
-	if !c.OnLapse.valid() {
+	if !c.OnLapse.Valid() {
 		panic(fmt.Sprintf("idem: Call.OnLapse is not a known policy: %v", c.OnLapse))
 	}
 	h = &Handle{route: c.Name, operation: c.Name}
@@ -329,7 +332,7 @@ func (g *Guard) cached(h *Handle) (*Response, error) {
 	}
 	if resp, ok := g.cache.get(h.scope, h.key, h.claim.Fingerprint, g.localNow()); ok {
 		if h.observing() {
-			h.observeClaim(replayOutcome(resp, OutcomeReplayedFromCache), false, time.Now(), nil)
+			h.observeClaim(replayOutcome(resp, observe.OutcomeReplayedFromCache), false, time.Now(), nil)
 		}
 		return replayOf(resp)
 	}
@@ -338,12 +341,12 @@ func (g *Guard) cached(h *Handle) (*Response, error) {
 
 // replayOutcome is the outcome of a claim that found resp stored: o, or
 // OutcomeNotStored.
-func replayOutcome(resp *Response, o Outcome) Outcome {
+func replayOutcome(resp *Response, o observe.Outcome) observe.Outcome {
 	switch {
 	case resp == nil || resp.NotStored:
-		return OutcomeNotStored
+		return observe.OutcomeNotStored
 	case resp.OutcomeUnknown:
-		return OutcomeUnknown
+		return observe.OutcomeUnknown
 	}
 	return o
 }
@@ -369,7 +372,7 @@ func (g *Guard) claim(ctx context.Context, h *Handle) (*Response, error) {
 // claimFrom is claim whose first store call's answer is first, when not nil: what a
 // SPEC §7 transaction found of the key (a completed record, one in flight, another
 // fingerprint's), which needs no second asking.
-func (g *Guard) claimFrom(ctx context.Context, h *Handle, first *RecordClaimResult) (*Response, error) {
+func (g *Guard) claimFrom(ctx context.Context, h *Handle, first *idemstore.ClaimResult) (*Response, error) {
 	// waitUntil is set when the key is first found in flight; every store call after
 	// that ends by waitUntil + StoreTimeout (stopAt).
 	var waitUntil, stopAt, start time.Time
@@ -385,35 +388,35 @@ func (g *Guard) claimFrom(ctx context.Context, h *Handle, first *RecordClaimResu
 		}
 		first = nil
 		if err != nil {
-			h.observeClaim(OutcomeStoreError, waited, start, err)
+			h.observeClaim(observe.OutcomeStoreError, waited, start, err)
 			return nil, g.storeError(ctx, h, "claim", err)
 		}
 		switch res.Outcome {
-		case ClaimAcquired:
-			o := OutcomeAcquired
+		case idemstore.ClaimAcquired:
+			o := observe.OutcomeAcquired
 			switch {
 			case res.TookOver && res.Record.RecoveryPoint != "":
-				o = OutcomeTookOver
+				o = observe.OutcomeTookOver
 				g.cfg.Logger.InfoContext(ctx, "idem: took over a key whose lease lapsed; resuming after its last committed step",
 					h.attrs(slog.String("recovery_point", res.Record.RecoveryPoint))...)
 			case res.TookOver:
-				o = OutcomeTookOver
+				o = observe.OutcomeTookOver
 				g.cfg.Logger.InfoContext(ctx, "idem: took over a key whose holder's lease lapsed; executing again", h.attrs()...)
 			}
 			h.acquired(res.Record)
 			h.tookOver = res.TookOver
 			h.observeClaim(o, waited, start, nil)
 			return nil, nil
-		case ClaimCompleted:
+		case idemstore.ClaimCompleted:
 			if res.MarkedUnknown {
 				g.cfg.Logger.WarnContext(ctx, "idem: the key's holder died and its operation cannot be repeated safely (policy unknown); "+
 					"answering outcome_unknown until an operator resolves the key (idem keys resolve)", h.attrs()...)
 			}
 			g.cacheRecord(h, res.Record)
-			h.observeClaim(replayOutcome(res.Record.Response, OutcomeReplayed), waited, start, nil)
+			h.observeClaim(replayOutcome(res.Record.Response, observe.OutcomeReplayed), waited, start, nil)
 			return replayOf(res.Record.Response)
-		case ClaimMismatch:
-			h.observeClaim(OutcomeKeyReused, waited, start, nil)
+		case idemstore.ClaimMismatch:
+			h.observeClaim(observe.OutcomeKeyReused, waited, start, nil)
 			return nil, ErrKeyReused
 		}
 		if waitUntil.IsZero() {
@@ -424,17 +427,17 @@ func (g *Guard) claimFrom(ctx context.Context, h *Handle, first *RecordClaimResu
 		rec, again, err := h.await(ctx, waitUntil, stopAt, &backoff)
 		switch {
 		case err != nil:
-			h.observeClaim(OutcomeStoreError, waited, start, err)
+			h.observeClaim(observe.OutcomeStoreError, waited, start, err)
 			return nil, g.storeError(ctx, h, "wait", err)
 		case rec != nil && !h.claim.Fingerprint.Matches(rec.Fingerprint):
-			h.observeClaim(OutcomeKeyReused, waited, start, nil)
+			h.observeClaim(observe.OutcomeKeyReused, waited, start, nil)
 			return nil, ErrKeyReused
 		case rec != nil:
 			g.cacheRecord(h, rec)
-			h.observeClaim(replayOutcome(rec.Response, OutcomeWaitedThenReplayed), waited, start, nil)
+			h.observeClaim(replayOutcome(rec.Response, observe.OutcomeWaitedThenReplayed), waited, start, nil)
 			return replayOf(rec.Response)
 		case !again:
-			h.observeClaim(OutcomeInProgress, waited, start, nil)
+			h.observeClaim(observe.OutcomeInProgress, waited, start, nil)
 			return nil, &InProgressError{RetryAfter: g.cfg.RetryAfter}
 		}
 	}
@@ -454,10 +457,10 @@ func (g *Guard) storeError(ctx context.Context, h *Handle, op string, err error)
 // cacheRecord puts a completed record read from the store in the replay cache, when
 // there is one. The record is the caller's own copy (Store contract), so its response
 // is kept as is.
-func (g *Guard) cacheRecord(h *Handle, rec *Record) {
+func (g *Guard) cacheRecord(h *Handle, rec *idemstore.Record) {
 	// An outcome_unknown answer is never cached: an operator's resolution must reach
 	// every process at once.
-	if g.cache == nil || rec == nil || rec.State != StateCompleted || rec.Response == nil || rec.Response.OutcomeUnknown {
+	if g.cache == nil || rec == nil || rec.State != idemstore.StateCompleted || rec.Response == nil || rec.Response.OutcomeUnknown {
 		return
 	}
 	g.cache.put(h.scope, h.key, rec.Fingerprint, rec.Response, rec.ExpiresAt, g.localNow())
@@ -473,12 +476,12 @@ const (
 // ending by stopAt at the latest when that is set (SPEC §9, bounded time). A claim
 // cut off that way may still reach the store: the guard watches for it in the
 // background and releases it (cutoff.go).
-func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*RecordClaimResult, error) {
+func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*idemstore.ClaimResult, error) {
 	g := h.g
 	h.newClaim()
 	deadline := callDeadlineFrom(h.claimStartedReal, g.cfg.StoreTimeout, stopAt)
 	start := h.storeCallStart()
-	var res *RecordClaimResult
+	var res *idemstore.ClaimResult
 	var err error
 	var ended bool // the call's context ended before it returned
 	if !h.firstCallUsed {
@@ -493,7 +496,7 @@ func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*RecordClaimRe
 		ended = err != nil && cctx.Err() != nil
 		cancel()
 	}
-	h.observeStoreCall(StoreOpClaim, start, err)
+	h.observeStoreCall(observe.StoreOpClaim, start, err)
 	if cutOff(err, ended) {
 		g.watchCutOff(h)
 	}
@@ -505,7 +508,7 @@ func (h *Handle) newClaim() {
 	g := h.g
 	token, id := newTokens()
 	h.claimStartedReal = time.Now()
-	h.claim = RecordClaimParams{
+	h.claim = idemstore.ClaimParams{
 		Scope: h.scope, Key: h.key, Fingerprint: h.claim.Fingerprint, Token: token, RecordID: id,
 		Lease: g.cfg.Lease, TTL: h.claim.TTL, OnLapse: h.claim.OnLapse, Now: g.storeNow(), // the TTL as SetTTL may have set it
 	}
@@ -540,7 +543,7 @@ func callDeadlineFrom(now time.Time, timeout time.Duration, stopAt time.Time) ti
 // Each poll runs under StoreTimeout and ends by stopAt. The backoff carries over
 // between calls, so that a lease that looks lapsed to this host but not to the store
 // does not make it claim in a tight loop.
-func (h *Handle) await(ctx context.Context, until, stopAt time.Time, backoff *time.Duration) (rec *Record, again bool, err error) {
+func (h *Handle) await(ctx context.Context, until, stopAt time.Time, backoff *time.Duration) (rec *idemstore.Record, again bool, err error) {
 	g := h.g
 	if time.Until(until) <= 0 {
 		return nil, false, nil
@@ -563,11 +566,11 @@ func (h *Handle) await(ctx context.Context, until, stopAt time.Time, backoff *ti
 		*backoff = min(2**backoff, waitPollMax)
 		rec, err := h.poll(ctx, stopAt)
 		switch {
-		case errors.Is(err, ErrNotFound):
+		case errors.Is(err, idemstore.ErrNotFound):
 			return nil, true, nil
 		case err != nil:
 			return nil, false, err
-		case rec.State == StateCompleted:
+		case rec.State == idemstore.StateCompleted:
 			return rec, false, nil
 		case !g.localNow().Before(rec.LeaseEnd):
 			// Perhaps lapsed; the claim asks the store's clock.
@@ -584,35 +587,35 @@ func (h *Handle) await(ctx context.Context, until, stopAt time.Time, backoff *ti
 // the key), and nil with found set when one is there whose fate the store's clock must
 // decide (in flight: live, or a lapsed lease to take over): then the caller claims it
 // the usual way.
-func (h *Handle) lookup(ctx context.Context) (res *RecordClaimResult, found bool, err error) {
+func (h *Handle) lookup(ctx context.Context) (res *idemstore.ClaimResult, found bool, err error) {
 	g := h.g
 	ctx, cancel := context.WithDeadline(ctx, callDeadline(g.cfg.StoreTimeout, time.Time{}))
 	defer cancel()
 	start := h.storeCallStart()
-	rec, err := g.cfg.Store.RecordGet(ctx, &RecordGetParams{Scope: h.scope, Key: h.key, Now: g.storeNow()})
-	h.observeStoreCall(StoreOpLookup, start, err)
+	rec, err := g.cfg.Store.RecordGet(ctx, &idemstore.GetParams{Scope: h.scope, Key: h.key, Now: g.storeNow()})
+	h.observeStoreCall(observe.StoreOpLookup, start, err)
 	switch {
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, idemstore.ErrNotFound):
 		return nil, false, nil
 	case err != nil:
 		return nil, false, err
 	case !h.claim.Fingerprint.Matches(rec.Fingerprint):
-		return &RecordClaimResult{Outcome: ClaimMismatch, Record: rec}, true, nil
-	case rec.State == StateCompleted:
-		return &RecordClaimResult{Outcome: ClaimCompleted, Record: rec}, true, nil
+		return &idemstore.ClaimResult{Outcome: idemstore.ClaimMismatch, Record: rec}, true, nil
+	case rec.State == idemstore.StateCompleted:
+		return &idemstore.ClaimResult{Outcome: idemstore.ClaimCompleted, Record: rec}, true, nil
 	}
 	return nil, true, nil
 }
 
 // poll reads the record of an in-flight operation under StoreTimeout, ending by
 // stopAt.
-func (h *Handle) poll(ctx context.Context, stopAt time.Time) (*Record, error) {
+func (h *Handle) poll(ctx context.Context, stopAt time.Time) (*idemstore.Record, error) {
 	g := h.g
 	ctx, cancel := context.WithDeadline(ctx, callDeadline(g.cfg.StoreTimeout, stopAt))
 	defer cancel()
 	start := h.storeCallStart()
-	rec, err := g.cfg.Store.RecordGet(ctx, &RecordGetParams{Scope: h.scope, Key: h.key, Now: g.storeNow()})
-	h.observeStoreCall(StoreOpWait, start, err)
+	rec, err := g.cfg.Store.RecordGet(ctx, &idemstore.GetParams{Scope: h.scope, Key: h.key, Now: g.storeNow()})
+	h.observeStoreCall(observe.StoreOpWait, start, err)
 	return rec, err
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/memory"
 )
 
@@ -285,7 +286,7 @@ func TestFingerprintInputMatchesReserialisedJSONOnly(t *testing.T) {
 			t.Errorf("%s has the same fingerprint", name)
 		}
 	}
-	if raw := idem.FingerprintInput("op", []byte{0xff, 0x01}); raw != idem.FingerprintInput("op", []byte{0xff, 0x01}) || raw.Version != idem.FingerprintVersion {
+	if raw := idem.FingerprintInput("op", []byte{0xff, 0x01}); raw != idem.FingerprintInput("op", []byte{0xff, 0x01}) || raw.Version != idemstore.FingerprintVersion {
 		t.Error("the fingerprint of raw bytes is not stable or lacks the version")
 	}
 }

@@ -7,6 +7,9 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/observe"
 )
 
 // Handle is a claim on a (scope, key): the caller holds the key and runs the
@@ -29,9 +32,9 @@ type Handle struct {
 	// the policy for a dead holder (Call.OnLapse, RouteOptions.OnLapse) and the token
 	// it installs), when it began by the host's clock (claimStarted is
 	// the guard's), and the record it returned when acquired.
-	claim            RecordClaimParams
+	claim            idemstore.ClaimParams
 	claimStartedReal time.Time
-	claimed          *Record
+	claimed          *idemstore.Record
 	// firstCall is the context of the first claim, the only store call of most
 	// calls; later calls make their own.
 	firstCall callCtx
@@ -53,13 +56,13 @@ type Handle struct {
 	// is an Observer.
 	route, keyHash string
 
-	complete RecordCompleteParams
+	complete idemstore.CompleteParams
 
 	mu sync.Mutex
 	// responder or response supplies the result that the completion stores.
 	responder Responder
 	response  *Response
-	params    *RecordCompleteParams // the completion, when store
+	params    *idemstore.CompleteParams // the completion, when store
 	// failed records how the §7 helper's transaction failed.
 	failed error
 
@@ -300,7 +303,7 @@ func (h *Handle) SetResponder(r Responder) {
 // the empty 200 that net/http would send instead is how a handler that writes its
 // response after the transaction (the natural order, and the wrong one) would lose
 // it for good.
-func (h *Handle) PrepareCompletion() (*RecordCompleteParams, error) {
+func (h *Handle) PrepareCompletion() (*idemstore.CompleteParams, error) {
 	if h.g == nil {
 		return nil, nil
 	}
@@ -339,7 +342,7 @@ func (h *Handle) outcome() (completed bool, err error) {
 
 // decide stops the heartbeat, freezes the result and applies the store policy, once;
 // later calls return the same decision (or nothing, for a §7 helper: forTx).
-func (h *Handle) decide(forTx bool) (*RecordCompleteParams, bool, error) {
+func (h *Handle) decide(forTx bool) (*idemstore.CompleteParams, bool, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.decided {
@@ -364,7 +367,7 @@ func (h *Handle) decide(forTx bool) (*RecordCompleteParams, bool, error) {
 	}
 	h.store = store && resp != nil
 	if h.store {
-		h.complete = RecordCompleteParams{
+		h.complete = idemstore.CompleteParams{
 			Scope: h.scope, Key: h.key, Token: h.claim.Token,
 			Response: resp, TTL: h.claim.TTL, Now: h.g.storeNow(),
 		}
@@ -482,7 +485,7 @@ func (h *Handle) finish() (ending, error) {
 			g.cfg.Logger.WarnContext(&h.detached, "idem: the completing transaction failed; the result is not used",
 				h.attrs(slog.Any("error", failed))...)
 		}
-		h.observeCompletion(CompletionFailed, true, false, 0, failed)
+		h.observeCompletion(observe.CompletionFailed, true, false, 0, failed)
 		_ = h.release() // harmless if the commit happened after all: the record is completed
 		return endFailed, failed
 	}
@@ -497,7 +500,7 @@ func (h *Handle) finish() (ending, error) {
 	ctx, cancel := h.storeCtx()
 	start := h.storeCallStart()
 	err := g.cfg.Store.RecordComplete(ctx, params)
-	took := h.observeStoreCall(StoreOpComplete, start, err)
+	took := h.observeStoreCall(observe.StoreOpComplete, start, err)
 	cancel()
 	switch {
 	case err == nil:
@@ -511,7 +514,7 @@ func (h *Handle) finish() (ending, error) {
 		// Another caller took the key over and executes (or executed) the operation;
 		// the repeat gets its outcome.
 		g.cfg.Logger.WarnContext(&h.detached, "idem: lease lost before the result was stored; the result is not used", h.attrs()...)
-		h.observeCompletion(CompletionLeaseLost, false, false, took, err)
+		h.observeCompletion(observe.CompletionLeaseLost, false, false, took, err)
 		return endFailed, ErrLeaseLost
 	default:
 		// The operation's effects happened: its result stands, and the key frees when
@@ -519,18 +522,18 @@ func (h *Handle) finish() (ending, error) {
 		// the operation a second time.
 		g.cfg.Logger.ErrorContext(&h.detached, "idem: storing the result failed; it is used unstored",
 			h.attrs(slog.Any("error", err))...)
-		h.observeCompletion(CompletionFailed, false, false, took, err)
+		h.observeCompletion(observe.CompletionFailed, false, false, took, err)
 		return endUnstored, &StoreError{Op: "complete", Err: err}
 	}
 }
 
 // completionResult is the result of a completion that stored params (none: the §7
 // transaction committed without a prepared completion).
-func completionResult(params *RecordCompleteParams) CompletionResult {
+func completionResult(params *idemstore.CompleteParams) observe.CompletionResult {
 	if params != nil && params.Response != nil && params.Response.NotStored {
-		return CompletionNotStored
+		return observe.CompletionNotStored
 	}
-	return CompletionStored
+	return observe.CompletionStored
 }
 
 // abort releases the key after the operation failed or panicked, unless a §7
@@ -563,8 +566,8 @@ func (h *Handle) settleUnknown() error {
 	ctx, cancel := h.storeCtx()
 	defer cancel()
 	start := h.storeCallStart()
-	_, err := g.cfg.Store.RecordRenew(ctx, &RecordRenewParams{Scope: h.scope, Key: h.key, Token: h.claim.Token, TTL: h.claim.TTL, Now: g.storeNow()})
-	h.observeStoreCall(StoreOpRenew, start, err)
+	_, err := g.cfg.Store.RecordRenew(ctx, &idemstore.RenewParams{Scope: h.scope, Key: h.key, Token: h.claim.Token, TTL: h.claim.TTL, Now: g.storeNow()})
+	h.observeStoreCall(observe.StoreOpRenew, start, err)
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		g.cfg.Logger.DebugContext(ctx, "idem: the outcome is unknown, and the key is no longer held", h.attrs()...)
@@ -584,16 +587,16 @@ func (h *Handle) settleUnknown() error {
 	mark.Now = g.storeNow()
 	start = h.storeCallStart()
 	res, err := g.cfg.Store.RecordClaim(ctx, &mark)
-	h.observeStoreCall(StoreOpClaim, start, err)
+	h.observeStoreCall(observe.StoreOpClaim, start, err)
 	switch {
 	case err != nil:
 		g.cfg.Logger.WarnContext(ctx, "idem: marking an operation whose outcome is unknown failed; its record is kept, and the next repeat marks it",
 			h.attrs(slog.Any("error", err))...)
 		return &StoreError{Op: "claim", Err: err}
-	case res.Outcome == ClaimAcquired:
+	case res.Outcome == idemstore.ClaimAcquired:
 		// The record expired in between, and this claim made a new one: it must not
 		// stay in flight with nobody to end it.
-		_ = g.cfg.Store.RecordRelease(ctx, &RecordReleaseParams{Scope: h.scope, Key: h.key, Token: mark.Token, Now: g.storeNow()})
+		_ = g.cfg.Store.RecordRelease(ctx, &idemstore.ReleaseParams{Scope: h.scope, Key: h.key, Token: mark.Token, Now: g.storeNow()})
 		return nil
 	}
 	g.cfg.Logger.WarnContext(ctx, "idem: the operation's outcome is unknown; the record is marked outcome_unknown until an operator resolves the key (idem keys resolve)",
@@ -609,8 +612,8 @@ func (h *Handle) release() error {
 	ctx, cancel := h.storeCtx()
 	defer cancel()
 	start := h.storeCallStart()
-	err := g.cfg.Store.RecordRelease(ctx, &RecordReleaseParams{Scope: h.scope, Key: h.key, Token: h.claim.Token, Now: g.storeNow()})
-	h.observeRelease(h.observeStoreCall(StoreOpRelease, start, err), err)
+	err := g.cfg.Store.RecordRelease(ctx, &idemstore.ReleaseParams{Scope: h.scope, Key: h.key, Token: h.claim.Token, Now: g.storeNow()})
+	h.observeRelease(h.observeStoreCall(observe.StoreOpRelease, start, err), err)
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		g.cfg.Logger.DebugContext(ctx, "idem: release found the key no longer held", h.attrs()...)
@@ -650,9 +653,9 @@ func (h *Handle) cacheCompleted(resp *Response) {
 
 // completedExpiresAt is when the record that h completed just now expires: at its
 // created_at + TTL, or a TTL after now when its recovery point advanced
-// ([Record.CompletionExpiresAt]), by the guard's clock.
+// ([idemstore.Record.CompletionExpiresAt]), by the guard's clock.
 func (h *Handle) completedExpiresAt() time.Time {
-	rec := Record{CreatedAt: h.claimed.CreatedAt, RecoveryPoint: h.RecoveryPoint()}
+	rec := idemstore.Record{CreatedAt: h.claimed.CreatedAt, RecoveryPoint: h.RecoveryPoint()}
 	return rec.CompletionExpiresAt(h.g.localNow(), h.claim.TTL)
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 var errCommit = errors.New("commit failed: 40001")
@@ -18,7 +19,7 @@ var errCommit = errors.New("commit failed: 40001")
 // (the application's writes), then the fenced completion "in the same transaction",
 // and tells the handle how the transaction ended. commitErr makes COMMIT fail, which
 // rolls the completion back: it is then not applied.
-func inTx(ctx context.Context, st idem.Store, commitErr error, fn func() error) error {
+func inTx(ctx context.Context, st idemstore.Store, commitErr error, fn func() error) error {
 	if err := fn(); err != nil {
 		return err
 	}

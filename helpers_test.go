@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/memory"
 )
@@ -45,7 +46,7 @@ func (s *countingStore) err() error {
 	return nil
 }
 
-func (s *countingStore) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
+func (s *countingStore) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*idemstore.ClaimResult, error) {
 	s.claims.Add(1)
 	if f := s.beforeClaim.Swap(nil); f != nil {
 		(*f)()
@@ -59,7 +60,7 @@ func (s *countingStore) RecordClaim(ctx context.Context, p *idem.RecordClaimPara
 	return s.Store.RecordClaim(ctx, p)
 }
 
-func (s *countingStore) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams) error {
+func (s *countingStore) RecordComplete(ctx context.Context, p *idemstore.CompleteParams) error {
 	s.completes.Add(1)
 	if err := s.err(); err != nil {
 		return err
@@ -67,7 +68,7 @@ func (s *countingStore) RecordComplete(ctx context.Context, p *idem.RecordComple
 	return s.Store.RecordComplete(ctx, p)
 }
 
-func (s *countingStore) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) error {
+func (s *countingStore) RecordRelease(ctx context.Context, p *idemstore.ReleaseParams) error {
 	s.releases.Add(1)
 	if err := s.err(); err != nil {
 		return err
@@ -75,7 +76,7 @@ func (s *countingStore) RecordRelease(ctx context.Context, p *idem.RecordRelease
 	return s.Store.RecordRelease(ctx, p)
 }
 
-func (s *countingStore) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (time.Time, error) {
+func (s *countingStore) RecordRenew(ctx context.Context, p *idemstore.RenewParams) (time.Time, error) {
 	s.renews.Add(1)
 	if s.renewBlocks != nil {
 		s.renewBlocks <- struct{}{}
@@ -88,7 +89,7 @@ func (s *countingStore) RecordRenew(ctx context.Context, p *idem.RecordRenewPara
 	return s.Store.RecordRenew(ctx, p)
 }
 
-func (s *countingStore) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.Record, error) {
+func (s *countingStore) RecordGet(ctx context.Context, p *idemstore.GetParams) (*idemstore.Record, error) {
 	s.gets.Add(1)
 	if s.stall != nil {
 		return nil, stalled(ctx, s.stall)
@@ -99,14 +100,14 @@ func (s *countingStore) RecordGet(ctx context.Context, p *idem.RecordGetParams) 
 	return s.Store.RecordGet(ctx, p)
 }
 
-func (s *countingStore) RecordStep(ctx context.Context, p *idem.RecordStepParams) error {
+func (s *countingStore) RecordStep(ctx context.Context, p *idemstore.StepParams) error {
 	if err := s.err(); err != nil {
 		return err
 	}
 	return s.Store.RecordStep(ctx, p)
 }
 
-func (s *countingStore) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExpiredParams) (int, error) {
+func (s *countingStore) RecordDeleteExpired(ctx context.Context, p *idemstore.DeleteExpiredParams) (int, error) {
 	s.deletes.Add(1)
 	if err := s.err(); err != nil {
 		return 0, err
@@ -116,7 +117,7 @@ func (s *countingStore) RecordDeleteExpired(ctx context.Context, p *idem.RecordD
 
 // Capabilities are the memory store's, with Transactions: the tests' inTx stands in
 // for a SPEC §7 helper, and ClaimInHandler routes need one.
-func (s *countingStore) Capabilities() idem.Capabilities {
+func (s *countingStore) Capabilities() idemstore.Capabilities {
 	c := s.Store.Capabilities()
 	c.Transactions = true
 	if s.noBatchedCleanup {

@@ -30,13 +30,20 @@ func telemetry(pkgs []string) []string {
 	return out
 }
 
-// The root package imports the standard library only, and a user of it and one store
-// compiles neither Prometheus nor OpenTelemetry (SPEC §15): they come with idemprom
-// and idemotel only.
+// The root package imports the standard library and its own contracts only (the
+// store's, idemstore, and the observer's, observe, which import the standard library
+// only), and a user of it and one store compiles neither Prometheus nor
+// OpenTelemetry (SPEC §15): they come with idemprom and idemotel only.
 func TestImportGraphs(t *testing.T) {
 	t.Parallel()
-	if got := deps(t, "."); !slices.Equal(got, []string{"github.com/idem-go/idem"}) {
-		t.Errorf("the root package imports %v beside the standard library", got)
+	want := []string{"github.com/idem-go/idem/idemstore", "github.com/idem-go/idem/observe", "github.com/idem-go/idem"}
+	if got := deps(t, "."); !slices.Equal(got, want) {
+		t.Errorf("the root package imports %v beside the standard library; want %v", got, want)
+	}
+	for _, contract := range []string{"./idemstore", "./observe"} {
+		if got := deps(t, contract); len(got) != 1 {
+			t.Errorf("%s imports %v beside the standard library", contract, got[:len(got)-1])
+		}
 	}
 	for _, store := range []string{"./store/sqlite", "./store/postgres", "./store/redis", "./store/memory"} {
 		if got := telemetry(deps(t, ".", store)); len(got) > 0 {

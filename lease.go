@@ -6,6 +6,9 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/observe"
 )
 
 // beatTimer is the part of the *time.Timer of time.AfterFunc that the heartbeat uses;
@@ -112,12 +115,12 @@ func (hb *heartbeat) leaseEnds() {
 	}
 	h.g.cfg.Logger.ErrorContext(&h.detached, "idem: the lease ends without a successful renewal; cancelling the operation",
 		h.attrs()...)
-	hb.loseLocked(LeaseExpired)
+	hb.loseLocked(observe.LeaseExpired)
 }
 
 // loseLocked stops the heartbeat, calls off a renewal in progress and cancels the
 // operation with cause ErrLeaseLost, once. The caller holds mu.
-func (hb *heartbeat) loseLocked(cause LeaseLostCause) {
+func (hb *heartbeat) loseLocked(cause observe.LeaseLostCause) {
 	if hb.stopped {
 		return
 	}
@@ -134,7 +137,7 @@ func (hb *heartbeat) loseLocked(cause LeaseLostCause) {
 }
 
 // lose is loseLocked for a caller that does not hold mu.
-func (hb *heartbeat) lose(cause LeaseLostCause) {
+func (hb *heartbeat) lose(cause observe.LeaseLostCause) {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
 	hb.loseLocked(cause)
@@ -192,7 +195,7 @@ func (run *heartbeatRun) renew(ctx context.Context, hb *heartbeat) bool {
 	// that is sooner: a renewal that answers later cannot save the operation.
 	hb.mu.Lock()
 	h := run.h
-	p := RecordRenewParams{Scope: h.scope, Key: h.key, Token: h.claim.Token, Lease: g.cfg.Lease, TTL: run.ttl, Now: g.storeNow()}
+	p := idemstore.RenewParams{Scope: h.scope, Key: h.key, Token: h.claim.Token, Lease: g.cfg.Lease, TTL: run.ttl, Now: g.storeNow()}
 	end := run.realDeadline.Add(-leaseMargin(g.cfg.Lease))
 	hb.mu.Unlock()
 	if next := realStarted.Add(g.cfg.Heartbeat); next.Before(end) {
@@ -212,7 +215,7 @@ func (run *heartbeatRun) renew(ctx context.Context, hb *heartbeat) bool {
 		}
 		return false
 	}
-	run.h.observeStoreCall(StoreOpRenew, callStart, err)
+	run.h.observeStoreCall(observe.StoreOpRenew, callStart, err)
 	if g.hooks.renewed != nil {
 		defer g.hooks.renewed(err)
 	}
@@ -236,12 +239,12 @@ func (run *heartbeatRun) renew(ctx context.Context, hb *heartbeat) bool {
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		g.cfg.Logger.WarnContext(ctx, "idem: lease lost while the operation runs; cancelling it", run.h.attrs()...)
-		hb.lose(LeaseTakenOver)
+		hb.lose(observe.LeaseTakenOver)
 		return false
 	case !g.localNow().Before(cutoff):
 		g.cfg.Logger.ErrorContext(ctx, "idem: lease ran out while renewals failed; cancelling the operation",
 			run.h.attrs(slog.Any("error", err))...)
-		hb.lose(LeaseExpired)
+		hb.lose(observe.LeaseExpired)
 		return false
 	default:
 		g.cfg.Logger.WarnContext(ctx, "idem: lease renewal failed; retrying at the next beat",

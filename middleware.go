@@ -14,6 +14,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/observe"
 )
 
 // Middleware is the net/http middleware that makes keyed requests idempotent (SPEC
@@ -85,7 +88,7 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 	if !opts.Requirement.valid() {
 		panic(fmt.Sprintf("idem: RouteOptions.Requirement is not a known requirement: %v", opts.Requirement))
 	}
-	if !opts.OnLapse.valid() {
+	if !opts.OnLapse.Valid() {
 		panic(fmt.Sprintf("idem: RouteOptions.OnLapse is not a known policy: %v", opts.OnLapse))
 	}
 	if opts.ClaimInHandler && !m.g.cfg.Store.Capabilities().Transactions {
@@ -373,12 +376,12 @@ func (x *request) run(next http.Handler) {
 func (x *request) runLease(next http.Handler) {
 	rt, g, h := x.rt, x.rt.m.g, &x.h
 	ctx := x.r.Context()
-	var first *RecordClaimResult
+	var first *idemstore.ClaimResult
 	found := false
 	if rt.retries.readFirst() {
 		res, ok, err := h.lookup(ctx)
 		if err != nil {
-			h.observeClaim(OutcomeStoreError, false, time.Now(), err)
+			h.observeClaim(observe.OutcomeStoreError, false, time.Now(), err)
 			x.answer(nil, g.storeError(ctx, h, "lookup", err))
 			return
 		}

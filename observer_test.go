@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/observe"
 )
 
 // recorder is an Observer that keeps every event, in order, as "kind:detail".
@@ -28,17 +29,17 @@ func (r *recorder) add(e any) {
 	r.events = append(r.events, e)
 }
 
-func (r *recorder) observer() *idem.Observer {
-	return &idem.Observer{
-		Claimed:       func(e idem.ClaimEvent) { r.add(e) },
-		Completed:     func(e idem.CompletionEvent) { r.add(e) },
-		Released:      func(e idem.ReleaseEvent) { r.add(e) },
-		RenewalFailed: func(e idem.RenewalEvent) { r.add(e) },
-		LeaseLost:     func(e idem.LeaseLostEvent) { r.add(e) },
-		StoreCall:     func(e idem.StoreCallEvent) { r.add(e) },
-		Step:          func(e idem.StepEvent) { r.add(e) },
-		Resumed:       func(e idem.ResumeEvent) { r.add(e) },
-		Unfinished:    func(e idem.UnfinishedEvent) { r.add(e) },
+func (r *recorder) observer() *observe.Observer {
+	return &observe.Observer{
+		Claimed:       func(e observe.ClaimEvent) { r.add(e) },
+		Completed:     func(e observe.CompletionEvent) { r.add(e) },
+		Released:      func(e observe.ReleaseEvent) { r.add(e) },
+		RenewalFailed: func(e observe.RenewalEvent) { r.add(e) },
+		LeaseLost:     func(e observe.LeaseLostEvent) { r.add(e) },
+		StoreCall:     func(e observe.StoreCallEvent) { r.add(e) },
+		Step:          func(e observe.StepEvent) { r.add(e) },
+		Resumed:       func(e observe.ResumeEvent) { r.add(e) },
+		Unfinished:    func(e observe.UnfinishedEvent) { r.add(e) },
 	}
 }
 
@@ -54,26 +55,26 @@ func (r *recorder) take() []string {
 		var s string
 		var err error
 		switch e := e.(type) {
-		case idem.ClaimEvent:
+		case observe.ClaimEvent:
 			s, err = "claimed:"+string(e.Outcome), e.Err
-		case idem.CompletionEvent:
+		case observe.CompletionEvent:
 			s, err = "completed:"+string(e.Result), e.Err
 			if e.InTx {
 				s += "(tx)"
 			}
-		case idem.ReleaseEvent:
+		case observe.ReleaseEvent:
 			s, err = "released", e.Err
-		case idem.RenewalEvent:
+		case observe.RenewalEvent:
 			s, err = "renewal_failed", e.Err
-		case idem.LeaseLostEvent:
+		case observe.LeaseLostEvent:
 			s = "lease_lost:" + string(e.Cause)
-		case idem.StoreCallEvent:
+		case observe.StoreCallEvent:
 			s, err = "store:"+string(e.Op), e.Err
-		case idem.StepEvent:
+		case observe.StepEvent:
 			s, err = "step:"+e.Step+":"+string(e.Result), e.Err
-		case idem.ResumeEvent:
+		case observe.ResumeEvent:
 			s, err = "resume:"+string(e.Result), e.Err
-		case idem.UnfinishedEvent:
+		case observe.UnfinishedEvent:
 			s = fmt.Sprintf("unfinished:%d", e.Count)
 		}
 		if err != nil {
@@ -129,15 +130,15 @@ func TestObserverSeesEachClaimOutcomeOnce(t *testing.T) {
 func TestObserverSeesStoreCallsWithTheirDurations(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}
-	ob := &idem.Observer{StoreCall: func(e idem.StoreCallEvent) { rec.add(e) }}
+	ob := &observe.Observer{StoreCall: func(e observe.StoreCallEvent) { rec.add(e) }}
 	b := setup(t, func(c *idem.Config) { c.Observer = ob })
 	serve(b.mw.Handler(&counter{}), req("POST", "/x", key, "{}"))
 	events := rec.all()
 	if len(events) != 2 {
 		t.Fatalf("store calls %v, want the claim and the completion", rec.take())
 	}
-	for i, op := range []idem.StoreOp{idem.StoreOpClaim, idem.StoreOpComplete} {
-		e := events[i].(idem.StoreCallEvent)
+	for i, op := range []observe.StoreOp{observe.StoreOpClaim, observe.StoreOpComplete} {
+		e := events[i].(observe.StoreCallEvent)
 		if e.Op != op || e.Duration <= 0 || e.Err != nil {
 			t.Errorf("store call %d = %+v, want %s with a duration", i, e, op)
 		}
@@ -170,7 +171,7 @@ func TestObserverSeesInProgressAndWaitedThenReplayed(t *testing.T) {
 	waits := &recorder{}
 	waiting := make(chan struct{})
 	m := idem.New(idem.Config{Store: b.store, Scope: bearerScope, Clock: b.clock.Now,
-		InFlightWait: time.Hour, Observer: &idem.Observer{Claimed: func(e idem.ClaimEvent) { waits.add(e) }}})
+		InFlightWait: time.Hour, Observer: &observe.Observer{Claimed: func(e observe.ClaimEvent) { waits.add(e) }}})
 	idem.OnWait(m, func() { close(waiting) })
 	dup := make(chan struct{})
 	go func() { serve(m.Handler(&counter{}), req("POST", "/x", key, "{}")); close(dup) }()
@@ -182,7 +183,7 @@ func TestObserverSeesInProgressAndWaitedThenReplayed(t *testing.T) {
 	if len(events) != 1 {
 		t.Fatalf("waiting duplicate: %d claim events, want 1", len(events))
 	}
-	if e := events[0].(idem.ClaimEvent); e.Outcome != idem.OutcomeWaitedThenReplayed || !e.Waited || e.Duration <= 0 {
+	if e := events[0].(observe.ClaimEvent); e.Outcome != observe.OutcomeWaitedThenReplayed || !e.Waited || e.Duration <= 0 {
 		t.Errorf("waiting duplicate: %+v, want waited_replayed after a wait", e)
 	}
 }
@@ -284,7 +285,7 @@ func TestObserverEventsCarryTheRouteAndNoSecret(t *testing.T) {
 				t.Errorf("event %s reveals %q", dump, secret)
 			}
 		}
-		if c, ok := e.(idem.ClaimEvent); ok {
+		if c, ok := e.(observe.ClaimEvent); ok {
 			routes[c.Route]++
 			if !hashRe.MatchString(c.KeyHash) {
 				t.Errorf("key hash %q is not a short hex hash", c.KeyHash)
@@ -314,7 +315,7 @@ func TestObserverSeesDoWithTheCallsName(t *testing.T) {
 func TestNilObserverAndNilFuncsSeeNothing(t *testing.T) {
 	t.Parallel()
 	// A nil Observer is the benchmarks' path; an Observer with no funcs must not fail.
-	b := setup(t, func(c *idem.Config) { c.Observer = &idem.Observer{} })
+	b := setup(t, func(c *idem.Config) { c.Observer = &observe.Observer{} })
 	mw := b.mw.Handler(&counter{})
 	serve(mw, req("POST", "/x", key, "{}"))
 	if w := serve(mw, req("POST", "/x", key, "{}")); w.Header().Get("Idempotent-Replayed") != "true" {
@@ -327,17 +328,17 @@ type traceKey struct{}
 // eventContext returns the Context of any event.
 func eventContext(e any) context.Context {
 	switch e := e.(type) {
-	case idem.ClaimEvent:
+	case observe.ClaimEvent:
 		return e.Context
-	case idem.CompletionEvent:
+	case observe.CompletionEvent:
 		return e.Context
-	case idem.ReleaseEvent:
+	case observe.ReleaseEvent:
 		return e.Context
-	case idem.RenewalEvent:
+	case observe.RenewalEvent:
 		return e.Context
-	case idem.LeaseLostEvent:
+	case observe.LeaseLostEvent:
 		return e.Context
-	case idem.StoreCallEvent:
+	case observe.StoreCallEvent:
 		return e.Context
 	}
 	panic(fmt.Sprintf("not an event: %T", e))
@@ -398,14 +399,14 @@ func TestObserverCompletionAndReleaseCarryTheirStoreCallsDuration(t *testing.T) 
 	n := 0
 	for _, e := range rec.all() {
 		switch e := e.(type) {
-		case idem.StoreCallEvent:
+		case observe.StoreCallEvent:
 			last = e.Duration
-		case idem.CompletionEvent:
+		case observe.CompletionEvent:
 			n++
 			if want := map[bool]time.Duration{false: last, true: 0}[e.InTx]; e.StoreDuration != want || (!e.InTx && want <= 0) {
 				t.Errorf("completion (in tx: %v): StoreDuration %v, want %v", e.InTx, e.StoreDuration, want)
 			}
-		case idem.ReleaseEvent:
+		case observe.ReleaseEvent:
 			n++
 			if e.StoreDuration != last || last <= 0 {
 				t.Errorf("release: StoreDuration %v, want its store call's %v", e.StoreDuration, last)
@@ -426,20 +427,20 @@ func TestMultiObserverTellsEachObserverInOrder(t *testing.T) {
 		defer mu.Unlock()
 		order = append(order, s)
 	}
-	first := &idem.Observer{Claimed: func(e idem.ClaimEvent) { note("first:" + string(e.Outcome)) }}
-	second := &idem.Observer{
-		Claimed:   func(e idem.ClaimEvent) { note("second:" + string(e.Outcome)) },
-		Completed: func(e idem.CompletionEvent) { note("second:" + string(e.Result)) },
+	first := &observe.Observer{Claimed: func(e observe.ClaimEvent) { note("first:" + string(e.Outcome)) }}
+	second := &observe.Observer{
+		Claimed:   func(e observe.ClaimEvent) { note("second:" + string(e.Outcome)) },
+		Completed: func(e observe.CompletionEvent) { note("second:" + string(e.Result)) },
 	}
-	b := setup(t, func(c *idem.Config) { c.Observer = idem.MultiObserver(first, nil, &idem.Observer{}, second) })
+	b := setup(t, func(c *idem.Config) { c.Observer = observe.Multi(first, nil, &observe.Observer{}, second) })
 	serve(b.mw.Handler(&counter{}), req("POST", "/x", key, "{}"))
 	if got := strings.Join(order, " "); got != "first:acquired second:acquired second:stored" {
 		t.Errorf("events %q, want each observer told in order", got)
 	}
-	if m := idem.MultiObserver(nil, &idem.Observer{}); m != nil {
+	if m := observe.Multi(nil, &observe.Observer{}); m != nil {
 		t.Errorf("MultiObserver of nothing = %+v, want nil (costs nothing)", m)
 	}
-	if m := idem.MultiObserver(second); m.Claimed == nil || m.Completed == nil || m.StoreCall != nil {
+	if m := observe.Multi(second); m.Claimed == nil || m.Completed == nil || m.StoreCall != nil {
 		t.Errorf("MultiObserver of one: %+v, want its funcs only", m)
 	}
 }
@@ -471,7 +472,7 @@ func TestObserverSeesStepsCommittedSavedFencedAndFailed(t *testing.T) {
 	wantEvents(t, "the retry resumes", rec, "store:claim", "claimed:took_over", "step:charge_pending:saved",
 		"store:complete", "completed:stored")
 	for _, e := range rec.all() {
-		if e, ok := e.(idem.StepEvent); ok && (e.Route != "charges.create" || e.KeyHash == "" || e.Context == nil) {
+		if e, ok := e.(observe.StepEvent); ok && (e.Route != "charges.create" || e.KeyHash == "" || e.Context == nil) {
 			t.Errorf("step event %+v lacks the route, the key's hash or the context", e)
 		}
 	}
@@ -555,19 +556,19 @@ func TestObserverSeesWhatTheCompleterDidWithEachRecord(t *testing.T) {
 		"resume:no_function", "store:count_unfinished", "unfinished:1")
 	for _, e := range events {
 		switch e := e.(type) {
-		case idem.CompletionEvent:
+		case observe.CompletionEvent:
 			if e.Route != "charges.create" {
 				t.Errorf("the resumed operation's completion has route %q, want its operation's name", e.Route)
 			}
-		case idem.ResumeEvent:
-			if e.Result == idem.ResumeNoFunction {
+		case observe.ResumeEvent:
+			if e.Result == observe.ResumeNoFunction {
 				if e.Route != "refunds.create" || e.RecoveryPoint != "charge_pending" || e.KeyHash == "" {
 					t.Errorf("resume event %+v lacks the route, recovery point or key hash", e)
 				}
 			} else if e.Route != "charges.create" || e.RecoveryPoint != "charge_pending" || e.KeyHash == "" || e.Duration <= 0 {
 				t.Errorf("resume event %+v lacks the route, recovery point, key hash or duration", e)
 			}
-		case idem.UnfinishedEvent:
+		case observe.UnfinishedEvent:
 			if e.OldestAge < idem.DefaultLease {
 				t.Errorf("unfinished event %+v: the oldest is older than a lease", e)
 			}
@@ -599,7 +600,7 @@ func TestObserverSeesWhatTheCompleterDidWithEachRecord(t *testing.T) {
 func TestMultiObserverFansOutEveryFunc(t *testing.T) {
 	t.Parallel()
 	calls := map[string]int{}
-	var o idem.Observer
+	var o observe.Observer
 	v := reflect.ValueOf(&o).Elem()
 	for i := range v.NumField() {
 		name := v.Type().Field(i).Name
@@ -608,7 +609,7 @@ func TestMultiObserverFansOutEveryFunc(t *testing.T) {
 			return nil
 		}))
 	}
-	m := reflect.ValueOf(idem.MultiObserver(&o, &o)).Elem()
+	m := reflect.ValueOf(observe.Multi(&o, &o)).Elem()
 	for i := range m.NumField() {
 		f := m.Field(i)
 		if f.IsNil() {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/idem-go/idem/idemstore"
 )
 
 // The SPEC §7 helpers' side of the root package: what store packages build their
@@ -81,7 +83,7 @@ func (h *Handle) AcquireForTx(ctx context.Context) error {
 
 // acquireForTx is AcquireForTx whose claim starts from what a transaction found of
 // the key (see Guard.claimFrom), when found is not nil.
-func (h *Handle) acquireForTx(ctx context.Context, found *RecordClaimResult) error {
+func (h *Handle) acquireForTx(ctx context.Context, found *idemstore.ClaimResult) error {
 	if !h.inTx {
 		return nil
 	}
@@ -116,7 +118,7 @@ type answerer interface {
 // fingerprint as a claim that found them would, without asking the store again, and
 // claims the key the usual way otherwise. It matches [ErrClaimDeferred].
 type KeyTakenError struct {
-	Found *Record
+	Found *idemstore.Record
 	Now   time.Time
 	// Err is the store's error (a unique violation), for logs.
 	Err error
@@ -137,18 +139,18 @@ func (e *KeyTakenError) Unwrap() error { return e.Err }
 
 // found is the claim result the record found stands for, or nil when the key must be
 // claimed afresh (absent, expired, a lapsed lease: the store decides those).
-func (e *KeyTakenError) found(p *RecordClaimParams) *RecordClaimResult {
+func (e *KeyTakenError) found(p *idemstore.ClaimParams) *idemstore.ClaimResult {
 	if e == nil || e.Found == nil {
 		return nil
 	}
-	res := &RecordClaimResult{Record: e.Found, Now: e.Now}
+	res := &idemstore.ClaimResult{Record: e.Found, Now: e.Now}
 	switch p.Decide(e.Found, e.Now) {
-	case DecideReplay:
-		res.Outcome = ClaimCompleted
-	case DecideInFlight:
-		res.Outcome = ClaimInFlight
-	case DecideMismatch:
-		res.Outcome = ClaimMismatch
+	case idemstore.DecideReplay:
+		res.Outcome = idemstore.ClaimCompleted
+	case idemstore.DecideInFlight:
+		res.Outcome = idemstore.ClaimInFlight
+	case idemstore.DecideMismatch:
+		res.Outcome = idemstore.ClaimMismatch
 	default:
 		return nil
 	}
@@ -176,8 +178,8 @@ type TxFunc func(ctx context.Context, rec *TxRecord) (*Response, error)
 type TxRecord struct {
 	h      *Handle
 	x      *request
-	claim  *RecordClaimParams
-	params *RecordCompleteParams
+	claim  *idemstore.ClaimParams
+	params *idemstore.CompleteParams
 	frozen bool // Complete wrote the response into the capture and froze it
 	resp   *Response
 }
@@ -188,7 +190,7 @@ type TxRecord struct {
 // deleted again, or never inserted, when it does not). Nil when the middleware holds
 // the key already (the completion is then fenced by its token) and for a transaction
 // without a key ([WithoutKey]).
-func (t *TxRecord) Claim() *RecordClaimParams { return t.claim }
+func (t *TxRecord) Claim() *idemstore.ClaimParams { return t.claim }
 
 // Complete fixes resp as the request's response: the client gets exactly it if the
 // transaction commits, and it returns the completion to run (or, with [TxRecord.Claim],
@@ -196,7 +198,7 @@ func (t *TxRecord) Claim() *RecordClaimParams { return t.claim }
 // when resp releases the key (SPEC §6) or the transaction has no key: the transaction
 // then records nothing. An error (resp is nil, or the handler wrote a response before
 // calling Respond) means: roll back and return it.
-func (t *TxRecord) Complete(resp *Response) (*RecordCompleteParams, error) {
+func (t *TxRecord) Complete(resp *Response) (*idemstore.CompleteParams, error) {
 	if resp == nil {
 		return nil, errors.New("idem: Respond's function returned a nil response")
 	}

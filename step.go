@@ -9,6 +9,9 @@ import (
 	"fmt"
 	"log/slog"
 	"unicode/utf8"
+
+	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/observe"
 )
 
 // Resumable operations (SPEC §13). An operation that calls a foreign system (a card
@@ -58,7 +61,7 @@ type savedStep struct {
 
 // acquired records the claim's record: the key is held, and its steps are those the
 // record carries (none for a fresh claim; a takeover's committed ones).
-func (h *Handle) acquired(rec *Record) {
+func (h *Handle) acquired(rec *idemstore.Record) {
 	h.claimed = rec
 	h.mu.Lock()
 	h.steps = stepState{point: rec.RecoveryPoint, raw: rec.Steps}
@@ -104,7 +107,7 @@ func ForeignKey(recordID, step string) string {
 // StepResult reports whether step committed, and when it did decodes the result it
 // saved into v (a pointer, as for [json.Unmarshal]). Store packages' step helpers call
 // it first, and return the saved result instead of running a step again; the
-// [Observer] is told of every saved result returned ([StepSaved]).
+// [observe.Observer] is told of every saved result returned ([observe.StepSaved]).
 func (h *Handle) StepResult(step string, v any) (committed bool, err error) {
 	h.mu.Lock()
 	saved, err := h.steps.decode()
@@ -117,7 +120,7 @@ func (h *Handle) StepResult(step string, v any) (committed bool, err error) {
 			if err := json.Unmarshal(s.Result, v); err != nil {
 				return true, fmt.Errorf("idem: decoding the saved result of step %q: %w", step, err)
 			}
-			h.observeStep(step, StepSaved, nil)
+			h.observeStep(step, observe.StepSaved, nil)
 			return true, nil
 		}
 	}
@@ -146,7 +149,7 @@ func (st *stepState) decode() ([]savedStep, error) {
 // result that cannot be encoded, or results over [MaxStepResultsBytes]. After the
 // transaction commits, call [Handle.StepCommitted]; when it does not, call
 // [Handle.StepFailed].
-func (h *Handle) PrepareStep(step string, result any) (*RecordStepParams, error) {
+func (h *Handle) PrepareStep(step string, result any) (*idemstore.StepParams, error) {
 	if h.g == nil || h.claimed == nil {
 		return nil, errors.New("idem: a step needs a claim held under a lease (not a ClaimInHandler route)")
 	}
@@ -180,7 +183,7 @@ func (h *Handle) PrepareStep(step string, result any) (*RecordStepParams, error)
 			step, len(raw), MaxStepResultsBytes)
 	}
 	h.steps.prepared = step
-	return &RecordStepParams{
+	return &idemstore.StepParams{
 		Scope: h.scope, Key: h.key, Token: h.claim.Token,
 		RecoveryPoint: step, Steps: raw, Operation: h.operation,
 	}, nil
@@ -202,11 +205,11 @@ func checkStepName(step string) error {
 
 // StepCommitted tells the handle that the step p, prepared by PrepareStep, committed:
 // the record's recovery point is p's step, and its result is saved.
-func (h *Handle) StepCommitted(p *RecordStepParams) {
+func (h *Handle) StepCommitted(p *idemstore.StepParams) {
 	h.mu.Lock()
 	h.steps = stepState{point: p.RecoveryPoint, raw: p.Steps}
 	h.mu.Unlock()
-	h.observeStep(p.RecoveryPoint, StepCommitted, nil)
+	h.observeStep(p.RecoveryPoint, observe.StepCommitted, nil)
 }
 
 // StepFailed tells the handle that the transaction of a step prepared by PrepareStep
@@ -218,10 +221,10 @@ func (h *Handle) StepFailed(err error) {
 	step := h.steps.prepared
 	h.mu.Unlock()
 	if !errors.Is(err, ErrLeaseLost) {
-		h.observeStep(step, StepFailed, err)
+		h.observeStep(step, observe.StepFailed, err)
 		return
 	}
-	h.observeStep(step, StepLeaseLost, err)
+	h.observeStep(step, observe.StepLeaseLost, err)
 	if h.cancel == nil {
 		return
 	}
@@ -269,7 +272,7 @@ func Step[T any](ctx context.Context, step string, fn func(ctx context.Context) 
 	sctx, cancel := context.WithTimeout(ctx, h.g.cfg.Lease)
 	start := h.storeCallStart()
 	err = h.g.cfg.Store.RecordStep(sctx, p)
-	h.observeStoreCall(StoreOpStep, start, err)
+	h.observeStoreCall(observe.StoreOpStep, start, err)
 	cancel()
 	if err != nil {
 		h.StepFailed(err)

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/memory"
 )
 
@@ -43,7 +44,7 @@ func TestAnOutcomeUnknownUnderThePolicyUnknownIsNeverRunAgain(t *testing.T) {
 	if first.Code != http.StatusBadGateway || first.Body.String() != "reply lost" {
 		t.Fatalf("first: %d %q, want the handler's own answer", first.Code, first.Body)
 	}
-	rec, err := b.store.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "alice", Key: key, Now: b.clock.Now()})
+	rec, err := b.store.RecordGet(context.Background(), &idemstore.GetParams{Scope: "alice", Key: key, Now: b.clock.Now()})
 	if err != nil || rec.Response == nil || !rec.Response.OutcomeUnknown {
 		t.Fatalf("the record is %+v (%v), want it marked outcome unknown before any repeat", rec, err)
 	}

@@ -1,15 +1,15 @@
 // Package admin is what an operator's tool needs of an idempotency store beyond
-// [idem.Store] (SPEC §15): read one record whatever its state, list records, delete
+// [idemstore.Store] (SPEC §15): read one record whatever its state, list records, delete
 // one key or every key of a scope — a customer's erasure request — and settle a key
 // whose outcome is unknown or whose operation is unfinished (SPEC §13). The `idem
 // keys` command is built on it.
 //
 // Every store package (store/sqlite, store/postgres, store/redis, store/memory)
-// implements [Store], and runs the one conformance suite in admin/admintest. A store
+// implements [idemstore.Store], and runs the one conformance suite in admin/admintest. A store
 // declares what it cannot do through [Store.AdminCapabilities] (Redis cannot list: it
 // keeps only a digest of each scope and key).
 //
-// Nothing here is needed to serve requests: the middleware uses [idem.Store] only.
+// Nothing here is needed to serve requests: the middleware uses [idemstore.Store] only.
 package admin
 
 import (
@@ -19,17 +19,18 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // Store is the operator's view of an idempotency store. Methods are named
-// noun-then-verb and take a params struct, as [idem.Store]'s are; time-dependent
+// noun-then-verb and take a params struct, as [idemstore.Store]'s are; time-dependent
 // decisions use the store's clock unless the params carry a non-zero Now (tests).
-// Errors are normalised at the store's edge as [idem.Store]'s are: a missing record is
-// [idem.ErrNotFound].
+// Errors are normalised at the store's edge as [idemstore.Store]'s are: a missing record is
+// [idemstore.ErrNotFound].
 type Store interface {
 	// RecordInspect reads the record of (Scope, Key) in any state, expired or not
 	// (until it is deleted), with the store's time of the read. An absent record is
-	// [idem.ErrNotFound]. The response's headers and body are returned only when
+	// [idemstore.ErrNotFound]. The response's headers and body are returned only when
 	// params.Body is set; its status and size always are.
 	RecordInspect(ctx context.Context, params *RecordInspectParams) (*RecordInspectResult, error)
 
@@ -42,12 +43,12 @@ type Store interface {
 	RecordList(ctx context.Context, params *RecordListParams) (*RecordListResult, error)
 
 	// RecordDelete deletes the record of (Scope, Key) in any state, expired or not. An
-	// absent record is [idem.ErrNotFound]. A record in flight under a live lease is
+	// absent record is [idemstore.ErrNotFound]. A record in flight under a live lease is
 	// refused with [ErrLeaseLive] unless params.Force: its request is executing, and a
 	// retry sent after the delete would execute again beside it. Deleting it anyway is
 	// safe for the store — the holder's fenced completion then fails, and its SPEC §7
 	// transaction rolls back — but not for effects outside the store. An unfinished
-	// operation's record ([Record.Unfinished]) is refused with [ErrUnfinished] unless
+	// operation's record ([idemstore.Record.Unfinished]) is refused with [ErrUnfinished] unless
 	// params.Abandon: its committed steps stay done and nothing will finish them, and
 	// the key's next request starts a new operation, with new foreign keys. The lease
 	// is judged first: a live unfinished record needs both.
@@ -62,14 +63,14 @@ type Store interface {
 
 	// RecordResolve settles the record of (Scope, Key), once the operator knows what its
 	// operation did: one that a claim under the policy [idem.LapseUnknown] completed as
-	// outcome unknown, or an unfinished operation ([Record.Unfinished], SPEC §13) that
+	// outcome unknown, or an unfinished operation ([idemstore.Record.Unfinished], SPEC §13) that
 	// nothing can finish (its foreign system gone, its resume function removed). With
 	// params.Response nil it releases the key (deletes the record: the next request
 	// with the key executes afresh); otherwise it completes the record with
 	// params.Response, which every repeat then gets: an outcome-unknown record keeps its
 	// expiry, an unfinished one expires its TTL (expires_at − created_at) after the
 	// resolution. It checks and changes the record in one atomic step. An absent or
-	// expired record is [idem.ErrNotFound]; an unfinished one whose lease is live (its
+	// expired record is [idemstore.ErrNotFound]; an unfinished one whose lease is live (its
 	// operation is running now) is [ErrLeaseLive]; any other record is
 	// [ErrNotOutcomeUnknown]; all stay untouched (RecordDelete removes those).
 	RecordResolve(ctx context.Context, params *RecordResolveParams) error
@@ -97,19 +98,19 @@ var ErrLeaseLive = errors.New("idem admin: record is in flight under a live leas
 var ErrNotOutcomeUnknown = errors.New("idem admin: the record's outcome is not unknown, nor is its operation unfinished")
 
 // ErrUnfinished is returned by [Store.RecordDelete] for an unfinished operation's
-// record ([Record.Unfinished]), which it deletes only when told to abandon it.
+// record ([idemstore.Record.Unfinished]), which it deletes only when told to abandon it.
 var ErrUnfinished = errors.New("idem admin: the record is an unfinished operation")
 
 // StateOutcomeUnknown, as [RecordListParams.State], lists the completed records
 // whose outcome is unknown (SPEC §13): those [Store.RecordResolve] resolves. It is not
 // a state of its own: such records are completed, with [Record.OutcomeUnknown] set.
-const StateOutcomeUnknown idem.State = "outcome_unknown"
+const StateOutcomeUnknown idemstore.State = "outcome_unknown"
 
 // StateUnfinished, as [RecordListParams.State], lists the unfinished operations (SPEC
 // §13): records in flight whose recovery point advanced, whether their lease is live
 // or not, which never expire until they are completed or settled. It is not a state
 // of its own: such records are in flight, with a RecoveryPoint.
-const StateUnfinished idem.State = "unfinished"
+const StateUnfinished idemstore.State = "unfinished"
 
 // Limits of [RecordListParams.Limit].
 const (
@@ -133,7 +134,7 @@ type Record struct {
 	// takeovers (SPEC §13).
 	ID string
 	// State is in flight or completed.
-	State idem.State
+	State idemstore.State
 	// Fingerprint identifies the request that created the record (SPEC §4).
 	Fingerprint idem.Fingerprint
 	// CreatedAt is when the key was claimed.
@@ -149,7 +150,7 @@ type Record struct {
 	// Operation names the operation whose steps wrote the record (SPEC §13).
 	Operation string
 	// Steps are the results the committed steps saved, in the encoding of
-	// [idem.Record.Steps]: only from RecordInspect.
+	// [idemstore.Record.Steps]: only from RecordInspect.
 	Steps []byte
 	// OutcomeUnknown is true when the record was completed as outcome unknown (SPEC
 	// §13): repeats get 500 outcome_unknown until RecordResolve.
@@ -169,7 +170,9 @@ type Record struct {
 
 // Unfinished reports whether the record is an unfinished operation (SPEC §13): in
 // flight after one of its steps committed. It never expires.
-func (r *Record) Unfinished() bool { return r.State == idem.StateInFlight && r.RecoveryPoint != "" }
+func (r *Record) Unfinished() bool {
+	return r.State == idemstore.StateInFlight && r.RecoveryPoint != ""
+}
 
 // Expired reports whether the record counts as absent at now (SPEC §8): its
 // ExpiresAt passed, and it is not an unfinished operation.
@@ -177,18 +180,18 @@ func (r *Record) Expired(now time.Time) bool { return !r.Unfinished() && !now.Be
 
 // LeaseLive reports whether the record is in flight under a live lease at now.
 func (r *Record) LeaseLive(now time.Time) bool {
-	return r.State == idem.StateInFlight && now.Before(r.LeaseEnd)
+	return r.State == idemstore.StateInFlight && now.Before(r.LeaseEnd)
 }
 
 // FromRecord returns the operator's view of rec; with body set it keeps the response's
 // headers and body (shared with rec, not copied).
-func FromRecord(rec *idem.Record, body bool) *Record {
+func FromRecord(rec *idemstore.Record, body bool) *Record {
 	r := &Record{
 		Scope: rec.Scope, Key: rec.Key, ID: rec.ID, State: rec.State,
 		Fingerprint: rec.Fingerprint, CreatedAt: rec.CreatedAt, ExpiresAt: rec.ExpiresAt,
 		RecoveryPoint: rec.RecoveryPoint, Operation: rec.Operation, Steps: rec.Steps,
 	}
-	if rec.State == idem.StateInFlight {
+	if rec.State == idemstore.StateInFlight {
 		r.LeaseEnd = rec.LeaseEnd
 	}
 	if resp := rec.Response; resp != nil {
@@ -221,10 +224,10 @@ type RecordInspectResult struct {
 type RecordListParams struct {
 	// Scope, when not empty, lists that scope's records only.
 	Scope string
-	// State, when not empty, lists records in that state only: [idem.StateInFlight],
-	// [idem.StateCompleted] (outcome unknown or not), [StateOutcomeUnknown] or
+	// State, when not empty, lists records in that state only: [idemstore.StateInFlight],
+	// [idemstore.StateCompleted] (outcome unknown or not), [StateOutcomeUnknown] or
 	// [StateUnfinished].
-	State idem.State
+	State idemstore.State
 	// AfterScope and AfterKey, when AfterKey is not empty, start the list after that
 	// record (a cursor: the last record of the previous page).
 	AfterScope string
@@ -308,14 +311,14 @@ func (p *RecordListParams) ListLimit() (int, error) {
 }
 
 // ResolveError is the error of a [Store.RecordResolve] that found nothing to resolve,
-// given the record as read (nil when absent) at now: [idem.ErrNotFound] for an absent
+// given the record as read (nil when absent) at now: [idemstore.ErrNotFound] for an absent
 // or expired record, [ErrLeaseLive] for an unfinished one whose lease is live,
 // [ErrNotOutcomeUnknown] for any other, nil for a record whose outcome is unknown or
 // an unfinished one waiting to be resumed.
-func ResolveError(rec *idem.Record, now time.Time) error {
+func ResolveError(rec *idemstore.Record, now time.Time) error {
 	switch {
 	case rec == nil || rec.Expired(now):
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	case rec.Unfinished() && rec.LeaseLive(now):
 		return ErrLeaseLive
 	case rec.Unfinished():
@@ -327,12 +330,12 @@ func ResolveError(rec *idem.Record, now time.Time) error {
 }
 
 // DeleteError is the error of a [Store.RecordDelete] of rec, as read (nil when
-// absent) at now with params p: [idem.ErrNotFound], [ErrLeaseLive] without Force,
+// absent) at now with params p: [idemstore.ErrNotFound], [ErrLeaseLive] without Force,
 // [ErrUnfinished] without Abandon, or nil when it may be deleted.
-func DeleteError(rec *idem.Record, now time.Time, p *RecordDeleteParams) error {
+func DeleteError(rec *idemstore.Record, now time.Time, p *RecordDeleteParams) error {
 	switch {
 	case rec == nil:
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	case rec.LeaseLive(now) && !p.Force:
 		return ErrLeaseLive
 	case rec.Unfinished() && !p.Abandon:
@@ -344,7 +347,7 @@ func DeleteError(rec *idem.Record, now time.Time, p *RecordDeleteParams) error {
 // ListFilter is a list's filter as a store applies it ([RecordListParams.Filter]).
 type ListFilter struct {
 	// State is the state to match, "" for any.
-	State idem.State
+	State idemstore.State
 	// OutcomeUnknown: only completed records whose outcome is unknown
 	// ([StateOutcomeUnknown]).
 	OutcomeUnknown bool
@@ -357,15 +360,15 @@ type ListFilter struct {
 func (p *RecordListParams) Filter() ListFilter {
 	switch p.State {
 	case StateOutcomeUnknown:
-		return ListFilter{State: idem.StateCompleted, OutcomeUnknown: true}
+		return ListFilter{State: idemstore.StateCompleted, OutcomeUnknown: true}
 	case StateUnfinished:
-		return ListFilter{State: idem.StateInFlight, Unfinished: true}
+		return ListFilter{State: idemstore.StateInFlight, Unfinished: true}
 	}
 	return ListFilter{State: p.State}
 }
 
 // Matches reports whether rec passes the filter (for stores that filter in Go).
-func (f ListFilter) Matches(rec *idem.Record) bool {
+func (f ListFilter) Matches(rec *idemstore.Record) bool {
 	switch {
 	case f.State != "" && rec.State != f.State:
 		return false

@@ -12,6 +12,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consume"
 	"github.com/idem-go/idem/consume/internal/consumetest"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testkit"
 )
 
@@ -80,8 +81,8 @@ func TestNewMessageRunsTheEffectOnceAndIsAcked(t *testing.T) {
 		t.Fatalf("Err = %v on Ack", res.Err)
 	}
 	b.WantInvoices(1)
-	rec, err := b.Store.RecordGet(t.Context(), &idem.RecordGetParams{Scope: scope, Key: "m-1"})
-	if err != nil || rec.State != idem.StateCompleted {
+	rec, err := b.Store.RecordGet(t.Context(), &idemstore.GetParams{Scope: scope, Key: "m-1"})
+	if err != nil || rec.State != idemstore.StateCompleted {
 		t.Fatalf("record = %+v, %v; want completed with the effect", rec, err)
 	}
 }

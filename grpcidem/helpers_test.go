@@ -21,6 +21,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/grpcidem"
 	"github.com/idem-go/idem/grpcidem/internal/testpb"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/sqlite"
@@ -76,7 +77,7 @@ func charge(ctx context.Context, req *testpb.ChargeRequest, id string) *testpb.C
 // bundle is a real gRPC server with the interceptor on loopback, and a client of it.
 type bundle struct {
 	svc    *payments
-	store  idem.Store
+	store  idemstore.Store
 	guard  *idem.Guard
 	client testpb.PaymentsClient
 	addr   string
@@ -84,7 +85,7 @@ type bundle struct {
 
 // options of setup.
 type options struct {
-	store  idem.Store
+	store  idemstore.Store
 	guard  func(*idem.GuardConfig)
 	server func(*grpcidem.ServerConfig)
 	// client, when set, is the client interceptor's configuration.
@@ -176,7 +177,7 @@ func chargeRequest() *testpb.ChargeRequest {
 
 const key1 = "5f0c6d0e-8b1c-4c3e-9a53-2a1f4b7d9e01"
 
-func memoryStore() idem.Store { return memory.New() }
+func memoryStore() idemstore.Store { return memory.New() }
 
 // metadataAppend adds one metadata value to ctx's outgoing metadata.
 func metadataAppend(ctx context.Context, k, v string) context.Context {

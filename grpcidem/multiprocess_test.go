@@ -28,6 +28,7 @@ import (
 	"github.com/idem-go/idem/client"
 	"github.com/idem-go/idem/grpcidem"
 	"github.com/idem-go/idem/grpcidem/internal/testpb"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/postgres"
@@ -62,7 +63,7 @@ func serveChild(t *testing.T, storeURL string) {
 	}
 	crash := os.Getenv(childCrashEnv) == "1"
 	var (
-		store  idem.Store
+		store  idemstore.Store
 		create func(ctx context.Context, req *testpb.ChargeRequest) (*testpb.Charge, error)
 	)
 	switch kind, dsn, _ := strings.Cut(storeURL, ":"); kind {

@@ -19,6 +19,7 @@ import (
 	"github.com/idem-go/idem/admin"
 	"github.com/idem-go/idem/grpcidem"
 	"github.com/idem-go/idem/grpcidem/internal/testpb"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/postgres"
@@ -400,8 +401,8 @@ func TestWritesInTheTransactionCommitWithTheRecord(t *testing.T) {
 		t.Errorf("%d charges in the database, want 1", n)
 	}
 	// The record was completed in the charge's transaction: it holds the charge.
-	rec, err := s.RecordGet(t.Context(), &idem.RecordGetParams{Scope: "alice", Key: key1})
-	if err != nil || rec.State != idem.StateCompleted {
+	rec, err := s.RecordGet(t.Context(), &idemstore.GetParams{Scope: "alice", Key: key1})
+	if err != nil || rec.State != idemstore.StateCompleted {
 		t.Fatalf("record %+v, %v", rec, err)
 	}
 	// Without a key the same handler runs a plain transaction.

@@ -1,5 +1,5 @@
 // Package idemotel reports what idem does as OpenTelemetry spans and metrics (SPEC
-// §15), built on [idem.Observer], as go-redis' redisotel is built on its hooks.
+// §15), built on [observe.Observer], as go-redis' redisotel is built on its hooks.
 //
 //	tel, err := idemotel.New() // the global TracerProvider and MeterProvider
 //	if err != nil { ... }
@@ -7,7 +7,7 @@
 //	http.Handle("POST /v1/charges", otelhttp.NewHandler(mw.Handler(tel.Handler(charges)), "charges"))
 //
 // To tell an observer of your own too (or idemprom's), join them with
-// [idem.MultiObserver].
+// [observe.Multi].
 //
 // # Spans
 //
@@ -74,6 +74,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/telemetry"
+	"github.com/idem-go/idem/observe"
 )
 
 // ScopeName is the instrumentation scope of the package's tracer and meter.
@@ -141,7 +142,7 @@ type Telemetry struct {
 	oldest          metric.Float64Gauge
 	storeDuration   metric.Float64Histogram
 
-	observer *idem.Observer
+	observer *observe.Observer
 }
 
 // New returns the telemetry of the providers opts name (the global ones by default).
@@ -189,7 +190,7 @@ func New(opts ...Option) (*Telemetry, error) {
 			return nil, err
 		}
 	}
-	t.observer = &idem.Observer{
+	t.observer = &observe.Observer{
 		Claimed:       t.claimed,
 		Completed:     t.completed,
 		Released:      t.released,
@@ -204,9 +205,9 @@ func New(opts ...Option) (*Telemetry, error) {
 }
 
 // Observer returns the observer that makes the spans and metrics, for
-// [idem.Config.Observer] or [idem.GuardConfig.Observer] (or [idem.MultiObserver]).
+// [idem.Config.Observer] or [idem.GuardConfig.Observer] (or [observe.Multi]).
 // Every call returns the same one.
-func (t *Telemetry) Observer() *idem.Observer { return t.observer }
+func (t *Telemetry) Observer() *observe.Observer { return t.observer }
 
 // Handler wraps the handler behind the idem middleware in an idem.operation span
 // when the request runs under an acquired claim (the handler's context carries its
@@ -246,13 +247,13 @@ func end(span trace.Span, err error) {
 	span.End()
 }
 
-func (t *Telemetry) claimed(e idem.ClaimEvent) {
+func (t *Telemetry) claimed(e observe.ClaimEvent) {
 	route, outcome := RouteKey.String(e.Route), OutcomeKey.String(string(e.Outcome))
 	end(t.span(e.Context, "idem.claim", e.Duration, route, outcome, WaitedKey.Bool(e.Waited)), e.Err)
 	t.claims.Add(ctxOf(e.Context), 1, metric.WithAttributes(route, outcome))
 }
 
-func (t *Telemetry) completed(e idem.CompletionEvent) {
+func (t *Telemetry) completed(e observe.CompletionEvent) {
 	route, result := RouteKey.String(e.Route), CompletionResultKey.String(string(e.Result))
 	end(t.span(e.Context, "idem.complete", e.StoreDuration, route, result, InTxKey.Bool(e.InTx),
 		ExpiredKey.Bool(e.Expired)), e.Err)
@@ -263,7 +264,7 @@ func (t *Telemetry) completed(e idem.CompletionEvent) {
 	}
 }
 
-func (t *Telemetry) released(e idem.ReleaseEvent) {
+func (t *Telemetry) released(e observe.ReleaseEvent) {
 	route, result := RouteKey.String(e.Route), ReleaseResultKey.String(telemetry.ReleaseResult(e.Err))
 	var failure error
 	if telemetry.StoreFailed(e.Err) {
@@ -273,21 +274,21 @@ func (t *Telemetry) released(e idem.ReleaseEvent) {
 	t.releases.Add(ctxOf(e.Context), 1, metric.WithAttributes(route, result))
 }
 
-func (t *Telemetry) renewalFailed(e idem.RenewalEvent) {
+func (t *Telemetry) renewalFailed(e observe.RenewalEvent) {
 	ctx := ctxOf(e.Context)
 	attrs := []attribute.KeyValue{RouteKey.String(e.Route), ErrorTypeKey.String(telemetry.ErrorKind(e.Err))}
 	trace.SpanFromContext(ctx).AddEvent("idem.renewal_failed", trace.WithAttributes(attrs...))
 	t.renewalFailures.Add(ctx, 1, metric.WithAttributes(attrs...))
 }
 
-func (t *Telemetry) leaseLost(e idem.LeaseLostEvent) {
+func (t *Telemetry) leaseLost(e observe.LeaseLostEvent) {
 	ctx := ctxOf(e.Context)
 	attrs := []attribute.KeyValue{RouteKey.String(e.Route), LeaseLostCauseKey.String(string(e.Cause))}
 	trace.SpanFromContext(ctx).AddEvent("idem.lease_lost", trace.WithAttributes(attrs...))
 	t.leasesLost.Add(ctx, 1, metric.WithAttributes(attrs...))
 }
 
-func (t *Telemetry) step(e idem.StepEvent) {
+func (t *Telemetry) step(e observe.StepEvent) {
 	ctx := ctxOf(e.Context)
 	route, result := RouteKey.String(e.Route), StepResultKey.String(string(e.Result))
 	attrs := []attribute.KeyValue{route, StepNameKey.String(e.Step), result}
@@ -298,21 +299,21 @@ func (t *Telemetry) step(e idem.StepEvent) {
 	t.steps.Add(ctx, 1, metric.WithAttributes(route, result))
 }
 
-func (t *Telemetry) resumed(e idem.ResumeEvent) {
+func (t *Telemetry) resumed(e observe.ResumeEvent) {
 	route, result := RouteKey.String(e.Route), ResumeResultKey.String(string(e.Result))
-	if e.Result == idem.ResumeResumed || e.Result == idem.ResumeFailed {
+	if e.Result == observe.ResumeResumed || e.Result == observe.ResumeFailed {
 		end(t.span(e.Context, "idem.resume", e.Duration, route, result, RecoveryPointKey.String(e.RecoveryPoint)), e.Err)
 	}
 	t.resumes.Add(ctxOf(e.Context), 1, metric.WithAttributes(route, result))
 }
 
-func (t *Telemetry) unfinishedOps(e idem.UnfinishedEvent) {
+func (t *Telemetry) unfinishedOps(e observe.UnfinishedEvent) {
 	ctx := ctxOf(e.Context)
 	t.unfinished.Record(ctx, int64(e.Count))
 	t.oldest.Record(ctx, e.OldestAge.Seconds())
 }
 
-func (t *Telemetry) storeCall(e idem.StoreCallEvent) {
+func (t *Telemetry) storeCall(e observe.StoreCallEvent) {
 	op := StoreOperationKey.String(string(e.Op))
 	attrs := metric.WithAttributes(op)
 	if telemetry.StoreFailed(e.Err) {

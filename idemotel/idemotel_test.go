@@ -20,6 +20,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemotel"
+	"github.com/idem-go/idem/observe"
 	"github.com/idem-go/idem/store/memory"
 )
 
@@ -329,9 +330,9 @@ func TestRenewalFailuresAndLostLeasesAreEventsOfTheCallersSpan(t *testing.T) {
 	tel, tp, spans, reader := newTelemetry(t)
 	ctx, span := tp.Tracer("test").Start(context.Background(), "request")
 	ob := tel.Observer()
-	ob.RenewalFailed(idem.RenewalEvent{Context: ctx, Route: "charges", Err: fmt.Errorf("renew: %w", context.DeadlineExceeded)})
-	ob.RenewalFailed(idem.RenewalEvent{Context: ctx, Route: "charges", Err: idem.ErrLeaseLost})
-	ob.LeaseLost(idem.LeaseLostEvent{Context: ctx, Route: "charges", Cause: idem.LeaseTakenOver})
+	ob.RenewalFailed(observe.RenewalEvent{Context: ctx, Route: "charges", Err: fmt.Errorf("renew: %w", context.DeadlineExceeded)})
+	ob.RenewalFailed(observe.RenewalEvent{Context: ctx, Route: "charges", Err: idem.ErrLeaseLost})
+	ob.LeaseLost(observe.LeaseLostEvent{Context: ctx, Route: "charges", Cause: observe.LeaseTakenOver})
 	span.End()
 	got := spans.GetSpans()
 	if len(got) != 1 {
@@ -359,12 +360,12 @@ func TestStepsAreEventsOfTheCallersSpanAndResumesAreSpans(t *testing.T) {
 	tel, tp, spans, reader := newTelemetry(t)
 	ctx, span := tp.Tracer("test").Start(context.Background(), "request")
 	ob := tel.Observer()
-	ob.Step(idem.StepEvent{Context: ctx, Route: "charges", Step: "charge_pending", Result: idem.StepCommitted})
-	ob.Step(idem.StepEvent{Context: ctx, Route: "charges", Step: "charge_pending", Result: idem.StepLeaseLost, Err: idem.ErrLeaseLost})
+	ob.Step(observe.StepEvent{Context: ctx, Route: "charges", Step: "charge_pending", Result: observe.StepCommitted})
+	ob.Step(observe.StepEvent{Context: ctx, Route: "charges", Step: "charge_pending", Result: observe.StepLeaseLost, Err: idem.ErrLeaseLost})
 	span.End()
-	ob.Resumed(idem.ResumeEvent{Context: context.Background(), Route: "charges", RecoveryPoint: "charge_pending",
-		Result: idem.ResumeFailed, Duration: time.Second, Err: errors.New("processor down")})
-	ob.Resumed(idem.ResumeEvent{Context: context.Background(), Route: "charges", Result: idem.ResumeNoFunction})
+	ob.Resumed(observe.ResumeEvent{Context: context.Background(), Route: "charges", RecoveryPoint: "charge_pending",
+		Result: observe.ResumeFailed, Duration: time.Second, Err: errors.New("processor down")})
+	ob.Resumed(observe.ResumeEvent{Context: context.Background(), Route: "charges", Result: observe.ResumeNoFunction})
 
 	got := spans.GetSpans()
 	if len(got) != 2 || got[0].Name != "request" || got[1].Name != "idem.resume" {
@@ -399,8 +400,8 @@ func TestUnfinishedOperationsAreGauges(t *testing.T) {
 	t.Parallel()
 	tel, _, _, reader := newTelemetry(t)
 	ob := tel.Observer()
-	ob.Unfinished(idem.UnfinishedEvent{Context: context.Background(), Count: 5, OldestAge: time.Hour})
-	ob.Unfinished(idem.UnfinishedEvent{Context: context.Background(), Count: 2, OldestAge: 90 * time.Second})
+	ob.Unfinished(observe.UnfinishedEvent{Context: context.Background(), Count: 5, OldestAge: time.Hour})
+	ob.Unfinished(observe.UnfinishedEvent{Context: context.Background(), Count: 2, OldestAge: 90 * time.Second})
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemprom"
+	"github.com/idem-go/idem/observe"
 	"github.com/idem-go/idem/store/memory"
 )
 
@@ -18,8 +19,8 @@ func Example() {
 	metrics := idemprom.New(idemprom.Config{}) // idem_claims_total{route,outcome}, idem_store_duration_seconds{op}, …
 	prometheus.MustRegister(metrics)
 	mw := idem.New(idem.Config{Store: memory.New(), Scope: principal,
-		Observer: idem.MultiObserver(metrics.Observer(), &idem.Observer{
-			LeaseLost: func(e idem.LeaseLostEvent) { log.Printf("lease lost on %s: %s", e.Route, e.Cause) },
+		Observer: observe.Multi(metrics.Observer(), &observe.Observer{
+			LeaseLost: func(e observe.LeaseLostEvent) { log.Printf("lease lost on %s: %s", e.Route, e.Cause) },
 		})})
 	go func() { log.Fatal(http.ListenAndServe("127.0.0.1:9090", promhttp.Handler())) }()
 	_ = mw // mw.Handler(api) serves the API

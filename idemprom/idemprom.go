@@ -1,5 +1,5 @@
 // Package idemprom counts what idem does as Prometheus metrics (SPEC §15): a
-// [prometheus.Collector] built on [idem.Observer].
+// [prometheus.Collector] built on [observe.Observer].
 //
 //	metrics := idemprom.New(idemprom.Config{})
 //	prometheus.MustRegister(metrics)
@@ -63,8 +63,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/telemetry"
+	"github.com/idem-go/idem/observe"
 )
 
 // DefaultNamespace is the prefix of every metric name.
@@ -92,18 +92,18 @@ type Config struct {
 
 // The known values of each label, whose series a route gets at zero.
 var (
-	outcomes = []idem.Outcome{idem.OutcomeAcquired, idem.OutcomeTookOver, idem.OutcomeReplayed,
-		idem.OutcomeReplayedFromCache, idem.OutcomeWaitedThenReplayed, idem.OutcomeNotStored,
-		idem.OutcomeKeyReused, idem.OutcomeInProgress, idem.OutcomeStoreError, idem.OutcomeUnknown}
-	results = []idem.CompletionResult{idem.CompletionStored, idem.CompletionNotStored,
-		idem.CompletionLeaseLost, idem.CompletionFailed}
+	outcomes = []observe.Outcome{observe.OutcomeAcquired, observe.OutcomeTookOver, observe.OutcomeReplayed,
+		observe.OutcomeReplayedFromCache, observe.OutcomeWaitedThenReplayed, observe.OutcomeNotStored,
+		observe.OutcomeKeyReused, observe.OutcomeInProgress, observe.OutcomeStoreError, observe.OutcomeUnknown}
+	results = []observe.CompletionResult{observe.CompletionStored, observe.CompletionNotStored,
+		observe.CompletionLeaseLost, observe.CompletionFailed}
 	releaseResults = []string{telemetry.ReleaseReleased, telemetry.ReleaseNotHeld, telemetry.ReleaseError}
 	renewalErrors  = []string{telemetry.ErrLeaseLost, telemetry.ErrTimeout, telemetry.ErrCanceled, telemetry.ErrOther}
-	causes         = []idem.LeaseLostCause{idem.LeaseTakenOver, idem.LeaseExpired}
-	stepResults    = []idem.StepResult{idem.StepCommitted, idem.StepSaved, idem.StepLeaseLost, idem.StepFailed}
-	resumeResults  = []idem.ResumeResult{idem.ResumeResumed, idem.ResumeFailed, idem.ResumeTaken, idem.ResumeNoFunction}
-	storeOps       = []idem.StoreOp{idem.StoreOpClaim, idem.StoreOpWait, idem.StoreOpComplete,
-		idem.StoreOpRelease, idem.StoreOpRenew, idem.StoreOpStep, idem.StoreOpListResumable, idem.StoreOpCountUnfinished}
+	causes         = []observe.LeaseLostCause{observe.LeaseTakenOver, observe.LeaseExpired}
+	stepResults    = []observe.StepResult{observe.StepCommitted, observe.StepSaved, observe.StepLeaseLost, observe.StepFailed}
+	resumeResults  = []observe.ResumeResult{observe.ResumeResumed, observe.ResumeFailed, observe.ResumeTaken, observe.ResumeNoFunction}
+	storeOps       = []observe.StoreOp{observe.StoreOpClaim, observe.StoreOpWait, observe.StoreOpComplete,
+		observe.StoreOpRelease, observe.StoreOpRenew, observe.StoreOpStep, observe.StoreOpListResumable, observe.StoreOpCountUnfinished}
 	storeErrors = []string{telemetry.ErrTimeout, telemetry.ErrCanceled, telemetry.ErrOther}
 )
 
@@ -125,7 +125,7 @@ type Metrics struct {
 
 	// routes holds the routes whose series exist (at zero or more).
 	routes   sync.Map
-	observer *idem.Observer
+	observer *observe.Observer
 }
 
 // New returns the metrics of cfg, every series at zero.
@@ -187,7 +187,7 @@ func New(cfg Config) *Metrics {
 			m.storeErrors.WithLabelValues(string(op), e)
 		}
 	}
-	m.observer = &idem.Observer{
+	m.observer = &observe.Observer{
 		Claimed:       m.claimed,
 		Completed:     m.completed,
 		Released:      m.released,
@@ -202,9 +202,9 @@ func New(cfg Config) *Metrics {
 }
 
 // Observer returns the observer that feeds the metrics, for [idem.Config.Observer]
-// or [idem.GuardConfig.Observer] (or [idem.MultiObserver]). Every call returns the
+// or [idem.GuardConfig.Observer] (or [observe.Multi]). Every call returns the
 // same one; several middlewares and guards may share it.
-func (m *Metrics) Observer() *idem.Observer { return m.observer }
+func (m *Metrics) Observer() *observe.Observer { return m.observer }
 
 // Describe sends the descriptors of every metric (prometheus.Collector).
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
@@ -257,11 +257,11 @@ func (m *Metrics) route(route string) string {
 	return route
 }
 
-func (m *Metrics) claimed(e idem.ClaimEvent) {
+func (m *Metrics) claimed(e observe.ClaimEvent) {
 	m.claims.WithLabelValues(m.route(e.Route), string(e.Outcome)).Inc()
 }
 
-func (m *Metrics) completed(e idem.CompletionEvent) {
+func (m *Metrics) completed(e observe.CompletionEvent) {
 	route := m.route(e.Route)
 	m.completions.WithLabelValues(route, string(e.Result)).Inc()
 	if e.Expired {
@@ -269,32 +269,32 @@ func (m *Metrics) completed(e idem.CompletionEvent) {
 	}
 }
 
-func (m *Metrics) released(e idem.ReleaseEvent) {
+func (m *Metrics) released(e observe.ReleaseEvent) {
 	m.releases.WithLabelValues(m.route(e.Route), telemetry.ReleaseResult(e.Err)).Inc()
 }
 
-func (m *Metrics) renewalFailed(e idem.RenewalEvent) {
+func (m *Metrics) renewalFailed(e observe.RenewalEvent) {
 	m.renewalFailures.WithLabelValues(m.route(e.Route), telemetry.ErrorKind(e.Err)).Inc()
 }
 
-func (m *Metrics) leaseLost(e idem.LeaseLostEvent) {
+func (m *Metrics) leaseLost(e observe.LeaseLostEvent) {
 	m.leasesLost.WithLabelValues(m.route(e.Route), string(e.Cause)).Inc()
 }
 
-func (m *Metrics) step(e idem.StepEvent) {
+func (m *Metrics) step(e observe.StepEvent) {
 	m.steps.WithLabelValues(m.route(e.Route), string(e.Result)).Inc()
 }
 
-func (m *Metrics) resumed(e idem.ResumeEvent) {
+func (m *Metrics) resumed(e observe.ResumeEvent) {
 	m.resumes.WithLabelValues(m.route(e.Route), string(e.Result)).Inc()
 }
 
-func (m *Metrics) unfinishedOps(e idem.UnfinishedEvent) {
+func (m *Metrics) unfinishedOps(e observe.UnfinishedEvent) {
 	m.unfinished.Set(float64(e.Count))
 	m.oldest.Set(e.OldestAge.Seconds())
 }
 
-func (m *Metrics) storeCall(e idem.StoreCallEvent) {
+func (m *Metrics) storeCall(e observe.StoreCallEvent) {
 	m.storeDuration.WithLabelValues(string(e.Op)).Observe(e.Duration.Seconds())
 	if telemetry.StoreFailed(e.Err) {
 		m.storeErrors.WithLabelValues(string(e.Op), telemetry.ErrorKind(e.Err)).Inc()

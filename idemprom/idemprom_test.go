@@ -15,6 +15,8 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemprom"
+	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/observe"
 	"github.com/idem-go/idem/store/memory"
 )
 
@@ -26,34 +28,34 @@ func TestEachEventCountsOnceUnderItsLabels(t *testing.T) {
 	m := idemprom.New(idemprom.Config{})
 	ob := m.Observer()
 	const route = "POST /v1/charges"
-	ob.Claimed(idem.ClaimEvent{Route: route, Outcome: idem.OutcomeAcquired})
-	ob.Claimed(idem.ClaimEvent{Route: route, Outcome: idem.OutcomeTookOver})
-	ob.Claimed(idem.ClaimEvent{Route: route, Outcome: idem.OutcomeReplayed})
-	ob.Claimed(idem.ClaimEvent{Route: route, Outcome: idem.OutcomeReplayed})
-	ob.Claimed(idem.ClaimEvent{Route: "orders.create", Outcome: idem.OutcomeInProgress})
-	ob.Completed(idem.CompletionEvent{Route: route, Result: idem.CompletionStored})
-	ob.Completed(idem.CompletionEvent{Route: route, Result: idem.CompletionStored, Expired: true})
-	ob.Completed(idem.CompletionEvent{Route: route, Result: idem.CompletionLeaseLost, Err: idem.ErrLeaseLost})
-	ob.Released(idem.ReleaseEvent{Route: route})
-	ob.Released(idem.ReleaseEvent{Route: route, Err: idem.ErrLeaseLost})
-	ob.Released(idem.ReleaseEvent{Route: route, Err: errors.New("connection reset")})
-	ob.RenewalFailed(idem.RenewalEvent{Route: route, Err: idem.ErrLeaseLost})
-	ob.RenewalFailed(idem.RenewalEvent{Route: route, Err: fmt.Errorf("renew: %w", context.DeadlineExceeded)})
-	ob.LeaseLost(idem.LeaseLostEvent{Route: route, Cause: idem.LeaseTakenOver})
-	ob.LeaseLost(idem.LeaseLostEvent{Route: route, Cause: idem.LeaseExpired})
-	ob.StoreCall(idem.StoreCallEvent{Op: idem.StoreOpClaim, Duration: 2 * time.Millisecond})
-	ob.StoreCall(idem.StoreCallEvent{Op: idem.StoreOpClaim, Duration: 3 * time.Second, Err: context.DeadlineExceeded})
-	ob.StoreCall(idem.StoreCallEvent{Op: idem.StoreOpRenew, Duration: time.Millisecond, Err: idem.ErrLeaseLost})
-	ob.StoreCall(idem.StoreCallEvent{Op: idem.StoreOpWait, Duration: time.Millisecond, Err: idem.ErrNotFound})
-	ob.StoreCall(idem.StoreCallEvent{Op: idem.StoreOpListResumable, Duration: time.Millisecond, Err: context.DeadlineExceeded})
-	ob.Step(idem.StepEvent{Route: route, Step: "charge_pending", Result: idem.StepCommitted})
-	ob.Step(idem.StepEvent{Route: route, Step: "charge_pending", Result: idem.StepSaved})
-	ob.Step(idem.StepEvent{Route: route, Step: "charge_pending", Result: idem.StepLeaseLost, Err: idem.ErrLeaseLost})
-	ob.Resumed(idem.ResumeEvent{Route: route, Result: idem.ResumeResumed})
-	ob.Resumed(idem.ResumeEvent{Route: route, Result: idem.ResumeFailed, Err: errors.New("processor down")})
-	ob.Resumed(idem.ResumeEvent{Route: "refunds.create", Result: idem.ResumeNoFunction})
-	ob.Unfinished(idem.UnfinishedEvent{Count: 3, OldestAge: 90 * time.Second})
-	ob.StoreCall(idem.StoreCallEvent{Op: idem.StoreOpCountUnfinished, Duration: time.Millisecond})
+	ob.Claimed(observe.ClaimEvent{Route: route, Outcome: observe.OutcomeAcquired})
+	ob.Claimed(observe.ClaimEvent{Route: route, Outcome: observe.OutcomeTookOver})
+	ob.Claimed(observe.ClaimEvent{Route: route, Outcome: observe.OutcomeReplayed})
+	ob.Claimed(observe.ClaimEvent{Route: route, Outcome: observe.OutcomeReplayed})
+	ob.Claimed(observe.ClaimEvent{Route: "orders.create", Outcome: observe.OutcomeInProgress})
+	ob.Completed(observe.CompletionEvent{Route: route, Result: observe.CompletionStored})
+	ob.Completed(observe.CompletionEvent{Route: route, Result: observe.CompletionStored, Expired: true})
+	ob.Completed(observe.CompletionEvent{Route: route, Result: observe.CompletionLeaseLost, Err: idem.ErrLeaseLost})
+	ob.Released(observe.ReleaseEvent{Route: route})
+	ob.Released(observe.ReleaseEvent{Route: route, Err: idem.ErrLeaseLost})
+	ob.Released(observe.ReleaseEvent{Route: route, Err: errors.New("connection reset")})
+	ob.RenewalFailed(observe.RenewalEvent{Route: route, Err: idem.ErrLeaseLost})
+	ob.RenewalFailed(observe.RenewalEvent{Route: route, Err: fmt.Errorf("renew: %w", context.DeadlineExceeded)})
+	ob.LeaseLost(observe.LeaseLostEvent{Route: route, Cause: observe.LeaseTakenOver})
+	ob.LeaseLost(observe.LeaseLostEvent{Route: route, Cause: observe.LeaseExpired})
+	ob.StoreCall(observe.StoreCallEvent{Op: observe.StoreOpClaim, Duration: 2 * time.Millisecond})
+	ob.StoreCall(observe.StoreCallEvent{Op: observe.StoreOpClaim, Duration: 3 * time.Second, Err: context.DeadlineExceeded})
+	ob.StoreCall(observe.StoreCallEvent{Op: observe.StoreOpRenew, Duration: time.Millisecond, Err: idem.ErrLeaseLost})
+	ob.StoreCall(observe.StoreCallEvent{Op: observe.StoreOpWait, Duration: time.Millisecond, Err: idemstore.ErrNotFound})
+	ob.StoreCall(observe.StoreCallEvent{Op: observe.StoreOpListResumable, Duration: time.Millisecond, Err: context.DeadlineExceeded})
+	ob.Step(observe.StepEvent{Route: route, Step: "charge_pending", Result: observe.StepCommitted})
+	ob.Step(observe.StepEvent{Route: route, Step: "charge_pending", Result: observe.StepSaved})
+	ob.Step(observe.StepEvent{Route: route, Step: "charge_pending", Result: observe.StepLeaseLost, Err: idem.ErrLeaseLost})
+	ob.Resumed(observe.ResumeEvent{Route: route, Result: observe.ResumeResumed})
+	ob.Resumed(observe.ResumeEvent{Route: route, Result: observe.ResumeFailed, Err: errors.New("processor down")})
+	ob.Resumed(observe.ResumeEvent{Route: "refunds.create", Result: observe.ResumeNoFunction})
+	ob.Unfinished(observe.UnfinishedEvent{Count: 3, OldestAge: 90 * time.Second})
+	ob.StoreCall(observe.StoreCallEvent{Op: observe.StoreOpCountUnfinished, Duration: time.Millisecond})
 
 	want := map[string]float64{
 		`idem_unfinished_operations`:                                               3,
@@ -111,7 +113,7 @@ func TestEachEventCountsOnceUnderItsLabels(t *testing.T) {
 func TestMetricsPassPrometheusLint(t *testing.T) {
 	t.Parallel()
 	m := idemprom.New(idemprom.Config{})
-	m.Observer().Claimed(idem.ClaimEvent{Route: "r", Outcome: idem.OutcomeAcquired})
+	m.Observer().Claimed(observe.ClaimEvent{Route: "r", Outcome: observe.OutcomeAcquired})
 	problems, err := testutil.CollectAndLint(m)
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,6 @@
 // Package admintest is the conformance suite of [admin.Store]: every store package
 // runs it unchanged against stores of its own, next to store/storetest's suite for
-// [idem.Store]. A case that needs what a store declares it cannot do
+// [idemstore.Store]. A case that needs what a store declares it cannot do
 // ([admin.Capabilities]) is skipped with a log line.
 //
 //	func TestAdminConformance(t *testing.T) {
@@ -22,12 +22,13 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin"
+	"github.com/idem-go/idem/idemstore"
 )
 
-// Store is a store under test: the request path's [idem.Store] writes the records
+// Store is a store under test: the request path's [idemstore.Store] writes the records
 // that the [admin.Store] reads and deletes.
 type Store interface {
-	idem.Store
+	idemstore.Store
 	admin.Store
 }
 
@@ -81,11 +82,11 @@ func setup(t *testing.T, h Harness) *bundle {
 func (b *bundle) at(d time.Duration) time.Time { return b.t0.Add(d) }
 
 // claim claims (scope, key) at now and returns the claim's params (with its token).
-func (b *bundle) claim(scope, key string, now time.Time) *idem.RecordClaimParams {
+func (b *bundle) claim(scope, key string, now time.Time) *idemstore.ClaimParams {
 	b.t.Helper()
-	fp := idem.Fingerprint{Version: idem.FingerprintVersion}
+	fp := idem.Fingerprint{Version: idemstore.FingerprintVersion}
 	_, _ = rand.Read(fp.Sum[:])
-	p := &idem.RecordClaimParams{
+	p := &idemstore.ClaimParams{
 		Scope: scope, Key: key, Fingerprint: fp, Token: "tok-" + rand.Text(),
 		RecordID: "rec-" + rand.Text(), Lease: lease, TTL: ttl, Now: now,
 	}
@@ -93,17 +94,17 @@ func (b *bundle) claim(scope, key string, now time.Time) *idem.RecordClaimParams
 	if err != nil {
 		b.t.Fatalf("RecordClaim(%q, %q): %v", scope, key, err)
 	}
-	if res.Outcome != idem.ClaimAcquired {
+	if res.Outcome != idemstore.ClaimAcquired {
 		b.t.Fatalf("RecordClaim(%q, %q) = %v, want acquired", scope, key, res.Outcome)
 	}
 	return p
 }
 
 // complete claims (scope, key) at now and completes it with resp.
-func (b *bundle) complete(scope, key string, now time.Time, resp *idem.Response) *idem.RecordClaimParams {
+func (b *bundle) complete(scope, key string, now time.Time, resp *idem.Response) *idemstore.ClaimParams {
 	b.t.Helper()
 	p := b.claim(scope, key, now)
-	err := b.s.RecordComplete(b.ctx, &idem.RecordCompleteParams{
+	err := b.s.RecordComplete(b.ctx, &idemstore.CompleteParams{
 		Scope: scope, Key: key, Token: p.Token, Response: resp, TTL: ttl, Now: now,
 	})
 	if err != nil {
@@ -127,7 +128,7 @@ func (b *bundle) mustExist(scope, key string) {
 // mustBeGone fails unless (scope, key) is absent.
 func (b *bundle) mustBeGone(scope, key string) {
 	b.t.Helper()
-	if res, err := b.inspect(scope, key, b.t0, false); !errors.Is(err, idem.ErrNotFound) {
+	if res, err := b.inspect(scope, key, b.t0, false); !errors.Is(err, idemstore.ErrNotFound) {
 		b.t.Fatalf("RecordInspect(%q, %q) = %+v, %v; want idem.ErrNotFound", scope, key, res, err)
 	}
 }
@@ -173,7 +174,7 @@ func inspectInFlight(t *testing.T, b *bundle) {
 	}
 	r := res.Record
 	want := admin.Record{
-		Scope: b.scope, Key: p.Key, ID: p.RecordID, State: idem.StateInFlight, Fingerprint: p.Fingerprint,
+		Scope: b.scope, Key: p.Key, ID: p.RecordID, State: idemstore.StateInFlight, Fingerprint: p.Fingerprint,
 		CreatedAt: b.t0, ExpiresAt: b.at(ttl), LeaseEnd: b.at(lease),
 	}
 	if r.Scope != want.Scope || r.Key != want.Key || r.ID != want.ID || r.State != want.State ||
@@ -194,7 +195,7 @@ func inspectCompleted(t *testing.T, b *bundle) {
 		t.Fatal(err)
 	}
 	r := res.Record
-	if r.State != idem.StateCompleted || r.Status != 201 || r.BodySize != len(resp.Body) || r.NotStored ||
+	if r.State != idemstore.StateCompleted || r.Status != 201 || r.BodySize != len(resp.Body) || r.NotStored ||
 		!r.LeaseEnd.IsZero() || !r.ExpiresAt.Equal(b.at(ttl)) {
 		t.Fatalf("RecordInspect = %+v, want completed, 201, %d bytes, no lease, expiring after the TTL", r, len(resp.Body))
 	}
@@ -243,7 +244,7 @@ func deleteOne(t *testing.T, b *bundle) {
 
 func deleteAbsent(t *testing.T, b *bundle) {
 	err := b.s.RecordDelete(b.ctx, &admin.RecordDeleteParams{Scope: b.scope, Key: "key-never", Now: b.t0})
-	if !errors.Is(err, idem.ErrNotFound) {
+	if !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("RecordDelete of an absent record: %v, want idem.ErrNotFound", err)
 	}
 }
@@ -260,7 +261,7 @@ func deleteLive(t *testing.T, b *bundle) {
 		t.Fatalf("RecordDelete forced: %v", err)
 	}
 	b.mustBeGone(b.scope, p.Key)
-	err = b.s.RecordComplete(b.ctx, &idem.RecordCompleteParams{
+	err = b.s.RecordComplete(b.ctx, &idemstore.CompleteParams{
 		Scope: b.scope, Key: p.Key, Token: p.Token, Response: okResponse("late"), TTL: ttl, Now: b.at(2 * time.Second),
 	})
 	if !errors.Is(err, idem.ErrLeaseLost) {
@@ -393,7 +394,7 @@ func listPages(t *testing.T, b *bundle) {
 		t.Fatalf("listed %v, want %v", got, want)
 	}
 	for _, r := range recs {
-		if r.State != idem.StateCompleted || r.Status != 201 || r.BodySize != 4 || r.Body != nil || r.Header != nil {
+		if r.State != idemstore.StateCompleted || r.Status != 201 || r.BodySize != 4 || r.Body != nil || r.Header != nil {
 			t.Fatalf("listed %+v, want completed, 201, 4 bytes and never the body", r)
 		}
 	}
@@ -408,7 +409,7 @@ func listFilters(t *testing.T, b *bundle) {
 	b.claim(z, "key-1", b.t0)
 	b.complete(z, "key-2", b.t0, okResponse("2"))
 
-	inFlight := listAll(t, b, admin.RecordListParams{Scope: a, State: idem.StateInFlight, Limit: 10, Now: b.t0})
+	inFlight := listAll(t, b, admin.RecordListParams{Scope: a, State: idemstore.StateInFlight, Limit: 10, Now: b.t0})
 	if got := keysOf(inFlight); !slices.Equal(got, []string{a + "/key-2"}) || !inFlight[0].LeaseEnd.Equal(b.at(lease)) {
 		t.Fatalf("in flight in %s: %v, want key-2 with its lease", a, got)
 	}
@@ -419,7 +420,7 @@ func listFilters(t *testing.T, b *bundle) {
 	if got := keysOf(all); !slices.Equal(got, want) {
 		t.Fatalf("listed %v, want %v", got, want)
 	}
-	done := listAll(t, b, admin.RecordListParams{State: idem.StateCompleted, Limit: 10, Now: b.t0})
+	done := listAll(t, b, admin.RecordListParams{State: idemstore.StateCompleted, Limit: 10, Now: b.t0})
 	if got := keysOf(done); !slices.Equal(got, []string{a + "/key-1", a + "/key-3", z + "/key-2"}) {
 		t.Fatalf("completed: %v", got)
 	}
@@ -437,13 +438,13 @@ func listUnsupported(t *testing.T, b *bundle) {
 
 // unknown leaves (scope, key) completed as outcome unknown: its holder claimed it at
 // t0 and died, and a claim under the policy unknown found its lease lapsed.
-func (b *bundle) unknown(scope, key string) *idem.RecordClaimParams {
+func (b *bundle) unknown(scope, key string) *idemstore.ClaimParams {
 	b.t.Helper()
 	dead := b.claim(scope, key, b.t0)
 	p := *dead
 	p.Token, p.OnLapse, p.Now = "tok-"+rand.Text(), idem.LapseUnknown, b.at(lease+time.Second)
 	res, err := b.s.RecordClaim(b.ctx, &p)
-	if err != nil || res.Outcome != idem.ClaimCompleted || !res.MarkedUnknown {
+	if err != nil || res.Outcome != idemstore.ClaimCompleted || !res.MarkedUnknown {
 		b.t.Fatalf("claim under the policy unknown after the lease lapsed = %+v, %v; want the record marked outcome unknown", res, err)
 	}
 	return dead
@@ -458,20 +459,20 @@ func resolveRelease(t *testing.T, b *bundle) {
 	dead := b.unknown(b.scope, "key")
 	now := b.at(lease + 2*time.Second)
 	res, err := b.inspect(b.scope, "key", now, false)
-	if err != nil || !res.Record.OutcomeUnknown || res.Record.State != idem.StateCompleted || res.Record.Status != 500 {
+	if err != nil || !res.Record.OutcomeUnknown || res.Record.State != idemstore.StateCompleted || res.Record.Status != 500 {
 		t.Fatalf("inspected %+v, %v; want completed, 500, outcome unknown", res, err)
 	}
 	if err := b.resolve(b.scope, "key", nil, now); err != nil {
 		t.Fatalf("RecordResolve (release): %v", err)
 	}
-	if _, err := b.inspect(b.scope, "key", now, false); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := b.inspect(b.scope, "key", now, false); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("record after the release: %v, want gone", err)
 	}
 	// The next request executes afresh: a new record.
 	retry := *dead
 	retry.Token, retry.RecordID, retry.Now = "tok-"+rand.Text(), "rec-"+rand.Text(), now
 	got, err := b.s.RecordClaim(b.ctx, &retry)
-	if err != nil || got.Outcome != idem.ClaimAcquired || got.TookOver || got.Record.ID != retry.RecordID {
+	if err != nil || got.Outcome != idemstore.ClaimAcquired || got.TookOver || got.Record.ID != retry.RecordID {
 		t.Fatalf("claim after the release = %+v, %v; want a fresh claim", got, err)
 	}
 }
@@ -487,7 +488,7 @@ func resolveComplete(t *testing.T, b *bundle) {
 	retry := *dead
 	retry.Token, retry.OnLapse, retry.Now = "tok-"+rand.Text(), idem.LapseUnknown, now
 	got, err := b.s.RecordClaim(b.ctx, &retry)
-	if err != nil || got.Outcome != idem.ClaimCompleted || got.MarkedUnknown || !got.Record.Response.Equal(resp) {
+	if err != nil || got.Outcome != idemstore.ClaimCompleted || got.MarkedUnknown || !got.Record.Response.Equal(resp) {
 		t.Fatalf("claim after the resolution = %+v, %v; want the resolved response replayed", got, err)
 	}
 	res, err := b.inspect(b.scope, "key", now, true)
@@ -503,17 +504,17 @@ func resolveRefuses(t *testing.T, b *bundle) {
 	b.complete(b.scope, "done", b.t0, okResponse("1"))
 	b.claim(b.scope, "running", b.t0)
 	b.unknown(b.scope, "expiring")
-	for key, want := range map[string]error{"done": admin.ErrNotOutcomeUnknown, "running": admin.ErrNotOutcomeUnknown, "absent": idem.ErrNotFound} {
+	for key, want := range map[string]error{"done": admin.ErrNotOutcomeUnknown, "running": admin.ErrNotOutcomeUnknown, "absent": idemstore.ErrNotFound} {
 		for _, resp := range []*idem.Response{nil, okResponse("x")} {
 			if err := b.resolve(b.scope, key, resp, b.at(time.Second)); !errors.Is(err, want) {
 				t.Errorf("RecordResolve of %s (response %v) = %v, want %v", key, resp != nil, err, want)
 			}
 		}
 	}
-	if err := b.resolve(b.scope, "expiring", nil, b.at(ttl)); !errors.Is(err, idem.ErrNotFound) {
+	if err := b.resolve(b.scope, "expiring", nil, b.at(ttl)); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Errorf("RecordResolve of an expired record = %v, want idem.ErrNotFound", err)
 	}
-	if err := b.resolve(b.scope+"-other", "expiring", nil, b.at(time.Minute)); !errors.Is(err, idem.ErrNotFound) {
+	if err := b.resolve(b.scope+"-other", "expiring", nil, b.at(time.Minute)); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Errorf("RecordResolve in another scope = %v, want idem.ErrNotFound", err)
 	}
 	res, err := b.inspect(b.scope, "done", b.at(time.Second), true)
@@ -535,7 +536,7 @@ func listUnknown(t *testing.T, b *bundle) {
 		t.Fatalf("outcome unknown: %v, want key-1 and key-3", keys)
 	}
 	for _, r := range got {
-		if !r.OutcomeUnknown || r.State != idem.StateCompleted || r.Status != 500 {
+		if !r.OutcomeUnknown || r.State != idemstore.StateCompleted || r.Status != 500 {
 			t.Fatalf("listed %+v, want completed, 500, outcome unknown", r)
 		}
 	}
@@ -543,7 +544,7 @@ func listUnknown(t *testing.T, b *bundle) {
 	if len(all) != 2 {
 		t.Fatalf("outcome unknown across scopes, a page of 1 at a time: %v", keysOf(all))
 	}
-	done := listAll(t, b, admin.RecordListParams{Scope: b.scope, State: idem.StateCompleted, Limit: 10, Now: now})
+	done := listAll(t, b, admin.RecordListParams{Scope: b.scope, State: idemstore.StateCompleted, Limit: 10, Now: now})
 	if len(done) != 3 {
 		t.Fatalf("completed: %v, want the 3 completed records, outcome unknown or not", keysOf(done))
 	}
@@ -559,10 +560,10 @@ func needRecoveryPoints(t *testing.T, b *bundle) {
 
 // unfinished leaves (scope, key) an unfinished operation (SPEC §13): claimed at now,
 // its step charge_pending committed; its holder's lease lapses at now + lease.
-func (b *bundle) unfinished(scope, key string, now time.Time) *idem.RecordClaimParams {
+func (b *bundle) unfinished(scope, key string, now time.Time) *idemstore.ClaimParams {
 	b.t.Helper()
 	p := b.claim(scope, key, now)
-	err := b.s.RecordStep(b.ctx, &idem.RecordStepParams{Scope: scope, Key: key, Token: p.Token,
+	err := b.s.RecordStep(b.ctx, &idemstore.StepParams{Scope: scope, Key: key, Token: p.Token,
 		RecoveryPoint: "charge_pending", Steps: []byte(`[{"step":"charge_pending","result":{"id":"ch_1"}}]`), Operation: "charges.create"})
 	if err != nil {
 		b.t.Fatalf("RecordStep(%q, %q): %v", scope, key, err)
@@ -655,11 +656,11 @@ func resolveUnfinished(t *testing.T, b *bundle) {
 	retry := *completed
 	retry.Token, retry.Now = "tok-"+rand.Text(), now
 	got, err := b.s.RecordClaim(b.ctx, &retry)
-	if err != nil || got.Outcome != idem.ClaimCompleted || !got.Record.Response.Equal(resp) || got.Record.ID != completed.RecordID {
+	if err != nil || got.Outcome != idemstore.ClaimCompleted || !got.Record.Response.Equal(resp) || got.Record.ID != completed.RecordID {
 		t.Fatalf("claim after the resolution = %+v, %v; want the operator's response replayed", got, err)
 	}
 	res, err := b.inspect(b.scope, completed.Key, now, false)
-	if err != nil || res.Record.State != idem.StateCompleted || !res.Record.LeaseEnd.IsZero() || !res.Record.ExpiresAt.Equal(now.Add(ttl)) {
+	if err != nil || res.Record.State != idemstore.StateCompleted || !res.Record.LeaseEnd.IsZero() || !res.Record.ExpiresAt.Equal(now.Add(ttl)) {
 		t.Fatalf("inspected %+v, %v; want completed, expiring a TTL after the resolution (%v)", res, err, now.Add(ttl))
 	}
 
@@ -682,7 +683,7 @@ func listUnfinished(t *testing.T, b *bundle) {
 	b.claim(a, "key-2", now)
 	b.unfinished(a, "key-3", now) // at work
 	done := b.unfinished(a, "key-4", b.t0)
-	if err := b.s.RecordComplete(b.ctx, &idem.RecordCompleteParams{Scope: a, Key: done.Key, Token: done.Token,
+	if err := b.s.RecordComplete(b.ctx, &idemstore.CompleteParams{Scope: a, Key: done.Key, Token: done.Token,
 		Response: okResponse("4"), TTL: ttl, Now: b.t0}); err != nil {
 		t.Fatal(err)
 	}

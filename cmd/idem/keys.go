@@ -19,6 +19,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/payments"
 	"github.com/idem-go/idem/internal/proxy"
 )
@@ -211,7 +212,7 @@ func upstreamKeyOf(recordID string) string { return idem.ForeignKey(recordID, pr
 
 func (c *keysCommand) get(ctx context.Context, as admin.Store, scope, key string, body bool, stdout, stderr io.Writer) int {
 	res, err := as.RecordInspect(ctx, &admin.RecordInspectParams{Scope: scope, Key: key, Body: body})
-	if errors.Is(err, idem.ErrNotFound) {
+	if errors.Is(err, idemstore.ErrNotFound) {
 		return failure(stderr, c.fs.Name(), fmt.Errorf("no record of key %q in scope %s", key, showScope(scope)))
 	}
 	if err != nil {
@@ -251,10 +252,10 @@ func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return code
 	}
 	u, scope, err := c.target(false)
-	p := admin.RecordListParams{Scope: scope, State: idem.State(*state), Limit: *limit}
+	p := admin.RecordListParams{Scope: scope, State: idemstore.State(*state), Limit: *limit}
 	switch {
 	case err != nil:
-	case *state != "" && p.State != idem.StateInFlight && p.State != idem.StateCompleted && p.State != admin.StateOutcomeUnknown &&
+	case *state != "" && p.State != idemstore.StateInFlight && p.State != idemstore.StateCompleted && p.State != admin.StateOutcomeUnknown &&
 		p.State != admin.StateUnfinished:
 		err = fmt.Errorf("--state %q: want in_flight, completed, unfinished or outcome_unknown", *state)
 	case *limit < 1 || *limit > admin.MaxListLimit:
@@ -376,7 +377,7 @@ func (c *keysCommand) delete(ctx context.Context, as admin.Store, scope, key str
 	} else {
 		err := as.RecordDelete(ctx, &admin.RecordDeleteParams{Scope: scope, Key: key, Force: f.force, Abandon: f.abandon})
 		switch {
-		case errors.Is(err, idem.ErrNotFound):
+		case errors.Is(err, idemstore.ErrNotFound):
 			return failure(stderr, c.fs.Name(), fmt.Errorf("no record of key %q in scope %s", key, showScope(scope)))
 		case errors.Is(err, admin.ErrLeaseLive):
 			res.Kept = 1
@@ -432,7 +433,7 @@ func (c *keysCommand) unfinishedOf(ctx context.Context, as admin.Store, scope, k
 	if !all {
 		res, err := as.RecordInspect(ctx, &admin.RecordInspectParams{Scope: scope, Key: key})
 		switch {
-		case errors.Is(err, idem.ErrNotFound):
+		case errors.Is(err, idemstore.ErrNotFound):
 			return nil, time.Time{}, nil // the delete says so
 		case err != nil:
 			return nil, time.Time{}, err
@@ -520,20 +521,20 @@ func decodeCursor(c string) (scope, key string, err error) {
 
 // keyRecordJSON is a record in the JSON of get and list.
 type keyRecordJSON struct {
-	Scope             string     `json:"scope"`
-	Key               string     `json:"key"`
-	RecordID          string     `json:"record_id"`
-	State             idem.State `json:"state"`
-	Expired           bool       `json:"expired"`
-	CreatedAt         time.Time  `json:"created_at"`
-	ExpiresAt         time.Time  `json:"expires_at"`
-	LeaseEnd          *time.Time `json:"lease_end"`
-	LeaseLive         bool       `json:"lease_live"`
-	Status            *int       `json:"status"`
-	ResponseNotStored bool       `json:"response_not_stored"`
-	ResponseBytes     int        `json:"response_bytes"`
-	Fingerprint       string     `json:"fingerprint"`
-	RecoveryPoint     string     `json:"recovery_point"`
+	Scope             string          `json:"scope"`
+	Key               string          `json:"key"`
+	RecordID          string          `json:"record_id"`
+	State             idemstore.State `json:"state"`
+	Expired           bool            `json:"expired"`
+	CreatedAt         time.Time       `json:"created_at"`
+	ExpiresAt         time.Time       `json:"expires_at"`
+	LeaseEnd          *time.Time      `json:"lease_end"`
+	LeaseLive         bool            `json:"lease_live"`
+	Status            *int            `json:"status"`
+	ResponseNotStored bool            `json:"response_not_stored"`
+	ResponseBytes     int             `json:"response_bytes"`
+	Fingerprint       string          `json:"fingerprint"`
+	RecoveryPoint     string          `json:"recovery_point"`
 	// UpstreamKey is the key idem proxy derives from the record for the upstream.
 	UpstreamKey string `json:"upstream_key"`
 	// Unfinished is true for an unfinished operation (SPEC §13), which never expires.
@@ -581,10 +582,10 @@ func recordJSON(r *admin.Record, now time.Time, body bool) keyRecordJSON {
 	if !r.LeaseEnd.IsZero() {
 		j.LeaseEnd = &r.LeaseEnd
 	}
-	if r.State == idem.StateCompleted {
+	if r.State == idemstore.StateCompleted {
 		j.Status = &r.Status
 	}
-	if body && r.State == idem.StateCompleted {
+	if body && r.State == idemstore.StateCompleted {
 		j.Headers = r.Header
 		if utf8.Valid(r.Body) {
 			s := string(r.Body)
@@ -626,7 +627,7 @@ func writeRecord(w io.Writer, r *admin.Record, now time.Time, body bool) {
 		fmt.Fprintf(tw, "lease end\t%s\n", showTime(r.LeaseEnd, now))
 	}
 	switch {
-	case r.State != idem.StateCompleted:
+	case r.State != idemstore.StateCompleted:
 		fmt.Fprintf(tw, "response\tnone yet\n")
 	case r.NotStored:
 		fmt.Fprintf(tw, "response\tnot stored (the handler flushed, or the body was over the storage limit): duplicates get 409 response_not_stored\n")
@@ -646,7 +647,7 @@ func writeRecord(w io.Writer, r *admin.Record, now time.Time, body bool) {
 		fmt.Fprintf(tw, "steps\t%s\n", r.Steps)
 	}
 	tw.Flush()
-	if !body || r.State != idem.StateCompleted || r.NotStored || r.OutcomeUnknown {
+	if !body || r.State != idemstore.StateCompleted || r.NotStored || r.OutcomeUnknown {
 		return
 	}
 	fmt.Fprintln(w)
@@ -683,7 +684,7 @@ func describeState(r *admin.Record, now time.Time) string {
 		return "outcome_unknown (completed: requests get 500 outcome_unknown until 'idem keys resolve')"
 	case r.LeaseLive(now):
 		return string(r.State) + " (lease live: its request is executing; duplicates get 409 request_in_progress)"
-	case r.State == idem.StateInFlight:
+	case r.State == idemstore.StateInFlight:
 		return string(r.State) + " (lease lapsed: the next request with this key takes it over)"
 	}
 	return string(r.State)
@@ -735,7 +736,7 @@ func writeList(w io.Writer, res *admin.RecordListResult, next string) {
 			state += " (unfinished)"
 		case r.Expired(res.Now):
 			state += " (expired)"
-		case r.State == idem.StateInFlight && !r.LeaseLive(res.Now):
+		case r.State == idemstore.StateInFlight && !r.LeaseLive(res.Now):
 			state += " (lapsed)"
 		}
 		status := "-"
@@ -744,7 +745,7 @@ func writeList(w io.Writer, res *admin.RecordListResult, next string) {
 			status = "not stored"
 		case r.OutcomeUnknown:
 			status = "500 (unknown)"
-		case r.State == idem.StateCompleted:
+		case r.State == idemstore.StateCompleted:
 			status = strconv.Itoa(r.Status)
 		}
 		return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s", showScope(r.Scope), r.Key, state, status, r.BodySize,

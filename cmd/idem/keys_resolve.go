@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin"
+	"github.com/idem-go/idem/idemstore"
 )
 
 const keysResolveSynopsis = `--store URL (--scope SCOPE | --token TOKEN) --key KEY
@@ -170,7 +171,7 @@ type resolveJSON struct {
 func (c *keysCommand) resolve(ctx context.Context, as admin.Store, scope, key string, resp *idem.Response, stdout, stderr io.Writer) int {
 	err := as.RecordResolve(ctx, &admin.RecordResolveParams{Scope: scope, Key: key, Response: resp})
 	switch {
-	case errors.Is(err, idem.ErrNotFound):
+	case errors.Is(err, idemstore.ErrNotFound):
 		return failure(stderr, c.fs.Name(), fmt.Errorf("no record of key %q in scope %s", key, showScope(scope)))
 	case errors.Is(err, admin.ErrNotOutcomeUnknown):
 		return failure(stderr, c.fs.Name(), fmt.Errorf("the outcome of key %q in scope %s is not unknown, nor is its operation unfinished: nothing to resolve ('idem keys get' shows the record; 'idem keys delete' removes it)", key, showScope(scope)))

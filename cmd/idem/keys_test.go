@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/payments"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testenv"
@@ -39,7 +40,7 @@ func keysFixture(t *testing.T, url string) {
 	}
 	ctx, st := openFixtureStore(t, url)
 	claim := func(scope, key string) string {
-		p := &idem.RecordClaimParams{Scope: scope, Key: key, Token: "tok-" + key, RecordID: "rec-" + key,
+		p := &idemstore.ClaimParams{Scope: scope, Key: key, Token: "tok-" + key, RecordID: "rec-" + key,
 			Fingerprint: idem.Fingerprint{Version: 1}, Lease: time.Hour, TTL: 2 * time.Hour}
 		if _, err := st.store.RecordClaim(ctx, p); err != nil {
 			t.Fatal(err)
@@ -47,7 +48,7 @@ func keysFixture(t *testing.T, url string) {
 		return p.Token
 	}
 	for _, scope := range []string{payments.ScopeOfToken("tok_a"), "scope-b"} {
-		err := st.store.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: scope, Key: "key-done", Token: claim(scope, "key-done"), TTL: 2 * time.Hour,
+		err := st.store.RecordComplete(ctx, &idemstore.CompleteParams{Scope: scope, Key: "key-done", Token: claim(scope, "key-done"), TTL: 2 * time.Hour,
 			Response: &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`), Header: map[string][]string{"Content-Type": {"application/json"}}}})
 		if err != nil {
 			t.Fatal(err)
@@ -111,7 +112,7 @@ func TestKeysGetListAndDeleteOnEveryStore(t *testing.T) {
 			if err := json.Unmarshal([]byte(out), &rec); err != nil {
 				t.Fatalf("keys get --json: %v\n%s", err, out)
 			}
-			if rec.State != idem.StateInFlight || !rec.LeaseLive || rec.LeaseEnd == nil || rec.Status != nil || rec.Body != nil {
+			if rec.State != idemstore.StateInFlight || !rec.LeaseLive || rec.LeaseEnd == nil || rec.Status != nil || rec.Body != nil {
 				t.Errorf("keys get --json of the live key: %+v", rec)
 			}
 			mustRun(t, exitFailure, append([]string{"keys", "get", "--key", "key-never"}, a...)...)
@@ -165,7 +166,7 @@ func unknownFixture(t *testing.T, url string) {
 	keysFixture(t, url)
 	ctx, st := openFixtureStore(t, url)
 	scope, now := payments.ScopeOfToken("tok_a"), time.Now()
-	p := &idem.RecordClaimParams{Scope: scope, Key: "key-lost", Token: "tok-dead", RecordID: "rec-key-lost",
+	p := &idemstore.ClaimParams{Scope: scope, Key: "key-lost", Token: "tok-dead", RecordID: "rec-key-lost",
 		Fingerprint: idem.Fingerprint{Version: 1}, Lease: time.Second, TTL: 2 * time.Hour, Now: now.Add(-time.Minute)}
 	if _, err := st.store.RecordClaim(ctx, p); err != nil {
 		t.Fatal(err)
@@ -240,12 +241,12 @@ func unfinishedFixture(t *testing.T, url string) (ids map[string]string) {
 	ctx, st := openFixtureStore(t, url)
 	ids = map[string]string{}
 	for _, key := range []string{"key-pending-1", "key-pending-2"} {
-		p := &idem.RecordClaimParams{Scope: payments.ScopeOfToken("tok_a"), Key: key, Token: "tok-" + key, RecordID: "rec-" + key,
+		p := &idemstore.ClaimParams{Scope: payments.ScopeOfToken("tok_a"), Key: key, Token: "tok-" + key, RecordID: "rec-" + key,
 			Fingerprint: idem.Fingerprint{Version: 1}, Lease: time.Second, TTL: time.Minute, Now: time.Now().Add(-time.Hour)}
 		if _, err := st.store.RecordClaim(ctx, p); err != nil {
 			t.Fatal(err)
 		}
-		err := st.store.RecordStep(ctx, &idem.RecordStepParams{Scope: p.Scope, Key: key, Token: p.Token, RecoveryPoint: "charge_pending",
+		err := st.store.RecordStep(ctx, &idemstore.StepParams{Scope: p.Scope, Key: key, Token: p.Token, RecoveryPoint: "charge_pending",
 			Steps: []byte(`[{"step":"charge_pending","result":{"id":"ch_pending"}}]`), Operation: "POST /v1/charges"})
 		if err != nil {
 			t.Fatal(err)

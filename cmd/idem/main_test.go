@@ -19,7 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/redis/redistest"
@@ -316,7 +316,7 @@ func TestMigrateAndPurgeReportWhatTheyDid(t *testing.T) {
 	}
 	past := time.Now().Add(-48 * time.Hour)
 	for i, now := range []time.Time{past, past, {}} {
-		_, err := st.RecordClaim(ctx, &idem.RecordClaimParams{Scope: "s", Key: fmt.Sprintf("key-%08d", i), Token: "tok",
+		_, err := st.RecordClaim(ctx, &idemstore.ClaimParams{Scope: "s", Key: fmt.Sprintf("key-%08d", i), Token: "tok",
 			RecordID: fmt.Sprint(i), Lease: time.Second, TTL: time.Hour, Now: now})
 		if err != nil {
 			t.Fatal(err)

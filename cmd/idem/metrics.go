@@ -9,9 +9,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemprom"
 	"github.com/idem-go/idem/internal/proxy"
+	"github.com/idem-go/idem/observe"
 )
 
 // metrics are the Prometheus metrics of `idem payments` (--metrics-addr): what the
@@ -76,7 +76,7 @@ func (m *metrics) proxyHooks() *proxy.Hooks {
 }
 
 // observer feeds the idempotency metrics (idem.Config.Observer).
-func (m *metrics) observer() *idem.Observer { return m.idem.Observer() }
+func (m *metrics) observer() *observe.Observer { return m.idem.Observer() }
 
 // instrument counts and times every request that next serves; route names the
 // request's route, "unmatched" when it returns "".

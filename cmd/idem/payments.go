@@ -14,6 +14,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/client"
 	"github.com/idem-go/idem/internal/payments"
+	"github.com/idem-go/idem/observe"
 )
 
 const paymentsSynopsis = `[--addr 127.0.0.1:8080] [--store URL] [--db URL] [--ttl 24h]
@@ -203,7 +204,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	// Metrics cost nothing unless served: without --metrics-addr the middleware has
 	// no observer and the API no instrumentation.
 	var m *metrics
-	var observer *idem.Observer
+	var observer *observe.Observer
 	if f.metricsAddr != "" {
 		m = newMetrics()
 		observer = m.observer()

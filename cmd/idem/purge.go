@@ -6,7 +6,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 const purgeSynopsis = `--store URL [--older-than DURATION]
@@ -54,10 +54,10 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 }
 
 // purge deletes expired records in batches until a batch comes back short.
-func purge(ctx context.Context, st idem.Store, olderThan time.Duration) (int, error) {
+func purge(ctx context.Context, st idemstore.Store, olderThan time.Duration) (int, error) {
 	total := 0
 	for {
-		n, err := st.RecordDeleteExpired(ctx, &idem.RecordDeleteExpiredParams{Retention: olderThan, Limit: purgeBatch})
+		n, err := st.RecordDeleteExpired(ctx, &idemstore.DeleteExpiredParams{Retention: olderThan, Limit: purgeBatch})
 		total += n
 		if err != nil || n < purgeBatch {
 			return total, err

@@ -12,6 +12,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/payments"
 	"github.com/idem-go/idem/internal/secret"
 	"github.com/idem-go/idem/store/postgres"
@@ -122,7 +123,7 @@ func redact(raw string) string { return secret.RedactURL(raw) }
 // openedStore is an open idempotency store, with the SPEC §7 helper when it has one.
 type openedStore struct {
 	url   storeURL
-	store idem.Store
+	store idemstore.Store
 	// migrate creates or upgrades the store's schema.
 	migrate func(ctx context.Context) error
 	// sqlite or pg is set for an SQL store, so that a DB on the same database can

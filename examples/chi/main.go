@@ -37,6 +37,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/observe"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
@@ -65,7 +66,7 @@ func main() {
 
 // logClaims logs the route and outcome of every claim: the labels a metrics adapter
 // (idemprom) counts them by.
-var logClaims = &idem.Observer{Claimed: func(e idem.ClaimEvent) {
+var logClaims = &observe.Observer{Claimed: func(e observe.ClaimEvent) {
 	slog.Info("idem claim", "route", e.Route, "outcome", e.Outcome)
 }}
 
@@ -88,7 +89,7 @@ func open(ctx context.Context, path string) (*sqlite.Store, error) {
 
 // newHandler is the API: chi's router, authentication, then idem on the routes that
 // take keys.
-func newHandler(store *sqlite.Store, observer *idem.Observer) http.Handler {
+func newHandler(store *sqlite.Store, observer *observe.Observer) http.Handler {
 	mw := idem.New(idem.Config{Store: store, Scope: principal, Observer: observer})
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)

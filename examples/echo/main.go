@@ -41,6 +41,7 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/observe"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
@@ -69,7 +70,7 @@ func main() {
 
 // logClaims logs the route and outcome of every claim: the labels a metrics adapter
 // (idemprom) counts them by.
-var logClaims = &idem.Observer{Claimed: func(e idem.ClaimEvent) {
+var logClaims = &observe.Observer{Claimed: func(e observe.ClaimEvent) {
 	slog.Info("idem claim", "route", e.Route, "outcome", e.Outcome)
 }}
 
@@ -92,7 +93,7 @@ func open(ctx context.Context, path string) (*sqlite.Store, error) {
 
 // newHandler is the API: Echo with authentication, and idem on the routes that take
 // keys.
-func newHandler(store *sqlite.Store, observer *idem.Observer) http.Handler {
+func newHandler(store *sqlite.Store, observer *observe.Observer) http.Handler {
 	mw := idem.New(idem.Config{Store: store, Scope: principal, Observer: observer})
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/observe"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
@@ -17,7 +17,7 @@ const charge = `{"amount": 2000, "currency": "usd"}`
 
 // serve serves the example on a loopback port with a fresh database until t ends, and
 // returns its URL and store.
-func serve(t *testing.T, observer *idem.Observer) (string, *sqlite.Store) {
+func serve(t *testing.T, observer *observe.Observer) (string, *sqlite.Store) {
 	store, err := open(t.Context(), filepath.Join(t.TempDir(), "payments.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +90,7 @@ func TestADuplicateChargeIsReplayed(t *testing.T) {
 // matched, as idemMiddleware names it.
 func TestClaimsAreLabelledWithEchosRoute(t *testing.T) {
 	routes := make(chan string, 10)
-	base, _ := serve(t, &idem.Observer{Claimed: func(e idem.ClaimEvent) { routes <- e.Route }})
+	base, _ := serve(t, &observe.Observer{Claimed: func(e observe.ClaimEvent) { routes <- e.Route }})
 	if status, _, b := post(t, base, "0d9a7c3e-58b4-4f0e-9b1d-6e2f8a4c7d35", charge); status != http.StatusCreated {
 		t.Fatalf("POST: %d %s, want 201", status, b)
 	}

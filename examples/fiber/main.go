@@ -49,6 +49,7 @@ import (
 	"github.com/gofiber/fiber/v3/middleware/adaptor"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/observe"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
@@ -81,7 +82,7 @@ func main() {
 
 // logClaims logs the route and outcome of every claim: the labels a metrics adapter
 // (idemprom) counts them by.
-var logClaims = &idem.Observer{Claimed: func(e idem.ClaimEvent) {
+var logClaims = &observe.Observer{Claimed: func(e observe.ClaimEvent) {
 	slog.Info("idem claim", "route", e.Route, "outcome", e.Outcome)
 }}
 
@@ -104,7 +105,7 @@ func open(ctx context.Context, path string) (*sqlite.Store, error) {
 
 // newApp is the API: a Fiber app whose POST /v1/charges is the net/http handler
 // behind authentication and idem.
-func newApp(store *sqlite.Store, observer *idem.Observer) *fiber.App {
+func newApp(store *sqlite.Store, observer *observe.Observer) *fiber.App {
 	mw := idem.New(idem.Config{Store: store, Scope: principal, Observer: observer})
 	// The route writes only to the store's database, so it claims its key in the
 	// transaction of its writes (ClaimInHandler, with store.Respond).

@@ -11,7 +11,7 @@ import (
 
 	"github.com/gofiber/fiber/v3"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/observe"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
@@ -19,7 +19,7 @@ const charge = `{"amount": 2000, "currency": "usd"}`
 
 // serve serves the example on a loopback port with a fresh database until t ends, and
 // returns its URL and store.
-func serve(t *testing.T, observer *idem.Observer) (string, *sqlite.Store) {
+func serve(t *testing.T, observer *observe.Observer) (string, *sqlite.Store) {
 	store, err := open(t.Context(), filepath.Join(t.TempDir(), "payments.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +119,7 @@ func TestTwoKeyFieldsAreRefused(t *testing.T) {
 // idem's Observer sees the claims of the charges route labelled with the route's name.
 func TestClaimsAreLabelledWithTheRoutesName(t *testing.T) {
 	routes := make(chan string, 10)
-	base, _ := serve(t, &idem.Observer{Claimed: func(e idem.ClaimEvent) { routes <- e.Route }})
+	base, _ := serve(t, &observe.Observer{Claimed: func(e observe.ClaimEvent) { routes <- e.Route }})
 	if status, _, b := post(t, base, "0d9a7c3e-58b4-4f0e-9b1d-6e2f8a4c7d35", charge); status != http.StatusCreated {
 		t.Fatalf("POST: %d %s, want 201", status, b)
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/observe"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
@@ -64,7 +65,7 @@ func main() {
 
 // logClaims logs the route and outcome of every claim: the labels a metrics adapter
 // (idemprom) counts them by.
-var logClaims = &idem.Observer{Claimed: func(e idem.ClaimEvent) {
+var logClaims = &observe.Observer{Claimed: func(e observe.ClaimEvent) {
 	slog.Info("idem claim", "route", e.Route, "outcome", e.Outcome)
 }}
 
@@ -87,7 +88,7 @@ func open(ctx context.Context, path string) (*sqlite.Store, error) {
 
 // newHandler is the API: gin's engine with authentication, and idem on the routes
 // that take keys.
-func newHandler(store *sqlite.Store, observer *idem.Observer) http.Handler {
+func newHandler(store *sqlite.Store, observer *observe.Observer) http.Handler {
 	gin.SetMode(gin.ReleaseMode)
 	engine := gin.New()
 	engine.Use(gin.Recovery(), authenticate) // idem's Scope reads the principal authenticate found

@@ -24,6 +24,7 @@ import (
 	msqlite "modernc.org/sqlite"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/sqlite"
 )
@@ -58,7 +59,7 @@ const templateBody = `{"id":"ch_uRh49mdFqrwbSX10lCUCVQP4","object":"charge","amo
 
 // scaleStore is one store at scale: PostgreSQL or SQLite.
 type scaleStore struct {
-	idem.Store
+	idemstore.Store
 	pg   *postgres.Store
 	lite *sqlite.Store
 }
@@ -150,15 +151,15 @@ func (s *scaleStore) rows(ctx context.Context) (int64, error) {
 // template claims and completes one record through the store, whose response the
 // filler rows copy.
 func (s *scaleStore) template(ctx context.Context) error {
-	claim := &idem.RecordClaimParams{Scope: "template", Key: "template", Fingerprint: fillFingerprint,
+	claim := &idemstore.ClaimParams{Scope: "template", Key: "template", Fingerprint: fillFingerprint,
 		Token: "t", RecordID: "template", Lease: time.Minute, TTL: 24 * time.Hour}
 	res, err := s.RecordClaim(ctx, claim)
-	if err != nil || res.Outcome != idem.ClaimAcquired {
+	if err != nil || res.Outcome != idemstore.ClaimAcquired {
 		return err // completed already: a previous fill made it
 	}
 	resp := &idem.Response{Status: http.StatusCreated, Body: []byte(templateBody),
 		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/charges/ch_uRh49mdFqrwbSX10lCUCVQP4"}}}
-	return s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: "template", Key: "template", Token: "t", Response: resp, TTL: 24 * time.Hour})
+	return s.RecordComplete(ctx, &idemstore.CompleteParams{Scope: "template", Key: "template", Token: "t", Response: resp, TTL: 24 * time.Hour})
 }
 
 // fill inserts filler records [from, to); expired ones when expired is true (their
@@ -318,9 +319,9 @@ func phase(ctx context.Context, concurrency int, d time.Duration, op func(rng *r
 func (s *scaleStore) lookup(ctx context.Context, n int64) func(rng *rand.Rand) error {
 	return func(rng *rand.Rand) error {
 		i := rng.Int64N(n)
-		res, err := s.RecordClaim(ctx, &idem.RecordClaimParams{Scope: fillScope(i), Key: fillKey(i),
+		res, err := s.RecordClaim(ctx, &idemstore.ClaimParams{Scope: fillScope(i), Key: fillKey(i),
 			Fingerprint: fillFingerprint, Token: "x", RecordID: "x", Lease: 30 * time.Second, TTL: 24 * time.Hour})
-		if err == nil && res.Outcome != idem.ClaimCompleted {
+		if err == nil && res.Outcome != idemstore.ClaimCompleted {
 			err = fmt.Errorf("lookup of record %d: %v, want completed", i, res.Outcome)
 		}
 		return err
@@ -334,15 +335,15 @@ func (s *scaleStore) claim(ctx context.Context, tag string) func(rng *rand.Rand)
 	return func(rng *rand.Rand) error {
 		n := seq.Add(1)
 		scope, key := fillScope(rng.Int64N(fillScopes)), fmt.Sprintf("%s-%d-%d", tag, time.Now().UnixNano(), n)
-		res, err := s.RecordClaim(ctx, &idem.RecordClaimParams{Scope: scope, Key: key, Fingerprint: fillFingerprint,
+		res, err := s.RecordClaim(ctx, &idemstore.ClaimParams{Scope: scope, Key: key, Fingerprint: fillFingerprint,
 			Token: "tok", RecordID: key, Lease: 30 * time.Second, TTL: 24 * time.Hour})
 		if err != nil {
 			return err
 		}
-		if res.Outcome != idem.ClaimAcquired {
+		if res.Outcome != idemstore.ClaimAcquired {
 			return fmt.Errorf("claim of a new key: %v", res.Outcome)
 		}
-		return s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: scope, Key: key, Token: "tok", Response: resp, TTL: 24 * time.Hour})
+		return s.RecordComplete(ctx, &idemstore.CompleteParams{Scope: scope, Key: key, Token: "tok", Response: resp, TTL: 24 * time.Hour})
 	}
 }
 
@@ -568,11 +569,11 @@ func runCleanup(ctx context.Context, args []string) error {
 
 // timedStore times the cleaner's batch deletes.
 type timedStore struct {
-	idem.Store
+	idemstore.Store
 	longest atomic.Int64
 }
 
-func (t *timedStore) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExpiredParams) (int, error) {
+func (t *timedStore) RecordDeleteExpired(ctx context.Context, p *idemstore.DeleteExpiredParams) (int, error) {
 	start := time.Now()
 	n, err := t.Store.RecordDeleteExpired(ctx, p)
 	if took := int64(time.Since(start)); took > t.longest.Load() {

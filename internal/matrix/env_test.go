@@ -19,6 +19,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/backstop"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/memory"
@@ -31,7 +32,7 @@ import (
 // database the handler writes to (a map for the memory store), and the store's two
 // SPEC §7 helpers as the handler calls them.
 type env struct {
-	store idem.Store
+	store idemstore.Store
 	// direct inserts a charge with the database directly, outside any helper.
 	direct func(ctx context.Context, key, id string) error
 	// respond answers o through the store's Respond form: its insert in its

@@ -19,6 +19,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/internal/testkit"
+	"github.com/idem-go/idem/observe"
 )
 
 func init() { gin.SetMode(gin.ReleaseMode) }
@@ -224,23 +225,23 @@ type regime struct{ readFirst, cache bool }
 func runHTTPCell(t *testing.T, s Store, r Route, h Helper, m Mount, want Outcome, rg regime) {
 	t.Parallel()
 	c := &httpCell{t: t, s: s, r: r, h: h, e: openEnv(t, s), logs: &lockedBuffer{}, clock: testkit.NewClock(time.Now())}
-	observer := &idem.Observer{
-		Claimed: func(ev idem.ClaimEvent) {
-			if ev.Outcome == idem.OutcomeReplayedFromCache {
+	observer := &observe.Observer{
+		Claimed: func(ev observe.ClaimEvent) {
+			if ev.Outcome == observe.OutcomeReplayedFromCache {
 				c.cacheHits.Add(1)
 			}
 		},
-		StoreCall: func(ev idem.StoreCallEvent) {
+		StoreCall: func(ev observe.StoreCallEvent) {
 			switch ev.Op {
-			case idem.StoreOpLookup:
+			case observe.StoreOpLookup:
 				c.lookups.Add(1)
-			case idem.StoreOpComplete:
+			case observe.StoreOpComplete:
 				c.completeCalls.Add(1)
 			}
 		},
-		Completed: func(ev idem.CompletionEvent) {
+		Completed: func(ev observe.CompletionEvent) {
 			switch {
-			case ev.Result != idem.CompletionStored:
+			case ev.Result != observe.CompletionStored:
 			case ev.InTx:
 				c.storedInTx.Add(1)
 			default:

@@ -13,6 +13,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin"
 	"github.com/idem-go/idem/client"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/processor"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/internal/testkit"
@@ -89,9 +90,9 @@ func processorBundle(t *testing.T, newBundle func(...option) *bundle, p *cardPro
 }
 
 // record returns the idempotency record of the key of token.
-func (b *bundle) record(token, key string) *idem.Record {
+func (b *bundle) record(token, key string) *idemstore.Record {
 	b.t.Helper()
-	rec, err := b.store.RecordGet(testenv.Context(b.t), &idem.RecordGetParams{Scope: ScopeOfToken(token), Key: key})
+	rec, err := b.store.RecordGet(testenv.Context(b.t), &idemstore.GetParams{Scope: ScopeOfToken(token), Key: key})
 	if err != nil {
 		b.t.Fatalf("the record of %s: %v", key, err)
 	}
@@ -149,7 +150,7 @@ func TestPendingChargeIsNeverAnsweredAsSucceededAndItsRetryFinishesIt(t *testing
 		pending := l.Data[0].ID
 		// The record is kept, its lease ended at once: the retry resumes it.
 		rec := b.record("tok_a", key)
-		if rec.State != idem.StateInFlight || rec.RecoveryPoint != stepPending || rec.LeaseEnd.After(time.Now()) {
+		if rec.State != idemstore.StateInFlight || rec.RecoveryPoint != stepPending || rec.LeaseEnd.After(time.Now()) {
 			t.Fatalf("record %s at %q, lease end %v: want in flight at %s, lease ended", rec.State, rec.RecoveryPoint, rec.LeaseEnd, stepPending)
 		}
 

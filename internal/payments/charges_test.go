@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -202,10 +203,10 @@ func TestRecordsAreScopedByTheHashOfTheBearerToken(t *testing.T) {
 	wantStatus(t, b.postCharge("tok_secret", key, `{"amount": 100, "currency": "usd"}`), http.StatusCreated)
 	sum := sha256.Sum256([]byte("tok_secret"))
 	ctx := testenv.Context(t)
-	if _, err := b.store.RecordGet(ctx, &idem.RecordGetParams{Scope: hex.EncodeToString(sum[:]), Key: key}); err != nil {
+	if _, err := b.store.RecordGet(ctx, &idemstore.GetParams{Scope: hex.EncodeToString(sum[:]), Key: key}); err != nil {
 		t.Fatalf("no record under the token's hash: %v", err)
 	}
-	if _, err := b.store.RecordGet(ctx, &idem.RecordGetParams{Scope: "tok_secret", Key: key}); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := b.store.RecordGet(ctx, &idemstore.GetParams{Scope: "tok_secret", Key: key}); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("a record under the raw token: %v", err)
 	}
 }

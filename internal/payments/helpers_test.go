@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/postgres"
@@ -24,7 +25,7 @@ type bundle struct {
 	t       testing.TB
 	srv     *Server
 	handler http.Handler
-	store   idem.Store
+	store   idemstore.Store
 	db      *DB
 	// exec runs a statement on the bundle's database (to simulate a lost record).
 	exec func(sql string)
@@ -112,7 +113,7 @@ func postgresBundle(t testing.TB, opts ...option) *bundle {
 	return b
 }
 
-func newBundle(t testing.TB, st idem.Store, db *DB, opts ...option) *bundle {
+func newBundle(t testing.TB, st idemstore.Store, db *DB, opts ...option) *bundle {
 	t.Helper()
 	if _, err := db.Migrate(testenv.Context(t)); err != nil {
 		t.Fatalf("Migrate: %v", err)

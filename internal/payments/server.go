@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/observe"
 )
 
 // Defaults of [Config].
@@ -23,7 +25,7 @@ const (
 // DisableIdempotency is set.
 type Config struct {
 	// Store keeps the idempotency records. Required unless DisableIdempotency.
-	Store idem.Store
+	Store idemstore.Store
 
 	// DB keeps charges and orders. When it shares the store's database (built with
 	// the store's InTx helper), every mutation commits its rows and the idempotency
@@ -102,7 +104,7 @@ type Config struct {
 
 	// Observer is told what the idempotency middleware does (idem.Config.Observer),
 	// such as an idemprom.Metrics' observer. Defaults to nil (none).
-	Observer *idem.Observer
+	Observer *observe.Observer
 
 	// Middleware, when set, is used instead of building one from the fields above:
 	// tests pass an idem.Config of their own (an injected clock, say) through it.

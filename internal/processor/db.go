@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/sqlite"
 )
@@ -35,7 +36,7 @@ func SQLite(st *sqlite.Store) *DB { return &DB{queries: loadQueries("sqlite"), s
 func Postgres(st *postgres.Store) *DB { return &DB{queries: loadQueries("postgres"), pg: st} }
 
 // Store returns the idempotency store the DB lives in.
-func (d *DB) Store() idem.Store {
+func (d *DB) Store() idemstore.Store {
 	if d.pg != nil {
 		return d.pg
 	}

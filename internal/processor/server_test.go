@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/postgres"
@@ -285,8 +285,8 @@ func waitInFlight(t *testing.T, db *DB, key string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		rec, err := db.Store().RecordGet(testenv.Context(t), &idem.RecordGetParams{Scope: Scope, Key: key})
-		if err == nil && rec.State == idem.StateInFlight {
+		rec, err := db.Store().RecordGet(testenv.Context(t), &idemstore.GetParams{Scope: Scope, Key: key})
+		if err == nil && rec.State == idemstore.StateInFlight {
 			return
 		}
 		if time.Now().After(deadline) {

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // Defaults of [Config].
@@ -236,7 +237,7 @@ type Proxy struct {
 	upstream          *url.URL
 	rp                *httputil.ReverseProxy
 	transport         http.RoundTripper
-	store             idem.Store
+	store             idemstore.Store
 	profile           idem.Profile
 	keyHeader         string // canonical
 	scopeHeader       string // canonical; "" for SharedScope

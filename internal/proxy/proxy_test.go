@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/proxy"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/internal/testkit"
@@ -314,8 +315,8 @@ func sha256Hex(s string) string {
 }
 
 // record reads the record of key for the principal of token.
-func (b *bundle) record(token, key string) (*idem.Record, error) {
-	return b.store.RecordGet(testenv.Context(b.t), &idem.RecordGetParams{Scope: sha256Hex("Bearer " + token), Key: key})
+func (b *bundle) record(token, key string) (*idemstore.Record, error) {
+	return b.store.RecordGet(testenv.Context(b.t), &idemstore.GetParams{Scope: sha256Hex("Bearer " + token), Key: key})
 }
 
 const key1 = "key-proxy-test-0001"
@@ -591,7 +592,7 @@ func TestASharedScopeNeedsNoHeader(t *testing.T) {
 	if got := b.send("POST", "/v1/echo", key1, "tok_other", `{}`); !got.replayed() {
 		t.Fatalf("shared scope: %d replayed=%v, want the replay whatever the Authorization", got.status, got.replayed())
 	}
-	if _, err := b.store.RecordGet(testenv.Context(t), &idem.RecordGetParams{Scope: proxy.SharedScope, Key: key1}); err != nil {
+	if _, err := b.store.RecordGet(testenv.Context(t), &idemstore.GetParams{Scope: proxy.SharedScope, Key: key1}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -677,12 +678,12 @@ func TestAnEventStreamOverTheLimitIsResponseNotStored(t *testing.T) {
 
 // waitCompleted waits until the key's record is completed: the middleware completes it
 // after the response was sent.
-func waitCompleted(t *testing.T, b *bundle, token, key string) *idem.Record {
+func waitCompleted(t *testing.T, b *bundle, token, key string) *idemstore.Record {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		rec, err := b.record(token, key)
-		if err == nil && rec.State == idem.StateCompleted {
+		if err == nil && rec.State == idemstore.StateCompleted {
 			return rec
 		}
 		if time.Now().After(deadline) {
@@ -914,7 +915,7 @@ func TestAnUpstreamThatIsDownGets502(t *testing.T) {
 	if got.status != http.StatusBadGateway || got.code() != proxy.CodeUpstreamUnavailable {
 		t.Fatalf("%d %s, want 502 upstream_unavailable", got.status, got.body)
 	}
-	if _, err := b.record("tok_a", key1); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := b.record("tok_a", key1); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("the key is not released: %v", err)
 	}
 }
@@ -940,7 +941,7 @@ func TestAProtocolUpgradeIsForwardedWithoutAClaim(t *testing.T) {
 	if line, err := r.ReadString('\n'); err != nil || line != "echo ping\n" {
 		t.Fatalf("through the upgraded connection: %q %v", line, err)
 	}
-	if _, err := b.record("tok_a", key1); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := b.record("tok_a", key1); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("the upgrade claimed its key: %v", err)
 	}
 	if !strings.Contains(b.logs.String(), "WebSocket upgrade carries an idempotency key") {
@@ -954,7 +955,7 @@ func deadHolder(t *testing.T, b *bundle, path, body, recordID string) {
 	t.Helper()
 	r := httptest.NewRequest("POST", path, nil)
 	r.Header.Set("Content-Type", "application/json")
-	_, err := b.store.RecordClaim(testenv.Context(t), &idem.RecordClaimParams{
+	_, err := b.store.RecordClaim(testenv.Context(t), &idemstore.ClaimParams{
 		Scope: sha256Hex("Bearer tok_a"), Key: key1, Fingerprint: idem.FingerprintRequest(r, []byte(body)),
 		Token: "dead-holder", RecordID: recordID, Lease: time.Second, TTL: time.Hour,
 		Now: time.Now().Add(-time.Minute),
@@ -1085,7 +1086,7 @@ type renewFails struct {
 	fail atomic.Bool
 }
 
-func (s *renewFails) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (time.Time, error) {
+func (s *renewFails) RecordRenew(ctx context.Context, p *idemstore.RenewParams) (time.Time, error) {
 	if s.fail.Load() {
 		return time.Time{}, errors.New("store down")
 	}

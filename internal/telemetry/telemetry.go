@@ -8,6 +8,7 @@ import (
 	"errors"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // The values of an error label (ErrorKind).
@@ -42,7 +43,7 @@ func ErrorKind(err error) string {
 // StoreFailed reports whether a store call's error is a failure of the store, rather
 // than one of its answers (the key is no longer held, or absent).
 func StoreFailed(err error) bool {
-	return err != nil && !errors.Is(err, idem.ErrLeaseLost) && !errors.Is(err, idem.ErrNotFound)
+	return err != nil && !errors.Is(err, idem.ErrLeaseLost) && !errors.Is(err, idemstore.ErrNotFound)
 }
 
 // ReleaseResult is the result label of a release that ended with err.

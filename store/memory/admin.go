@@ -6,8 +6,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin"
+	"github.com/idem-go/idem/idemstore"
 )
 
 var _ admin.Store = (*Store)(nil)
@@ -22,7 +22,7 @@ func (s *Store) RecordInspect(ctx context.Context, p *admin.RecordInspectParams)
 	defer s.mu.Unlock()
 	rec := s.records[recordKey{p.Scope, p.Key}]
 	if rec == nil {
-		return nil, idem.ErrNotFound
+		return nil, idemstore.ErrNotFound
 	}
 	return &admin.RecordInspectResult{Record: admin.FromRecord(copyRecord(rec), p.Body), Now: t}, nil
 }
@@ -68,7 +68,7 @@ func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams)
 	k := recordKey{p.Scope, p.Key}
 	rec := s.records[k]
 	if rec == nil {
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	}
 	t := now(p.Now)
 	if err := admin.ResolveError(rec, t); err != nil {
@@ -81,7 +81,7 @@ func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams)
 	if rec.Unfinished() {
 		// Completed now, it lives its TTL from now.
 		rec.ExpiresAt = t.Add(rec.ExpiresAt.Sub(rec.CreatedAt))
-		rec.State, rec.Token, rec.LeaseEnd = idem.StateCompleted, "", time.Time{}
+		rec.State, rec.Token, rec.LeaseEnd = idemstore.StateCompleted, "", time.Time{}
 	}
 	rec.Response = copyResponse(p.Response)
 	rec.Response.NotStored, rec.Response.OutcomeUnknown = false, false

@@ -3,8 +3,8 @@ package memory_test
 import (
 	"testing"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin/admintest"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/storetest"
 )
@@ -13,7 +13,7 @@ import (
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	storetest.Run(t, storetest.Harness{
-		NewStore: func(*testing.T) idem.Store { return memory.New() },
+		NewStore: func(*testing.T) idemstore.Store { return memory.New() },
 	})
 }
 

@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin"
+	"github.com/idem-go/idem/idemstore"
 )
 
 var _ admin.Store = (*Store)(nil)
@@ -131,9 +131,9 @@ func scanListed(rows pgx.Rows) (*admin.Record, time.Time, error) {
 		return nil, now, fmt.Errorf("postgres: stored fingerprint has %d bytes, want %d", len(fp), len(r.Fingerprint.Sum))
 	}
 	copy(r.Fingerprint.Sum[:], fp)
-	r.Scope, r.Key, r.State = string(scope), string(key), idem.State(state)
+	r.Scope, r.Key, r.State = string(scope), string(key), idemstore.State(state)
 	r.CreatedAt, r.ExpiresAt, r.BodySize = created.UTC(), expires.UTC(), int(bodySize)
-	if leaseEnd != nil && r.State == idem.StateInFlight {
+	if leaseEnd != nil && r.State == idemstore.StateInFlight {
 		r.LeaseEnd = leaseEnd.UTC()
 	}
 	if status != nil {
@@ -157,7 +157,7 @@ func (s *Store) RecordDelete(ctx context.Context, p *admin.RecordDeleteParams) e
 	case err != nil:
 		return interpretError(err)
 	case found == 0:
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	case deleted == 1:
 		return nil
 	case live && !p.Force:
@@ -227,7 +227,7 @@ func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams)
 	case err != nil:
 		return err
 	case res.Record.Expired(res.Now):
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	case res.Record.Unfinished() && res.Record.LeaseLive(res.Now):
 		return admin.ErrLeaseLive
 	case !res.Record.OutcomeUnknown && !res.Record.Unfinished():

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // Latency of the request paths on a warm pool, one goroutine:
@@ -13,15 +13,15 @@ import (
 //	go test -run '^$' -bench . -benchtime 2000x ./store/postgres
 func BenchmarkClaimNewKeyAndComplete(b *testing.B) {
 	s := newStore(b)
-	resp := &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1","object":"charge"}`)}
+	resp := &idemstore.Response{Status: 201, Body: []byte(`{"id":"ch_1","object":"charge"}`)}
 	b.ResetTimer()
 	for i := range b.N {
 		p := claimParams(fmt.Sprintf("bench-%d", i), time.Time{})
 		res, err := s.RecordClaim(b.Context(), p)
-		if err != nil || res.Outcome != idem.ClaimAcquired {
+		if err != nil || res.Outcome != idemstore.ClaimAcquired {
 			b.Fatalf("claim: %v %v", res, err)
 		}
-		err = s.RecordComplete(b.Context(), &idem.RecordCompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp, TTL: time.Hour})
+		err = s.RecordComplete(b.Context(), &idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp, TTL: time.Hour})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -34,8 +34,8 @@ func BenchmarkReplay(b *testing.B) {
 	if _, err := s.RecordClaim(b.Context(), p); err != nil {
 		b.Fatal(err)
 	}
-	resp := &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1","object":"charge"}`)}
-	if err := s.RecordComplete(b.Context(), &idem.RecordCompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp, TTL: time.Hour}); err != nil {
+	resp := &idemstore.Response{Status: 201, Body: []byte(`{"id":"ch_1","object":"charge"}`)}
+	if err := s.RecordComplete(b.Context(), &idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp, TTL: time.Hour}); err != nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
@@ -43,7 +43,7 @@ func BenchmarkReplay(b *testing.B) {
 		retry := *p
 		retry.Now = time.Time{}
 		res, err := s.RecordClaim(b.Context(), &retry)
-		if err != nil || res.Outcome != idem.ClaimCompleted {
+		if err != nil || res.Outcome != idemstore.ClaimCompleted {
 			b.Fatalf("replay: %v %v", res, err)
 		}
 	}

@@ -73,7 +73,7 @@
 // TestInTxRefusesTheCompletionOfALostClaim shows the fence refusing. Takeovers, expired
 // records, renewals, releases and completions all stay synchronous.
 //
-// Errors are normalised at the package's edge: a missing record is [idem.ErrNotFound],
+// Errors are normalised at the package's edge: a missing record is [idemstore.ErrNotFound],
 // a fenced operation that lost its token is [idem.ErrLeaseLost], and a database that
 // cannot be reached wraps [ErrUnavailable] (the middleware answers 503 and the pool
 // reconnects when the database returns).

@@ -7,10 +7,9 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/idem-go/idem/idemstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/idem-go/idem"
 )
 
 // ErrUnavailable wraps errors that mean the database could not be reached or could not
@@ -28,8 +27,8 @@ func interpretError(err error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, pgx.ErrNoRows):
-		return idem.ErrNotFound
-	case errors.Is(err, idem.ErrNotFound), errors.Is(err, idem.ErrLeaseLost), errors.Is(err, ErrUnavailable):
+		return idemstore.ErrNotFound
+	case errors.Is(err, idemstore.ErrNotFound), errors.Is(err, idemstore.ErrLeaseLost), errors.Is(err, ErrUnavailable):
 		return err
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return err
@@ -37,7 +36,7 @@ func interpretError(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		if pgErr.Code == sqlstateLeaseLost {
-			return idem.ErrLeaseLost
+			return idemstore.ErrLeaseLost
 		}
 		if unavailableCode(pgErr.Code) {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)

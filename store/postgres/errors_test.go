@@ -7,10 +7,9 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/idem-go/idem/idemstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/idem-go/idem"
 )
 
 func pgErr(code string) error {
@@ -24,9 +23,9 @@ func TestInterpretErrorNormalisesAtTheEdge(t *testing.T) {
 		is   error // errors.Is(out, is)
 		not  []error
 	}{
-		{"no rows is not found", pgx.ErrNoRows, idem.ErrNotFound, []error{ErrUnavailable}},
-		{"fence raise is lease lost", pgErr(sqlstateLeaseLost), idem.ErrLeaseLost, []error{ErrUnavailable}},
-		{"connection failure is unavailable", pgErr("08006"), ErrUnavailable, []error{idem.ErrNotFound, idem.ErrLeaseLost}},
+		{"no rows is not found", pgx.ErrNoRows, idemstore.ErrNotFound, []error{ErrUnavailable}},
+		{"fence raise is lease lost", pgErr(sqlstateLeaseLost), idemstore.ErrLeaseLost, []error{ErrUnavailable}},
+		{"connection failure is unavailable", pgErr("08006"), ErrUnavailable, []error{idemstore.ErrNotFound, idemstore.ErrLeaseLost}},
 		{"too many clients is unavailable", pgErr("53300"), ErrUnavailable, nil},
 		{"admin shutdown is unavailable", pgErr("57P01"), ErrUnavailable, nil},
 		{"a non-server error is unavailable", errors.New("dial tcp: connection refused"), ErrUnavailable, nil},
@@ -47,7 +46,7 @@ func TestInterpretErrorNormalisesAtTheEdge(t *testing.T) {
 		})
 	}
 	for _, code := range []string{"23505", "42P01", "57014", "40001"} {
-		if out := interpretError(pgErr(code)); errors.Is(out, ErrUnavailable) || errors.Is(out, idem.ErrNotFound) || errors.Is(out, idem.ErrLeaseLost) {
+		if out := interpretError(pgErr(code)); errors.Is(out, ErrUnavailable) || errors.Is(out, idemstore.ErrNotFound) || errors.Is(out, idemstore.ErrLeaseLost) {
 			t.Errorf("interpretError(SQLSTATE %s) = %v, want a plain error", code, out)
 		}
 	}
@@ -67,7 +66,7 @@ func TestWithRetryRetriesOnlyWhatCertainlyDidNotHappen(t *testing.T) {
 		{"deadlock is retried", pgErr("40P01"), maxStatementAttempts},
 		{"unique violation is not", pgErr("23505"), 1},
 		{"a lost connection is not: the outcome is unknown", errors.New("unexpected EOF"), 1},
-		{"a lease lost is not", idem.ErrLeaseLost, 1},
+		{"a lease lost is not", idemstore.ErrLeaseLost, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

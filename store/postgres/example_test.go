@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/postgres"
 )
 
@@ -71,7 +72,7 @@ func ExampleStore_Respond() {
 			ID     string `json:"id"`
 			Amount int64  `json:"amount"`
 		}{ID: "ord_" + rand.Text(), Amount: 2000} // made here: the response is known before the insert runs
-		err := store.Respond(w, r, func(b *pgx.Batch) (*idem.Response, error) {
+		err := store.Respond(w, r, func(b *pgx.Batch) (*idemstore.Response, error) {
 			b.Queue(`INSERT INTO orders (id, amount) VALUES ($1, $2)`, order.ID, order.Amount)
 			return idem.JSONResponse(http.StatusCreated, order)
 		})
@@ -163,7 +164,7 @@ func ExampleStore_InSQLTx() {
 func ExampleStore_RespondSQL() {
 	var store *postgres.Store // opened and migrated as in the InTx example
 	createCharge := func(w http.ResponseWriter, r *http.Request) {
-		err := store.RespondSQL(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+		err := store.RespondSQL(w, r, func(ctx context.Context, tx *sql.Tx) (*idemstore.Response, error) {
 			var id int64
 			err := tx.QueryRowContext(ctx, `INSERT INTO charges (amount) VALUES (2000) RETURNING id`).Scan(&id)
 			if err != nil {

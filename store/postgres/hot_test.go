@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/store/postgres"
 )
@@ -30,13 +30,13 @@ func TestCompletionsAreHeapOnlyUpdates(t *testing.T) {
 	}
 	const n = 100
 	for i := range n {
-		p := &idem.RecordClaimParams{Scope: "user-1", Key: fmt.Sprintf("key-hot-%03d", i), Token: "tok", RecordID: fmt.Sprint(i),
+		p := &idemstore.ClaimParams{Scope: "user-1", Key: fmt.Sprintf("key-hot-%03d", i), Token: "tok", RecordID: fmt.Sprint(i),
 			Lease: time.Minute, TTL: time.Hour}
-		if res, err := st.RecordClaim(t.Context(), p); err != nil || res.Outcome != idem.ClaimAcquired {
+		if res, err := st.RecordClaim(t.Context(), p); err != nil || res.Outcome != idemstore.ClaimAcquired {
 			t.Fatalf("claim %d: %v %v", i, res, err)
 		}
-		err := st.RecordComplete(t.Context(), &idem.RecordCompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, TTL: p.TTL,
-			Response: &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1","object":"charge","amount":2000,"currency":"usd"}`)}})
+		err := st.RecordComplete(t.Context(), &idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, TTL: p.TTL,
+			Response: &idemstore.Response{Status: 201, Body: []byte(`{"id":"ch_1","object":"charge","amount":2000,"currency":"usd"}`)}})
 		if err != nil {
 			t.Fatalf("complete %d: %v", i, err)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/postgres"
@@ -158,9 +159,9 @@ func (app *chargeApp) charges(t *testing.T) []string {
 	return names
 }
 
-func (app *chargeApp) record(t *testing.T, key string) (*idem.Record, error) {
+func (app *chargeApp) record(t *testing.T, key string) (*idemstore.Record, error) {
 	t.Helper()
-	return app.s.RecordGet(t.Context(), &idem.RecordGetParams{Scope: "user-1", Key: key, Now: app.clock.Now()})
+	return app.s.RecordGet(t.Context(), &idemstore.GetParams{Scope: "user-1", Key: key, Now: app.clock.Now()})
 }
 
 func TestInTxCommitsTheChargeAndTheRecordTogether(t *testing.T) {
@@ -179,7 +180,7 @@ func TestInTxCommitsTheChargeAndTheRecordTogether(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rec.State != idem.StateCompleted || rec.Response.Status != http.StatusCreated || string(rec.Response.Body) != first.Body.String() {
+		if rec.State != idemstore.StateCompleted || rec.Response.Status != http.StatusCreated || string(rec.Response.Body) != first.Body.String() {
 			t.Fatalf("record = %s %+v, want completed with the response sent", rec.State, rec.Response)
 		}
 		retry := app.post(key, "b", "")
@@ -246,7 +247,7 @@ func TestInTxWhoseCommitFailsAnswers503AndStoresNothing(t *testing.T) {
 			t.Fatalf("charges = %q, want [first]: the failed transaction wrote nothing", names)
 		}
 		// Neither was the record completed: the key was released, and a retry executes.
-		if _, err := app.record(t, key); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := app.record(t, key); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Fatalf("record after the failed COMMIT: %v, want ErrNotFound (released)", err)
 		}
 		if got := app.post(key, "second", "b2"); got.Code != http.StatusCreated {
@@ -329,9 +330,9 @@ func TestInTxRunsAtReadCommitted(t *testing.T) {
 	defer s.Close()
 	var level string
 	r := httptest.NewRequest(http.MethodPost, "/", nil)
-	err = s.Respond(httptest.NewRecorder(), r.WithContext(idem.WithoutKey(t.Context())), func(b *pgx.Batch) (*idem.Response, error) {
+	err = s.Respond(httptest.NewRecorder(), r.WithContext(idem.WithoutKey(t.Context())), func(b *pgx.Batch) (*idemstore.Response, error) {
 		b.Queue(`SHOW transaction_isolation`).QueryRow(func(row pgx.Row) error { return row.Scan(&level) })
-		return &idem.Response{Status: http.StatusOK}, nil
+		return &idemstore.Response{Status: http.StatusOK}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -368,7 +369,7 @@ func TestInTxRefusesTheCompletionOfALostClaim(t *testing.T) {
 		if names := app.charges(t); len(names) != 0 {
 			t.Fatalf("charges = %q, want none: a completion without its claim must roll the writes back", names)
 		}
-		if _, err := app.record(t, key); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := app.record(t, key); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Fatalf("record after the refused completion: %v, want ErrNotFound", err)
 		}
 		retry := app.post(key, "retry", "")

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/storetest"
@@ -22,7 +22,7 @@ func multiProcess() storetest.MultiProcess {
 			dbURL, schema := pgtest.Schema(t)
 			return pgtest.SearchPathURL(t, dbURL, schema)
 		},
-		Open: func(t testing.TB, dsn string) idem.Store {
+		Open: func(t testing.TB, dsn string) idemstore.Store {
 			// Few connections per process: the server is shared with other tests.
 			s, err := postgres.Open(context.Background(), dsn, postgres.Config{MaxConns: 4})
 			if err != nil {
@@ -98,7 +98,7 @@ func TestMigrateCreatesSchemaConcurrently(t *testing.T) {
 			t.Cleanup(func() { pgtest.Exec(t, dbURL, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE") })
 			return dbURL + sep + schema
 		},
-		Open: func(t testing.TB, dsn string) idem.Store {
+		Open: func(t testing.TB, dsn string) idemstore.Store {
 			s, err := open(dsn)
 			if err != nil {
 				t.Fatalf("Open: %v", err)

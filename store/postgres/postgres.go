@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // DefaultMaxConns is the pool size [Open] uses when neither Config.MaxConns nor the
@@ -89,7 +90,7 @@ func (c Config) validate() error {
 	return nil
 }
 
-// Store is an [idem.Store] kept in PostgreSQL. It is safe for concurrent use by any
+// Store is an [idemstore.Store] kept in PostgreSQL. It is safe for concurrent use by any
 // number of goroutines and processes.
 type Store struct {
 	pool    *pgxpool.Pool
@@ -110,7 +111,7 @@ type Store struct {
 	sqlDB   *sql.DB
 }
 
-var _ idem.Store = (*Store)(nil)
+var _ idemstore.Store = (*Store)(nil)
 
 // Open creates a pool for the PostgreSQL database at url (a postgres:// URL or a
 // key=value connection string, as pgx accepts) and returns a store using it. It does
@@ -212,6 +213,6 @@ func (s *Store) Ping(ctx context.Context) error {
 
 // Capabilities reports that this store offers the §7 transaction helper, needs the
 // cleaner, and may be shared by any number of processes.
-func (s *Store) Capabilities() idem.Capabilities {
-	return idem.Capabilities{Transactions: true, BatchedCleanup: true, MultiProcess: true, RecoveryPoints: true}
+func (s *Store) Capabilities() idemstore.Capabilities {
+	return idemstore.Capabilities{Transactions: true, BatchedCleanup: true, MultiProcess: true, RecoveryPoints: true}
 }

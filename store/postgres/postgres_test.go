@@ -8,6 +8,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin/admintest"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/storetest"
@@ -52,9 +53,9 @@ func newStoreWith(t testing.TB, cfg postgres.Config) schemaStore {
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	storetest.Run(t, storetest.Harness{
-		NewStore: func(t *testing.T) idem.Store { return newStore(t) },
+		NewStore: func(t *testing.T) idemstore.Store { return newStore(t) },
 		Tx:       appTable{},
-		NewStoreWithCleaner: func(t *testing.T, cfg idem.CleanerConfig) (idem.Store, *idem.Cleaner) {
+		NewStoreWithCleaner: func(t *testing.T, cfg idem.CleanerConfig) (idemstore.Store, *idem.Cleaner) {
 			s := newStoreWith(t, postgres.Config{MaxConns: 4, Cleaner: cfg})
 			return s, s.Cleaner()
 		},
@@ -66,7 +67,7 @@ func TestConformance(t *testing.T) {
 // fenced completion.
 type appTable struct{}
 
-func (a appTable) WriteAndComplete(ctx context.Context, st idem.Store, p *idem.RecordCompleteParams, marker string) error {
+func (a appTable) WriteAndComplete(ctx context.Context, st idemstore.Store, p *idemstore.CompleteParams, marker string) error {
 	s := st.(schemaStore)
 	tx, err := s.Pool().BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
@@ -82,7 +83,7 @@ func (a appTable) WriteAndComplete(ctx context.Context, st idem.Store, p *idem.R
 	return tx.Commit(ctx)
 }
 
-func (a appTable) MarkerCommitted(ctx context.Context, st idem.Store, marker string) (bool, error) {
+func (a appTable) MarkerCommitted(ctx context.Context, st idemstore.Store, marker string) (bool, error) {
 	s := st.(schemaStore)
 	var n int
 	err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM `+s.table("app_marker")+` WHERE name = $1`, marker).Scan(&n)
@@ -96,7 +97,7 @@ func TestAdminConformance(t *testing.T) {
 	})
 }
 
-func (a appTable) InTx(ctx context.Context, st idem.Store, fn func(ctx context.Context, write func(marker string) error) error) error {
+func (a appTable) InTx(ctx context.Context, st idemstore.Store, fn func(ctx context.Context, write func(marker string) error) error) error {
 	s := st.(schemaStore)
 	return s.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		return fn(ctx, func(marker string) error {
@@ -106,7 +107,7 @@ func (a appTable) InTx(ctx context.Context, st idem.Store, fn func(ctx context.C
 	})
 }
 
-func (a appTable) Step(ctx context.Context, st idem.Store, step string, fn func(ctx context.Context, write func(marker string) error) (string, error)) (string, error) {
+func (a appTable) Step(ctx context.Context, st idemstore.Store, step string, fn func(ctx context.Context, write func(marker string) error) (string, error)) (string, error) {
 	s := st.(schemaStore)
 	return postgres.Step(ctx, s.Store, step, func(ctx context.Context, tx pgx.Tx) (string, error) {
 		return fn(ctx, func(marker string) error {

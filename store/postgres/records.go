@@ -6,10 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idem-go/idem/idemstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idem-go/idem"
 )
 
 // maxClaimAttempts bounds how often RecordClaim re-runs its statement when a concurrent
@@ -24,7 +23,7 @@ var errClaimRace = errors.New("postgres: claim raced with a concurrent claim")
 // replay, an in-flight duplicate or a mismatch in one round trip without writing. An
 // expired record or a lapsed lease costs a second, fenced statement. The store's clock
 // decides (params.Now when non-zero).
-func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
+func (s *Store) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*idemstore.ClaimResult, error) {
 	for range maxClaimAttempts {
 		res, err := s.claimOnce(ctx, p)
 		if errors.Is(err, errClaimRace) {
@@ -37,10 +36,10 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 
 // claimOnce runs the claim statement and, when the record it found is expired or its
 // lease lapsed, the fenced update that takes it over.
-func (s *Store) claimOnce(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
+func (s *Store) claimOnce(ctx context.Context, p *idemstore.ClaimParams) (*idemstore.ClaimResult, error) {
 	var (
 		claimed bool
-		rec     *idem.Record
+		rec     *idemstore.Record
 		now     time.Time
 	)
 	scope, key := scopeKeyBytes(p.Scope, p.Key)
@@ -66,65 +65,65 @@ func (s *Store) claimOnce(ctx context.Context, p *idem.RecordClaimParams) (*idem
 		return nil, err
 	}
 	if claimed {
-		return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, Now: now}, nil
+		return &idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: rec, Now: now}, nil
 	}
 	switch p.Decide(rec, now) {
-	case idem.DecideClaim:
+	case idemstore.DecideClaim:
 		return s.claimExpired(ctx, p)
-	case idem.DecideTakeOver:
+	case idemstore.DecideTakeOver:
 		return s.takeOver(ctx, p, rec.Token)
-	case idem.DecideUnknown:
+	case idemstore.DecideUnknown:
 		return s.markUnknown(ctx, p, rec.Token)
-	case idem.DecideInFlight:
-		return &idem.RecordClaimResult{Outcome: idem.ClaimInFlight, Record: rec, Now: now}, nil
-	case idem.DecideReplay:
-		return &idem.RecordClaimResult{Outcome: idem.ClaimCompleted, Record: rec, Now: now}, nil
+	case idemstore.DecideInFlight:
+		return &idemstore.ClaimResult{Outcome: idemstore.ClaimInFlight, Record: rec, Now: now}, nil
+	case idemstore.DecideReplay:
+		return &idemstore.ClaimResult{Outcome: idemstore.ClaimCompleted, Record: rec, Now: now}, nil
 	default:
-		return &idem.RecordClaimResult{Outcome: idem.ClaimMismatch, Record: rec, Now: now}, nil
+		return &idemstore.ClaimResult{Outcome: idemstore.ClaimMismatch, Record: rec, Now: now}, nil
 	}
 }
 
 // claimExpired claims an expired record afresh: a new record in all but its row.
-func (s *Store) claimExpired(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
+func (s *Store) claimExpired(ctx context.Context, p *idemstore.ClaimParams) (*idemstore.ClaimResult, error) {
 	rec, now, err := s.claimUpdate(ctx, "claim_expired", p, s.q.recordClaimExpired,
 		[]byte(p.Scope), []byte(p.Key), p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
 		micros(p.Lease), micros(p.TTL), nowParam(p.Now))
 	if err != nil {
 		return nil, err
 	}
-	return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, Now: now}, nil
+	return &idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: rec, Now: now}, nil
 }
 
 // takeOver replaces the token of an in-flight record whose lease lapsed, fenced by the
 // old token and a re-check of the lease.
-func (s *Store) takeOver(ctx context.Context, p *idem.RecordClaimParams, oldToken string) (*idem.RecordClaimResult, error) {
+func (s *Store) takeOver(ctx context.Context, p *idemstore.ClaimParams, oldToken string) (*idemstore.ClaimResult, error) {
 	rec, now, err := s.claimUpdate(ctx, "take_over", p, s.q.recordTakeOver,
 		[]byte(p.Scope), []byte(p.Key), oldToken, p.Token, micros(p.Lease), micros(p.TTL), nowParam(p.Now))
 	if err != nil {
 		return nil, err
 	}
 	s.logger.DebugContext(ctx, "postgres: took over a key whose lease lapsed", "key_prefix", keyPrefix(p.Key))
-	return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, TookOver: true, Now: now}, nil
+	return &idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: rec, TookOver: true, Now: now}, nil
 }
 
 // markUnknown completes an in-flight record whose lease lapsed as outcome unknown
 // (SPEC §13), fenced by the old token and a re-check of the lease.
-func (s *Store) markUnknown(ctx context.Context, p *idem.RecordClaimParams, oldToken string) (*idem.RecordClaimResult, error) {
+func (s *Store) markUnknown(ctx context.Context, p *idemstore.ClaimParams, oldToken string) (*idemstore.ClaimResult, error) {
 	rec, now, err := s.claimUpdate(ctx, "mark_unknown", p, s.q.recordMarkUnknown,
 		[]byte(p.Scope), []byte(p.Key), oldToken, micros(p.TTL), nowParam(p.Now))
 	if err != nil {
 		return nil, err
 	}
-	return &idem.RecordClaimResult{Outcome: idem.ClaimCompleted, Record: rec, MarkedUnknown: true, Now: now}, nil
+	return &idemstore.ClaimResult{Outcome: idemstore.ClaimCompleted, Record: rec, MarkedUnknown: true, Now: now}, nil
 }
 
 // claimUpdate runs one of the fenced statements that follow the claim statement (the
 // claim of an expired record, a takeover, a mark of outcome unknown) and returns the
 // record it wrote, or errClaimRace when its fence matched nothing: the record was
 // claimed, renewed, completed, released or deleted meanwhile, and the claim runs again.
-func (s *Store) claimUpdate(ctx context.Context, op string, p *idem.RecordClaimParams, query string, args ...any) (*idem.Record, time.Time, error) {
+func (s *Store) claimUpdate(ctx context.Context, op string, p *idemstore.ClaimParams, query string, args ...any) (*idemstore.Record, time.Time, error) {
 	var (
-		rec *idem.Record
+		rec *idemstore.Record
 		now time.Time
 	)
 	err := s.withRetry(ctx, op, func() error {
@@ -140,17 +139,17 @@ func (s *Store) claimUpdate(ctx context.Context, op string, p *idem.RecordClaimP
 
 // RecordComplete stores the holder's final response, fenced by its token
 // ([idem.ErrLeaseLost] when the record is no longer in flight under it).
-func (s *Store) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams) error {
+func (s *Store) RecordComplete(ctx context.Context, p *idemstore.CompleteParams) error {
 	return interpretError(s.withRetry(ctx, "complete", func() error {
 		return complete(ctx, s.pool, s.q, p)
 	}))
 }
 
 // completeArgs are the arguments of RecordComplete and RecordCompleteTx.
-func completeArgs(p *idem.RecordCompleteParams) ([]any, error) {
+func completeArgs(p *idemstore.CompleteParams) ([]any, error) {
 	resp := p.Response
 	if resp == nil {
-		return nil, errors.New("postgres: RecordCompleteParams.Response is nil")
+		return nil, errors.New("postgres: idemstore.CompleteParams.Response is nil")
 	}
 	body := resp.Body
 	if body == nil {
@@ -161,7 +160,7 @@ func completeArgs(p *idem.RecordCompleteParams) ([]any, error) {
 }
 
 // complete runs the fenced completion outside any transaction.
-func complete(ctx context.Context, pool *pgxpool.Pool, q *queries, p *idem.RecordCompleteParams) error {
+func complete(ctx context.Context, pool *pgxpool.Pool, q *queries, p *idemstore.CompleteParams) error {
 	args, err := completeArgs(p)
 	if err != nil {
 		return err
@@ -171,7 +170,7 @@ func complete(ctx context.Context, pool *pgxpool.Pool, q *queries, p *idem.Recor
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	return nil
 }
@@ -179,7 +178,7 @@ func complete(ctx context.Context, pool *pgxpool.Pool, q *queries, p *idem.Recor
 // RecordRelease deletes the holder's in-flight record, fenced by its token, or, when
 // its recovery point advanced, keeps it with its lease ended (SPEC §13), in one
 // statement.
-func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) error {
+func (s *Store) RecordRelease(ctx context.Context, p *idemstore.ReleaseParams) error {
 	return interpretError(s.withRetry(ctx, "release", func() error {
 		var n int64
 		err := s.pool.QueryRow(ctx, s.q.recordRelease, []byte(p.Scope), []byte(p.Key), p.Token, nowParam(p.Now)).Scan(&n)
@@ -187,14 +186,14 @@ func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) 
 			return err
 		}
 		if n == 0 {
-			return idem.ErrLeaseLost
+			return idemstore.ErrLeaseLost
 		}
 		return nil
 	}))
 }
 
 // stepArgs are the arguments of RecordStep and RecordStepTx.
-func stepArgs(p *idem.RecordStepParams) []any {
+func stepArgs(p *idemstore.StepParams) []any {
 	var operation any
 	if p.Operation != "" {
 		operation = p.Operation
@@ -205,14 +204,14 @@ func stepArgs(p *idem.RecordStepParams) []any {
 // RecordStep commits one step's result and recovery point, fenced by the holder's
 // token, in a statement of its own. To commit the application's writes with them, use
 // [Step] (or [Store.StepTx]).
-func (s *Store) RecordStep(ctx context.Context, p *idem.RecordStepParams) error {
+func (s *Store) RecordStep(ctx context.Context, p *idemstore.StepParams) error {
 	return interpretError(s.withRetry(ctx, "step", func() error {
 		tag, err := s.pool.Exec(ctx, s.q.recordStep, stepArgs(p)...)
 		if err != nil {
 			return err
 		}
 		if tag.RowsAffected() == 0 {
-			return idem.ErrLeaseLost
+			return idemstore.ErrLeaseLost
 		}
 		return nil
 	}))
@@ -220,11 +219,11 @@ func (s *Store) RecordStep(ctx context.Context, p *idem.RecordStepParams) error 
 
 // RecordListResumable returns one batch of the records the completer may resume,
 // along the partial index of resumable records.
-func (s *Store) RecordListResumable(ctx context.Context, p *idem.RecordListResumableParams) ([]*idem.Record, error) {
+func (s *Store) RecordListResumable(ctx context.Context, p *idemstore.ListResumableParams) ([]*idemstore.Record, error) {
 	if p.Limit <= 0 {
-		return nil, fmt.Errorf("postgres: RecordListResumableParams.Limit must be positive, got %d", p.Limit)
+		return nil, fmt.Errorf("postgres: idemstore.ListResumableParams.Limit must be positive, got %d", p.Limit)
 	}
-	var recs []*idem.Record
+	var recs []*idemstore.Record
 	err := s.withRetry(ctx, "list_resumable", func() error {
 		recs = recs[:0]
 		rows, err := s.pool.Query(ctx, s.q.recordListResumable,
@@ -256,7 +255,7 @@ func (s *Store) RecordListResumable(ctx context.Context, p *idem.RecordListResum
 
 // RecordCountUnfinished counts the unfinished operations along the partial index of
 // resumable records, and finds the oldest one's creation.
-func (s *Store) RecordCountUnfinished(ctx context.Context, p *idem.RecordCountUnfinishedParams) (*idem.RecordCountUnfinishedResult, error) {
+func (s *Store) RecordCountUnfinished(ctx context.Context, p *idemstore.CountUnfinishedParams) (*idemstore.CountUnfinishedResult, error) {
 	var (
 		n      int64
 		oldest *time.Time
@@ -268,7 +267,7 @@ func (s *Store) RecordCountUnfinished(ctx context.Context, p *idem.RecordCountUn
 	if err != nil {
 		return nil, interpretError(err)
 	}
-	res := &idem.RecordCountUnfinishedResult{Count: int(n), Now: now.UTC()}
+	res := &idemstore.CountUnfinishedResult{Count: int(n), Now: now.UTC()}
 	if oldest != nil {
 		res.Oldest = oldest.UTC()
 	}
@@ -277,14 +276,14 @@ func (s *Store) RecordCountUnfinished(ctx context.Context, p *idem.RecordCountUn
 
 // RecordRenew extends the holder's lease to now + Lease, fenced by its token, and
 // returns the new lease end.
-func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (time.Time, error) {
+func (s *Store) RecordRenew(ctx context.Context, p *idemstore.RenewParams) (time.Time, error) {
 	var leaseEnd time.Time
 	err := s.withRetry(ctx, "renew", func() error {
 		return s.pool.QueryRow(ctx, s.q.recordRenew,
 			[]byte(p.Scope), []byte(p.Key), p.Token, micros(p.Lease), micros(p.TTL), nowParam(p.Now)).Scan(&leaseEnd)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return time.Time{}, idem.ErrLeaseLost
+		return time.Time{}, idemstore.ErrLeaseLost
 	}
 	if err != nil {
 		return time.Time{}, interpretError(err)
@@ -292,10 +291,10 @@ func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (tim
 	return leaseEnd.UTC(), nil
 }
 
-// RecordGet reads one live record; absent or expired is [idem.ErrNotFound].
-func (s *Store) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.Record, error) {
+// RecordGet reads one live record; absent or expired is [idemstore.ErrNotFound].
+func (s *Store) RecordGet(ctx context.Context, p *idemstore.GetParams) (*idemstore.Record, error) {
 	var (
-		rec *idem.Record
+		rec *idemstore.Record
 		now time.Time
 	)
 	err := s.withRetry(ctx, "get", func() error {
@@ -308,7 +307,7 @@ func (s *Store) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.R
 		return nil, interpretError(err)
 	}
 	if rec.Expired(now) {
-		return nil, idem.ErrNotFound
+		return nil, idemstore.ErrNotFound
 	}
 	return rec, nil
 }
@@ -316,9 +315,9 @@ func (s *Store) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.R
 // RecordDeleteExpired deletes one batch of at most params.Limit records that expired
 // more than params.Retention ago, skipping rows that requests hold locked. Limit must
 // be positive.
-func (s *Store) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExpiredParams) (int, error) {
+func (s *Store) RecordDeleteExpired(ctx context.Context, p *idemstore.DeleteExpiredParams) (int, error) {
 	if p.Limit <= 0 {
-		return 0, fmt.Errorf("postgres: RecordDeleteExpiredParams.Limit must be positive, got %d", p.Limit)
+		return 0, fmt.Errorf("postgres: idemstore.DeleteExpiredParams.Limit must be positive, got %d", p.Limit)
 	}
 	var n int64
 	err := s.withRetry(ctx, "delete_expired", func() error {
@@ -332,7 +331,7 @@ func (s *Store) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExp
 // scanRecord reads the record columns (and the store's time) of one row, in the order
 // queries/records.sql lists them. claimed, when non-nil, receives the leading column of
 // the claim statement.
-func scanRecord(row pgx.Row, scope, key string, claimed *bool) (*idem.Record, time.Time, error) {
+func scanRecord(row pgx.Row, scope, key string, claimed *bool) (*idemstore.Record, time.Time, error) {
 	blk := newScannedRecord(scope, key, claimed)
 	if err := row.Scan(&blk.row); err != nil {
 		return nil, time.Time{}, err
@@ -342,20 +341,20 @@ func scanRecord(row pgx.Row, scope, key string, claimed *bool) (*idem.Record, ti
 
 // newScannedRecord readies the scan of one record of (scope, key).
 func newScannedRecord(scope, key string, claimed *bool) *scannedRecord {
-	blk := &scannedRecord{rec: idem.Record{Scope: scope, Key: key}}
+	blk := &scannedRecord{rec: idemstore.Record{Scope: scope, Key: key}}
 	blk.row = recordRow{claimed: claimed, raw: rawRecord{rec: &blk.rec}}
 	return blk
 }
 
 // record is the scanned record, and the store's time of the row.
-func (blk *scannedRecord) record() (*idem.Record, time.Time, error) {
+func (blk *scannedRecord) record() (*idemstore.Record, time.Time, error) {
 	r := &blk.row.raw
 	rec := r.rec
 	if len(r.fp) != len(rec.Fingerprint.Sum) {
 		return nil, time.Time{}, fmt.Errorf("postgres: stored fingerprint has %d bytes, want %d", len(r.fp), len(rec.Fingerprint.Sum))
 	}
 	copy(rec.Fingerprint.Sum[:], r.fp)
-	rec.State = idem.State(r.state)
+	rec.State = idemstore.State(r.state)
 	rec.CreatedAt, rec.ExpiresAt = rec.CreatedAt.UTC(), rec.ExpiresAt.UTC()
 	if r.token != nil {
 		rec.Token = *r.token
@@ -370,7 +369,7 @@ func (blk *scannedRecord) record() (*idem.Record, time.Time, error) {
 	if r.operation != nil {
 		rec.Operation = *r.operation
 	}
-	if rec.State == idem.StateCompleted {
+	if rec.State == idemstore.StateCompleted {
 		resp := &blk.resp
 		resp.Body, resp.NotStored, resp.OutcomeUnknown = r.body, r.notStored, r.unknown
 		if r.status != nil {
@@ -391,8 +390,8 @@ func (blk *scannedRecord) record() (*idem.Record, time.Time, error) {
 // scannedRecord is what scanRecord allocates, in one allocation: the record, its
 // response, and the row scanner that reads them.
 type scannedRecord struct {
-	rec  idem.Record
-	resp idem.Response
+	rec  idemstore.Record
+	resp idemstore.Response
 	row  recordRow
 }
 

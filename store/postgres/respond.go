@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // DefaultClaimLockTimeout is how long a [Store.Respond] transaction that claims its key
@@ -99,7 +100,7 @@ func keyLockID(scope, key string) int32 {
 // before fn runs: there fn runs only for the request that executes.
 //
 // Respond never retries a transaction that may have committed.
-func (s *Store) Respond(w http.ResponseWriter, r *http.Request, fn func(b *pgx.Batch) (*idem.Response, error)) error {
+func (s *Store) Respond(w http.ResponseWriter, r *http.Request, fn func(b *pgx.Batch) (*idemstore.Response, error)) error {
 	if _, err := idem.TxHandle(r.Context()); err != nil {
 		s.logger.ErrorContext(r.Context(), "postgres: Respond refused a request without an idem.Handle", "error", err)
 		return err
@@ -109,7 +110,7 @@ func (s *Store) Respond(w http.ResponseWriter, r *http.Request, fn func(b *pgx.B
 	if err != nil {
 		return err
 	}
-	return idem.ServeTx(w, r, func(ctx context.Context, rec *idem.TxRecord) (*idem.Response, error) {
+	return idem.ServeTx(w, r, func(ctx context.Context, rec *idem.TxRecord) (*idemstore.Response, error) {
 		return resp, s.respondOnce(ctx, rec, resp, app)
 	})
 }
@@ -148,7 +149,7 @@ func defaultReadCommitted(ctx context.Context, conn *pgx.Conn) (bool, error) {
 // respondOnce sends one transaction of Respond, pipelined in one round trip: READ
 // COMMITTED, the record's claim (the insert of the completed record, under the key's
 // advisory lock) or its fenced completion, as rec says, and the statements of app.
-func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idem.Response, app *pgx.Batch) error {
+func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idemstore.Response, app *pgx.Batch) error {
 	done, err := rec.Complete(resp)
 	if err != nil {
 		return err
@@ -219,7 +220,7 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idem.
 // (idem.ErrLeaseLost), or the store's (an idem.StoreError). After the first error the
 // server skipped every statement up to the end of the batch, and rolled its implicit
 // transaction back.
-func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch, explicit bool, claim *idem.RecordClaimParams, app int, fenced bool) error {
+func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch, explicit bool, claim *idemstore.ClaimParams, app int, fenced bool) error {
 	br := conn.SendBatch(ctx, b)
 	var (
 		err    error
@@ -256,8 +257,8 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 			err = claimError(err)
 		case what == "app" && errors.As(err, &pgErr):
 			err = classifyApp(err, &forget, sql)
-		case what == "complete" && errors.Is(interpretError(err), idem.ErrLeaseLost):
-			err = idem.ErrLeaseLost
+		case what == "complete" && errors.Is(interpretError(err), idemstore.ErrLeaseLost):
+			err = idemstore.ErrLeaseLost
 		default:
 			err = &idem.StoreError{Op: what, Err: interpretError(err)}
 		}
@@ -374,10 +375,10 @@ func forgetNamed(ctx context.Context, conn *pgx.Conn, sql string) {
 }
 
 // insertDoneArgs are the arguments of RecordInsertCompleted.
-func insertDoneArgs(c *idem.RecordClaimParams, p *idem.RecordCompleteParams, lockTimeout string) ([]any, error) {
+func insertDoneArgs(c *idemstore.ClaimParams, p *idemstore.CompleteParams, lockTimeout string) ([]any, error) {
 	resp := p.Response
 	if resp == nil {
-		return nil, errors.New("postgres: RecordCompleteParams.Response is nil")
+		return nil, errors.New("postgres: idemstore.CompleteParams.Response is nil")
 	}
 	body := resp.Body
 	if body == nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/postgres"
@@ -29,7 +30,7 @@ import (
 func rowHandler(s *postgres.Store, table string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("Idempotency-Key")
-		err := s.Respond(w, r, func(b *pgx.Batch) (*idem.Response, error) {
+		err := s.Respond(w, r, func(b *pgx.Batch) (*idemstore.Response, error) {
 			b.Queue(`INSERT INTO `+table+` (key) VALUES ($1)`, key)
 			return idem.JSONResponse(http.StatusCreated, map[string]string{"key": key})
 		})
@@ -55,7 +56,7 @@ func answerRowError(w http.ResponseWriter, err error) {
 func rowHandlerSQL(s *postgres.Store, table string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("Idempotency-Key")
-		err := s.RespondSQL(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+		err := s.RespondSQL(w, r, func(ctx context.Context, tx *sql.Tx) (*idemstore.Response, error) {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (key) VALUES ($1)`, key); err != nil {
 				return nil, err
 			}
@@ -186,7 +187,7 @@ func TestRespondReturnsTheStatementsErrorForTheHandlerToAnswer(t *testing.T) {
 		if got.Code != http.StatusConflict || !strings.Contains(got.Body.String(), "exists") {
 			t.Fatalf("POST = %d %s, want the handler's 409", got.Code, got.Body)
 		}
-		if _, err := app.s.RecordGet(t.Context(), &idem.RecordGetParams{Scope: "user-1", Key: "key-conflict"}); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := app.s.RecordGet(t.Context(), &idemstore.GetParams{Scope: "user-1", Key: "key-conflict"}); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Fatalf("RecordGet = %v, want no record: nothing committed and 409 releases the key", err)
 		}
 	})
@@ -210,7 +211,7 @@ func TestRespondReturnsAStatementTheServerRefusesForTheHandlerToAnswer(t *testin
 				t.Fatalf("POST = %d %s, want the handler's 500 with the server's error", got.Code, got.Body)
 			}
 		}
-		if _, err := app.s.RecordGet(t.Context(), &idem.RecordGetParams{Scope: "user-1", Key: "key-missing-table"}); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := app.s.RecordGet(t.Context(), &idemstore.GetParams{Scope: "user-1", Key: "key-missing-table"}); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Fatalf("RecordGet = %v, want no record: nothing committed and 500 releases the key", err)
 		}
 	})
@@ -431,9 +432,9 @@ func TestRespondWithoutTheMiddlewareNeedsWithoutKey(t *testing.T) {
 	}
 	var got error
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got = s.Respond(w, r, func(b *pgx.Batch) (*idem.Response, error) {
+		got = s.Respond(w, r, func(b *pgx.Batch) (*idemstore.Response, error) {
 			b.Queue(`INSERT INTO ` + table + ` (key) VALUES ('unkeyed')`)
-			return &idem.Response{Status: http.StatusCreated}, nil
+			return &idemstore.Response{Status: http.StatusCreated}, nil
 		})
 	})
 	rec := postKey(h, "key-none")
@@ -472,7 +473,7 @@ func TestInTxMisusesFailLoudly(t *testing.T) {
 		if got.Code != http.StatusInternalServerError || !strings.Contains(got.Body.String(), idem.CodeInternalError) {
 			t.Fatalf("answer = %d %s, want 500 internal_error", got.Code, got.Body)
 		}
-		if _, err := app.s.RecordGet(t.Context(), &idem.RecordGetParams{Scope: "user-1", Key: "key-natural-order"}); !errors.Is(err, idem.ErrNotFound) || app.rows(t) != 0 {
+		if _, err := app.s.RecordGet(t.Context(), &idemstore.GetParams{Scope: "user-1", Key: "key-natural-order"}); !errors.Is(err, idemstore.ErrNotFound) || app.rows(t) != 0 {
 			t.Fatalf("RecordGet = %v, %d rows; want nothing stored and nothing committed", err, app.rows(t))
 		}
 		if !strings.Contains(app.logs.String(), "none was written yet") {
@@ -581,7 +582,7 @@ func TestRespondSQLWhoseKeyWasTakenOverAnswers503(t *testing.T) {
 	app := newRowApp(t, false, func(s *postgres.Store, table string) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			name := r.Header.Get("X-Name")
-			err := s.RespondSQL(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+			err := s.RespondSQL(w, r, func(ctx context.Context, tx *sql.Tx) (*idemstore.Response, error) {
 				if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (key) VALUES ($1)`, name); err != nil {
 					return nil, err
 				}
@@ -664,7 +665,7 @@ func testRespondDrawsNoNotice(t *testing.T, level string) {
 	notices.Take() // the migrations' own
 	insert := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("Idempotency-Key")
-		err := s.Respond(w, r, func(b *pgx.Batch) (*idem.Response, error) {
+		err := s.Respond(w, r, func(b *pgx.Batch) (*idemstore.Response, error) {
 			b.Queue(`INSERT INTO `+table+` (key, isolation) VALUES ($1, current_setting('transaction_isolation'))`, key)
 			return idem.JSONResponse(http.StatusCreated, map[string]string{"key": key})
 		})

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/store/postgres"
 )
@@ -86,7 +87,7 @@ type countingBundle struct {
 	s      *postgres.Store
 	trips  *roundTrips
 	t0     time.Time
-	fp     idem.Fingerprint
+	fp     idemstore.Fingerprint
 	schema string
 }
 
@@ -125,7 +126,7 @@ func newCountingBundle(t *testing.T) *countingBundle {
 	}
 	b := &countingBundle{t: t, ctx: ctx, s: s, trips: trips, t0: time.Now().UTC().Truncate(time.Millisecond), schema: schema}
 	_, _ = rand.Read(b.fp.Sum[:])
-	b.fp.Version = idem.FingerprintVersion
+	b.fp.Version = idemstore.FingerprintVersion
 	b.warmUp()
 	return b
 }
@@ -135,14 +136,14 @@ const (
 	rtTTL   = time.Hour
 )
 
-func (b *countingBundle) claimParams(key string, now time.Time) *idem.RecordClaimParams {
-	return &idem.RecordClaimParams{
+func (b *countingBundle) claimParams(key string, now time.Time) *idemstore.ClaimParams {
+	return &idemstore.ClaimParams{
 		Scope: "scope", Key: key, Fingerprint: b.fp, Token: "tok-" + rand.Text(),
 		RecordID: "rec-" + rand.Text(), Lease: rtLease, TTL: rtTTL, Now: now,
 	}
 }
 
-func (b *countingBundle) claim(p *idem.RecordClaimParams, want idem.ClaimOutcome) *idem.RecordClaimResult {
+func (b *countingBundle) claim(p *idemstore.ClaimParams, want idemstore.ClaimOutcome) *idemstore.ClaimResult {
 	b.t.Helper()
 	res, err := b.s.RecordClaim(b.ctx, p)
 	if err != nil {
@@ -154,11 +155,11 @@ func (b *countingBundle) claim(p *idem.RecordClaimParams, want idem.ClaimOutcome
 	return res
 }
 
-func (b *countingBundle) complete(p *idem.RecordClaimParams) {
+func (b *countingBundle) complete(p *idemstore.ClaimParams) {
 	b.t.Helper()
-	err := b.s.RecordComplete(b.ctx, &idem.RecordCompleteParams{
+	err := b.s.RecordComplete(b.ctx, &idemstore.CompleteParams{
 		Scope: p.Scope, Key: p.Key, Token: p.Token, TTL: rtTTL,
-		Response: &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)},
+		Response: &idemstore.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)},
 	})
 	if err != nil {
 		b.t.Fatalf("RecordComplete: %v", err)
@@ -170,17 +171,17 @@ func (b *countingBundle) complete(p *idem.RecordClaimParams) {
 func (b *countingBundle) warmUp() {
 	b.t.Helper()
 	p := b.claimParams("warm-1", b.t0)
-	b.claim(p, idem.ClaimAcquired)
-	b.claim(b.claimParams("warm-1", b.t0), idem.ClaimInFlight)
-	b.claim(b.claimParams("warm-1", b.t0.Add(rtLease)), idem.ClaimAcquired) // takeover
-	b.claim(b.claimParams("warm-1", b.t0.Add(rtTTL+rtLease)), idem.ClaimAcquired)
+	b.claim(p, idemstore.ClaimAcquired)
+	b.claim(b.claimParams("warm-1", b.t0), idemstore.ClaimInFlight)
+	b.claim(b.claimParams("warm-1", b.t0.Add(rtLease)), idemstore.ClaimAcquired) // takeover
+	b.claim(b.claimParams("warm-1", b.t0.Add(rtTTL+rtLease)), idemstore.ClaimAcquired)
 	p = b.claimParams("warm-2", b.t0)
-	b.claim(p, idem.ClaimAcquired)
+	b.claim(p, idemstore.ClaimAcquired)
 	b.complete(p)
-	b.claim(b.claimParams("warm-2", b.t0), idem.ClaimCompleted)
+	b.claim(b.claimParams("warm-2", b.t0), idemstore.ClaimCompleted)
 	p = b.claimParams("warm-3", b.t0)
-	b.claim(p, idem.ClaimAcquired)
-	if err := b.s.RecordRelease(b.ctx, &idem.RecordReleaseParams{Scope: p.Scope, Key: p.Key, Token: p.Token}); err != nil {
+	b.claim(p, idemstore.ClaimAcquired)
+	if err := b.s.RecordRelease(b.ctx, &idemstore.ReleaseParams{Scope: p.Scope, Key: p.Key, Token: p.Token}); err != nil {
 		b.t.Fatal(err)
 	}
 }
@@ -199,7 +200,7 @@ func TestNewKeyClaimIsOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := newCountingBundle(t)
 	p := b.claimParams("new", b.t0)
-	b.wantTrips("claim of a new key", 1, func() { b.claim(p, idem.ClaimAcquired) })
+	b.wantTrips("claim of a new key", 1, func() { b.claim(p, idemstore.ClaimAcquired) })
 	b.wantTrips("completion", 1, func() { b.complete(p) })
 }
 
@@ -207,33 +208,33 @@ func TestReplayIsOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := newCountingBundle(t)
 	p := b.claimParams("replayed", b.t0)
-	b.claim(p, idem.ClaimAcquired)
+	b.claim(p, idemstore.ClaimAcquired)
 	b.complete(p)
-	b.wantTrips("replay", 1, func() { b.claim(b.claimParams("replayed", b.t0.Add(time.Second)), idem.ClaimCompleted) })
+	b.wantTrips("replay", 1, func() { b.claim(b.claimParams("replayed", b.t0.Add(time.Second)), idemstore.ClaimCompleted) })
 }
 
 func TestInFlightDuplicateIsOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := newCountingBundle(t)
-	b.claim(b.claimParams("busy", b.t0), idem.ClaimAcquired)
-	b.wantTrips("in-flight duplicate", 1, func() { b.claim(b.claimParams("busy", b.t0.Add(time.Second)), idem.ClaimInFlight) })
+	b.claim(b.claimParams("busy", b.t0), idemstore.ClaimAcquired)
+	b.wantTrips("in-flight duplicate", 1, func() { b.claim(b.claimParams("busy", b.t0.Add(time.Second)), idemstore.ClaimInFlight) })
 }
 
 func TestMismatchIsOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := newCountingBundle(t)
-	b.claim(b.claimParams("reused", b.t0), idem.ClaimAcquired)
+	b.claim(b.claimParams("reused", b.t0), idemstore.ClaimAcquired)
 	other := b.claimParams("reused", b.t0.Add(time.Second))
 	other.Fingerprint.Sum[0] ^= 0xff
-	b.wantTrips("mismatch", 1, func() { b.claim(other, idem.ClaimMismatch) })
+	b.wantTrips("mismatch", 1, func() { b.claim(other, idemstore.ClaimMismatch) })
 }
 
 func TestTakeOverIsTwoRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := newCountingBundle(t)
-	b.claim(b.claimParams("lapsed", b.t0), idem.ClaimAcquired)
+	b.claim(b.claimParams("lapsed", b.t0), idemstore.ClaimAcquired)
 	b.wantTrips("takeover of a lapsed lease", 2, func() {
-		res := b.claim(b.claimParams("lapsed", b.t0.Add(rtLease)), idem.ClaimAcquired)
+		res := b.claim(b.claimParams("lapsed", b.t0.Add(rtLease)), idemstore.ClaimAcquired)
 		if !res.TookOver {
 			t.Error("TookOver = false")
 		}
@@ -244,10 +245,10 @@ func TestClaimOfExpiredRecordIsTwoRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := newCountingBundle(t)
 	p := b.claimParams("expired", b.t0)
-	b.claim(p, idem.ClaimAcquired)
+	b.claim(p, idemstore.ClaimAcquired)
 	b.complete(p)
 	b.wantTrips("claim of an expired record", 2, func() {
-		b.claim(b.claimParams("expired", b.t0.Add(rtTTL)), idem.ClaimAcquired)
+		b.claim(b.claimParams("expired", b.t0.Add(rtTTL)), idemstore.ClaimAcquired)
 	})
 }
 
@@ -255,9 +256,9 @@ func TestReleaseIsOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := newCountingBundle(t)
 	p := b.claimParams("released", b.t0)
-	b.claim(p, idem.ClaimAcquired)
+	b.claim(p, idemstore.ClaimAcquired)
 	b.wantTrips("release", 1, func() {
-		if err := b.s.RecordRelease(b.ctx, &idem.RecordReleaseParams{Scope: p.Scope, Key: p.Key, Token: p.Token}); err != nil {
+		if err := b.s.RecordRelease(b.ctx, &idemstore.ReleaseParams{Scope: p.Scope, Key: p.Key, Token: p.Token}); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -269,13 +270,13 @@ func TestCountingConnCountsPrepares(t *testing.T) {
 	t.Parallel()
 	b := newCountingBundle(t)
 	b.wantTrips("first Get on the connection", 2, func() {
-		_, err := b.s.RecordGet(b.ctx, &idem.RecordGetParams{Scope: "scope", Key: "warm-2", Now: b.t0})
+		_, err := b.s.RecordGet(b.ctx, &idemstore.GetParams{Scope: "scope", Key: "warm-2", Now: b.t0})
 		if err != nil {
 			t.Fatal(err)
 		}
 	})
 	b.wantTrips("second Get on the connection", 1, func() {
-		_, _ = b.s.RecordGet(b.ctx, &idem.RecordGetParams{Scope: "scope", Key: "warm-2", Now: b.t0})
+		_, _ = b.s.RecordGet(b.ctx, &idemstore.GetParams{Scope: "scope", Key: "warm-2", Now: b.t0})
 	})
 }
 

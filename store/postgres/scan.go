@@ -7,11 +7,10 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/idem-go/idem/idemstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
-
-	"github.com/idem-go/idem"
 )
 
 // recordColumns are the types of the record columns of queries/records.sql, in order,
@@ -48,7 +47,7 @@ type recordRow struct {
 
 // rawRecord is a record row as decoded, before it becomes an idem.Record.
 type rawRecord struct {
-	rec      *idem.Record
+	rec      *idemstore.Record
 	fp       []byte
 	state    string
 	token    *string
@@ -160,7 +159,7 @@ func (r *rawRecord) decode(v [][]byte) error {
 		}
 		r.status = &n
 	}
-	if r.state == string(idem.StateCompleted) {
+	if r.state == string(idemstore.StateCompleted) {
 		r.header, r.headerErr = decodeHeaders(v[7])
 		r.headerDecoded = true
 	}
@@ -198,10 +197,10 @@ func decodeText(b []byte) (string, error) {
 	}
 	// The states are constants: no allocation for them.
 	switch string(b) {
-	case string(idem.StateCompleted):
-		return string(idem.StateCompleted), nil
-	case string(idem.StateInFlight):
-		return string(idem.StateInFlight), nil
+	case string(idemstore.StateCompleted):
+		return string(idemstore.StateCompleted), nil
+	case string(idemstore.StateInFlight):
+		return string(idemstore.StateInFlight), nil
 	}
 	return string(b), nil
 }

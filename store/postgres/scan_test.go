@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/postgres"
 )
 
@@ -34,15 +34,15 @@ func TestRecordReadsTheSameWithTheSimpleProtocol(t *testing.T) {
 
 	t0 := time.Date(2026, 11, 30, 4, 5, 6, 123456000, time.UTC)
 	inFlight := claimParams("k-in-flight", t0)
-	mustClaim(t, s, inFlight, idem.ClaimAcquired)
-	for i, resp := range []*idem.Response{
+	mustClaim(t, s, inFlight, idemstore.ClaimAcquired)
+	for i, resp := range []*idemstore.Response{
 		{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "X-Obs": {"caf\xe9", ""}}, Body: []byte(`{"id":"ch_1"}`)},
 		{Status: 204, Header: http.Header{}, Body: []byte{}},
 		{Status: 500, NotStored: true},
 	} {
 		p := claimParams("k-completed-"+string(rune('a'+i)), t0)
-		mustClaim(t, s, p, idem.ClaimAcquired)
-		if err := s.RecordComplete(t.Context(), &idem.RecordCompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp, TTL: time.Hour, Now: t0}); err != nil {
+		mustClaim(t, s, p, idemstore.ClaimAcquired)
+		if err := s.RecordComplete(t.Context(), &idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp, TTL: time.Hour, Now: t0}); err != nil {
 			t.Fatalf("RecordComplete: %v", err)
 		}
 		sameRecord(t, s, simple, p.Key, t0)
@@ -66,7 +66,7 @@ func TestRecordReadsTheSameWithTheSimpleProtocol(t *testing.T) {
 
 func sameRecord(t *testing.T, s schemaStore, simple *postgres.Store, key string, now time.Time) {
 	t.Helper()
-	p := &idem.RecordGetParams{Scope: "scope", Key: key, Now: now}
+	p := &idemstore.GetParams{Scope: "scope", Key: key, Now: now}
 	fast, err := s.RecordGet(t.Context(), p)
 	if err != nil {
 		t.Fatalf("RecordGet: %v", err)
@@ -78,7 +78,7 @@ func sameRecord(t *testing.T, s schemaStore, simple *postgres.Store, key string,
 	if !reflect.DeepEqual(fast, slow) {
 		t.Errorf("record %s read\n%+v\nwith the simple protocol\n%+v", key, fast, slow)
 	}
-	if fast.State == idem.StateCompleted && fast.Response == nil {
+	if fast.State == idemstore.StateCompleted && fast.Response == nil {
 		t.Errorf("completed record %s has no response", key)
 	}
 }

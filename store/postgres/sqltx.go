@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // The database/sql route to SPEC §7, for applications written against database/sql
@@ -44,12 +45,12 @@ func (s *Store) DB() *sql.DB {
 // fn's statements, the completion and COMMIT, as on the lease path. When the fence finds
 // the key taken over, or COMMIT fails, the middleware answers 503 store_unavailable.
 // fn runs at most once. RespondSQL never retries a transaction that may have committed.
-func (s *Store) RespondSQL(w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, tx *sql.Tx) (*idem.Response, error)) error {
+func (s *Store) RespondSQL(w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, tx *sql.Tx) (*idemstore.Response, error)) error {
 	if _, err := idem.TxHandle(r.Context()); err != nil {
 		s.logger.ErrorContext(r.Context(), "postgres: RespondSQL refused a request without an idem.Handle", "error", err)
 		return err
 	}
-	return idem.ServeTx(w, r, func(ctx context.Context, rec *idem.TxRecord) (*idem.Response, error) {
+	return idem.ServeTx(w, r, func(ctx context.Context, rec *idem.TxRecord) (*idemstore.Response, error) {
 		if rec.Claim() != nil {
 			// No claim inside the transaction: the middleware claims the key first,
 			// then ServeTx runs this once more, fenced by the claim's token.
@@ -61,7 +62,7 @@ func (s *Store) RespondSQL(w http.ResponseWriter, r *http.Request, fn func(ctx c
 
 // respondSQLOnce runs RespondSQL's transaction: fn, then the record's fenced
 // completion with fn's response, then COMMIT.
-func (s *Store) respondSQLOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx context.Context, tx *sql.Tx) (*idem.Response, error)) (*idem.Response, error) {
+func (s *Store) respondSQLOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx context.Context, tx *sql.Tx) (*idemstore.Response, error)) (*idemstore.Response, error) {
 	tx, err := s.DB().BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, &idem.StoreError{Op: "begin", Err: interpretError(err)}
@@ -77,7 +78,7 @@ func (s *Store) respondSQLOnce(ctx context.Context, rec *idem.TxRecord, fn func(
 	}
 	if p != nil {
 		if err := s.CompleteSQLTx(ctx, tx, p); err != nil {
-			if errors.Is(err, idem.ErrLeaseLost) {
+			if errors.Is(err, idemstore.ErrLeaseLost) {
 				return nil, err
 			}
 			return nil, &idem.StoreError{Op: "complete", Err: err}
@@ -159,7 +160,7 @@ func (s *Store) InSQLTx(ctx context.Context, fn func(ctx context.Context, tx *sq
 // under p.Token; the statement then has raised, so the transaction is aborted: roll it
 // back and tell the handle with [idem.Handle.CompletionFailed]. After a successful
 // COMMIT call [idem.Handle.Completed].
-func (s *Store) CompleteSQLTx(ctx context.Context, tx *sql.Tx, p *idem.RecordCompleteParams) error {
+func (s *Store) CompleteSQLTx(ctx context.Context, tx *sql.Tx, p *idemstore.CompleteParams) error {
 	if tx == nil {
 		return errors.New("postgres: CompleteSQLTx: tx is nil")
 	}

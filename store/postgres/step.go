@@ -4,9 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"github.com/idem-go/idem/idemstore"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/idem-go/idem"
 )
 
 // Step runs fn as the step named step of the operation whose context ctx is (SPEC §13):
@@ -83,7 +82,7 @@ func Step[T any](ctx context.Context, s *Store, step string, fn func(ctx context
 // the record is no longer in flight under p.Token; the statement then has raised, so
 // the transaction is aborted: roll it back and tell the handle with
 // [idem.Handle.StepFailed]. After a successful COMMIT call [idem.Handle.StepCommitted].
-func (s *Store) StepTx(ctx context.Context, tx pgx.Tx, p *idem.RecordStepParams) error {
+func (s *Store) StepTx(ctx context.Context, tx pgx.Tx, p *idemstore.StepParams) error {
 	if tx == nil || p == nil {
 		return errors.New("postgres: StepTx needs a transaction and params")
 	}

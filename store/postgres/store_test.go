@@ -12,21 +12,22 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/store/postgres"
 )
 
 // claimParams is a claim of (scope, key) with fresh token, id and fingerprint.
-func claimParams(key string, now time.Time) *idem.RecordClaimParams {
-	fp := idem.Fingerprint{Version: idem.FingerprintVersion}
+func claimParams(key string, now time.Time) *idemstore.ClaimParams {
+	fp := idemstore.Fingerprint{Version: idemstore.FingerprintVersion}
 	_, _ = rand.Read(fp.Sum[:])
-	return &idem.RecordClaimParams{
+	return &idemstore.ClaimParams{
 		Scope: "scope", Key: key, Fingerprint: fp, Token: "tok-" + rand.Text(),
 		RecordID: "rec-" + rand.Text(), Lease: 10 * time.Second, TTL: time.Hour, Now: now,
 	}
 }
 
-func mustClaim(t *testing.T, s idem.Store, p *idem.RecordClaimParams, want idem.ClaimOutcome) *idem.RecordClaimResult {
+func mustClaim(t *testing.T, s idemstore.Store, p *idemstore.ClaimParams, want idemstore.ClaimOutcome) *idemstore.ClaimResult {
 	t.Helper()
 	res, err := s.RecordClaim(t.Context(), p)
 	if err != nil {
@@ -55,18 +56,18 @@ func TestReplayWritesNothing(t *testing.T) {
 	s := newStore(t)
 	t0 := time.Now().UTC()
 	p := claimParams("k-replay", t0)
-	mustClaim(t, s, p, idem.ClaimAcquired)
+	mustClaim(t, s, p, idemstore.ClaimAcquired)
 	before := rowVersion(t, s, p.Key)
-	mustClaim(t, s, p, idem.ClaimInFlight) // a duplicate while in flight
+	mustClaim(t, s, p, idemstore.ClaimInFlight) // a duplicate while in flight
 	other := claimParams(p.Key, t0)
-	mustClaim(t, s, other, idem.ClaimMismatch)
+	mustClaim(t, s, other, idemstore.ClaimMismatch)
 	if after := rowVersion(t, s, p.Key); after != before {
 		t.Errorf("in-flight duplicate and mismatch wrote the row: xmin %s → %s", before, after)
 	}
 
-	err := s.RecordComplete(t.Context(), &idem.RecordCompleteParams{
+	err := s.RecordComplete(t.Context(), &idemstore.CompleteParams{
 		Scope: p.Scope, Key: p.Key, Token: p.Token, TTL: time.Hour,
-		Response: &idem.Response{Status: 200, Body: []byte("ok")},
+		Response: &idemstore.Response{Status: 200, Body: []byte("ok")},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +76,7 @@ func TestReplayWritesNothing(t *testing.T) {
 	for range 3 {
 		dup := *p
 		dup.Token = "tok-" + rand.Text()
-		mustClaim(t, s, &dup, idem.ClaimCompleted)
+		mustClaim(t, s, &dup, idemstore.ClaimCompleted)
 	}
 	if after := rowVersion(t, s, p.Key); after != before {
 		t.Errorf("replays wrote the row: xmin %s → %s", before, after)
@@ -90,7 +91,7 @@ func TestStoreClockDecidesWhenNowIsZero(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := claimParams("k-clock", time.Time{})
-	res := mustClaim(t, s, p, idem.ClaimAcquired)
+	res := mustClaim(t, s, p, idemstore.ClaimAcquired)
 	if err := s.Pool().QueryRow(t.Context(), `SELECT clock_timestamp()`).Scan(&dbAfter); err != nil {
 		t.Fatal(err)
 	}
@@ -101,10 +102,10 @@ func TestStoreClockDecidesWhenNowIsZero(t *testing.T) {
 		t.Errorf("CreatedAt = %v, LeaseEnd = %v; want %v and +%v", res.Record.CreatedAt, res.Record.LeaseEnd, res.Now, p.Lease)
 	}
 	// A later request, on the store's clock too, finds the lease live.
-	mustClaim(t, s, &idem.RecordClaimParams{
+	mustClaim(t, s, &idemstore.ClaimParams{
 		Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint, Token: "tok-2", RecordID: "rec-2",
 		Lease: p.Lease, TTL: p.TTL,
-	}, idem.ClaimInFlight)
+	}, idemstore.ClaimInFlight)
 }
 
 func TestClaimOfExpiredRecordIsFreshClaim(t *testing.T) {
@@ -112,9 +113,9 @@ func TestClaimOfExpiredRecordIsFreshClaim(t *testing.T) {
 	s := newStore(t)
 	t0 := time.Now().UTC().Truncate(time.Millisecond)
 	p := claimParams("k-expired", t0)
-	mustClaim(t, s, p, idem.ClaimAcquired)
+	mustClaim(t, s, p, idemstore.ClaimAcquired)
 	later := claimParams(p.Key, t0.Add(p.TTL)) // another fingerprint: expired means absent
-	res := mustClaim(t, s, later, idem.ClaimAcquired)
+	res := mustClaim(t, s, later, idemstore.ClaimAcquired)
 	if res.TookOver {
 		t.Error("TookOver = true for a claim of an expired record")
 	}
@@ -129,10 +130,10 @@ func TestTakeOverKeepsRecordIDAndCreatedAt(t *testing.T) {
 	s := newStore(t)
 	t0 := time.Now().UTC().Truncate(time.Millisecond)
 	p := claimParams("k-takeover", t0)
-	mustClaim(t, s, p, idem.ClaimAcquired)
+	mustClaim(t, s, p, idemstore.ClaimAcquired)
 	next := *p
 	next.Token, next.RecordID, next.Now = "tok-next", "rec-next", t0.Add(p.Lease)
-	res := mustClaim(t, s, &next, idem.ClaimAcquired)
+	res := mustClaim(t, s, &next, idemstore.ClaimAcquired)
 	if !res.TookOver {
 		t.Error("TookOver = false for a lapsed lease")
 	}
@@ -172,7 +173,7 @@ func TestClaimSeesRowCommittedWhileItWaited(t *testing.T) {
 	}
 
 	type result struct {
-		res *idem.RecordClaimResult
+		res *idemstore.ClaimResult
 		err error
 	}
 	done := make(chan result, 1)
@@ -190,7 +191,7 @@ func TestClaimSeesRowCommittedWhileItWaited(t *testing.T) {
 	if r.err != nil {
 		t.Fatalf("claim that waited: %v", r.err)
 	}
-	if r.res.Outcome != idem.ClaimInFlight || r.res.Record.Token != first.Token {
+	if r.res.Outcome != idemstore.ClaimInFlight || r.res.Record.Token != first.Token {
 		t.Errorf("claim that waited = %v (token %q), want in_flight held by %q", r.res.Outcome, r.res.Record.Token, first.Token)
 	}
 }
@@ -222,7 +223,7 @@ func TestDeleteExpiredRefusesANonPositiveLimit(t *testing.T) {
 	t.Parallel()
 	s := newStore(t)
 	for _, limit := range []int{0, -1} {
-		_, err := s.RecordDeleteExpired(t.Context(), &idem.RecordDeleteExpiredParams{Limit: limit})
+		_, err := s.RecordDeleteExpired(t.Context(), &idemstore.DeleteExpiredParams{Limit: limit})
 		if err == nil || !strings.Contains(err.Error(), "Limit") {
 			t.Errorf("RecordDeleteExpired(Limit %d) = %v, want an error naming Limit", limit, err)
 		}
@@ -233,10 +234,10 @@ func TestSchemasAreIsolated(t *testing.T) {
 	t.Parallel()
 	a, b := newStore(t), newStore(t)
 	p := claimParams("k-shared", time.Now().UTC())
-	mustClaim(t, a, p, idem.ClaimAcquired)
+	mustClaim(t, a, p, idemstore.ClaimAcquired)
 	q := *p
 	q.Token = "tok-b"
-	mustClaim(t, b, &q, idem.ClaimAcquired)
+	mustClaim(t, b, &q, idemstore.ClaimAcquired)
 }
 
 func TestMigrateTwiceChangesNothing(t *testing.T) {
@@ -279,7 +280,7 @@ func TestMigrateCreatesMissingSchema(t *testing.T) {
 	if err := s.Migrate(t.Context()); err != nil {
 		t.Fatalf("Migrate into a missing schema: %v", err)
 	}
-	mustClaim(t, s, claimParams("k", time.Now().UTC()), idem.ClaimAcquired)
+	mustClaim(t, s, claimParams("k", time.Now().UTC()), idemstore.ClaimAcquired)
 }
 
 func TestOpenRejectsBadURL(t *testing.T) {
@@ -330,7 +331,7 @@ func wantUnavailable(t *testing.T, op string, err error) {
 	switch {
 	case err == nil:
 		t.Errorf("%s on an unreachable store succeeded", op)
-	case errors.Is(err, idem.ErrNotFound), errors.Is(err, idem.ErrLeaseLost):
+	case errors.Is(err, idemstore.ErrNotFound), errors.Is(err, idemstore.ErrLeaseLost):
 		t.Errorf("%s on an unreachable store = %v, must not be ErrNotFound or ErrLeaseLost", op, err)
 	case !errors.Is(err, postgres.ErrUnavailable):
 		t.Errorf("%s on an unreachable store = %v, want ErrUnavailable", op, err)
@@ -338,20 +339,20 @@ func wantUnavailable(t *testing.T, op string, err error) {
 }
 
 // everyOperation runs each store method once and checks its error with check.
-func everyOperation(t *testing.T, s idem.Store, check func(t *testing.T, op string, err error)) {
+func everyOperation(t *testing.T, s idemstore.Store, check func(t *testing.T, op string, err error)) {
 	t.Helper()
 	ctx := t.Context()
 	p := claimParams("k", time.Time{})
 	_, err := s.RecordClaim(ctx, p)
 	check(t, "RecordClaim", err)
-	err = s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: "s", Key: "k", Token: "t", Response: &idem.Response{Status: 200}})
+	err = s.RecordComplete(ctx, &idemstore.CompleteParams{Scope: "s", Key: "k", Token: "t", Response: &idemstore.Response{Status: 200}})
 	check(t, "RecordComplete", err)
-	check(t, "RecordRelease", s.RecordRelease(ctx, &idem.RecordReleaseParams{Scope: "s", Key: "k", Token: "t"}))
-	_, err = s.RecordRenew(ctx, &idem.RecordRenewParams{Scope: "s", Key: "k", Token: "t", Lease: time.Second})
+	check(t, "RecordRelease", s.RecordRelease(ctx, &idemstore.ReleaseParams{Scope: "s", Key: "k", Token: "t"}))
+	_, err = s.RecordRenew(ctx, &idemstore.RenewParams{Scope: "s", Key: "k", Token: "t", Lease: time.Second})
 	check(t, "RecordRenew", err)
-	_, err = s.RecordGet(ctx, &idem.RecordGetParams{Scope: "s", Key: "k"})
+	_, err = s.RecordGet(ctx, &idemstore.GetParams{Scope: "s", Key: "k"})
 	check(t, "RecordGet", err)
-	_, err = s.RecordDeleteExpired(ctx, &idem.RecordDeleteExpiredParams{Limit: 10})
+	_, err = s.RecordDeleteExpired(ctx, &idemstore.DeleteExpiredParams{Limit: 10})
 	check(t, "RecordDeleteExpired", err)
 	check(t, "Ping", s.Ping(ctx))
 }

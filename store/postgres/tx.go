@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // InTx runs fn in a READ COMMITTED transaction and completes the idempotency record of
@@ -52,7 +53,7 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return err
 	}
-	var params *idem.RecordCompleteParams
+	var params *idemstore.CompleteParams
 	if h != nil {
 		if params, err = h.PrepareCompletion(); err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -123,7 +124,7 @@ func (s *Store) commit(ctx context.Context, tx pgx.Tx, h *idem.Handle) error {
 
 // completeAndCommit sends the fenced completion and COMMIT in one batch. A lost lease
 // raises in the first statement, and the server then skips the COMMIT.
-func (s *Store) completeAndCommit(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, h *idem.Handle, p *idem.RecordCompleteParams) error {
+func (s *Store) completeAndCommit(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, h *idem.Handle, p *idemstore.CompleteParams) error {
 	args, err := completeArgs(p)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -170,7 +171,7 @@ func fenceAndCommit(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, fenced s
 // record is no longer in flight under p.Token; the statement then has raised, so the
 // transaction is aborted: roll it back and tell the handle with
 // [idem.Handle.CompletionFailed]. After a successful COMMIT call [idem.Handle.Completed].
-func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p *idem.RecordCompleteParams) error {
+func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p *idemstore.CompleteParams) error {
 	if tx == nil {
 		return errors.New("postgres: CompleteTx: tx is nil")
 	}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testkit"
 )
 
@@ -39,7 +39,7 @@ func TestAProcessOfThePreviousVersionClaimsBesideAMigratedSchema(t *testing.T) {
 	t.Parallel()
 	s := newStore(t)
 	query := strings.Replace(previousClaim, "%s", pgx.Identifier{s.schema}.Sanitize()+".", 1)
-	previous := func(p *idem.RecordClaimParams) previousRow {
+	previous := func(p *idemstore.ClaimParams) previousRow {
 		t.Helper()
 		var r previousRow
 		err := s.Pool().QueryRow(t.Context(), query, []byte(p.Scope), []byte(p.Key), p.RecordID,
@@ -59,21 +59,21 @@ func TestAProcessOfThePreviousVersionClaimsBesideAMigratedSchema(t *testing.T) {
 	if r := previous(old); !r.claimed || r.state != "in_flight" || r.token == nil || *r.token != old.Token || r.id != old.RecordID {
 		t.Fatalf("the previous version's claim of a new key = %+v, want it claimed in flight", r)
 	}
-	mustClaim(t, s, claimParams(old.Key, time.Time{}), idem.ClaimMismatch) // another request's fingerprint
+	mustClaim(t, s, claimParams(old.Key, time.Time{}), idemstore.ClaimMismatch) // another request's fingerprint
 	dup := *old
 	dup.Token = "tok-duplicate"
-	mustClaim(t, s, &dup, idem.ClaimInFlight)
+	mustClaim(t, s, &dup, idemstore.ClaimInFlight)
 	late := dup
 	late.Now = time.Now().Add(time.Minute)
-	if res := mustClaim(t, s, &late, idem.ClaimAcquired); !res.TookOver || res.Record.ID != old.RecordID {
+	if res := mustClaim(t, s, &late, idemstore.ClaimAcquired); !res.TookOver || res.Record.ID != old.RecordID {
 		t.Fatalf("the takeover of the previous version's lapsed claim = %+v, want the record kept", res)
 	}
 
 	// This version claims and completes a key; the previous one replays it.
 	cur := claimParams("k-current", time.Time{})
-	mustClaim(t, s, cur, idem.ClaimAcquired)
-	resp := &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)}
-	if err := s.RecordComplete(t.Context(), &idem.RecordCompleteParams{Scope: cur.Scope, Key: cur.Key, Token: cur.Token, TTL: cur.TTL, Response: resp}); err != nil {
+	mustClaim(t, s, cur, idemstore.ClaimAcquired)
+	resp := &idemstore.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)}
+	if err := s.RecordComplete(t.Context(), &idemstore.CompleteParams{Scope: cur.Scope, Key: cur.Key, Token: cur.Token, TTL: cur.TTL, Response: resp}); err != nil {
 		t.Fatal(err)
 	}
 	again := *cur

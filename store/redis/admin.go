@@ -11,8 +11,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin"
+	"github.com/idem-go/idem/idemstore"
 )
 
 var _ admin.Store = (*Store)(nil)
@@ -45,7 +45,7 @@ func (s *Store) RecordInspect(ctx context.Context, p *admin.RecordInspectParams)
 		return nil, fmt.Errorf("redis store: inspect script answered %T", res[1])
 	}
 	if len(fields) == 0 {
-		return nil, idem.ErrNotFound
+		return nil, idemstore.ErrNotFound
 	}
 	rec, err := decodeRecord(p.Scope, p.Key, fields)
 	if err != nil {
@@ -79,7 +79,7 @@ func (s *Store) RecordDelete(ctx context.Context, p *admin.RecordDeleteParams) e
 	case err != nil:
 		return s.interpretError(err)
 	case n == deleteNone:
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	case n == deleteKept:
 		return admin.ErrLeaseLive
 	}
@@ -99,7 +99,7 @@ func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams)
 	case err != nil:
 		return s.interpretError(err)
 	case n == 0:
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	case n < 0:
 		return admin.ErrNotOutcomeUnknown
 	}

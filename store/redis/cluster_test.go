@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin/admintest"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/redis"
 	"github.com/idem-go/idem/store/redis/redistest"
 	"github.com/idem-go/idem/store/storetest"
@@ -145,11 +145,11 @@ func testClaimsResumeAfterFailover(t *testing.T, cluster *redistest.Cluster) {
 	}
 	// Replication is asynchronous: the in-flight record claimed before the kill may or
 	// may not have reached the promoted replica (docs/redis.md). Either is correct.
-	rec, err := s.RecordGet(waitCtx, &idem.RecordGetParams{Scope: victimKey.Scope, Key: victimKey.Key})
+	rec, err := s.RecordGet(waitCtx, &idemstore.GetParams{Scope: victimKey.Scope, Key: victimKey.Key})
 	switch {
 	case err == nil && rec.Token == victimKey.Token:
 		t.Logf("the in-flight record on the killed master survived on its replica")
-	case errors.Is(err, idem.ErrNotFound):
+	case errors.Is(err, idemstore.ErrNotFound):
 		t.Logf("the in-flight record on the killed master was lost in the failover")
 	default:
 		t.Fatalf("RecordGet of the killed master's record: %v, %+v", err, rec)

@@ -9,7 +9,7 @@ import (
 
 	"pgregory.net/rapid"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/memory"
 )
@@ -22,7 +22,7 @@ func TestScriptsDecideAsTheStateMachine(t *testing.T) {
 	t.Parallel()
 	rs := openStore(t, testenv.RedisURL(t))
 	ctx := t.Context()
-	fps := []idem.Fingerprint{{Version: 1, Sum: [32]byte{1}}, {Version: 1, Sum: [32]byte{2}}, {Version: 2, Sum: [32]byte{3}}}
+	fps := []idemstore.Fingerprint{{Version: 1, Sum: [32]byte{1}}, {Version: 1, Sum: [32]byte{2}}, {Version: 2, Sum: [32]byte{3}}}
 
 	rapid.Check(t, func(rt *rapid.T) {
 		ms := memory.New()
@@ -46,7 +46,7 @@ func TestScriptsDecideAsTheStateMachine(t *testing.T) {
 			what := fmt.Sprintf("step %d", step)
 			switch op := rapid.SampledFrom([]string{"claim", "complete", "release", "renew", "get"}).Draw(rt, "op"); op {
 			case "claim":
-				p := &idem.RecordClaimParams{
+				p := &idemstore.ClaimParams{
 					Scope: scope, Key: key, Fingerprint: rapid.SampledFrom(fps).Draw(rt, "fp"),
 					Token: fmt.Sprintf("tok-%d", step), RecordID: fmt.Sprintf("rec-%d", step),
 					Lease: lease(), TTL: ttl(), Now: now,
@@ -60,14 +60,14 @@ func TestScriptsDecideAsTheStateMachine(t *testing.T) {
 				}
 				sameRecord(rt, what+" claim", got.Record, want.Record)
 			case "complete":
-				p := &idem.RecordCompleteParams{Scope: scope, Key: key, Token: token(), TTL: ttl(), Now: now,
-					Response: &idem.Response{Status: 201, Body: []byte(what)}}
+				p := &idemstore.CompleteParams{Scope: scope, Key: key, Token: token(), TTL: ttl(), Now: now,
+					Response: &idemstore.Response{Status: 201, Body: []byte(what)}}
 				sameErr(rt, what+" complete", rs.RecordComplete(ctx, p), ms.RecordComplete(ctx, p))
 			case "release":
-				p := &idem.RecordReleaseParams{Scope: scope, Key: key, Token: token()}
+				p := &idemstore.ReleaseParams{Scope: scope, Key: key, Token: token()}
 				sameErr(rt, what+" release", rs.RecordRelease(ctx, p), ms.RecordRelease(ctx, p))
 			case "renew":
-				p := &idem.RecordRenewParams{Scope: scope, Key: key, Token: token(), Lease: lease(), TTL: ttl(), Now: now}
+				p := &idemstore.RenewParams{Scope: scope, Key: key, Token: token(), Lease: lease(), TTL: ttl(), Now: now}
 				got, gerr := rs.RecordRenew(ctx, p)
 				want, werr := ms.RecordRenew(ctx, p)
 				sameErr(rt, what+" renew", gerr, werr)
@@ -75,7 +75,7 @@ func TestScriptsDecideAsTheStateMachine(t *testing.T) {
 					rt.Fatalf("%s renew: redis lease end %v, state machine %v", what, got, want)
 				}
 			case "get":
-				p := &idem.RecordGetParams{Scope: scope, Key: key, Now: now}
+				p := &idemstore.GetParams{Scope: scope, Key: key, Now: now}
 				got, gerr := rs.RecordGet(ctx, p)
 				want, werr := ms.RecordGet(ctx, p)
 				sameErr(rt, what+" get", gerr, werr)
@@ -91,7 +91,7 @@ func sameErr(t *rapid.T, what string, got, want error) {
 	}
 }
 
-func sameRecord(t *rapid.T, what string, got, want *idem.Record) {
+func sameRecord(t *rapid.T, what string, got, want *idemstore.Record) {
 	if got == nil || want == nil {
 		if got != want {
 			t.Fatalf("%s: redis record %+v, state machine record %+v", what, got, want)
@@ -99,7 +99,7 @@ func sameRecord(t *rapid.T, what string, got, want *idem.Record) {
 		return
 	}
 	g, w := *got, *want
-	if g.State == idem.StateCompleted { // a completed record has no lease
+	if g.State == idemstore.StateCompleted { // a completed record has no lease
 		g.LeaseEnd, w.LeaseEnd = time.Time{}, time.Time{}
 	}
 	if !g.Response.Equal(w.Response) {

@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // Fields of a record's Redis hash. The hash holds neither the scope nor the key:
@@ -52,22 +52,22 @@ func decodeReply(res []any) (outcome string, now time.Time, fields []any, err er
 }
 
 // decodeRecord builds a record from a hash's HGETALL answer (field, value, …).
-func decodeRecord(scope, key string, fields []any) (*idem.Record, error) {
+func decodeRecord(scope, key string, fields []any) (*idemstore.Record, error) {
 	m := make(map[string]string, len(fields)/2)
 	for i := 0; i+1 < len(fields); i += 2 {
 		k, _ := fields[i].(string)
 		v, _ := fields[i+1].(string)
 		m[k] = v
 	}
-	rec := &idem.Record{
+	rec := &idemstore.Record{
 		Scope:         scope,
 		Key:           key,
 		ID:            m[fieldID],
-		State:         idem.State(m[fieldState]),
+		State:         idemstore.State(m[fieldState]),
 		Token:         m[fieldToken],
 		RecoveryPoint: m[fieldRecovery],
 	}
-	if rec.State != idem.StateInFlight && rec.State != idem.StateCompleted {
+	if rec.State != idemstore.StateInFlight && rec.State != idemstore.StateCompleted {
 		return nil, fmt.Errorf("redis store: record has state %q", rec.State)
 	}
 	var err error
@@ -80,7 +80,7 @@ func decodeRecord(scope, key string, fields []any) (*idem.Record, error) {
 	if rec.ExpiresAt, err = parseMicros(m[fieldExpires]); err != nil {
 		return nil, err
 	}
-	if rec.State == idem.StateInFlight {
+	if rec.State == idemstore.StateInFlight {
 		rec.LeaseEnd, err = parseMicros(m[fieldLease])
 		return rec, err
 	}
@@ -88,8 +88,8 @@ func decodeRecord(scope, key string, fields []any) (*idem.Record, error) {
 	return rec, err
 }
 
-func decodeFingerprint(version, sum string) (idem.Fingerprint, error) {
-	var fp idem.Fingerprint
+func decodeFingerprint(version, sum string) (idemstore.Fingerprint, error) {
+	var fp idemstore.Fingerprint
 	v, err := strconv.Atoi(version)
 	if err != nil {
 		return fp, fmt.Errorf("redis store: record has fingerprint version %q", version)
@@ -103,12 +103,12 @@ func decodeFingerprint(version, sum string) (idem.Fingerprint, error) {
 	return fp, nil
 }
 
-func decodeResponse(m map[string]string) (*idem.Response, error) {
+func decodeResponse(m map[string]string) (*idemstore.Response, error) {
 	status, err := strconv.Atoi(m[fieldStatus])
 	if err != nil {
 		return nil, fmt.Errorf("redis store: record has response status %q", m[fieldStatus])
 	}
-	resp := &idem.Response{Status: status, Body: []byte(m[fieldBody]), NotStored: m[fieldNotStored] == "1",
+	resp := &idemstore.Response{Status: status, Body: []byte(m[fieldBody]), NotStored: m[fieldNotStored] == "1",
 		OutcomeUnknown: m[fieldUnknown] == "1"}
 	if h := m[fieldHeader]; h != "" {
 		if resp.Header, err = decodeHeader(h); err != nil {

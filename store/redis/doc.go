@@ -1,4 +1,4 @@
-// Package redis is an [idem.Store] in Redis, built on go-redis v9: a single server or a
+// Package redis is an [idemstore.Store] in Redis, built on go-redis v9: a single server or a
 // Redis Cluster, shared by any number of processes on any hosts (SPEC §14).
 //
 //	s, err := redis.Open(ctx, "redis://127.0.0.1:6379/0", redis.Config{})
@@ -19,11 +19,11 @@
 // slots, and its braces make the whole digest the hash tag. Every state change (claim,
 // complete, release, renew) and the read are each one Lua script, run with EVALSHA and
 // re-sent with EVAL when Redis has forgotten it; the scripts read Redis's TIME, make
-// [idem.Decide]'s decision server-side, and fence complete, release and renew on the
+// [idemstore.Decide]'s decision server-side, and fence complete, release and renew on the
 // lock token and the in-flight state. Key TTLs run [Config.TTLMargin] past expires_at,
 // so the stored expires_at decides; Redis then reclaims the key itself, which is why
-// [idem.Capabilities.BatchedCleanup] is false. Redis cannot join the application's
-// database transaction, so [idem.Capabilities.Transactions] is false too.
+// [idemstore.Capabilities.BatchedCleanup] is false. Redis cannot join the application's
+// database transaction, so [idemstore.Capabilities.Transactions] is false too.
 //
 // The scripts declare Redis 7 script flags, so the store needs Redis 7.0 or later
 // ([Open] checks). With maxmemory-policy noeviction, a Redis above maxmemory refuses a

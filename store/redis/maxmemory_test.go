@@ -16,6 +16,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/redis"
 	"github.com/idem-go/idem/store/redis/redistest"
@@ -79,28 +80,28 @@ func (r *limitedRedis) limitHeadroom(headroom int64) {
 }
 
 // claim claims (scope, key) under a fresh token; p.Now zero, so Redis's clock decides.
-func (r *limitedRedis) claim(key string) (*idem.RecordClaimParams, *idem.RecordClaimResult, error) {
+func (r *limitedRedis) claim(key string) (*idemstore.ClaimParams, *idemstore.ClaimResult, error) {
 	p := claimParams("scope", key, time.Time{})
 	res, err := r.s.RecordClaim(r.t.Context(), p)
 	return p, res, err
 }
 
-func (r *limitedRedis) complete(p *idem.RecordClaimParams, body []byte) error {
-	return r.s.RecordComplete(r.t.Context(), &idem.RecordCompleteParams{
+func (r *limitedRedis) complete(p *idemstore.ClaimParams, body []byte) error {
+	return r.s.RecordComplete(r.t.Context(), &idemstore.CompleteParams{
 		Scope: p.Scope, Key: p.Key, Token: p.Token, TTL: p.TTL, Now: p.Now,
-		Response: &idem.Response{Status: 201, Body: body},
+		Response: &idemstore.Response{Status: 201, Body: body},
 	})
 }
 
 // retry claims p's key again with p's fingerprint under a fresh token, as a client's
 // retry of the same request would.
-func (r *limitedRedis) retry(p *idem.RecordClaimParams, now time.Time) (*idem.RecordClaimResult, error) {
+func (r *limitedRedis) retry(p *idemstore.ClaimParams, now time.Time) (*idemstore.ClaimResult, error) {
 	again := *p
 	again.Token, again.RecordID, again.Now = "tok-"+rand.Text(), "rec-"+rand.Text(), now
 	return r.s.RecordClaim(r.t.Context(), &again)
 }
 
-func (r *limitedRedis) exists(p *idem.RecordClaimParams) bool {
+func (r *limitedRedis) exists(p *idemstore.ClaimParams) bool {
 	r.t.Helper()
 	n, err := r.client.Exists(r.t.Context(), r.s.RecordKey(p.Scope, p.Key)).Result()
 	if err != nil {
@@ -112,7 +113,7 @@ func (r *limitedRedis) exists(p *idem.RecordClaimParams) bool {
 // fillUntilClaimRefused claims and completes records with 4 KiB bodies until Redis
 // refuses a claim, and returns that claim's params and error. A completion of a
 // record claimed while Redis had room must always succeed.
-func (r *limitedRedis) fillUntilClaimRefused() (*idem.RecordClaimParams, error) {
+func (r *limitedRedis) fillUntilClaimRefused() (*idemstore.ClaimParams, error) {
 	r.t.Helper()
 	const most = 2000 // 8 MiB of bodies, far past the tests' headroom
 	for i := range most {
@@ -137,7 +138,7 @@ func requireRefusedForMemory(t *testing.T, what string, err error) {
 	switch {
 	case err == nil:
 		t.Fatalf("%s succeeded on a full Redis; want it refused", what)
-	case errors.Is(err, idem.ErrNotFound), errors.Is(err, idem.ErrLeaseLost):
+	case errors.Is(err, idemstore.ErrNotFound), errors.Is(err, idemstore.ErrLeaseLost):
 		t.Fatalf("%s: err = %v; want a store error (503), not %v", what, err, errors.Unwrap(err))
 	case !goredis.IsOOMError(err), !strings.Contains(err.Error(), "maxmemory"):
 		t.Fatalf("%s: err = %v; want Redis's OOM refusal, naming maxmemory", what, err)
@@ -181,23 +182,23 @@ func TestFullRedisRefusesNewClaimsWhileRunningWorkFinishes(t *testing.T) {
 
 	// Replays, in-flight answers and mismatches need no write.
 	fill0 := claimParams("scope", "fill-0", time.Time{})
-	if res, err := r.s.RecordClaim(ctx, fill0); err != nil || res.Outcome != idem.ClaimMismatch {
+	if res, err := r.s.RecordClaim(ctx, fill0); err != nil || res.Outcome != idemstore.ClaimMismatch {
 		t.Fatalf("claim of a completed key with another fingerprint: %v, %v; want mismatch", res, err)
 	}
-	if res, err := r.retry(renewing, time.Time{}); err != nil || res.Outcome != idem.ClaimInFlight {
+	if res, err := r.retry(renewing, time.Time{}); err != nil || res.Outcome != idemstore.ClaimInFlight {
 		t.Fatalf("duplicate of a key in flight: %v, %v; want in flight", res, err)
 	}
-	if res, err := r.s.RecordClaim(ctx, renewing); err != nil || res.Outcome != idem.ClaimAcquired || res.Record.Token != renewing.Token {
+	if res, err := r.s.RecordClaim(ctx, renewing); err != nil || res.Outcome != idemstore.ClaimAcquired || res.Record.Token != renewing.Token {
 		t.Fatalf("a claim re-sent by its holder (same token): %v, %v; want acquired, as claim.lua answers", res, err)
 	}
 	_, err = r.retry(lapsing, start.Add(time.Minute))
 	requireRefusedForMemory(t, "a takeover at maxmemory", err)
-	if rec, err := r.s.RecordGet(ctx, &idem.RecordGetParams{Scope: lapsing.Scope, Key: lapsing.Key}); err != nil || rec.Token != lapsing.Token {
+	if rec, err := r.s.RecordGet(ctx, &idemstore.GetParams{Scope: lapsing.Scope, Key: lapsing.Key}); err != nil || rec.Token != lapsing.Token {
 		t.Fatalf("after the refused takeover the record is %+v, %v; want it still held by its first token", rec, err)
 	}
 
 	// The holders finish.
-	if _, err := r.s.RecordRenew(ctx, &idem.RecordRenewParams{Scope: renewing.Scope, Key: renewing.Key, Token: renewing.Token, Lease: time.Minute, TTL: time.Hour}); err != nil {
+	if _, err := r.s.RecordRenew(ctx, &idemstore.RenewParams{Scope: renewing.Scope, Key: renewing.Key, Token: renewing.Token, Lease: time.Minute, TTL: time.Hour}); err != nil {
 		t.Fatalf("renewing a held key at maxmemory: %v", err)
 	}
 	body := bytes.Repeat([]byte("c"), 64<<10) // grows Redis further past maxmemory
@@ -207,14 +208,14 @@ func TestFullRedisRefusesNewClaimsWhileRunningWorkFinishes(t *testing.T) {
 	if err := r.complete(lapsing, []byte("late")); err != nil {
 		t.Fatalf("completing a key whose lease lapsed but that nobody took over, at maxmemory: %v", err)
 	}
-	if err := r.s.RecordRelease(ctx, &idem.RecordReleaseParams{Scope: releasing.Scope, Key: releasing.Key, Token: releasing.Token}); err != nil {
+	if err := r.s.RecordRelease(ctx, &idemstore.ReleaseParams{Scope: releasing.Scope, Key: releasing.Key, Token: releasing.Token}); err != nil {
 		t.Fatalf("releasing a held key at maxmemory: %v", err)
 	}
 	if r.exists(releasing) {
 		t.Fatal("the released record is still there")
 	}
 	res, err := r.retry(completing, time.Time{})
-	if err != nil || res.Outcome != idem.ClaimCompleted || !bytes.Equal(res.Record.Response.Body, body) {
+	if err != nil || res.Outcome != idemstore.ClaimCompleted || !bytes.Equal(res.Record.Response.Body, body) {
 		t.Fatalf("retry of the key completed at maxmemory: %v, %v; want its replay", res, err)
 	}
 	_, err = r.retry(releasing, time.Time{})
@@ -222,7 +223,7 @@ func TestFullRedisRefusesNewClaimsWhileRunningWorkFinishes(t *testing.T) {
 
 	// Memory frees: claims go through again.
 	r.setMaxmemory(0)
-	if res, err := r.retry(refused, time.Time{}); err != nil || res.Outcome != idem.ClaimAcquired {
+	if res, err := r.retry(refused, time.Time{}); err != nil || res.Outcome != idemstore.ClaimAcquired {
 		t.Fatalf("claim of the refused key once memory freed: %v, %v; want acquired", res, err)
 	}
 }
@@ -375,7 +376,7 @@ func TestEvictingRedisLosesRecordsAndTheirRetriesExecuteAgain(t *testing.T) {
 
 			// Requests in flight, with a TTL shorter than the fill records' so that
 			// volatile-ttl, which evicts the nearest expiry first, reaches them.
-			var held []*idem.RecordClaimParams
+			var held []*idemstore.ClaimParams
 			for i := range 8 {
 				p := claimParams("scope", fmt.Sprintf("held-%d", i), time.Time{})
 				p.TTL = 10 * time.Minute
@@ -386,8 +387,8 @@ func TestEvictingRedisLosesRecordsAndTheirRetriesExecuteAgain(t *testing.T) {
 			}
 
 			r.limitHeadroom(256 << 10)
-			var completed []*idem.RecordClaimParams
-			var lostCompleted, lostHeld *idem.RecordClaimParams
+			var completed []*idemstore.ClaimParams
+			var lostCompleted, lostHeld *idemstore.ClaimParams
 			for i := 0; lostCompleted == nil || lostHeld == nil; i++ {
 				if i == 3000 {
 					t.Fatalf("after %d records of %d bytes past maxmemory, evicted: a completed record %v, an in-flight one %v",
@@ -400,7 +401,7 @@ func TestEvictingRedisLosesRecordsAndTheirRetriesExecuteAgain(t *testing.T) {
 				switch err := r.complete(p, fillBody); {
 				case err == nil:
 					completed = append(completed, p)
-				case errors.Is(err, idem.ErrLeaseLost): // evicted while in flight
+				case errors.Is(err, idemstore.ErrLeaseLost): // evicted while in flight
 				default:
 					t.Fatalf("completing fill record %d: %v", i, err)
 				}
@@ -413,17 +414,17 @@ func TestEvictingRedisLosesRecordsAndTheirRetriesExecuteAgain(t *testing.T) {
 			}
 
 			res, err := r.retry(lostCompleted, time.Time{})
-			if err != nil || res.Outcome != idem.ClaimAcquired {
+			if err != nil || res.Outcome != idemstore.ClaimAcquired {
 				t.Fatalf("retry of an evicted completed record: %v, %v; want acquired (it executes again)", res, err)
 			}
-			if err := r.complete(lostHeld, []byte("done")); !errors.Is(err, idem.ErrLeaseLost) {
+			if err := r.complete(lostHeld, []byte("done")); !errors.Is(err, idemstore.ErrLeaseLost) {
 				t.Fatalf("completing an evicted in-flight record: %v, want ErrLeaseLost", err)
 			}
-			if _, err := r.s.RecordRenew(ctx, &idem.RecordRenewParams{Scope: lostHeld.Scope, Key: lostHeld.Key, Token: lostHeld.Token, Lease: time.Minute, TTL: time.Hour}); !errors.Is(err, idem.ErrLeaseLost) {
+			if _, err := r.s.RecordRenew(ctx, &idemstore.RenewParams{Scope: lostHeld.Scope, Key: lostHeld.Key, Token: lostHeld.Token, Lease: time.Minute, TTL: time.Hour}); !errors.Is(err, idemstore.ErrLeaseLost) {
 				t.Fatalf("renewing an evicted in-flight record: %v, want ErrLeaseLost", err)
 			}
 			res, err = r.retry(lostHeld, time.Time{})
-			if err != nil || res.Outcome != idem.ClaimAcquired {
+			if err != nil || res.Outcome != idemstore.ClaimAcquired {
 				t.Fatalf("duplicate of an evicted in-flight record: %v, %v; want acquired (a second execution beside the first)", res, err)
 			}
 		})
@@ -431,7 +432,7 @@ func TestEvictingRedisLosesRecordsAndTheirRetriesExecuteAgain(t *testing.T) {
 }
 
 // firstMissing returns the first of ps whose record's key Redis no longer has.
-func (r *limitedRedis) firstMissing(ps []*idem.RecordClaimParams) *idem.RecordClaimParams {
+func (r *limitedRedis) firstMissing(ps []*idemstore.ClaimParams) *idemstore.ClaimParams {
 	r.t.Helper()
 	cmds, err := r.client.Pipelined(r.t.Context(), func(pipe goredis.Pipeliner) error {
 		for _, p := range ps {

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/redis"
 	"github.com/idem-go/idem/store/redis/redistest"
@@ -18,7 +18,7 @@ func multiProcess(newURL func(t testing.TB) string) storetest.MultiProcess {
 		NewDSN: func(t testing.TB) string {
 			return newURL(t) + "|" + testenv.Name("idemtest") + ":"
 		},
-		Open: func(t testing.TB, dsn string) idem.Store {
+		Open: func(t testing.TB, dsn string) idemstore.Store {
 			url, prefix, _ := strings.Cut(dsn, "|")
 			s, err := redis.Open(t.Context(), url, redis.Config{KeyPrefix: prefix, Logger: discardLogger()})
 			if err != nil {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/redis/redistest"
 )
 
@@ -35,7 +35,7 @@ func TestClaimsFailWhileRedisIsDownAndRecoverWithoutReopening(t *testing.T) {
 	if err == nil {
 		t.Fatal("claim succeeded while Redis was down")
 	}
-	if errors.Is(err, idem.ErrNotFound) || errors.Is(err, idem.ErrLeaseLost) {
+	if errors.Is(err, idemstore.ErrNotFound) || errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("claim while Redis was down: err = %v, want a store error, not ErrNotFound or ErrLeaseLost", err)
 	}
 	if err := s.Ping(ctx); err == nil {
@@ -63,7 +63,7 @@ func TestRestartWithoutPersistenceLosesRecords(t *testing.T) {
 	if _, err := s.RecordClaim(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: &idem.Response{Status: 201}, TTL: time.Hour}); err != nil {
+	if err := s.RecordComplete(ctx, &idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: &idemstore.Response{Status: 201}, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	srv.Kill()
@@ -74,7 +74,7 @@ func TestRestartWithoutPersistenceLosesRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Outcome != idem.ClaimAcquired {
+	if res.Outcome != idemstore.ClaimAcquired {
 		t.Fatalf("retry after a restart without persistence = %v; this test documents that it is acquired", res.Outcome)
 	}
 }

@@ -12,9 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idem-go/idem/idemstore"
 	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/idem-go/idem"
 )
 
 // Defaults of [Config].
@@ -61,7 +60,7 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-// Store is an [idem.Store] in Redis: a single server or a Redis Cluster. It is safe for
+// Store is an [idemstore.Store] in Redis: a single server or a Redis Cluster. It is safe for
 // concurrent use, and any number of processes on any hosts may share one Redis.
 type Store struct {
 	client goredis.UniversalClient
@@ -69,7 +68,7 @@ type Store struct {
 	owned  bool // Close closes the client (Open made it)
 }
 
-var _ idem.Store = (*Store)(nil)
+var _ idemstore.Store = (*Store)(nil)
 
 // Open connects to the Redis named by rawURL (see [NewClient] for the URL forms),
 // checks that it answers and runs Redis 7.0 or later (which the store's flagged Lua
@@ -126,8 +125,8 @@ func (s *Store) Close() error {
 // Capabilities reports that Redis has no SPEC §7 transaction helper, expires records
 // by key TTL rather than in batches, may be shared by many processes, and keeps no
 // recovery points (SPEC §13).
-func (s *Store) Capabilities() idem.Capabilities {
-	return idem.Capabilities{Transactions: false, BatchedCleanup: false, MultiProcess: true}
+func (s *Store) Capabilities() idemstore.Capabilities {
+	return idemstore.Capabilities{Transactions: false, BatchedCleanup: false, MultiProcess: true}
 }
 
 // Ping reports whether Redis answers. In a cluster every master must answer, since a
@@ -168,8 +167,8 @@ func (s *Store) RecordKey(scope, key string) string {
 }
 
 // RecordClaim claims (Scope, Key) in one Lua script that makes
-// [idem.RecordClaimParams.Decide]'s decision with Redis's clock (or params.Now).
-func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
+// [idemstore.ClaimParams.Decide]'s decision with Redis's clock (or params.Now).
+func (s *Store) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*idemstore.ClaimResult, error) {
 	res, err := claimScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)},
 		nowArg(p.Now),
 		strconv.Itoa(p.Fingerprint.Version),
@@ -180,7 +179,7 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 		p.TTL.Microseconds(),
 		s.cfg.TTLMargin.Milliseconds(),
 		scopeDigest(p.Scope),
-		boolArg(p.OnLapse == idem.LapseUnknown),
+		boolArg(p.OnLapse == idemstore.LapseUnknown),
 	).Slice()
 	if goredis.IsOOMError(err) {
 		return s.claimAtMaxmemory(ctx, p, err)
@@ -192,29 +191,29 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 	if err != nil {
 		return nil, err
 	}
-	out := &idem.RecordClaimResult{Now: now}
+	out := &idemstore.ClaimResult{Now: now}
 	switch outcome {
 	case "acquired":
-		out.Outcome = idem.ClaimAcquired
+		out.Outcome = idemstore.ClaimAcquired
 		leaseEnd := now.Add(p.Lease)
-		out.Record = &idem.Record{
+		out.Record = &idemstore.Record{
 			Scope: p.Scope, Key: p.Key, ID: p.RecordID, Fingerprint: p.Fingerprint,
-			State: idem.StateInFlight, Token: p.Token, LeaseEnd: leaseEnd,
-			CreatedAt: now, ExpiresAt: idem.InFlightExpiresAt(now, p.TTL, leaseEnd),
+			State: idemstore.StateInFlight, Token: p.Token, LeaseEnd: leaseEnd,
+			CreatedAt: now, ExpiresAt: idemstore.InFlightExpiresAt(now, p.TTL, leaseEnd),
 		}
 		return out, nil
 	case "acquired_again":
-		out.Outcome = idem.ClaimAcquired
+		out.Outcome = idemstore.ClaimAcquired
 	case "took_over":
-		out.Outcome, out.TookOver = idem.ClaimAcquired, true
+		out.Outcome, out.TookOver = idemstore.ClaimAcquired, true
 	case "completed":
-		out.Outcome = idem.ClaimCompleted
+		out.Outcome = idemstore.ClaimCompleted
 	case "marked_unknown":
-		out.Outcome, out.MarkedUnknown = idem.ClaimCompleted, true
+		out.Outcome, out.MarkedUnknown = idemstore.ClaimCompleted, true
 	case "in_flight":
-		out.Outcome = idem.ClaimInFlight
+		out.Outcome = idemstore.ClaimInFlight
 	case "mismatch":
-		out.Outcome = idem.ClaimMismatch
+		out.Outcome = idemstore.ClaimMismatch
 	default:
 		return nil, fmt.Errorf("redis store: claim script answered %q", outcome)
 	}
@@ -233,26 +232,26 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 // middleware answers with 503; nothing runs, and claims succeed again once memory
 // frees. The read and the decision are not atomic, which is safe since nothing is
 // written: the answer was true when Redis read the record.
-func (s *Store) claimAtMaxmemory(ctx context.Context, p *idem.RecordClaimParams, oom error) (*idem.RecordClaimResult, error) {
+func (s *Store) claimAtMaxmemory(ctx context.Context, p *idemstore.ClaimParams, oom error) (*idemstore.ClaimResult, error) {
 	rec, now, err := s.get(ctx, p.Scope, p.Key, p.Now)
 	switch {
-	case errors.Is(err, idem.ErrNotFound):
+	case errors.Is(err, idemstore.ErrNotFound):
 		rec = nil
 	case err != nil:
 		return nil, err
 	}
-	out := &idem.RecordClaimResult{Record: rec, Now: now}
-	if rec != nil && rec.State == idem.StateInFlight && rec.Token == p.Token {
-		out.Outcome = idem.ClaimAcquired
+	out := &idemstore.ClaimResult{Record: rec, Now: now}
+	if rec != nil && rec.State == idemstore.StateInFlight && rec.Token == p.Token {
+		out.Outcome = idemstore.ClaimAcquired
 		return out, nil
 	}
 	switch d := p.Decide(rec, now); d {
-	case idem.DecideReplay:
-		out.Outcome = idem.ClaimCompleted
-	case idem.DecideInFlight:
-		out.Outcome = idem.ClaimInFlight
-	case idem.DecideMismatch:
-		out.Outcome = idem.ClaimMismatch
+	case idemstore.DecideReplay:
+		out.Outcome = idemstore.ClaimCompleted
+	case idemstore.DecideInFlight:
+		out.Outcome = idemstore.ClaimInFlight
+	case idemstore.DecideMismatch:
+		out.Outcome = idemstore.ClaimMismatch
 	default:
 		return nil, fmt.Errorf("redis store: Redis is above maxmemory and refuses the write a claim needs (%s); nothing ran, and claims succeed again once memory frees: %w", d, oom)
 	}
@@ -261,10 +260,10 @@ func (s *Store) claimAtMaxmemory(ctx context.Context, p *idem.RecordClaimParams,
 
 // RecordComplete stores the response and completes the record, fenced by token and
 // state in one script.
-func (s *Store) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams) error {
+func (s *Store) RecordComplete(ctx context.Context, p *idemstore.CompleteParams) error {
 	resp := p.Response
 	if resp == nil {
-		return errors.New("redis store: RecordCompleteParams.Response is nil")
+		return errors.New("redis store: idemstore.CompleteParams.Response is nil")
 	}
 	n, err := completeScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)},
 		nowArg(p.Now),
@@ -280,25 +279,25 @@ func (s *Store) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams
 		return s.interpretError(err)
 	}
 	if n != 1 {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	return nil
 }
 
 // RecordRelease deletes the in-flight record, fenced by token and state in one script.
-func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) error {
+func (s *Store) RecordRelease(ctx context.Context, p *idemstore.ReleaseParams) error {
 	n, err := releaseScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)}, p.Token).Int()
 	if err != nil {
 		return s.interpretError(err)
 	}
 	if n != 1 {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	return nil
 }
 
 // RecordRenew extends the lease, fenced by token and state in one script.
-func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (time.Time, error) {
+func (s *Store) RecordRenew(ctx context.Context, p *idemstore.RenewParams) (time.Time, error) {
 	v, err := renewScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)},
 		nowArg(p.Now),
 		p.Token,
@@ -311,21 +310,21 @@ func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (tim
 	}
 	str, ok := v.(string)
 	if !ok {
-		return time.Time{}, idem.ErrLeaseLost
+		return time.Time{}, idemstore.ErrLeaseLost
 	}
 	return parseMicros(str)
 }
 
 // RecordGet reads the record; an absent one, or one past expires_at by Redis's clock
-// (or params.Now), is [idem.ErrNotFound]. Scope and Key are filled in from params:
+// (or params.Now), is [idemstore.ErrNotFound]. Scope and Key are filled in from params:
 // Redis holds neither.
-func (s *Store) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.Record, error) {
+func (s *Store) RecordGet(ctx context.Context, p *idemstore.GetParams) (*idemstore.Record, error) {
 	rec, _, err := s.get(ctx, p.Scope, p.Key, p.Now)
 	return rec, err
 }
 
 // get reads the record (scope, key) and Redis's time (or now, when not zero).
-func (s *Store) get(ctx context.Context, scope, key string, now time.Time) (*idem.Record, time.Time, error) {
+func (s *Store) get(ctx context.Context, scope, key string, now time.Time) (*idemstore.Record, time.Time, error) {
 	res, err := getScript.Run(ctx, s.client, []string{s.RecordKey(scope, key)}, nowArg(now)).Slice()
 	if err != nil {
 		return nil, time.Time{}, s.interpretError(err)
@@ -342,7 +341,7 @@ func (s *Store) get(ctx context.Context, scope, key string, now time.Time) (*ide
 		return nil, time.Time{}, fmt.Errorf("redis store: get script answered %T", res[1])
 	}
 	if len(fields) == 0 {
-		return nil, now, idem.ErrNotFound
+		return nil, now, idemstore.ErrNotFound
 	}
 	rec, err := decodeRecord(scope, key, fields)
 	return rec, now, err
@@ -350,7 +349,7 @@ func (s *Store) get(ctx context.Context, scope, key string, now time.Time) (*ide
 
 // RecordDeleteExpired returns 0, nil: Redis deletes records itself when their key TTL
 // (expires_at plus Config.TTLMargin) runs out.
-func (s *Store) RecordDeleteExpired(context.Context, *idem.RecordDeleteExpiredParams) (int, error) {
+func (s *Store) RecordDeleteExpired(context.Context, *idemstore.DeleteExpiredParams) (int, error) {
 	return 0, nil
 }
 
@@ -361,19 +360,19 @@ var errNoRecoveryPoints = fmt.Errorf("redis store: %w: recovery points (SPEC §1
 
 // RecordStep returns an error wrapping [errors.ErrUnsupported]: the Redis store keeps
 // no recovery points (Capabilities.RecoveryPoints is false).
-func (s *Store) RecordStep(context.Context, *idem.RecordStepParams) error {
+func (s *Store) RecordStep(context.Context, *idemstore.StepParams) error {
 	return errNoRecoveryPoints
 }
 
 // RecordListResumable returns an error wrapping [errors.ErrUnsupported]: the Redis
 // store keeps no recovery points, so no record is ever resumable.
-func (s *Store) RecordListResumable(context.Context, *idem.RecordListResumableParams) ([]*idem.Record, error) {
+func (s *Store) RecordListResumable(context.Context, *idemstore.ListResumableParams) ([]*idemstore.Record, error) {
 	return nil, errNoRecoveryPoints
 }
 
 // RecordCountUnfinished returns an error wrapping [errors.ErrUnsupported]: the Redis
 // store keeps no recovery points, so no operation is ever unfinished.
-func (s *Store) RecordCountUnfinished(context.Context, *idem.RecordCountUnfinishedParams) (*idem.RecordCountUnfinishedResult, error) {
+func (s *Store) RecordCountUnfinished(context.Context, *idemstore.CountUnfinishedParams) (*idemstore.CountUnfinishedResult, error) {
 	return nil, errNoRecoveryPoints
 }
 
@@ -389,7 +388,7 @@ func (s *Store) interpretError(err error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, goredis.Nil):
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	}
 	var reply goredis.Error
 	if cc, ok := s.client.(*goredis.ClusterClient); ok && !errors.As(err, &reply) {

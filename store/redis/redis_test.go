@@ -17,8 +17,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin/admintest"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/redis"
 	"github.com/idem-go/idem/store/redis/redistest"
@@ -101,7 +101,7 @@ func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 // harness hands the conformance suite stores on the Redis at rawURL.
 func harness(rawURL string) storetest.Harness {
 	return storetest.Harness{
-		NewStore: func(t *testing.T) idem.Store { return openStore(t, rawURL) },
+		NewStore: func(t *testing.T) idemstore.Store { return openStore(t, rawURL) },
 	}
 }
 
@@ -122,10 +122,10 @@ func TestAdminConformance(t *testing.T) {
 	admintest.Run(t, adminHarness(testenv.RedisURL(t)))
 }
 
-func claimParams(scope, key string, now time.Time) *idem.RecordClaimParams {
-	fp := idem.Fingerprint{Version: idem.FingerprintVersion}
+func claimParams(scope, key string, now time.Time) *idemstore.ClaimParams {
+	fp := idemstore.Fingerprint{Version: idemstore.FingerprintVersion}
 	_, _ = rand.Read(fp.Sum[:])
-	return &idem.RecordClaimParams{
+	return &idemstore.ClaimParams{
 		Scope: scope, Key: key, Fingerprint: fp,
 		Token: "tok-" + rand.Text(), RecordID: "rec-" + rand.Text(),
 		Lease: 10 * time.Second, TTL: time.Hour, Now: now,
@@ -192,8 +192,8 @@ func TestRedisHoldsNeitherRawKeyNorScope(t *testing.T) {
 	if _, err := s.RecordClaim(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	resp := &idem.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_1"}`)}
-	if err := s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: scope, Key: key, Token: p.Token, Response: resp, TTL: time.Hour}); err != nil {
+	resp := &idemstore.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"ch_1"}`)}
+	if err := s.RecordComplete(ctx, &idemstore.CompleteParams{Scope: scope, Key: key, Token: p.Token, Response: resp, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	// A second, in-flight record too.
@@ -218,7 +218,7 @@ func TestRedisHoldsNeitherRawKeyNorScope(t *testing.T) {
 			}
 		}
 	}
-	rec, err := s.RecordGet(ctx, &idem.RecordGetParams{Scope: scope, Key: key})
+	rec, err := s.RecordGet(ctx, &idemstore.GetParams{Scope: scope, Key: key})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +247,7 @@ func TestScriptsRunAgainAfterScriptFlush(t *testing.T) {
 	if n, _ := s.Client().Info(ctx, "memory").Result(); !strings.Contains(n, "number_of_cached_scripts:0") {
 		t.Fatalf("SCRIPT FLUSH left scripts cached:\n%s", n)
 	}
-	if _, err := s.RecordRenew(ctx, &idem.RecordRenewParams{Scope: scope, Key: key, Token: p.Token, Lease: time.Minute, TTL: time.Hour}); err != nil {
+	if _, err := s.RecordRenew(ctx, &idemstore.RenewParams{Scope: scope, Key: key, Token: p.Token, Lease: time.Minute, TTL: time.Hour}); err != nil {
 		t.Fatalf("RecordRenew after SCRIPT FLUSH: %v", err)
 	}
 	dup := claimParams(scope, key, time.Time{})
@@ -256,10 +256,10 @@ func TestScriptsRunAgainAfterScriptFlush(t *testing.T) {
 	if err != nil {
 		t.Fatalf("RecordClaim after SCRIPT FLUSH: %v", err)
 	}
-	if res.Outcome != idem.ClaimInFlight {
+	if res.Outcome != idemstore.ClaimInFlight {
 		t.Fatalf("RecordClaim after SCRIPT FLUSH = %v, want in_flight", res.Outcome)
 	}
-	if _, err := s.RecordGet(ctx, &idem.RecordGetParams{Scope: scope, Key: key}); err != nil {
+	if _, err := s.RecordGet(ctx, &idemstore.GetParams{Scope: scope, Key: key}); err != nil {
 		t.Fatalf("RecordGet after SCRIPT FLUSH: %v", err)
 	}
 }
@@ -322,13 +322,13 @@ func TestKeyTTLRunsMarginPastExpiry(t *testing.T) {
 		}
 	}
 	checkTTL("in flight", time.Hour+margin)
-	if err := s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token,
-		Response: &idem.Response{Status: 200}, TTL: 2 * time.Hour, Now: now.Add(10 * time.Minute)}); err != nil {
+	if err := s.RecordComplete(ctx, &idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token,
+		Response: &idemstore.Response{Status: 200}, TTL: 2 * time.Hour, Now: now.Add(10 * time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
 	checkTTL("completed", 2*time.Hour-10*time.Minute+margin)
 	// Past expires_at the record is absent, though its key is still there.
-	if _, err := s.RecordGet(ctx, &idem.RecordGetParams{Scope: p.Scope, Key: p.Key, Now: now.Add(2 * time.Hour)}); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.RecordGet(ctx, &idemstore.GetParams{Scope: p.Scope, Key: p.Key, Now: now.Add(2 * time.Hour)}); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("RecordGet at expires_at: err = %v, want ErrNotFound", err)
 	}
 	if n, _ := s.Client().Exists(ctx, rk).Result(); n != 1 {
@@ -343,16 +343,16 @@ func TestLeaseLostIsNormalised(t *testing.T) {
 	s := openStore(t, testenv.RedisURL(t))
 	ctx := t.Context()
 	scope, key := "scope", "key-"+rand.Text()
-	if _, err := s.RecordGet(ctx, &idem.RecordGetParams{Scope: scope, Key: key}); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.RecordGet(ctx, &idemstore.GetParams{Scope: scope, Key: key}); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("RecordGet of an absent record: err = %v, want ErrNotFound", err)
 	}
-	if err := s.RecordRelease(ctx, &idem.RecordReleaseParams{Scope: scope, Key: key, Token: "tok"}); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := s.RecordRelease(ctx, &idemstore.ReleaseParams{Scope: scope, Key: key, Token: "tok"}); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("RecordRelease of an absent record: err = %v, want ErrLeaseLost", err)
 	}
-	if _, err := s.RecordRenew(ctx, &idem.RecordRenewParams{Scope: scope, Key: key, Token: "tok", Lease: time.Second, TTL: time.Hour}); !errors.Is(err, idem.ErrLeaseLost) {
+	if _, err := s.RecordRenew(ctx, &idemstore.RenewParams{Scope: scope, Key: key, Token: "tok", Lease: time.Second, TTL: time.Hour}); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("RecordRenew of an absent record: err = %v, want ErrLeaseLost", err)
 	}
-	if err := s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: scope, Key: key, Token: "tok", Response: &idem.Response{Status: 200}, TTL: time.Hour}); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := s.RecordComplete(ctx, &idemstore.CompleteParams{Scope: scope, Key: key, Token: "tok", Response: &idemstore.Response{Status: 200}, TTL: time.Hour}); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("RecordComplete of an absent record: err = %v, want ErrLeaseLost", err)
 	}
 }
@@ -368,15 +368,15 @@ func TestLargeBodyRoundTrips(t *testing.T) {
 	if _, err := s.RecordClaim(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	resp := &idem.Response{Status: 200, Body: body}
-	if err := s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp, TTL: time.Hour}); err != nil {
+	resp := &idemstore.Response{Status: 200, Body: body}
+	if err := s.RecordComplete(ctx, &idemstore.CompleteParams{Scope: p.Scope, Key: p.Key, Token: p.Token, Response: resp, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.RecordClaim(ctx, &idem.RecordClaimParams{Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint, Token: "t2", RecordID: "r2", Lease: time.Second, TTL: time.Hour})
+	res, err := s.RecordClaim(ctx, &idemstore.ClaimParams{Scope: p.Scope, Key: p.Key, Fingerprint: p.Fingerprint, Token: "t2", RecordID: "r2", Lease: time.Second, TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Outcome != idem.ClaimCompleted || !bytes.Equal(res.Record.Response.Body, body) {
+	if res.Outcome != idemstore.ClaimCompleted || !bytes.Equal(res.Record.Response.Body, body) {
 		t.Fatalf("replay: outcome %v, body equal %v", res.Outcome, bytes.Equal(res.Record.Response.Body, body))
 	}
 }
@@ -475,7 +475,7 @@ func TestResentClaimRecognisesItsOwnToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again.Outcome != idem.ClaimAcquired || again.Record.Token != p.Token || !again.Record.LeaseEnd.Equal(first.Record.LeaseEnd) {
+	if again.Outcome != idemstore.ClaimAcquired || again.Record.Token != p.Token || !again.Record.LeaseEnd.Equal(first.Record.LeaseEnd) {
 		t.Fatalf("re-sent claim = %v token %q lease %v, want acquired with the same token and lease %v",
 			again.Outcome, again.Record.Token, again.Record.LeaseEnd, first.Record.LeaseEnd)
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/faultproxy"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/redis"
@@ -35,9 +35,9 @@ func TestStalledRedisCallEndsAtItsContextDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = s.RecordGet(ctx, &idem.RecordGetParams{Scope: "stall", Key: "stalled-key-1"})
+	_, err = s.RecordGet(ctx, &idemstore.GetParams{Scope: "stall", Key: "stalled-key-1"})
 	elapsed := time.Since(start)
-	if err == nil || errors.Is(err, idem.ErrNotFound) {
+	if err == nil || errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("RecordGet on a stalled Redis: %v, want a store error", err)
 	}
 	// The bound is the context's (200 ms), not read_timeout's (60 s); 30 s leaves room
@@ -46,7 +46,7 @@ func TestStalledRedisCallEndsAtItsContextDeadline(t *testing.T) {
 		t.Fatalf("RecordGet on a stalled Redis returned after %v, past its context's deadline", elapsed)
 	}
 	proxy.Resume()
-	if _, err := s.RecordGet(t.Context(), &idem.RecordGetParams{Scope: "stall", Key: "stalled-key-1"}); err != nil && !errors.Is(err, idem.ErrNotFound) {
+	if _, err := s.RecordGet(t.Context(), &idemstore.GetParams{Scope: "stall", Key: "stalled-key-1"}); err != nil && !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("RecordGet after the stall: %v", err)
 	}
 }

@@ -5,8 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin"
+	"github.com/idem-go/idem/idemstore"
 )
 
 var _ admin.Store = (*Store)(nil)
@@ -14,7 +14,7 @@ var _ admin.Store = (*Store)(nil)
 // RecordInspect implements [admin.Store.RecordInspect] with a plain read.
 func (s *Store) RecordInspect(ctx context.Context, p *admin.RecordInspectParams) (*admin.RecordInspectResult, error) {
 	t := now(p.Now)
-	var rec *idem.Record
+	var rec *idemstore.Record
 	err := s.retryBusy(ctx, "inspect", func() (err error) {
 		rec, err = getRecord(ctx, s.db, p.Scope, p.Key)
 		return err
@@ -23,7 +23,7 @@ func (s *Store) RecordInspect(ctx context.Context, p *admin.RecordInspectParams)
 	case err != nil:
 		return nil, interpretError(err)
 	case rec == nil:
-		return nil, idem.ErrNotFound
+		return nil, idemstore.ErrNotFound
 	}
 	return &admin.RecordInspectResult{Record: admin.FromRecord(rec, p.Body), Now: t.UTC()}, nil
 }
@@ -109,9 +109,9 @@ func scanListed(rows *sql.Rows) (*admin.Record, error) {
 		return nil, fmt.Errorf("record has a fingerprint of %d bytes, want %d", len(fp), len(r.Fingerprint.Sum))
 	}
 	copy(r.Fingerprint.Sum[:], fp)
-	r.State = idem.State(state)
+	r.State = idemstore.State(state)
 	r.CreatedAt, r.ExpiresAt = fromNanos(int64(created)), fromNanos(int64(expires))
-	if leaseEnd.Valid && r.State == idem.StateInFlight {
+	if leaseEnd.Valid && r.State == idemstore.StateInFlight {
 		r.LeaseEnd = fromNanos(leaseEnd.Int64)
 	}
 	r.Status = int(status.Int64)

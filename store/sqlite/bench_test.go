@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
@@ -26,9 +26,9 @@ func BenchmarkClaimComplete(b *testing.B) {
 				b.Error(err)
 				return
 			}
-			if err := s.RecordComplete(ctx, &idem.RecordCompleteParams{
+			if err := s.RecordComplete(ctx, &idemstore.CompleteParams{
 				Scope: "bench", Key: key, Token: "tok-" + key, TTL: time.Hour,
-				Response: &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)},
+				Response: &idemstore.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)},
 			}); err != nil {
 				b.Error(err)
 				return
@@ -44,8 +44,8 @@ func BenchmarkReplay(b *testing.B) {
 	if _, err := s.RecordClaim(ctx, claimParams("bench", "k", "tok", time.Time{})); err != nil {
 		b.Fatal(err)
 	}
-	if err := s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: "bench", Key: "k", Token: "tok", TTL: time.Hour,
-		Response: &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)}}); err != nil {
+	if err := s.RecordComplete(ctx, &idemstore.CompleteParams{Scope: "bench", Key: "k", Token: "tok", TTL: time.Hour,
+		Response: &idemstore.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)}}); err != nil {
 		b.Fatal(err)
 	}
 	b.SetParallelism(8)
@@ -53,7 +53,7 @@ func BenchmarkReplay(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			res, err := s.RecordClaim(ctx, claimParams("bench", "k", "tok2", time.Time{}))
-			if err != nil || res.Outcome != idem.ClaimCompleted {
+			if err != nil || res.Outcome != idemstore.ClaimCompleted {
 				b.Errorf("replay = %v, %v", res, err)
 				return
 			}

@@ -1,4 +1,4 @@
-// Package sqlite is the embedded default [idem.Store]: one SQLite file on local disk,
+// Package sqlite is the embedded default [idemstore.Store]: one SQLite file on local disk,
 // through the pure-Go driver modernc.org/sqlite (no cgo).
 //
 // Any number of goroutines and processes on one host may share the file (SPEC §14); it
@@ -33,7 +33,7 @@
 // A claim first reads the record without any lock: a replay, a mismatch or a live
 // lease is answered from that committed state, so retries never queue behind writers.
 // Only a claim that inserts or takes over opens a write transaction, which reads the
-// record again under the lock and decides with [idem.Decide].
+// record again under the lock and decides with [idemstore.Decide].
 //
 // # Durable claims
 //

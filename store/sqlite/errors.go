@@ -9,7 +9,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 )
@@ -29,7 +29,7 @@ func interpretError(err error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, sql.ErrNoRows):
-		return idem.ErrNotFound
+		return idemstore.ErrNotFound
 	}
 	var se *sqlite.Error
 	if errors.As(err, &se) {

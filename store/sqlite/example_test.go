@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
@@ -39,7 +40,7 @@ func ExampleStore_Respond() {
 	}
 
 	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		err := store.Respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+		err := store.Respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idemstore.Response, error) {
 			res, err := tx.ExecContext(ctx, `INSERT INTO orders (amount) VALUES (2000)`)
 			if err != nil {
 				return nil, err

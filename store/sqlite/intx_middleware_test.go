@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/sqlite"
 )
@@ -106,11 +107,11 @@ func TestInTxCommitsTheChargeAndTheRecordTogether(t *testing.T) {
 	if got := app.charges(t); len(got) != 1 || got[0] != "a" {
 		t.Fatalf("charges = %q, want [a]", got)
 	}
-	rec, err := app.store.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "user-1", Key: key, Now: app.clock.Now()})
+	rec, err := app.store.RecordGet(context.Background(), &idemstore.GetParams{Scope: "user-1", Key: key, Now: app.clock.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.State != idem.StateCompleted || rec.Response.Status != http.StatusCreated || string(rec.Response.Body) != first.Body.String() {
+	if rec.State != idemstore.StateCompleted || rec.Response.Status != http.StatusCreated || string(rec.Response.Body) != first.Body.String() {
 		t.Fatalf("record = %s %+v, want completed with the response sent", rec.State, rec.Response)
 	}
 
@@ -147,7 +148,7 @@ func TestInTxWhoseKeyWasTakenOverRollsBackAndAnswers503(t *testing.T) {
 	if names := app.charges(t); len(names) != 1 || names[0] != "retry" {
 		t.Fatalf("charges = %q, want only the winner's [retry]: the overtaken write must roll back", names)
 	}
-	rec, err := app.store.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "user-1", Key: key, Now: app.clock.Now()})
+	rec, err := app.store.RecordGet(context.Background(), &idemstore.GetParams{Scope: "user-1", Key: key, Now: app.clock.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,11 +228,11 @@ func TestRenewalWaitingForInTxDoesNotHoldUpTheCompletion(t *testing.T) {
 
 // renewRecorder is the store, with the outcome of every renewal sent to errs.
 type renewRecorder struct {
-	idem.Store
+	idemstore.Store
 	errs chan error
 }
 
-func (r *renewRecorder) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (time.Time, error) {
+func (r *renewRecorder) RecordRenew(ctx context.Context, p *idemstore.RenewParams) (time.Time, error) {
 	end, err := r.Store.RecordRenew(ctx, p)
 	r.errs <- err
 	return end, err

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/sqlite"
 	"github.com/idem-go/idem/store/storetest"
 )
@@ -148,11 +148,11 @@ func TestProcessesHammeringOneFileGetExactlyOneWinnerPerKeyAndNoBusyErrors(t *te
 		t.Fatalf("%d keys acquired, want every one of %d", len(winners), hammerKeys)
 	}
 	for key, token := range winners {
-		rec, err := s.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "hammer", Key: key})
+		rec, err := s.RecordGet(context.Background(), &idemstore.GetParams{Scope: "hammer", Key: key})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rec.State != idem.StateCompleted || string(rec.Response.Body) != token {
+		if rec.State != idemstore.StateCompleted || string(rec.Response.Body) != token {
 			t.Errorf("key %s: %s record with body %q, want completed by %s", key, rec.State, rec.Response.Body, token)
 		}
 	}
@@ -195,13 +195,13 @@ func hammerOne(s *sqlite.Store, key, token string) error {
 	// claim and its completion: this test is about exclusive claims, not takeovers.
 	p.Lease = time.Hour
 	res, err := s.RecordClaim(ctx, p)
-	if err != nil || res.Outcome != idem.ClaimAcquired {
+	if err != nil || res.Outcome != idemstore.ClaimAcquired {
 		return err
 	}
 	childSay("acquired %s %s", key, token)
-	return s.RecordComplete(ctx, &idem.RecordCompleteParams{
+	return s.RecordComplete(ctx, &idemstore.CompleteParams{
 		Scope: "hammer", Key: key, Token: token, TTL: time.Hour,
-		Response: &idem.Response{Status: 201, Body: []byte(token)},
+		Response: &idemstore.Response{Status: 201, Body: []byte(token)},
 	})
 }
 
@@ -223,7 +223,7 @@ func (h countingHandler) WithGroup(string) slog.Handler      { return h }
 func multiProcess() storetest.MultiProcess {
 	return storetest.MultiProcess{
 		NewDSN: func(t testing.TB) string { return filepath.Join(t.TempDir(), "idem.db") },
-		Open: func(t testing.TB, dsn string) idem.Store {
+		Open: func(t testing.TB, dsn string) idemstore.Store {
 			s, err := sqlite.Open(context.Background(), dsn, sqlite.Config{})
 			if err != nil {
 				t.Fatal(err)

@@ -8,7 +8,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // now returns the injected time when non-zero, else the host clock: the store's clock
@@ -57,7 +57,7 @@ type queryer interface {
 
 // getRecord reads the record of (scope, key), or nil when there is none (expired or
 // not).
-func getRecord(ctx context.Context, q queryer, scope, key string) (*idem.Record, error) {
+func getRecord(ctx context.Context, q queryer, scope, key string) (*idemstore.Record, error) {
 	rec, err := scanRecord(q.QueryRowContext(ctx, queryRecordGet, sql.Named("scope", scope), sql.Named("key", key)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
@@ -69,9 +69,9 @@ func getRecord(ctx context.Context, q queryer, scope, key string) (*idem.Record,
 type rowScanner interface{ Scan(dest ...any) error }
 
 // scanRecord reads one record in the columns of record_get.sql.
-func scanRecord(row rowScanner) (*idem.Record, error) {
+func scanRecord(row rowScanner) (*idemstore.Record, error) {
 	var (
-		rec       idem.Record
+		rec       idemstore.Record
 		fpSum     []byte
 		state     string
 		token     sql.NullString
@@ -94,28 +94,28 @@ func scanRecord(row rowScanner) (*idem.Record, error) {
 		return nil, fmt.Errorf("record has a fingerprint of %d bytes, want %d", len(fpSum), len(rec.Fingerprint.Sum))
 	}
 	copy(rec.Fingerprint.Sum[:], fpSum)
-	rec.State = idem.State(state)
+	rec.State = idemstore.State(state)
 	rec.Token = token.String
 	if leaseEnd.Valid {
 		rec.LeaseEnd = fromNanos(leaseEnd.Int64)
 	}
 	rec.CreatedAt = fromNanos(int64(created))
 	rec.ExpiresAt = fromNanos(int64(expires))
-	if rec.State == idem.StateCompleted {
+	if rec.State == idemstore.StateCompleted {
 		h, err := decodeHeaders(headers)
 		if err != nil {
 			return nil, err
 		}
-		rec.Response = &idem.Response{Status: int(status.Int64), Header: h, Body: body, NotStored: notStored, OutcomeUnknown: unknown}
+		rec.Response = &idemstore.Response{Status: int(status.Int64), Header: h, Body: body, NotStored: notStored, OutcomeUnknown: unknown}
 	}
 	return &rec, nil
 }
 
-// RecordGet implements [idem.Store.RecordGet] with a plain read, which in WAL mode
+// RecordGet implements [idemstore.Store.RecordGet] with a plain read, which in WAL mode
 // takes no lock that a writer waits for.
-func (s *Store) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.Record, error) {
+func (s *Store) RecordGet(ctx context.Context, p *idemstore.GetParams) (*idemstore.Record, error) {
 	t := now(p.Now)
-	var rec *idem.Record
+	var rec *idemstore.Record
 	err := s.retryBusy(ctx, "get", func() (err error) {
 		rec, err = getRecord(ctx, s.db, p.Scope, p.Key)
 		return err
@@ -124,21 +124,21 @@ func (s *Store) RecordGet(ctx context.Context, p *idem.RecordGetParams) (*idem.R
 		return nil, interpretError(err)
 	}
 	if rec == nil || rec.Expired(t) {
-		return nil, idem.ErrNotFound
+		return nil, idemstore.ErrNotFound
 	}
 	return rec, nil
 }
 
-// RecordClaim implements [idem.Store.RecordClaim].
+// RecordClaim implements [idemstore.Store.RecordClaim].
 //
 // A plain read comes first: when it finds a completed record, a mismatch or a live
 // lease, that committed state is the answer and the claim takes no write lock, so
 // replays never queue behind writers. Otherwise one BEGIN IMMEDIATE transaction reads
-// the record again under the write lock, decides with [idem.Decide], and inserts or
+// the record again under the write lock, decides with [idemstore.Decide], and inserts or
 // takes over.
-func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*idem.RecordClaimResult, error) {
+func (s *Store) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*idemstore.ClaimResult, error) {
 	t := now(p.Now)
-	var existing *idem.Record
+	var existing *idemstore.Record
 	err := s.retryBusy(ctx, "claim read", func() (err error) {
 		existing, err = getRecord(ctx, s.db, p.Scope, p.Key)
 		return err
@@ -150,7 +150,7 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 		return res, nil
 	}
 
-	var res *idem.RecordClaimResult
+	var res *idemstore.ClaimResult
 	// On the claims' own connection: its commit skips the fsync ("Durable claims").
 	err = s.writeTxOn(ctx, s.claimDB, "claim", func(tx *sql.Tx) (err error) {
 		res, err = claimTx(ctx, tx, p, t)
@@ -163,40 +163,40 @@ func (s *Store) RecordClaim(ctx context.Context, p *idem.RecordClaimParams) (*id
 }
 
 // answerWithoutWriting returns the claim's answer when rec, as read, needs no write.
-func answerWithoutWriting(rec *idem.Record, fp idem.Fingerprint, t time.Time) *idem.RecordClaimResult {
-	var outcome idem.ClaimOutcome
-	switch idem.Decide(rec, fp, t) {
-	case idem.DecideReplay:
-		outcome = idem.ClaimCompleted
-	case idem.DecideInFlight:
-		outcome = idem.ClaimInFlight
-	case idem.DecideMismatch:
-		outcome = idem.ClaimMismatch
+func answerWithoutWriting(rec *idemstore.Record, fp idemstore.Fingerprint, t time.Time) *idemstore.ClaimResult {
+	var outcome idemstore.ClaimOutcome
+	switch idemstore.Decide(rec, fp, t) {
+	case idemstore.DecideReplay:
+		outcome = idemstore.ClaimCompleted
+	case idemstore.DecideInFlight:
+		outcome = idemstore.ClaimInFlight
+	case idemstore.DecideMismatch:
+		outcome = idemstore.ClaimMismatch
 	default:
 		return nil
 	}
-	return &idem.RecordClaimResult{Outcome: outcome, Record: rec, Now: t}
+	return &idemstore.ClaimResult{Outcome: outcome, Record: rec, Now: t}
 }
 
 // claimTx is the claim's write transaction, holding the write lock.
-func claimTx(ctx context.Context, tx *sql.Tx, p *idem.RecordClaimParams, t time.Time) (*idem.RecordClaimResult, error) {
+func claimTx(ctx context.Context, tx *sql.Tx, p *idemstore.ClaimParams, t time.Time) (*idemstore.ClaimResult, error) {
 	rec, err := getRecord(ctx, tx, p.Scope, p.Key)
 	if err != nil {
 		return nil, err
 	}
 	switch p.Decide(rec, t) {
-	case idem.DecideClaim:
+	case idemstore.DecideClaim:
 		leaseEnd := t.Add(p.Lease)
-		rec = &idem.Record{
+		rec = &idemstore.Record{
 			Scope:       p.Scope,
 			Key:         p.Key,
 			ID:          p.RecordID,
 			Fingerprint: p.Fingerprint,
-			State:       idem.StateInFlight,
+			State:       idemstore.StateInFlight,
 			Token:       p.Token,
 			LeaseEnd:    leaseEnd.UTC(),
 			CreatedAt:   t.UTC(),
-			ExpiresAt:   idem.InFlightExpiresAt(t, p.TTL, leaseEnd).UTC(),
+			ExpiresAt:   idemstore.InFlightExpiresAt(t, p.TTL, leaseEnd).UTC(),
 		}
 		_, err = tx.ExecContext(ctx, queryRecordClaimInsert,
 			sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("record_id", p.RecordID),
@@ -206,8 +206,8 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idem.RecordClaimParams, t time.
 		if err != nil {
 			return nil, err
 		}
-		return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, Now: t}, nil
-	case idem.DecideTakeOver:
+		return &idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: rec, Now: t}, nil
+	case idemstore.DecideTakeOver:
 		// The record id, created_at and fingerprint stay: it is the same operation,
 		// resumed by a new holder.
 		leaseEnd := t.Add(p.Lease)
@@ -223,9 +223,9 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idem.RecordClaimParams, t time.
 		}
 		rec.Token = p.Token
 		rec.LeaseEnd = leaseEnd.UTC()
-		rec.ExpiresAt = idem.InFlightExpiresAt(rec.CreatedAt, p.TTL, leaseEnd).UTC()
-		return &idem.RecordClaimResult{Outcome: idem.ClaimAcquired, Record: rec, TookOver: true, Now: t}, nil
-	case idem.DecideUnknown:
+		rec.ExpiresAt = idemstore.InFlightExpiresAt(rec.CreatedAt, p.TTL, leaseEnd).UTC()
+		return &idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: rec, TookOver: true, Now: t}, nil
+	case idemstore.DecideUnknown:
 		n, err := execRows(ctx, tx, queryRecordMarkUnknown, sql.Named("scope", p.Scope), sql.Named("key", p.Key),
 			sql.Named("old_token", rec.Token), sql.Named("ttl", int64(p.TTL)), sql.Named("now", nanos(t)))
 		if err != nil {
@@ -234,10 +234,10 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idem.RecordClaimParams, t time.
 		if n != 1 {
 			return nil, fmt.Errorf("marking the outcome unknown changed %d records, want 1", n)
 		}
-		rec.State, rec.Token, rec.LeaseEnd = idem.StateCompleted, "", time.Time{}
-		rec.Response = &idem.Response{Status: 500, OutcomeUnknown: true}
+		rec.State, rec.Token, rec.LeaseEnd = idemstore.StateCompleted, "", time.Time{}
+		rec.Response = &idemstore.Response{Status: 500, OutcomeUnknown: true}
 		rec.ExpiresAt = rec.CompletionExpiresAt(t, p.TTL).UTC()
-		return &idem.RecordClaimResult{Outcome: idem.ClaimCompleted, Record: rec, MarkedUnknown: true, Now: t}, nil
+		return &idemstore.ClaimResult{Outcome: idemstore.ClaimCompleted, Record: rec, MarkedUnknown: true, Now: t}, nil
 	default:
 		return answerWithoutWriting(rec, p.Fingerprint, t), nil
 	}
@@ -257,19 +257,19 @@ func execRows(ctx context.Context, e execer, query string, args ...any) (int64, 
 	return res.RowsAffected()
 }
 
-// RecordComplete implements [idem.Store.RecordComplete] in a transaction of its own.
+// RecordComplete implements [idemstore.Store.RecordComplete] in a transaction of its own.
 // To complete inside the application's transaction (SPEC §7), use [Store.InTx].
-func (s *Store) RecordComplete(ctx context.Context, p *idem.RecordCompleteParams) error {
+func (s *Store) RecordComplete(ctx context.Context, p *idemstore.CompleteParams) error {
 	return interpretError(s.writeTx(ctx, "complete", func(tx *sql.Tx) error {
 		return completeTx(ctx, tx, p)
 	}))
 }
 
 // completeTx runs the fenced completion in tx; no row changed is [idem.ErrLeaseLost].
-func completeTx(ctx context.Context, tx *sql.Tx, p *idem.RecordCompleteParams) error {
+func completeTx(ctx context.Context, tx *sql.Tx, p *idemstore.CompleteParams) error {
 	resp := p.Response
 	if resp == nil {
-		return errors.New("RecordCompleteParams.Response is nil")
+		return errors.New("idemstore.CompleteParams.Response is nil")
 	}
 	headers := encodeHeaders(resp.Header)
 	body := resp.Body
@@ -284,14 +284,14 @@ func completeTx(ctx context.Context, tx *sql.Tx, p *idem.RecordCompleteParams) e
 		return err
 	}
 	if n == 0 {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	return nil
 }
 
-// RecordRelease implements [idem.Store.RecordRelease]: it deletes the held record, or,
+// RecordRelease implements [idemstore.Store.RecordRelease]: it deletes the held record, or,
 // when its recovery point advanced, ends its lease and keeps it.
-func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) error {
+func (s *Store) RecordRelease(ctx context.Context, p *idemstore.ReleaseParams) error {
 	args := []any{sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.Token)}
 	return interpretError(s.writeTx(ctx, "release", func(tx *sql.Tx) error {
 		n, err := execRows(ctx, tx, queryRecordRelease, args...)
@@ -303,23 +303,23 @@ func (s *Store) RecordRelease(ctx context.Context, p *idem.RecordReleaseParams) 
 			return err
 		}
 		if n == 0 {
-			return idem.ErrLeaseLost
+			return idemstore.ErrLeaseLost
 		}
 		return nil
 	}))
 }
 
-// RecordStep implements [idem.Store.RecordStep] in a transaction of its own: the
+// RecordStep implements [idemstore.Store.RecordStep] in a transaction of its own: the
 // step's result and recovery point only. To commit the application's writes with
 // them, use [Step] (or [Store.StepTx]).
-func (s *Store) RecordStep(ctx context.Context, p *idem.RecordStepParams) error {
+func (s *Store) RecordStep(ctx context.Context, p *idemstore.StepParams) error {
 	return interpretError(s.writeTx(ctx, "step", func(tx *sql.Tx) error {
 		return stepTx(ctx, tx, p)
 	}))
 }
 
 // stepTx runs the fenced step in tx; no row changed is [idem.ErrLeaseLost].
-func stepTx(ctx context.Context, tx *sql.Tx, p *idem.RecordStepParams) error {
+func stepTx(ctx context.Context, tx *sql.Tx, p *idemstore.StepParams) error {
 	n, err := execRows(ctx, tx, queryRecordStep,
 		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.Token),
 		sql.Named("recovery_point", p.RecoveryPoint), sql.Named("steps", p.Steps),
@@ -328,19 +328,19 @@ func stepTx(ctx context.Context, tx *sql.Tx, p *idem.RecordStepParams) error {
 		return err
 	}
 	if n == 0 {
-		return idem.ErrLeaseLost
+		return idemstore.ErrLeaseLost
 	}
 	return nil
 }
 
-// RecordListResumable implements [idem.Store.RecordListResumable] with a plain read
+// RecordListResumable implements [idemstore.Store.RecordListResumable] with a plain read
 // along the partial index of resumable records.
-func (s *Store) RecordListResumable(ctx context.Context, p *idem.RecordListResumableParams) ([]*idem.Record, error) {
+func (s *Store) RecordListResumable(ctx context.Context, p *idemstore.ListResumableParams) ([]*idemstore.Record, error) {
 	if p.Limit <= 0 {
-		return nil, fmt.Errorf("sqlite: RecordListResumableParams.Limit must be positive, got %d", p.Limit)
+		return nil, fmt.Errorf("sqlite: idemstore.ListResumableParams.Limit must be positive, got %d", p.Limit)
 	}
 	t := nanos(now(p.Now))
-	var recs []*idem.Record
+	var recs []*idemstore.Record
 	err := s.retryBusy(ctx, "list resumable", func() error {
 		recs = recs[:0]
 		rows, err := s.db.QueryContext(ctx, queryRecordListResumable, sql.Named("now", t),
@@ -364,10 +364,10 @@ func (s *Store) RecordListResumable(ctx context.Context, p *idem.RecordListResum
 	return recs, nil
 }
 
-// RecordCountUnfinished implements [idem.Store.RecordCountUnfinished] with a plain read
+// RecordCountUnfinished implements [idemstore.Store.RecordCountUnfinished] with a plain read
 // along the partial index of resumable records.
-func (s *Store) RecordCountUnfinished(ctx context.Context, p *idem.RecordCountUnfinishedParams) (*idem.RecordCountUnfinishedResult, error) {
-	res := &idem.RecordCountUnfinishedResult{Now: now(p.Now).UTC()}
+func (s *Store) RecordCountUnfinished(ctx context.Context, p *idemstore.CountUnfinishedParams) (*idemstore.CountUnfinishedResult, error) {
+	res := &idemstore.CountUnfinishedResult{Now: now(p.Now).UTC()}
 	var oldest sql.NullInt64
 	err := s.retryBusy(ctx, "count unfinished", func() error {
 		return s.db.QueryRowContext(ctx, queryRecordCountUnfin).Scan(&res.Count, &oldest)
@@ -381,8 +381,8 @@ func (s *Store) RecordCountUnfinished(ctx context.Context, p *idem.RecordCountUn
 	return res, nil
 }
 
-// RecordRenew implements [idem.Store.RecordRenew].
-func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (time.Time, error) {
+// RecordRenew implements [idemstore.Store.RecordRenew].
+func (s *Store) RecordRenew(ctx context.Context, p *idemstore.RenewParams) (time.Time, error) {
 	leaseEnd := now(p.Now).Add(p.Lease)
 	err := s.writeTx(ctx, "renew", func(tx *sql.Tx) error {
 		n, err := execRows(ctx, tx, queryRecordRenew,
@@ -392,7 +392,7 @@ func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (tim
 			return err
 		}
 		if n == 0 {
-			return idem.ErrLeaseLost
+			return idemstore.ErrLeaseLost
 		}
 		return nil
 	})
@@ -402,12 +402,12 @@ func (s *Store) RecordRenew(ctx context.Context, p *idem.RecordRenewParams) (tim
 	return leaseEnd.UTC(), nil
 }
 
-// RecordDeleteExpired implements [idem.Store.RecordDeleteExpired]: one batch, oldest
+// RecordDeleteExpired implements [idemstore.Store.RecordDeleteExpired]: one batch, oldest
 // expiry first, in a short write transaction of its own so that request traffic waits
 // for at most one batch.
-func (s *Store) RecordDeleteExpired(ctx context.Context, p *idem.RecordDeleteExpiredParams) (int, error) {
+func (s *Store) RecordDeleteExpired(ctx context.Context, p *idemstore.DeleteExpiredParams) (int, error) {
 	if p.Limit <= 0 {
-		return 0, fmt.Errorf("sqlite: RecordDeleteExpiredParams.Limit must be positive, got %d", p.Limit)
+		return 0, fmt.Errorf("sqlite: idemstore.DeleteExpiredParams.Limit must be positive, got %d", p.Limit)
 	}
 	t := now(p.Now)
 	var n int64

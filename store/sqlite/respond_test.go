@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/sqlite"
 )
@@ -57,7 +58,7 @@ func newRowApp(t *testing.T, claimInHandler bool, wrap func(app *rowApp, h http.
 func (app *rowApp) insertRow(w http.ResponseWriter, r *http.Request) {
 	app.runs.Add(1)
 	key := r.Header.Get("Idempotency-Key")
-	err := app.s.Respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+	err := app.s.Respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idemstore.Response, error) {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO rows (key) VALUES (?)`, key); err != nil {
 			return nil, err
 		}
@@ -102,8 +103,8 @@ func (app *rowApp) rows(t *testing.T) int {
 	return n
 }
 
-func (app *rowApp) record(key string) (*idem.Record, error) {
-	return app.s.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "user-1", Key: key, Now: app.clock.Now()})
+func (app *rowApp) record(key string) (*idemstore.Record, error) {
+	return app.s.RecordGet(context.Background(), &idemstore.GetParams{Scope: "user-1", Key: key, Now: app.clock.Now()})
 }
 
 func bothRoutes(t *testing.T, test func(t *testing.T, claimInHandler bool)) {
@@ -124,7 +125,7 @@ func TestRespondCommitsTheRowAndTheRecordTogether(t *testing.T) {
 			t.Fatalf("first = %d %s", first.Code, first.Body)
 		}
 		rec, err := app.record("key-together")
-		if err != nil || rec.State != idem.StateCompleted || string(rec.Response.Body) != first.Body.String() {
+		if err != nil || rec.State != idemstore.StateCompleted || string(rec.Response.Body) != first.Body.String() {
 			t.Fatalf("record = %+v, %v; want completed with the response sent", rec, err)
 		}
 		retry := app.post("key-together")
@@ -167,7 +168,7 @@ func TestRespondReleasingResponseLeavesNoRecord(t *testing.T) {
 		if got := app.post("key-released"); got.Code != http.StatusConflict {
 			t.Fatalf("POST = %d %s", got.Code, got.Body)
 		}
-		if _, err := app.record("key-released"); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := app.record("key-released"); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Fatalf("RecordGet = %v, want ErrNotFound", err)
 		}
 		if n := app.rows(t); n != 1 {
@@ -187,7 +188,7 @@ func TestRespondReturnsFnsErrorForTheHandlerToAnswer(t *testing.T) {
 		if got := app.post("key-conflict"); got.Code != http.StatusConflict || !strings.Contains(got.Body.String(), "exists") {
 			t.Fatalf("POST = %d %s, want the handler's 409", got.Code, got.Body)
 		}
-		if _, err := app.record("key-conflict"); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := app.record("key-conflict"); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Fatalf("RecordGet = %v, want no record", err)
 		}
 	})
@@ -268,9 +269,9 @@ func TestRespondWithoutTheMiddlewareNeedsWithoutKey(t *testing.T) {
 	}
 	var got error
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got = s.Respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+		got = s.Respond(w, r, func(ctx context.Context, tx *sql.Tx) (*idemstore.Response, error) {
 			_, err := tx.ExecContext(ctx, `INSERT INTO rows (key) VALUES ('unkeyed')`)
-			return &idem.Response{Status: http.StatusCreated}, err
+			return &idemstore.Response{Status: http.StatusCreated}, err
 		})
 	})
 	count := func() (n int) { _ = s.DB().QueryRow(`SELECT count(*) FROM rows`).Scan(&n); return n }
@@ -308,7 +309,7 @@ func TestInTxMisusesFailLoudly(t *testing.T) {
 		if got.Code != http.StatusInternalServerError || !strings.Contains(got.Body.String(), idem.CodeInternalError) {
 			t.Fatalf("answer = %d %s, want 500 internal_error", got.Code, got.Body)
 		}
-		if _, err := app.record("key-natural-order"); !errors.Is(err, idem.ErrNotFound) || app.rows(t) != 0 {
+		if _, err := app.record("key-natural-order"); !errors.Is(err, idemstore.ErrNotFound) || app.rows(t) != 0 {
 			t.Fatalf("RecordGet = %v, %d rows; want nothing stored and nothing committed", err, app.rows(t))
 		}
 		if !strings.Contains(app.logs.String(), "none was written yet") {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 
 	// The driver registers itself as "sqlite".
 	_ "modernc.org/sqlite"
@@ -120,7 +121,7 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-// Store is the SQLite [idem.Store]. It is safe for concurrent use. Create it with
+// Store is the SQLite [idemstore.Store]. It is safe for concurrent use. Create it with
 // [Open], call [Store.Migrate] once per process (or run `idem migrate`), and
 // [Store.Close] it when done.
 type Store struct {
@@ -138,7 +139,7 @@ type Store struct {
 	stopCleaner func()
 }
 
-var _ idem.Store = (*Store)(nil)
+var _ idemstore.Store = (*Store)(nil)
 
 // Open opens the SQLite database at dsnOrPath, creating it when missing unless
 // Config.MustExist, and checks that it can be used. dsnOrPath is a file path ("idem.db", "/var/lib/app/idem.db"), the
@@ -330,7 +331,7 @@ func (s *Store) Close() error {
 	return s.db.Close()
 }
 
-// Ping implements [idem.Store.Ping]: it reads the database file's schema page.
+// Ping implements [idemstore.Store.Ping]: it reads the database file's schema page.
 func (s *Store) Ping(ctx context.Context) error {
 	return interpretError(s.retryBusy(ctx, "ping", func() error { return s.ping(ctx) }))
 }
@@ -340,9 +341,9 @@ func (s *Store) ping(ctx context.Context) error {
 	return s.db.QueryRowContext(ctx, queryPing).Scan(&n)
 }
 
-// Capabilities implements [idem.Store.Capabilities]: SQLite offers the §7 helper,
+// Capabilities implements [idemstore.Store.Capabilities]: SQLite offers the §7 helper,
 // needs batched cleanup, serves any number of processes on one host, and keeps
 // recovery points (SPEC §13, [Step]).
-func (s *Store) Capabilities() idem.Capabilities {
-	return idem.Capabilities{Transactions: true, BatchedCleanup: true, MultiProcess: true, RecoveryPoints: true}
+func (s *Store) Capabilities() idemstore.Capabilities {
+	return idemstore.Capabilities{Transactions: true, BatchedCleanup: true, MultiProcess: true, RecoveryPoints: true}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin/admintest"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/store/sqlite"
 	"github.com/idem-go/idem/store/storetest"
 )
@@ -31,14 +32,14 @@ func openStore(t testing.TB, cfg sqlite.Config) (*sqlite.Store, string) {
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	storetest.Run(t, storetest.Harness{
-		NewStore: func(t *testing.T) idem.Store {
+		NewStore: func(t *testing.T) idemstore.Store {
 			// The suite's cleanup cases delete expired records themselves.
 			s, _ := openStore(t, sqlite.Config{DisableCleaner: true})
 			createMarkerTable(t, s)
 			return s
 		},
 		Tx: txHarness{},
-		NewStoreWithCleaner: func(t *testing.T, cfg idem.CleanerConfig) (idem.Store, *idem.Cleaner) {
+		NewStoreWithCleaner: func(t *testing.T, cfg idem.CleanerConfig) (idemstore.Store, *idem.Cleaner) {
 			s, _ := openStore(t, sqlite.Config{Cleaner: cfg})
 			return s, s.Cleaner()
 		},
@@ -67,7 +68,7 @@ func createMarkerTable(t testing.TB, s *sqlite.Store) {
 // transaction, as a handler would.
 type txHarness struct{}
 
-func (txHarness) WriteAndComplete(ctx context.Context, s idem.Store, p *idem.RecordCompleteParams, marker string) error {
+func (txHarness) WriteAndComplete(ctx context.Context, s idemstore.Store, p *idemstore.CompleteParams, marker string) error {
 	st := s.(*sqlite.Store)
 	// A transaction of the application's own that completes p by hand: no Handle.
 	return st.InTx(idem.WithoutKey(ctx), func(ctx context.Context, tx *sql.Tx) error {
@@ -78,13 +79,13 @@ func (txHarness) WriteAndComplete(ctx context.Context, s idem.Store, p *idem.Rec
 	})
 }
 
-func (txHarness) MarkerCommitted(ctx context.Context, s idem.Store, marker string) (bool, error) {
+func (txHarness) MarkerCommitted(ctx context.Context, s idemstore.Store, marker string) (bool, error) {
 	var n int
 	err := s.(*sqlite.Store).DB().QueryRowContext(ctx, `SELECT count(*) FROM app_marker WHERE name = ?`, marker).Scan(&n)
 	return n == 1, err
 }
 
-func (txHarness) InTx(ctx context.Context, s idem.Store, fn func(ctx context.Context, write func(marker string) error) error) error {
+func (txHarness) InTx(ctx context.Context, s idemstore.Store, fn func(ctx context.Context, write func(marker string) error) error) error {
 	return s.(*sqlite.Store).InTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		return fn(ctx, func(marker string) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO app_marker (name) VALUES (?)`, marker)
@@ -93,7 +94,7 @@ func (txHarness) InTx(ctx context.Context, s idem.Store, fn func(ctx context.Con
 	})
 }
 
-func (txHarness) Step(ctx context.Context, s idem.Store, step string, fn func(ctx context.Context, write func(marker string) error) (string, error)) (string, error) {
+func (txHarness) Step(ctx context.Context, s idemstore.Store, step string, fn func(ctx context.Context, write func(marker string) error) (string, error)) (string, error) {
 	return sqlite.Step(ctx, s.(*sqlite.Store), step, func(ctx context.Context, tx *sql.Tx) (string, error) {
 		return fn(ctx, func(marker string) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO app_marker (name) VALUES (?)`, marker)

@@ -5,7 +5,7 @@ import (
 	"database/sql"
 	"errors"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // Step runs fn as the step named step of the operation whose context ctx is (SPEC §13):
@@ -55,7 +55,7 @@ func Step[T any](ctx context.Context, s *Store, step string, fn func(ctx context
 	if v, err = fn(ctx, tx); err != nil {
 		return zero, err
 	}
-	var p *idem.RecordStepParams
+	var p *idemstore.StepParams
 	if h != nil {
 		if p, err = h.PrepareStep(step, v); err != nil {
 			return zero, err
@@ -83,9 +83,9 @@ func Step[T any](ctx context.Context, s *Store, step string, fn func(ctx context
 // their own transactions ([Step] does all of this). When the holder no longer holds
 // the record it changes nothing and returns [idem.ErrLeaseLost]: roll tx back and tell
 // the handle with StepFailed. After COMMIT, call [idem.Handle.StepCommitted].
-func (s *Store) StepTx(ctx context.Context, tx *sql.Tx, p *idem.RecordStepParams) error {
+func (s *Store) StepTx(ctx context.Context, tx *sql.Tx, p *idemstore.StepParams) error {
 	err := stepTx(ctx, tx, p)
-	if errors.Is(err, idem.ErrLeaseLost) {
+	if errors.Is(err, idemstore.ErrLeaseLost) {
 		return err
 	}
 	return interpretError(err)

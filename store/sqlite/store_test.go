@@ -17,21 +17,22 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
 
-func claimParams(scope, key, token string, now time.Time) *idem.RecordClaimParams {
-	return &idem.RecordClaimParams{
+func claimParams(scope, key, token string, now time.Time) *idemstore.ClaimParams {
+	return &idemstore.ClaimParams{
 		Scope: scope, Key: key, Token: token, RecordID: "rec-" + token,
-		Fingerprint: idem.Fingerprint{Version: idem.FingerprintVersion, Sum: [32]byte{1, 2, 3}},
+		Fingerprint: idemstore.Fingerprint{Version: idemstore.FingerprintVersion, Sum: [32]byte{1, 2, 3}},
 		Lease:       30 * time.Second, TTL: 24 * time.Hour, Now: now,
 	}
 }
 
-func mustClaim(t testing.TB, s idem.Store, p *idem.RecordClaimParams, want idem.ClaimOutcome) *idem.RecordClaimResult {
+func mustClaim(t testing.TB, s idemstore.Store, p *idemstore.ClaimParams, want idemstore.ClaimOutcome) *idemstore.ClaimResult {
 	t.Helper()
 	res, err := s.RecordClaim(context.Background(), p)
 	if err != nil {
@@ -47,9 +48,9 @@ func TestRecordSurvivesCloseAndReopen(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, path := openStore(t, sqlite.Config{})
-	mustClaim(t, s, claimParams("s", "k", "tok", t0), idem.ClaimAcquired)
-	resp := &idem.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(`{"id":1}`)}
-	if err := s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: "s", Key: "k", Token: "tok", Response: resp, TTL: time.Hour}); err != nil {
+	mustClaim(t, s, claimParams("s", "k", "tok", t0), idemstore.ClaimAcquired)
+	resp := &idemstore.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(`{"id":1}`)}
+	if err := s.RecordComplete(ctx, &idemstore.CompleteParams{Scope: "s", Key: "k", Token: "tok", Response: resp, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -64,7 +65,7 @@ func TestRecordSurvivesCloseAndReopen(t *testing.T) {
 	if err := s2.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate after restart: %v", err)
 	}
-	res := mustClaim(t, s2, claimParams("s", "k", "tok2", t0.Add(time.Minute)), idem.ClaimCompleted)
+	res := mustClaim(t, s2, claimParams("s", "k", "tok2", t0.Add(time.Minute)), idemstore.ClaimCompleted)
 	if !res.Record.Response.Equal(resp) {
 		t.Fatalf("replayed after restart: %+v, want %+v", res.Record.Response, resp)
 	}
@@ -235,12 +236,12 @@ func TestTwoHundredKeysClaimedAtOnceAllAcquire(t *testing.T) {
 			<-start
 			key := fmt.Sprintf("key-%03d", i)
 			res, err := s.RecordClaim(context.Background(), claimParams("s", key, "tok-"+key, time.Time{}))
-			if err == nil && res.Outcome != idem.ClaimAcquired {
+			if err == nil && res.Outcome != idemstore.ClaimAcquired {
 				err = fmt.Errorf("%s: %v", key, res.Outcome)
 			}
 			if err == nil {
-				err = s.RecordComplete(context.Background(), &idem.RecordCompleteParams{
-					Scope: "s", Key: key, Token: "tok-" + key, Response: &idem.Response{Status: 200}, TTL: time.Hour})
+				err = s.RecordComplete(context.Background(), &idemstore.CompleteParams{
+					Scope: "s", Key: key, Token: "tok-" + key, Response: &idemstore.Response{Status: 200}, TTL: time.Hour})
 			}
 			errs <- err
 		})
@@ -306,7 +307,7 @@ func TestClaimWaitsOutAnotherProcessesWriteLock(t *testing.T) {
 
 	release := holdWriteLock(t, other)
 	type result struct {
-		res *idem.RecordClaimResult
+		res *idemstore.ClaimResult
 		err error
 	}
 	got := make(chan result, 1)
@@ -317,7 +318,7 @@ func TestClaimWaitsOutAnotherProcessesWriteLock(t *testing.T) {
 	<-retried // the claim met SQLITE_BUSY and is retrying
 	release()
 	r := <-got
-	if r.err != nil || r.res.Outcome != idem.ClaimAcquired {
+	if r.err != nil || r.res.Outcome != idemstore.ClaimAcquired {
 		t.Fatalf("claim after the lock was released = %v, %v; want acquired", r.res, r.err)
 	}
 }
@@ -345,20 +346,20 @@ func TestReadsAndReplaysDoNotWaitForTheWriter(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, _ := openStore(t, sqlite.Config{})
-	mustClaim(t, s, claimParams("s", "done", "tok", t0), idem.ClaimAcquired)
-	if err := s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: "s", Key: "done", Token: "tok", Response: &idem.Response{Status: 201}, TTL: time.Hour}); err != nil {
+	mustClaim(t, s, claimParams("s", "done", "tok", t0), idemstore.ClaimAcquired)
+	if err := s.RecordComplete(ctx, &idemstore.CompleteParams{Scope: "s", Key: "done", Token: "tok", Response: &idemstore.Response{Status: 201}, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	mustClaim(t, s, claimParams("s", "busy", "tok", t0), idem.ClaimAcquired)
+	mustClaim(t, s, claimParams("s", "busy", "tok", t0), idemstore.ClaimAcquired)
 
 	// The same store holds the write lock: anything that needed it would wait forever.
 	release := holdWriteLock(t, s)
 	defer release()
-	if _, err := s.RecordGet(ctx, &idem.RecordGetParams{Scope: "s", Key: "done", Now: t0}); err != nil {
+	if _, err := s.RecordGet(ctx, &idemstore.GetParams{Scope: "s", Key: "done", Now: t0}); err != nil {
 		t.Errorf("RecordGet: %v", err)
 	}
-	mustClaim(t, s, claimParams("s", "done", "tok2", t0.Add(time.Second)), idem.ClaimCompleted)
-	mustClaim(t, s, claimParams("s", "busy", "tok2", t0.Add(time.Second)), idem.ClaimInFlight)
+	mustClaim(t, s, claimParams("s", "done", "tok2", t0.Add(time.Second)), idemstore.ClaimCompleted)
+	mustClaim(t, s, claimParams("s", "busy", "tok2", t0.Add(time.Second)), idemstore.ClaimInFlight)
 	if err := s.Ping(ctx); err != nil {
 		t.Errorf("Ping: %v", err)
 	}
@@ -367,8 +368,8 @@ func TestReadsAndReplaysDoNotWaitForTheWriter(t *testing.T) {
 func TestRecordGetOfMissingKeyIsErrNotFound(t *testing.T) {
 	t.Parallel()
 	s, _ := openStore(t, sqlite.Config{})
-	_, err := s.RecordGet(context.Background(), &idem.RecordGetParams{Scope: "s", Key: "nope"})
-	if !errors.Is(err, idem.ErrNotFound) {
+	_, err := s.RecordGet(context.Background(), &idemstore.GetParams{Scope: "s", Key: "nope"})
+	if !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("RecordGet = %v, want idem.ErrNotFound", err)
 	}
 }
@@ -473,9 +474,9 @@ func TestARecordWithAnOverflowedExpiryIsReadableAndRemovable(t *testing.T) {
 	overflow := func(key string) {
 		t.Helper()
 		p := claimParams("user-1", key, "tok-"+key, time.Time{})
-		mustClaim(t, s, p, idem.ClaimAcquired)
-		err := s.RecordComplete(ctx, &idem.RecordCompleteParams{Scope: "user-1", Key: key, Token: p.Token, TTL: time.Hour,
-			Response: &idem.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)}})
+		mustClaim(t, s, p, idemstore.ClaimAcquired)
+		err := s.RecordComplete(ctx, &idemstore.CompleteParams{Scope: "user-1", Key: key, Token: p.Token, TTL: time.Hour,
+			Response: &idemstore.Response{Status: 201, Body: []byte(`{"id":"ch_1"}`)}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -491,7 +492,7 @@ func TestARecordWithAnOverflowedExpiryIsReadableAndRemovable(t *testing.T) {
 	overflow("key-overflow-1")
 	overflow("key-overflow-2")
 
-	res := mustClaim(t, s, claimParams("user-1", "key-overflow-1", "tok-retry", time.Time{}), idem.ClaimCompleted)
+	res := mustClaim(t, s, claimParams("user-1", "key-overflow-1", "tok-retry", time.Time{}), idemstore.ClaimCompleted)
 	if string(res.Record.Response.Body) != `{"id":"ch_1"}` {
 		t.Fatalf("the retry found %q, want the stored response", res.Record.Response.Body)
 	}
@@ -505,7 +506,7 @@ func TestARecordWithAnOverflowedExpiryIsReadableAndRemovable(t *testing.T) {
 	if err := s.RecordDelete(ctx, &admin.RecordDeleteParams{Scope: "user-1", Key: "key-overflow-1"}); err != nil {
 		t.Fatalf("RecordDelete: %v", err)
 	}
-	n, err := s.RecordDeleteExpired(ctx, &idem.RecordDeleteExpiredParams{Limit: 10})
+	n, err := s.RecordDeleteExpired(ctx, &idemstore.DeleteExpiredParams{Limit: 10})
 	if err != nil || n != 1 {
 		t.Fatalf("RecordDeleteExpired = %d, %v; want the other overflowed record removed", n, err)
 	}

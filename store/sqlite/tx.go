@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // InTx runs fn in one BEGIN IMMEDIATE transaction and commits it together with the
@@ -55,7 +56,7 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 	if err := fn(ctx, tx); err != nil {
 		return err
 	}
-	var p *idem.RecordCompleteParams
+	var p *idemstore.CompleteParams
 	if h != nil {
 		if p, err = h.PrepareCompletion(); err != nil {
 			return err
@@ -117,25 +118,25 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.T
 // [idem.ErrNoHandle] for a request that is neither behind the middleware nor marked
 // idem.WithoutKey. fn may run twice (the fallback above), each time in a transaction
 // that commits at most once; as with InTx, it must not write outside tx.
-func (s *Store) Respond(w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, tx *sql.Tx) (*idem.Response, error)) error {
+func (s *Store) Respond(w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, tx *sql.Tx) (*idemstore.Response, error)) error {
 	if _, err := idem.TxHandle(r.Context()); err != nil {
 		s.logger.ErrorContext(r.Context(), "sqlite: Respond refused a request without an idem.Handle", "error", err)
 		return err
 	}
-	return idem.ServeTx(w, r, func(ctx context.Context, rec *idem.TxRecord) (*idem.Response, error) {
+	return idem.ServeTx(w, r, func(ctx context.Context, rec *idem.TxRecord) (*idemstore.Response, error) {
 		return s.respondOnce(ctx, rec, fn)
 	})
 }
 
 // respondOnce runs one transaction of Respond: the claim rec asks for, fn, and the
 // record's completion.
-func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx context.Context, tx *sql.Tx) (*idem.Response, error)) (*idem.Response, error) {
+func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx context.Context, tx *sql.Tx) (*idemstore.Response, error)) (*idemstore.Response, error) {
 	claim := rec.Claim()
 	if claim != nil {
 		// As RecordClaim does: a plain read first, so that a replay, a duplicate or a
 		// reused key is answered without queueing for the write lock.
 		t := now(claim.Now)
-		var existing *idem.Record
+		var existing *idemstore.Record
 		err := s.retryBusy(ctx, "claim read", func() (err error) {
 			existing, err = getRecord(ctx, s.db, claim.Scope, claim.Key)
 			return err
@@ -157,12 +158,12 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx
 		if err != nil {
 			return nil, &idem.StoreError{Op: "claim", Err: interpretError(err)}
 		}
-		if res.Outcome != idem.ClaimAcquired || res.TookOver {
+		if res.Outcome != idemstore.ClaimAcquired || res.TookOver {
 			// A replay, a duplicate or a mismatch is answered from what the claim read;
 			// a lapsed lease is taken over the usual way (the middleware logs
 			// takeovers). Nothing commits.
 			found := res.Record
-			if res.Outcome == idem.ClaimAcquired {
+			if res.Outcome == idemstore.ClaimAcquired {
 				found = nil
 			}
 			return nil, &idem.KeyTakenError{Found: found, Now: res.Now}
@@ -179,7 +180,7 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx
 	switch {
 	case p != nil:
 		if err := completeTx(ctx, tx, p); err != nil {
-			if errors.Is(err, idem.ErrLeaseLost) {
+			if errors.Is(err, idemstore.ErrLeaseLost) {
 				return nil, err
 			}
 			return nil, &idem.StoreError{Op: "complete", Err: interpretError(err)}
@@ -241,9 +242,9 @@ func (s *Store) beginApp(ctx context.Context, what string) (tx *sql.Tx, end func
 // record (another request took the key over, or it was completed or released) it
 // changes nothing and returns [idem.ErrLeaseLost]; the application must then roll tx
 // back and tell the handle with CompletionFailed. [Store.InTx] does all of this.
-func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p *idem.RecordCompleteParams) error {
+func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p *idemstore.CompleteParams) error {
 	err := completeTx(ctx, tx, p)
-	if errors.Is(err, idem.ErrLeaseLost) {
+	if errors.Is(err, idemstore.ErrLeaseLost) {
 		return err
 	}
 	return interpretError(err)
@@ -251,7 +252,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p *idem.RecordComple
 
 // releaseClaimInTx deletes, in tx, a claim made by Respond's transaction whose
 // response is not to be stored (SPEC §6), so that it never commits.
-func releaseClaimInTx(ctx context.Context, tx *sql.Tx, p *idem.RecordClaimParams) error {
+func releaseClaimInTx(ctx context.Context, tx *sql.Tx, p *idemstore.ClaimParams) error {
 	if p == nil {
 		return nil
 	}

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 func init() {
@@ -24,7 +24,7 @@ func init() {
 func testClaimOfAbsentKeyAcquires(t *testing.T, h Harness) {
 	b := setup(t, h)
 	p := b.claimParams(b.t0)
-	res := b.claimWant(p, idem.ClaimAcquired)
+	res := b.claimWant(p, idemstore.ClaimAcquired)
 	if res.TookOver {
 		t.Error("TookOver = true for a claim of an absent key")
 	}
@@ -38,7 +38,7 @@ func testClaimOfAbsentKeyAcquires(t *testing.T, h Harness) {
 func testExactlyOneOfConcurrentClaims(t *testing.T, h Harness) {
 	b := setup(t, h)
 	const n = 100
-	params := make([]*idem.RecordClaimParams, n)
+	params := make([]*idemstore.ClaimParams, n)
 	for i := range params {
 		params[i] = b.claimParams(b.t0)
 	}
@@ -47,12 +47,12 @@ func testExactlyOneOfConcurrentClaims(t *testing.T, h Harness) {
 	winner := -1
 	for i, res := range results {
 		switch res.Outcome {
-		case idem.ClaimAcquired:
+		case idemstore.ClaimAcquired:
 			if winner >= 0 {
 				t.Fatalf("claims %d and %d both acquired the key", winner, i)
 			}
 			winner = i
-		case idem.ClaimInFlight:
+		case idemstore.ClaimInFlight:
 			if res.Record.Fingerprint != b.fp {
 				t.Errorf("claim %d: in-flight record fingerprint = %v, want %v", i, res.Record.Fingerprint, b.fp)
 			}
@@ -73,9 +73,9 @@ func testExactlyOneOfConcurrentClaims(t *testing.T, h Harness) {
 
 // claimConcurrently runs every claim at once, one goroutine each, and returns their
 // results in order. Errors fail the test.
-func (b *bundle) claimConcurrently(params []*idem.RecordClaimParams) []*idem.RecordClaimResult {
+func (b *bundle) claimConcurrently(params []*idemstore.ClaimParams) []*idemstore.ClaimResult {
 	b.t.Helper()
-	results := make([]*idem.RecordClaimResult, len(params))
+	results := make([]*idemstore.ClaimResult, len(params))
 	errs := make([]error, len(params))
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -103,7 +103,7 @@ func testClaimOfInFlightKey(t *testing.T, h Harness) {
 	first := b.acquire(b.t0)
 	for _, d := range []int{0, 1, 9999} { // milliseconds into the 10 s lease
 		at := b.at(ms(d))
-		res := b.claimWant(b.claimParams(at), idem.ClaimInFlight)
+		res := b.claimWant(b.claimParams(at), idemstore.ClaimInFlight)
 		if res.TookOver {
 			t.Errorf("at t0+%dms: TookOver = true for an in-flight answer", d)
 		}
@@ -122,7 +122,7 @@ func testClaimOfCompletedKeyReplays(t *testing.T, h Harness) {
 			p := b.acquire(b.t0)
 			b.complete(p.Token, cloneResponse(resp), b.at(ms(5)))
 
-			res := b.claimWant(b.claimParams(b.at(ms(10))), idem.ClaimCompleted)
+			res := b.claimWant(b.claimParams(b.at(ms(10))), idemstore.ClaimCompleted)
 			if res.TookOver {
 				t.Error("TookOver = true for a replay")
 			}
@@ -134,12 +134,12 @@ func testClaimOfCompletedKeyReplays(t *testing.T, h Harness) {
 }
 
 // replayResponses are responses that must come back exactly as stored.
-func replayResponses() map[string]*idem.Response {
+func replayResponses() map[string]*idemstore.Response {
 	binary := make([]byte, 512)
 	for i := range binary {
 		binary[i] = byte(i)
 	}
-	return map[string]*idem.Response{
+	return map[string]*idemstore.Response{
 		"json":       sampleResponse(),
 		"empty body": {Status: 204, Header: http.Header{"Etag": {`"v1"`}}, Body: []byte{}},
 		"nil body":   {Status: 202, Body: nil},
@@ -153,7 +153,7 @@ func replayResponses() map[string]*idem.Response {
 	}
 }
 
-func cloneResponse(r *idem.Response) *idem.Response {
+func cloneResponse(r *idemstore.Response) *idemstore.Response {
 	c := *r
 	c.Header = r.Header.Clone()
 	c.Body = append([]byte(nil), r.Body...)
@@ -169,13 +169,13 @@ func testClaimWithOtherFingerprintIsMismatch(t *testing.T, h Harness) {
 
 	other := b.claimParams(b.at(ms(1)))
 	other.Fingerprint = newFingerprint()
-	res := b.claimWant(other, idem.ClaimMismatch)
+	res := b.claimWant(other, idemstore.ClaimMismatch)
 	b.wantRecord("mismatched in-flight record", res.Record, inFlightRecord(p))
 
 	b.complete(p.Token, sampleResponse(), b.at(ms(2)))
 	other = b.claimParams(b.at(ms(3)))
 	other.Fingerprint = newFingerprint()
-	res = b.claimWant(other, idem.ClaimMismatch)
+	res = b.claimWant(other, idemstore.ClaimMismatch)
 	b.wantRecord("mismatched completed record", res.Record, completedRecord(inFlightRecord(p), sampleResponse(), ttl))
 }
 
@@ -188,7 +188,7 @@ func testMismatchLeavesRecordIntact(t *testing.T, h Harness) {
 		for i := range 3 {
 			other := b.claimParams(b.at(ms(10 + i)))
 			other.Fingerprint = newFingerprint()
-			b.claimWant(other, idem.ClaimMismatch)
+			b.claimWant(other, idemstore.ClaimMismatch)
 		}
 		b.wantRecord(state+" record after mismatches", b.mustGet(b.at(ms(20))), before)
 	}
@@ -200,7 +200,7 @@ func testMismatchLeavesRecordIntact(t *testing.T, h Harness) {
 
 func testFingerprintVersionIsStored(t *testing.T, h Harness) {
 	b := setup(t, h)
-	b.fp = idem.Fingerprint{Version: 1, Sum: newFingerprint().Sum}
+	b.fp = idemstore.Fingerprint{Version: 1, Sum: newFingerprint().Sum}
 	p := b.acquire(b.t0)
 	if got := b.mustGet(b.t0).Fingerprint; got != b.fp {
 		t.Fatalf("stored fingerprint = %v, want %v", got, b.fp)
@@ -209,15 +209,15 @@ func testFingerprintVersionIsStored(t *testing.T, h Harness) {
 	// A version-2 claim cannot be compared with a version-1 record: it is taken to match
 	// (Fingerprint.Matches), never key_reused.
 	v2 := b.claimParams(b.at(ms(1)))
-	v2.Fingerprint = idem.Fingerprint{Version: 2, Sum: newFingerprint().Sum}
-	res := b.claimWant(v2, idem.ClaimInFlight)
+	v2.Fingerprint = idemstore.Fingerprint{Version: 2, Sum: newFingerprint().Sum}
+	res := b.claimWant(v2, idemstore.ClaimInFlight)
 	if res.Record.Fingerprint != b.fp {
 		t.Errorf("in-flight answer fingerprint = %v, want the stored %v", res.Record.Fingerprint, b.fp)
 	}
 
 	b.complete(p.Token, sampleResponse(), b.at(ms(2)))
 	v2.Now = b.at(ms(3))
-	res = b.claimWant(v2, idem.ClaimCompleted)
+	res = b.claimWant(v2, idemstore.ClaimCompleted)
 	if res.Record.Fingerprint != b.fp {
 		t.Errorf("replayed fingerprint = %v, want the stored %v", res.Record.Fingerprint, b.fp)
 	}

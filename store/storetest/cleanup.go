@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 func init() {
@@ -27,7 +28,7 @@ func setupCleanup(t *testing.T, h Harness) *bundle {
 	t.Helper()
 	b := setup(t, h)
 	if !b.s.Capabilities().BatchedCleanup {
-		n, err := b.s.RecordDeleteExpired(b.ctx, &idem.RecordDeleteExpiredParams{Limit: 100, Now: b.t0})
+		n, err := b.s.RecordDeleteExpired(b.ctx, &idemstore.DeleteExpiredParams{Limit: 100, Now: b.t0})
 		if n != 0 || err != nil {
 			t.Errorf("RecordDeleteExpired on a store without BatchedCleanup = %d, %v; want 0, nil", n, err)
 		}
@@ -38,11 +39,11 @@ func setupCleanup(t *testing.T, h Harness) *bundle {
 
 // put creates the record of key at t0: in flight under lease, or completed when
 // complete is true; it expires at max(t0 + ttl, t0 + lease) or t0 + ttl.
-func (b *bundle) put(key string, ttl, lease time.Duration, complete bool) *idem.RecordClaimParams {
+func (b *bundle) put(key string, ttl, lease time.Duration, complete bool) *idemstore.ClaimParams {
 	b.t.Helper()
 	p := b.claimParams(b.t0)
 	p.Key, p.TTL, p.Lease = key, ttl, lease
-	b.claimWant(p, idem.ClaimAcquired)
+	b.claimWant(p, idemstore.ClaimAcquired)
 	if complete {
 		cp := b.completeParams(p.Token, sampleResponse(), b.t0)
 		cp.Key, cp.TTL = key, ttl
@@ -56,7 +57,7 @@ func (b *bundle) put(key string, ttl, lease time.Duration, complete bool) *idem.
 // deleteExpired runs one cleanup batch and fails the test unless it deleted want.
 func (b *bundle) deleteExpired(now time.Time, retention time.Duration, limit, want int) {
 	b.t.Helper()
-	n, err := b.s.RecordDeleteExpired(b.ctx, &idem.RecordDeleteExpiredParams{Retention: retention, Limit: limit, Now: now})
+	n, err := b.s.RecordDeleteExpired(b.ctx, &idemstore.DeleteExpiredParams{Retention: retention, Limit: limit, Now: now})
 	if err != nil {
 		b.t.Fatalf("RecordDeleteExpired(retention %v, limit %d) at t0%+v: %v", retention, limit, now.Sub(b.t0), err)
 	}
@@ -68,7 +69,7 @@ func (b *bundle) deleteExpired(now time.Time, retention time.Duration, limit, wa
 // wantPresent fails the test unless key's record reads as present at now.
 func (b *bundle) wantPresent(key string, now time.Time) {
 	b.t.Helper()
-	if _, err := b.s.RecordGet(b.ctx, &idem.RecordGetParams{Scope: b.scope, Key: key, Now: now}); err != nil {
+	if _, err := b.s.RecordGet(b.ctx, &idemstore.GetParams{Scope: b.scope, Key: key, Now: now}); err != nil {
 		b.t.Fatalf("RecordGet(%q) at t0%+v after cleanup: %v", key, now.Sub(b.t0), err)
 	}
 }
@@ -109,7 +110,7 @@ func testCleanupNeverDeletesLiveInFlight(t *testing.T, h Harness) {
 
 	// Even when the caller's retention would reach past its expiry, a live lease keeps
 	// the record. A store may refuse a negative retention instead.
-	n, err := b.s.RecordDeleteExpired(b.ctx, &idem.RecordDeleteExpiredParams{Retention: -time.Hour, Limit: 100, Now: now})
+	n, err := b.s.RecordDeleteExpired(b.ctx, &idemstore.DeleteExpiredParams{Retention: -time.Hour, Limit: 100, Now: now})
 	if err == nil && n != 0 {
 		t.Fatalf("RecordDeleteExpired(retention -1h) deleted %d records, want 0: the lease is live", n)
 	}
@@ -172,7 +173,7 @@ func testStoreCleanerDeletesExpired(t *testing.T, h Harness) {
 	}
 	for _, key := range []string{"expired-completed", "expired-lapsed"} {
 		// At t0 they are live: reading as absent there means they are gone.
-		if _, err := s.RecordGet(b.ctx, &idem.RecordGetParams{Scope: b.scope, Key: key, Now: t0}); !errors.Is(err, idem.ErrNotFound) {
+		if _, err := s.RecordGet(b.ctx, &idemstore.GetParams{Scope: b.scope, Key: key, Now: t0}); !errors.Is(err, idemstore.ErrNotFound) {
 			t.Errorf("RecordGet(%q) after the store's cleaner = %v, want ErrNotFound", key, err)
 		}
 	}

@@ -8,12 +8,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // diffRecords describes how got differs from want, field by field; "" when they are the
 // same record in the same state. Times compare as instants, responses byte for byte.
-func diffRecords(got, want *idem.Record) string {
+func diffRecords(got, want *idemstore.Record) string {
 	if got == nil || want == nil {
 		if got == want {
 			return ""
@@ -41,7 +41,7 @@ func diffRecords(got, want *idem.Record) string {
 		add("Token", got.Token, want.Token)
 	}
 	// A completed record has no lease; stores may keep or clear the last one.
-	if got.State == idem.StateInFlight && !got.LeaseEnd.Equal(want.LeaseEnd) {
+	if got.State == idemstore.StateInFlight && !got.LeaseEnd.Equal(want.LeaseEnd) {
 		add("LeaseEnd", got.LeaseEnd, want.LeaseEnd)
 	}
 	if !got.Response.Equal(want.Response) {
@@ -66,7 +66,7 @@ func diffRecords(got, want *idem.Record) string {
 }
 
 // describeResponse prints a response compactly, without dumping a large body or header.
-func describeResponse(r *idem.Response) string {
+func describeResponse(r *idemstore.Response) string {
 	if r == nil {
 		return "<nil>"
 	}
@@ -75,7 +75,7 @@ func describeResponse(r *idem.Response) string {
 
 // diffResponses says how got differs from want: which of status, NotStored, body and
 // headers differ, naming each differing header.
-func diffResponses(got, want *idem.Response) string {
+func diffResponses(got, want *idemstore.Response) string {
 	if got == nil || want == nil {
 		return fmt.Sprintf("%s, want %s", describeResponse(got), describeResponse(want))
 	}
@@ -133,24 +133,24 @@ func shortValues(vs []string) string {
 }
 
 // inFlightRecord is the record that a claim p acquiring a key afresh installs.
-func inFlightRecord(p *idem.RecordClaimParams) *idem.Record {
+func inFlightRecord(p *idemstore.ClaimParams) *idemstore.Record {
 	leaseEnd := p.Now.Add(p.Lease)
-	return &idem.Record{
+	return &idemstore.Record{
 		Scope:       p.Scope,
 		Key:         p.Key,
 		ID:          p.RecordID,
 		Fingerprint: p.Fingerprint,
-		State:       idem.StateInFlight,
+		State:       idemstore.StateInFlight,
 		Token:       p.Token,
 		LeaseEnd:    leaseEnd,
 		CreatedAt:   p.Now,
-		ExpiresAt:   idem.InFlightExpiresAt(p.Now, p.TTL, leaseEnd),
+		ExpiresAt:   idemstore.InFlightExpiresAt(p.Now, p.TTL, leaseEnd),
 	}
 }
 
 // completedRecord is rec, whose recovery point never advanced, completed with resp
 // under ttl.
-func completedRecord(rec *idem.Record, resp *idem.Response, ttl time.Duration) *idem.Record {
+func completedRecord(rec *idemstore.Record, resp *idemstore.Response, ttl time.Duration) *idemstore.Record {
 	if rec.RecoveryPoint != "" {
 		panic("storetest: completedRecord of a record whose recovery point advanced; use completedRecordAt")
 	}
@@ -159,9 +159,9 @@ func completedRecord(rec *idem.Record, resp *idem.Response, ttl time.Duration) *
 
 // completedRecordAt is rec completed at now with resp under ttl: it expires at
 // created_at + ttl, or now + ttl when its recovery point advanced.
-func completedRecordAt(rec *idem.Record, resp *idem.Response, ttl time.Duration, now time.Time) *idem.Record {
+func completedRecordAt(rec *idemstore.Record, resp *idemstore.Response, ttl time.Duration, now time.Time) *idemstore.Record {
 	c := *rec
-	c.State = idem.StateCompleted
+	c.State = idemstore.StateCompleted
 	c.Token = ""
 	c.LeaseEnd = time.Time{}
 	c.Response = resp
@@ -171,7 +171,7 @@ func completedRecordAt(rec *idem.Record, resp *idem.Response, ttl time.Duration,
 }
 
 // wantRecord fails the test when got is not want.
-func (b *bundle) wantRecord(what string, got, want *idem.Record) {
+func (b *bundle) wantRecord(what string, got, want *idemstore.Record) {
 	b.t.Helper()
 	if d := diffRecords(got, want); d != "" {
 		b.t.Fatalf("%s: %s", what, d)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testkit"
 )
 
@@ -93,7 +94,7 @@ func testCompleterFinishes(t *testing.T, h Harness) {
 	}
 	want := charge{ID: "ch_1/pch_" + idem.ForeignKey(dead.RecordID, "processor")[:8], Amount: 2000}
 	rec := b.mustGet(clock.Now())
-	if rec.State != idem.StateCompleted || rec.ID != dead.RecordID {
+	if rec.State != idemstore.StateCompleted || rec.ID != dead.RecordID {
 		t.Fatalf("record %v with id %q, want completed, keeping the id %q", rec.State, rec.ID, dead.RecordID)
 	}
 	// The client's retry finds the finished operation.
@@ -125,7 +126,7 @@ func testCompleterLeavesLive(t *testing.T, h Harness) {
 	if runs.Load() != 1 {
 		t.Fatalf("the resume function ran %d times, want once", runs.Load())
 	}
-	if rec := notAdvanced.mustGet(clock.Now()); rec.State != idem.StateInFlight {
+	if rec := notAdvanced.mustGet(clock.Now()); rec.State != idemstore.StateInFlight {
 		t.Fatalf("the record without a step: %v, want left in flight for the client's retry", rec.State)
 	}
 }
@@ -180,7 +181,7 @@ func testCompletersRace(t *testing.T, h Harness) {
 			completers, resumed, len(byKey), runs.Load(), records, byKey)
 	}
 	for _, k := range keys {
-		if rec := k.mustGet(b.at(2 * lease)); rec.State != idem.StateCompleted {
+		if rec := k.mustGet(b.at(2 * lease)); rec.State != idemstore.StateCompleted {
 			t.Fatalf("record %s: %v, want completed", k.key, rec.State)
 		}
 	}
@@ -203,7 +204,7 @@ func testCompleterBackoff(t *testing.T, h Harness) {
 	clock.Advance(lease + ms(1))
 	b.wantPass(c, idem.CompleterPass{Failed: 1})
 	rec := b.mustGet(clock.Now())
-	if rec.State != idem.StateInFlight || rec.RecoveryPoint != "charge_pending" || rec.ID != dead.RecordID || rec.Token != "" {
+	if rec.State != idemstore.StateInFlight || rec.RecoveryPoint != "charge_pending" || rec.ID != dead.RecordID || rec.Token != "" {
 		t.Fatalf("record after a failed resume: %v at %q, id %q, token %q; want kept in flight with no holder, at charge_pending",
 			rec.State, rec.RecoveryPoint, rec.ID, rec.Token)
 	}
@@ -222,7 +223,7 @@ func testCompleterBackoff(t *testing.T, h Harness) {
 	if runs.Load() != 3 {
 		t.Fatalf("the resume function ran %d times, want 3 (two failures, then success)", runs.Load())
 	}
-	if rec := b.mustGet(clock.Now()); rec.State != idem.StateCompleted {
+	if rec := b.mustGet(clock.Now()); rec.State != idemstore.StateCompleted {
 		t.Fatalf("record %v after the successful resume, want completed", rec.State)
 	}
 }
@@ -244,7 +245,7 @@ func testCompleterNoFunction(t *testing.T, h Harness) {
 	b.wantPass(c, idem.CompleterPass{Skipped: 1}) // still waiting for its backoff
 	clock.Advance(completerRetryBackoff + completerRetryBackoff/5)
 	b.wantPass(c, idem.CompleterPass{Resumed: 1})
-	if rec := b.mustGet(clock.Now()); rec.State != idem.StateCompleted || runs.Load() != 1 {
+	if rec := b.mustGet(clock.Now()); rec.State != idemstore.StateCompleted || runs.Load() != 1 {
 		t.Fatalf("record %v after %d runs, want completed by one run of the function registered late", rec.State, runs.Load())
 	}
 }
@@ -265,7 +266,7 @@ func testCompleterTx(t *testing.T, h Harness) {
 	b.wantPass(c, idem.CompleterPass{Resumed: 1})
 	b.wantMarker(h, marker, true)
 	rec := b.mustGet(clock.Now())
-	if rec.State != idem.StateCompleted || !rec.Response.Equal(sampleResponse()) {
+	if rec.State != idemstore.StateCompleted || !rec.Response.Equal(sampleResponse()) {
 		t.Fatalf("record %v with %s, want completed in the resume function's transaction", rec.State, describeResponse(rec.Response))
 	}
 }

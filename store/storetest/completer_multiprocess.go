@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // completerRecords is how many dead holders' records RunCompleterMultiProcess leaves
@@ -89,13 +90,13 @@ func RunCompleterMultiProcess(t *testing.T, p MultiProcess) {
 			t.Errorf("record %d resumed %d times across %d processes (children %v), want exactly once", i, len(children), p.Processes, children)
 			continue
 		}
-		rec, err := s.RecordGet(t.Context(), &idem.RecordGetParams{Scope: scope, Key: mpKey(prefix, i)})
+		rec, err := s.RecordGet(t.Context(), &idemstore.GetParams{Scope: scope, Key: mpKey(prefix, i)})
 		if err != nil {
 			t.Errorf("record %d: RecordGet after the completers: %v", i, err)
 			continue
 		}
 		var got charge
-		if rec.State != idem.StateCompleted || json.Unmarshal(rec.Response.Body, &got) != nil ||
+		if rec.State != idemstore.StateCompleted || json.Unmarshal(rec.Response.Body, &got) != nil ||
 			got != (charge{ID: fmt.Sprintf("ch_%d/child_%d", i, children[0]), Amount: 2000}) {
 			t.Errorf("record %d: %v, want completed with the one resume's result", i, rec.State)
 		}
@@ -106,7 +107,7 @@ func RunCompleterMultiProcess(t *testing.T, p MultiProcess) {
 }
 
 // mpFingerprint is the fingerprint of the records of the multi-process runs.
-var mpFingerprint = idem.Fingerprint{Version: idem.FingerprintVersion, Sum: [32]byte{'m', 'p'}}
+var mpFingerprint = idemstore.Fingerprint{Version: idemstore.FingerprintVersion, Sum: [32]byte{'m', 'p'}}
 
 func completeChild(t *testing.T, p MultiProcess) {
 	dsn, prefix := os.Getenv(envDSN), os.Getenv(envKeys)

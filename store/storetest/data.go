@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 func init() {
@@ -42,10 +42,10 @@ func testSameKeyInTwoScopes(t *testing.T, h Harness) {
 	a.complete(pa.Token, sampleResponse(), b.at(ms(1)))
 
 	// No replay across scopes: the other scope's record is still in flight.
-	res := c.claimWant(c.claimParams(b.at(ms(2))), idem.ClaimInFlight)
+	res := c.claimWant(c.claimParams(b.at(ms(2))), idemstore.ClaimInFlight)
 	c.wantRecord("other scope's record", res.Record, inFlightRecord(pc))
 	// Nor can a token reach across scopes.
-	if err := a.s.RecordRelease(b.ctx, a.releaseParams(pc.Token)); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := a.s.RecordRelease(b.ctx, a.releaseParams(pc.Token)); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Errorf("release in scope A with scope B's token = %v, want ErrLeaseLost", err)
 	}
 	// Releasing one leaves the other.
@@ -78,7 +78,7 @@ func testScopeAndKeyNotConcatenated(t *testing.T, h Harness) {
 		p1 := one.acquire(b.t0)
 		p2 := two.acquire(b.t0)
 		one.complete(p1.Token, sampleResponse(), b.at(ms(1)))
-		two.claimWant(two.claimParams(b.at(ms(2))), idem.ClaimInFlight)
+		two.claimWant(two.claimParams(b.at(ms(2))), idemstore.ClaimInFlight)
 		one.wantRecord("separator "+hex.EncodeToString([]byte(sep)), one.mustGet(b.at(ms(2))),
 			completedRecord(inFlightRecord(p1), sampleResponse(), ttl))
 		two.wantRecord("separator "+hex.EncodeToString([]byte(sep)), two.mustGet(b.at(ms(2))), inFlightRecord(p2))
@@ -108,7 +108,7 @@ func oddScopes() map[string]string {
 
 func testArbitraryScopes(t *testing.T, h Harness) {
 	b := setup(t, h)
-	claims := map[string]*idem.RecordClaimParams{}
+	claims := map[string]*idemstore.ClaimParams{}
 	for name, scope := range oddScopes() {
 		s := *b
 		s.scope = scope
@@ -121,7 +121,7 @@ func testArbitraryScopes(t *testing.T, h Harness) {
 		s.scope = scope
 		s.wantRecord("scope "+name, s.mustGet(b.at(ms(1))), inFlightRecord(claims[name]))
 		s.complete(claims[name].Token, sampleResponse(), b.at(ms(2)))
-		res := s.claimWant(s.claimParams(b.at(ms(3))), idem.ClaimCompleted)
+		res := s.claimWant(s.claimParams(b.at(ms(3))), idemstore.ClaimCompleted)
 		if res.Record.Scope != scope {
 			t.Errorf("scope %s: replayed record Scope = %q, want %q", name, res.Record.Scope, scope)
 		}
@@ -156,7 +156,7 @@ func testLongKeyAllCharacters(t *testing.T, h Harness) {
 		k.key = key
 		p := k.acquire(b.t0)
 		k.complete(p.Token, sampleResponse(), b.at(ms(1)))
-		res := k.claimWant(k.claimParams(b.at(ms(2))), idem.ClaimCompleted)
+		res := k.claimWant(k.claimParams(b.at(ms(2))), idemstore.ClaimCompleted)
 		k.wantRecord("255-char key", res.Record, completedRecord(inFlightRecord(p), sampleResponse(), ttl))
 	}
 	// Keys that differ only in their last character, or in case, are different keys.
@@ -168,12 +168,12 @@ func testLongKeyAllCharacters(t *testing.T, h Harness) {
 
 // roundTrip claims the bundle's key, completes it with resp and requires that both a
 // replay and a read return resp byte for byte.
-func (b *bundle) roundTrip(what string, resp *idem.Response) {
+func (b *bundle) roundTrip(what string, resp *idemstore.Response) {
 	b.t.Helper()
 	p := b.acquire(b.t0)
 	b.complete(p.Token, cloneResponse(resp), b.at(ms(1)))
 	want := completedRecord(inFlightRecord(p), resp, ttl)
-	res := b.claimWant(b.claimParams(b.at(ms(2))), idem.ClaimCompleted)
+	res := b.claimWant(b.claimParams(b.at(ms(2))), idemstore.ClaimCompleted)
 	b.wantRecord(what+": replayed record", res.Record, want)
 	b.wantRecord(what+": record read back", b.mustGet(b.at(ms(2))), want)
 }
@@ -182,7 +182,7 @@ func testOneMiBResponse(t *testing.T, h Harness) {
 	b := setup(t, h)
 	body := make([]byte, MaxResponseBytes)
 	_, _ = rand.Read(body)
-	b.roundTrip("1 MiB random body", &idem.Response{
+	b.roundTrip("1 MiB random body", &idemstore.Response{
 		Status: 200,
 		Header: http.Header{"Content-Type": {"application/octet-stream"}},
 		Body:   body,
@@ -192,9 +192,9 @@ func testOneMiBResponse(t *testing.T, h Harness) {
 func testNotStoredResponse(t *testing.T, h Harness) {
 	b := setup(t, h)
 	// What the middleware stores for a flushed or over-limit response: no body.
-	b.roundTrip("not stored", &idem.Response{Status: 201, NotStored: true})
+	b.roundTrip("not stored", &idemstore.Response{Status: 201, NotStored: true})
 	b.key = "key-" + rand.Text()
-	b.roundTrip("not stored with headers", &idem.Response{
+	b.roundTrip("not stored with headers", &idemstore.Response{
 		Status:    200,
 		NotStored: true,
 		Header:    http.Header{"Content-Type": {"text/event-stream"}},
@@ -203,7 +203,7 @@ func testNotStoredResponse(t *testing.T, h Harness) {
 
 func testOddHeaders(t *testing.T, h Harness) {
 	b := setup(t, h)
-	b.roundTrip("odd headers", &idem.Response{
+	b.roundTrip("odd headers", &idemstore.Response{
 		Status: 303,
 		Header: http.Header{
 			"Link":                {`</v1/charges?page=2>; rel="next"`, `</v1/charges?page=9>; rel="last"`, `<a>; rel="first"`},
@@ -241,7 +241,7 @@ func testStoredResponseIsCopied(t *testing.T, h Harness) {
 	want := completedRecord(inFlightRecord(p), sampleResponse(), ttl)
 	b.wantRecord("record after the caller changed its response", b.mustGet(b.at(ms(2))), want)
 
-	for _, rec := range []*idem.Record{b.mustGet(b.at(ms(2))), b.claimWant(b.claimParams(b.at(ms(2))), idem.ClaimCompleted).Record} {
+	for _, rec := range []*idemstore.Record{b.mustGet(b.at(ms(2))), b.claimWant(b.claimParams(b.at(ms(2))), idemstore.ClaimCompleted).Record} {
 		rec.Response.Body[0] = 'Y'
 		rec.Response.Header["Location"][0] = "/elsewhere"
 		rec.Response.Header.Set("X-Added", "after")

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testkit"
 )
 
@@ -72,7 +73,7 @@ func testDoRunsOnce(t *testing.T, h Harness) {
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("the function ran %d times, want once", n)
 	}
-	if rec := b.mustGet(b.t0); rec.State != idem.StateCompleted {
+	if rec := b.mustGet(b.t0); rec.State != idemstore.StateCompleted {
 		t.Fatalf("record %v after Do, want completed", rec.State)
 	}
 }
@@ -134,7 +135,7 @@ func testDoTakeover(t *testing.T, h Harness) {
 		t.Fatalf("Do after the lease lapsed = %+v, replayed %v, err %v; want it executed", v, replayed, err)
 	}
 	rec := b.mustGet(clock.Now())
-	if rec.State != idem.StateCompleted || rec.ID != dead.RecordID {
+	if rec.State != idemstore.StateCompleted || rec.ID != dead.RecordID {
 		t.Fatalf("record %v with id %q, want completed keeping the dead holder's id %q", rec.State, rec.ID, dead.RecordID)
 	}
 }
@@ -147,7 +148,7 @@ func testDoErrorReleases(t *testing.T, h Harness) {
 	if !errors.Is(err, declined) {
 		t.Fatalf("Do = %v, want the function's error", err)
 	}
-	if _, err := b.get(b.t0); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := b.get(b.t0); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("record after the function failed: %v, want it released (ErrNotFound)", err)
 	}
 	var runs atomic.Int64

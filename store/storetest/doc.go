@@ -1,14 +1,14 @@
-// Package storetest is the conformance suite that every [idem.Store] runs unchanged:
+// Package storetest is the conformance suite that every [idemstore.Store] runs unchanged:
 // store/memory, store/sqlite, store/postgres and store/redis call [Run] from their
 // tests with a [Harness] that hands out fresh stores. The suite checks the contract of
-// [idem.Store] and SPEC §5 (states, fencing, leases), §7 (completion inside the
+// [idemstore.Store] and SPEC §5 (states, fencing, leases), §7 (completion inside the
 // application's transaction), §8 (expiry and cleanup) and §3/§6 (what keys, scopes and
 // responses must survive a round trip).
 //
 // Every case runs in parallel in its own store, injects time through the params' Now
 // (it never sleeps), and uses random scopes, keys and tokens. The list of cases is the
 // same for every store; a case that needs a capability the store does not declare in
-// [idem.Capabilities] skips with a log line naming the capability:
+// [idemstore.Capabilities] skips with a log line naming the capability:
 // Capabilities.BatchedCleanup for the cleanup cases, Capabilities.Transactions for the
 // §7 cases (which fail, rather than skip, when the store declares the capability but
 // the Harness has no Tx).
@@ -31,7 +31,7 @@
 //
 //	type txHarness struct{}
 //
-//	func (txHarness) WriteAndComplete(ctx context.Context, s idem.Store, p *idem.RecordCompleteParams, marker string) error {
+//	func (txHarness) WriteAndComplete(ctx context.Context, s idemstore.Store, p *idemstore.CompleteParams, marker string) error {
 //		st := s.(*postgres.Store)
 //		return pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
 //			if _, err := tx.Exec(ctx, `INSERT INTO app_marker (name) VALUES ($1)`, marker); err != nil {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 func init() {
@@ -37,19 +37,19 @@ func (b *bundle) fencedOps(token string, now time.Time) map[string]error {
 	}
 }
 
-func (b *bundle) renewParams(token string, l time.Duration, now time.Time) *idem.RecordRenewParams {
-	return &idem.RecordRenewParams{Scope: b.scope, Key: b.key, Token: token, Lease: l, TTL: ttl, Now: now}
+func (b *bundle) renewParams(token string, l time.Duration, now time.Time) *idemstore.RenewParams {
+	return &idemstore.RenewParams{Scope: b.scope, Key: b.key, Token: token, Lease: l, TTL: ttl, Now: now}
 }
 
-func (b *bundle) releaseParams(token string) *idem.RecordReleaseParams {
-	return &idem.RecordReleaseParams{Scope: b.scope, Key: b.key, Token: token}
+func (b *bundle) releaseParams(token string) *idemstore.ReleaseParams {
+	return &idemstore.ReleaseParams{Scope: b.scope, Key: b.key, Token: token}
 }
 
 // wantLeaseLost fails the test unless every operation in errs returned ErrLeaseLost.
 func (b *bundle) wantLeaseLost(what string, errs map[string]error) {
 	b.t.Helper()
 	for op, err := range errs {
-		if !errors.Is(err, idem.ErrLeaseLost) {
+		if !errors.Is(err, idemstore.ErrLeaseLost) {
 			b.t.Errorf("%s: %s = %v, want ErrLeaseLost", what, op, err)
 		}
 	}
@@ -81,7 +81,7 @@ func testWrongTokenIsFenced(t *testing.T, h Harness) {
 func testFencedOnAbsentKey(t *testing.T, h Harness) {
 	b := setup(t, h)
 	b.wantLeaseLost("absent key", b.fencedOps(newToken(), b.t0))
-	if _, err := b.get(b.t0); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := b.get(b.t0); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("RecordGet after fenced operations on an absent key = %v, want ErrNotFound", err)
 	}
 }
@@ -91,9 +91,9 @@ func testCompleteOfCompletedIsLeaseLost(t *testing.T, h Harness) {
 	p := b.acquire(b.t0)
 	b.complete(p.Token, sampleResponse(), b.at(ms(1)))
 	b.wantUnchanged("completed twice", b.at(ms(2)), func() {
-		other := &idem.Response{Status: 500, Body: []byte("second")}
+		other := &idemstore.Response{Status: 500, Body: []byte("second")}
 		err := b.s.RecordComplete(b.ctx, b.completeParams(p.Token, other, b.at(ms(2))))
-		if !errors.Is(err, idem.ErrLeaseLost) {
+		if !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("second RecordComplete with the holder's token = %v, want ErrLeaseLost", err)
 		}
 	})
@@ -104,14 +104,14 @@ func testReleaseRenewOfCompletedAreLeaseLost(t *testing.T, h Harness) {
 	p := b.acquire(b.t0)
 	b.complete(p.Token, sampleResponse(), b.at(ms(1)))
 	b.wantUnchanged("completed record", b.at(ms(2)), func() {
-		if err := b.s.RecordRelease(b.ctx, b.releaseParams(p.Token)); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.s.RecordRelease(b.ctx, b.releaseParams(p.Token)); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("RecordRelease of a completed record = %v, want ErrLeaseLost", err)
 		}
-		if _, err := b.s.RecordRenew(b.ctx, b.renewParams(p.Token, lease, b.at(ms(2)))); !errors.Is(err, idem.ErrLeaseLost) {
+		if _, err := b.s.RecordRenew(b.ctx, b.renewParams(p.Token, lease, b.at(ms(2)))); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("RecordRenew of a completed record = %v, want ErrLeaseLost", err)
 		}
 	})
-	b.claimWant(b.claimParams(b.at(ms(3))), idem.ClaimCompleted)
+	b.claimWant(b.claimParams(b.at(ms(3))), idemstore.ClaimCompleted)
 }
 
 func testReleaseDeletesHeldRecord(t *testing.T, h Harness) {
@@ -120,15 +120,15 @@ func testReleaseDeletesHeldRecord(t *testing.T, h Harness) {
 	if err := b.s.RecordRelease(b.ctx, b.releaseParams(p.Token)); err != nil {
 		t.Fatalf("holder's RecordRelease: %v", err)
 	}
-	if _, err := b.get(b.at(ms(1))); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := b.get(b.at(ms(1))); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("RecordGet after release = %v, want ErrNotFound", err)
 	}
-	if err := b.s.RecordRelease(b.ctx, b.releaseParams(p.Token)); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := b.s.RecordRelease(b.ctx, b.releaseParams(p.Token)); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Errorf("second RecordRelease = %v, want ErrLeaseLost", err)
 	}
 	// A retry executes afresh: a new record, not a takeover.
 	retry := b.claimParams(b.at(ms(2)))
-	res := b.claimWant(retry, idem.ClaimAcquired)
+	res := b.claimWant(retry, idemstore.ClaimAcquired)
 	if res.TookOver {
 		t.Error("claim after release: TookOver = true, want a fresh claim")
 	}
@@ -146,17 +146,17 @@ func testLapsedHolderCompletes(t *testing.T, h Harness) {
 
 // takeOver claims the bundle's key at now, after first's lease lapsed, and requires a
 // takeover that keeps the record's id and creation time.
-func (b *bundle) takeOver(first *idem.RecordClaimParams, now time.Time) *idem.RecordClaimParams {
+func (b *bundle) takeOver(first *idemstore.ClaimParams, now time.Time) *idemstore.ClaimParams {
 	b.t.Helper()
 	p := b.claimParams(now)
-	res := b.claimWant(p, idem.ClaimAcquired)
+	res := b.claimWant(p, idemstore.ClaimAcquired)
 	if !res.TookOver {
 		b.t.Fatal("claim of a lapsed lease: TookOver = false, want true")
 	}
 	want := inFlightRecord(first)
 	want.Token = p.Token
 	want.LeaseEnd = now.Add(p.Lease)
-	want.ExpiresAt = idem.InFlightExpiresAt(want.CreatedAt, p.TTL, want.LeaseEnd)
+	want.ExpiresAt = idemstore.InFlightExpiresAt(want.CreatedAt, p.TTL, want.LeaseEnd)
 	b.wantRecord("taken-over record", res.Record, want)
 	b.wantRecord("taken-over record read back", b.mustGet(now), want)
 	return p
@@ -180,7 +180,7 @@ func testLapsedLeaseOtherFingerprint(t *testing.T, h Harness) {
 	b.wantUnchanged("lapsed lease, other fingerprint", b.at(2*lease), func() {
 		p := b.claimParams(b.at(2 * lease))
 		p.Fingerprint = newFingerprint()
-		res := b.claimWant(p, idem.ClaimMismatch)
+		res := b.claimWant(p, idemstore.ClaimMismatch)
 		if res.TookOver {
 			t.Error("mismatch: TookOver = true")
 		}
@@ -193,7 +193,7 @@ func testExactlyOneOfConcurrentTakeovers(t *testing.T, h Harness) {
 	b := setup(t, h)
 	first := b.acquire(b.t0)
 	const n = 100
-	params := make([]*idem.RecordClaimParams, n)
+	params := make([]*idemstore.ClaimParams, n)
 	for i := range params {
 		params[i] = b.claimParams(b.at(2 * lease))
 	}
@@ -201,7 +201,7 @@ func testExactlyOneOfConcurrentTakeovers(t *testing.T, h Harness) {
 	winner := -1
 	for i, res := range results {
 		switch res.Outcome {
-		case idem.ClaimAcquired:
+		case idemstore.ClaimAcquired:
 			if winner >= 0 {
 				t.Fatalf("claims %d and %d both took the key over", winner, i)
 			}
@@ -209,7 +209,7 @@ func testExactlyOneOfConcurrentTakeovers(t *testing.T, h Harness) {
 				t.Errorf("claim %d acquired with TookOver = false", i)
 			}
 			winner = i
-		case idem.ClaimInFlight:
+		case idemstore.ClaimInFlight:
 		default:
 			t.Errorf("claim %d = %v, want acquired or in_flight", i, res.Outcome)
 		}
@@ -259,7 +259,7 @@ func testNewHolderRenewsAndReleases(t *testing.T, h Harness) {
 	if err := b.s.RecordRelease(b.ctx, b.releaseParams(second.Token)); err != nil {
 		t.Fatalf("new holder's RecordRelease: %v", err)
 	}
-	if _, err := b.get(b.at(lease + 6*time.Second)); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := b.get(b.at(lease + 6*time.Second)); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("RecordGet after the new holder's release = %v, want ErrNotFound", err)
 	}
 }
@@ -278,10 +278,10 @@ func testRenewExtendsLease(t *testing.T, h Harness) {
 	want.LeaseEnd = end
 	b.wantRecord("renewed record", b.mustGet(b.at(12*time.Second)), want)
 
-	res := b.claimWant(b.claimParams(b.at(12*time.Second)), idem.ClaimInFlight)
+	res := b.claimWant(b.claimParams(b.at(12*time.Second)), idemstore.ClaimInFlight)
 	if !res.Record.LeaseEnd.Equal(end) {
 		t.Errorf("in-flight answer at t0+12s: LeaseEnd = %v, want %v", res.Record.LeaseEnd, end)
 	}
-	b.claimWant(b.claimParams(b.at(18*time.Second-time.Millisecond)), idem.ClaimInFlight)
+	b.claimWant(b.claimParams(b.at(18*time.Second-time.Millisecond)), idemstore.ClaimInFlight)
 	b.takeOver(p, b.at(18*time.Second))
 }

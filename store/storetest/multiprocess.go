@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // Defaults of [MultiProcess].
@@ -44,7 +44,7 @@ type MultiProcess struct {
 	// Open opens the store at dsn, migrated already, and closes it at t.Cleanup. It runs
 	// in the parent and in every child. Required by RunMultiProcess; optional for
 	// RunMigrateConcurrently, which then also proves the migrated schema serves a claim.
-	Open func(t testing.TB, dsn string) idem.Store
+	Open func(t testing.TB, dsn string) idemstore.Store
 
 	// Migrate migrates the database at dsn. RunMigrateConcurrently runs it in every
 	// child at the same instant (required there); RunMultiProcess runs it once in the
@@ -167,12 +167,12 @@ func RunMultiProcess(t *testing.T, p MultiProcess) {
 			t.Errorf("key %d acquired %d times across %d processes, want exactly once: %v", i, len(w), p.Processes, w)
 			continue
 		}
-		rec, err := s.RecordGet(t.Context(), &idem.RecordGetParams{Scope: scope, Key: mpKey(prefix, i)})
+		rec, err := s.RecordGet(t.Context(), &idemstore.GetParams{Scope: scope, Key: mpKey(prefix, i)})
 		if err != nil {
 			t.Errorf("key %d: RecordGet after the race: %v", i, err)
 			continue
 		}
-		if token, _, _ := strings.Cut(w[0], " "); rec.Token != token || rec.State != idem.StateInFlight {
+		if token, _, _ := strings.Cut(w[0], " "); rec.Token != token || rec.State != idemstore.StateInFlight {
 			t.Errorf("key %d: record %v held by %q, want in flight under the winner's %q", i, rec.State, rec.Token, token)
 		}
 	}
@@ -223,13 +223,13 @@ func RunMigrateConcurrently(t *testing.T, p MultiProcess) {
 }
 
 // roundTrip claims, completes and replays one key in s.
-func roundTrip(t *testing.T, s idem.Store) {
+func roundTrip(t *testing.T, s idemstore.Store) {
 	t.Helper()
 	b := &bundle{t: t, s: s, ctx: t.Context(), t0: time.Now().UTC().Truncate(time.Millisecond),
 		scope: "scope-" + rand.Text(), key: "key-" + rand.Text(), fp: newFingerprint()}
 	p := b.acquire(b.t0)
 	b.complete(p.Token, sampleResponse(), b.at(ms(1)))
-	res := b.claimWant(b.claimParams(b.at(ms(2))), idem.ClaimCompleted)
+	res := b.claimWant(b.claimParams(b.at(ms(2))), idemstore.ClaimCompleted)
 	if !res.Record.Response.Equal(sampleResponse()) {
 		t.Fatalf("replay after migration: %s", describeResponse(res.Record.Response))
 	}
@@ -261,7 +261,7 @@ func claimChild(t *testing.T, p MultiProcess) {
 		t.Fatalf("storetest child: bad environment: %v, %v", err1, err2)
 	}
 	s := p.Open(t, dsn)
-	fp := idem.Fingerprint{Version: idem.FingerprintVersion, Sum: [32]byte{'m', 'p'}}
+	fp := idemstore.Fingerprint{Version: idemstore.FingerprintVersion, Sum: [32]byte{'m', 'p'}}
 	waitAtBarrier(t)
 
 	var (
@@ -276,18 +276,18 @@ func claimChild(t *testing.T, p MultiProcess) {
 			wg.Go(func() {
 				defer func() { <-sem }()
 				token := "tok-" + rand.Text()
-				res, err := s.RecordClaim(t.Context(), &idem.RecordClaimParams{
+				res, err := s.RecordClaim(t.Context(), &idemstore.ClaimParams{
 					Scope: scope, Key: mpKey(prefix, i), Fingerprint: fp, Token: token,
 					RecordID: "rec-" + rand.Text(), Lease: time.Hour, TTL: time.Hour,
 				})
 				switch {
 				case err != nil:
 					t.Errorf("claim of key %d: %v", i, err)
-				case res.Outcome == idem.ClaimAcquired:
+				case res.Outcome == idemstore.ClaimAcquired:
 					mu.Lock()
 					acquired = append(acquired, fmt.Sprintf("%s%d %s", lineAcquired, i, token))
 					mu.Unlock()
-				case res.Outcome != idem.ClaimInFlight:
+				case res.Outcome != idemstore.ClaimInFlight:
 					t.Errorf("claim of key %d = %v, want acquired or in_flight", i, res.Outcome)
 				}
 			})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // The cases of recovery points (SPEC §13): steps that commit with the record's
@@ -81,8 +82,8 @@ func stepsOf(pairs ...any) []byte {
 }
 
 // stepParams returns the params of a step of the holder of token.
-func (b *bundle) stepParams(token, point string, steps []byte) *idem.RecordStepParams {
-	return &idem.RecordStepParams{Scope: b.scope, Key: b.key, Token: token, RecoveryPoint: point, Steps: steps, Operation: "charges.create"}
+func (b *bundle) stepParams(token, point string, steps []byte) *idemstore.StepParams {
+	return &idemstore.StepParams{Scope: b.scope, Key: b.key, Token: token, RecoveryPoint: point, Steps: steps, Operation: "charges.create"}
 }
 
 // step commits a step of the holder of token, failing the test on an error.
@@ -94,7 +95,7 @@ func (b *bundle) step(token, point string, steps []byte) {
 }
 
 // advanced is rec with the step p committed.
-func advanced(rec *idem.Record, p *idem.RecordStepParams) *idem.Record {
+func advanced(rec *idemstore.Record, p *idemstore.StepParams) *idemstore.Record {
 	c := *rec
 	c.RecoveryPoint, c.Steps, c.Operation = p.RecoveryPoint, p.Steps, p.Operation
 	return &c
@@ -102,7 +103,7 @@ func advanced(rec *idem.Record, p *idem.RecordStepParams) *idem.Record {
 
 // deadAfterStep is a holder that claimed the key at t0, committed the step
 // "charge_pending" (a pending charge ch_1) and died: its lease lapses at t0 + lease.
-func (b *bundle) deadAfterStep() *idem.RecordClaimParams {
+func (b *bundle) deadAfterStep() *idemstore.ClaimParams {
 	b.t.Helper()
 	dead := b.acquire(b.t0)
 	b.step(dead.Token, "charge_pending", stepsOf("charge_pending", charge{ID: "ch_1", Amount: 2000}))
@@ -118,10 +119,10 @@ func testNoRecoveryPoints(t *testing.T, h Harness) {
 	if err := b.s.RecordStep(b.ctx, b.stepParams(p.Token, "a", stepsOf("a", 1))); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("RecordStep on a store without recovery points = %v, want errors.ErrUnsupported", err)
 	}
-	if _, err := b.s.RecordListResumable(b.ctx, &idem.RecordListResumableParams{Limit: 10, Now: b.t0}); !errors.Is(err, errors.ErrUnsupported) {
+	if _, err := b.s.RecordListResumable(b.ctx, &idemstore.ListResumableParams{Limit: 10, Now: b.t0}); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("RecordListResumable on a store without recovery points = %v, want errors.ErrUnsupported", err)
 	}
-	if _, err := b.s.RecordCountUnfinished(b.ctx, &idem.RecordCountUnfinishedParams{Now: b.t0}); !errors.Is(err, errors.ErrUnsupported) {
+	if _, err := b.s.RecordCountUnfinished(b.ctx, &idemstore.CountUnfinishedParams{Now: b.t0}); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("RecordCountUnfinished on a store without recovery points = %v, want errors.ErrUnsupported", err)
 	}
 	g, _ := b.guard()
@@ -156,20 +157,20 @@ func testStepSaves(t *testing.T, h Harness) {
 func testStepFenced(t *testing.T, h Harness) {
 	b := setupSteps(t, h)
 	steps := stepsOf("a", 1)
-	if err := b.s.RecordStep(b.ctx, b.stepParams(newToken(), "a", steps)); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := b.s.RecordStep(b.ctx, b.stepParams(newToken(), "a", steps)); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Errorf("RecordStep of an absent key = %v, want ErrLeaseLost", err)
 	}
 	p := b.acquire(b.t0)
 	for _, token := range []string{newToken(), "", p.Token + "x"} {
 		b.wantUnchanged("step with a wrong token", b.at(ms(1)), func() {
-			if err := b.s.RecordStep(b.ctx, b.stepParams(token, "a", steps)); !errors.Is(err, idem.ErrLeaseLost) {
+			if err := b.s.RecordStep(b.ctx, b.stepParams(token, "a", steps)); !errors.Is(err, idemstore.ErrLeaseLost) {
 				t.Errorf("RecordStep with token %q = %v, want ErrLeaseLost", token, err)
 			}
 		})
 	}
 	b.complete(p.Token, sampleResponse(), b.at(ms(2)))
 	b.wantUnchanged("step of a completed record", b.at(ms(3)), func() {
-		if err := b.s.RecordStep(b.ctx, b.stepParams(p.Token, "a", steps)); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.s.RecordStep(b.ctx, b.stepParams(p.Token, "a", steps)); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Errorf("RecordStep of a completed record = %v, want ErrLeaseLost", err)
 		}
 	})
@@ -181,7 +182,7 @@ func testTakeoverKeepsSteps(t *testing.T, h Harness) {
 	want := advanced(inFlightRecord(dead), b.stepParams(dead.Token, "charge_pending", stepsOf("charge_pending", charge{ID: "ch_1", Amount: 2000})))
 
 	taker := b.claimParams(b.at(lease + ms(1)))
-	res := b.claimWant(taker, idem.ClaimAcquired)
+	res := b.claimWant(taker, idemstore.ClaimAcquired)
 	want.Token, want.LeaseEnd = taker.Token, taker.Now.Add(lease)
 	if !res.TookOver {
 		t.Fatal("claim after the lease lapsed: TookOver = false")
@@ -192,9 +193,9 @@ func testTakeoverKeepsSteps(t *testing.T, h Harness) {
 
 	// After expiry (a TTL after the completion: its recovery point advanced) the key
 	// starts a new operation: new id, no steps.
-	b.claimWant(b.claimParams(completed.Add(ttl-ms(1))), idem.ClaimCompleted)
+	b.claimWant(b.claimParams(completed.Add(ttl-ms(1))), idemstore.ClaimCompleted)
 	fresh := b.claimParams(completed.Add(ttl))
-	res = b.claimWant(fresh, idem.ClaimAcquired)
+	res = b.claimWant(fresh, idemstore.ClaimAcquired)
 	b.wantRecord("record claimed after expiry", res.Record, inFlightRecord(fresh))
 	b.wantRecord("record claimed after expiry, read back", b.mustGet(completed.Add(ttl+ms(1))), inFlightRecord(fresh))
 }
@@ -218,7 +219,7 @@ func testReleaseKeepsAdvanced(t *testing.T, h Harness) {
 	// A retry takes it over at once, with its steps, long before the lease would have
 	// lapsed.
 	retry := b.claimParams(releasedAt)
-	res := b.claimWant(retry, idem.ClaimAcquired)
+	res := b.claimWant(retry, idemstore.ClaimAcquired)
 	if !res.TookOver || res.Record.RecoveryPoint != "charge_pending" || res.Record.ID != p.RecordID {
 		t.Fatalf("claim after the release: TookOver %v, recovery point %q, id %q; want a takeover at charge_pending of record %q",
 			res.TookOver, res.Record.RecoveryPoint, res.Record.ID, p.RecordID)
@@ -228,9 +229,9 @@ func testReleaseKeepsAdvanced(t *testing.T, h Harness) {
 
 // resumable lists every resumable record of the bundle's store at now, failing the
 // test on an error.
-func (b *bundle) resumable(now time.Time, limit int, afterScope, afterKey string) []*idem.Record {
+func (b *bundle) resumable(now time.Time, limit int, afterScope, afterKey string) []*idemstore.Record {
 	b.t.Helper()
-	recs, err := b.s.RecordListResumable(b.ctx, &idem.RecordListResumableParams{
+	recs, err := b.s.RecordListResumable(b.ctx, &idemstore.ListResumableParams{
 		AfterScope: afterScope, AfterKey: afterKey, Limit: limit, Now: now,
 	})
 	if err != nil {
@@ -240,7 +241,7 @@ func (b *bundle) resumable(now time.Time, limit int, afterScope, afterKey string
 }
 
 // keysOf returns the keys of recs, in order.
-func keysOf(recs []*idem.Record) []string {
+func keysOf(recs []*idemstore.Record) []string {
 	keys := make([]string, len(recs))
 	for i, r := range recs {
 		keys[i] = r.Key
@@ -252,7 +253,7 @@ func testListResumable(t *testing.T, h Harness) {
 	b := setupSteps(t, h)
 	steps := stepsOf("a", 1)
 	at := func(key string) *bundle { k := *b; k.key = b.key + "-" + key; return &k }
-	advance := func(k *bundle, now time.Time) *idem.RecordClaimParams {
+	advance := func(k *bundle, now time.Time) *idemstore.ClaimParams {
 		p := k.acquire(now)
 		k.step(p.Token, "a", steps)
 		return p
@@ -275,12 +276,12 @@ func testListResumable(t *testing.T, h Harness) {
 	pastTTL := at("6-past-ttl")
 	ep := pastTTL.claimParams(b.t0)
 	ep.TTL = lease + ms(500) // its TTL ran out before now: an unfinished operation never expires
-	pastTTL.claimWant(ep, idem.ClaimAcquired)
+	pastTTL.claimWant(ep, idemstore.ClaimAcquired)
 	pastTTL.step(ep.Token, "a", steps)
 	expired := at("7-expired")
 	xp := expired.claimParams(b.t0)
 	xp.TTL = lease + ms(500)
-	expired.claimWant(xp, idem.ClaimAcquired) // no step: it expires
+	expired.claimWant(xp, idemstore.ClaimAcquired) // no step: it expires
 
 	recs := b.resumable(now, 100, "", "")
 	if got, want := fmt.Sprint(keysOf(recs)), fmt.Sprint([]string{lapsed.key, released.key, pastTTL.key}); got != want {
@@ -364,7 +365,7 @@ func testTakeoverResumes(t *testing.T, h Harness) {
 	// Completed, a record keeps its steps' results and no recovery point: that says
 	// where an unfinished operation stands (and keeps it in the unfinished ones' index).
 	rec := b.mustGet(clock.Now())
-	if rec.State != idem.StateCompleted || rec.ID != dead.RecordID || rec.RecoveryPoint != "" || len(rec.Steps) == 0 {
+	if rec.State != idemstore.StateCompleted || rec.ID != dead.RecordID || rec.RecoveryPoint != "" || len(rec.Steps) == 0 {
 		t.Fatalf("record %v, id %q, recovery point %q, %d bytes of step results; want completed, the dead holder's id, "+
 			"no recovery point, the steps' results", rec.State, rec.ID, rec.RecoveryPoint, len(rec.Steps))
 	}
@@ -390,7 +391,7 @@ func testReleasedResumes(t *testing.T, h Harness) {
 		t.Fatalf("first Do = %v, want the function's error", err)
 	}
 	rec := b.mustGet(b.t0)
-	if rec.State != idem.StateInFlight || rec.Token != "" || rec.RecoveryPoint != "charge_pending" {
+	if rec.State != idemstore.StateInFlight || rec.Token != "" || rec.RecoveryPoint != "charge_pending" {
 		t.Fatalf("record after the error: %v, token %q, recovery point %q; want kept in flight, no holder, at charge_pending",
 			rec.State, rec.Token, rec.RecoveryPoint)
 	}
@@ -409,7 +410,7 @@ func testReleasedResumes(t *testing.T, h Harness) {
 // beginThenLoseTheKey begins the bundle's call through a guard, then lets the lease
 // lapse and another caller (taker) take the key over at now; the handle is released
 // at the end of the test.
-func (b *bundle) beginThenLoseTheKey() (hd *idem.Handle, taker *idem.RecordClaimParams, now time.Time) {
+func (b *bundle) beginThenLoseTheKey() (hd *idem.Handle, taker *idemstore.ClaimParams, now time.Time) {
 	b.t.Helper()
 	g, clock := b.guard()
 	hd, _, err := g.Begin(b.ctx, b.call())
@@ -419,7 +420,7 @@ func (b *bundle) beginThenLoseTheKey() (hd *idem.Handle, taker *idem.RecordClaim
 	b.t.Cleanup(func() { _ = hd.Release() })
 	clock.Advance(lease + ms(1))
 	taker = b.claimParams(clock.Now())
-	b.claimWant(taker, idem.ClaimAcquired)
+	b.claimWant(taker, idemstore.ClaimAcquired)
 	return hd, taker, clock.Now()
 }
 
@@ -431,10 +432,10 @@ func testStepAfterLeaseLost(t *testing.T, h Harness) {
 		runs.Add(1)
 		return charge{ID: "ch_1"}, nil
 	})
-	if !errors.Is(err, idem.ErrLeaseLost) {
+	if !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("Step of a holder whose key was taken over = %v, want ErrLeaseLost", err)
 	}
-	if cause := context.Cause(hd.Context()); !errors.Is(cause, idem.ErrLeaseLost) {
+	if cause := context.Cause(hd.Context()); !errors.Is(cause, idemstore.ErrLeaseLost) {
 		t.Errorf("the operation's context after the fenced step failed: cause %v, want ErrLeaseLost", cause)
 	}
 	rec := b.mustGet(now)
@@ -534,7 +535,7 @@ func testTxStepCommits(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	b.wantMarker(h, final, true)
-	if rec := b.mustGet(b.t0); rec.State != idem.StateCompleted || !rec.Response.Equal(sampleResponse()) {
+	if rec := b.mustGet(b.t0); rec.State != idemstore.StateCompleted || !rec.Response.Equal(sampleResponse()) {
 		t.Fatalf("record %v, want completed in the final transaction", rec.State)
 	}
 }
@@ -544,7 +545,7 @@ func testTxStepAfterTakeover(t *testing.T, h Harness) {
 	hd, taker, now := b.beginThenLoseTheKey()
 	marker := newMarker()
 	var runs atomic.Int64
-	if _, err := b.txStep(h, hd.Context(), "charge_pending", marker, &runs, nil); !errors.Is(err, idem.ErrLeaseLost) {
+	if _, err := b.txStep(h, hd.Context(), "charge_pending", marker, &runs, nil); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("step of a holder whose key was taken over = %v, want ErrLeaseLost", err)
 	}
 	b.wantMarker(h, marker, false)
@@ -574,7 +575,7 @@ func testTxStepError(t *testing.T, h Harness) {
 	if err := hd.Release(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.get(b.t0); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := b.get(b.t0); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("record after the release = %v, want deleted", err)
 	}
 }

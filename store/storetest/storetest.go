@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // Harness is what a store package hands to [Run].
@@ -14,7 +15,7 @@ type Harness struct {
 	// NewStore returns a fresh, empty store private to the calling test (its own
 	// schema, file or key prefix), closed at t.Cleanup. The suite calls it once per
 	// case, from parallel tests. Required.
-	NewStore func(t *testing.T) idem.Store
+	NewStore func(t *testing.T) idemstore.Store
 
 	// Tx lets the suite check SPEC §7 on stores that declare
 	// Capabilities.Transactions (the SQL stores). It is required for those stores: the
@@ -25,7 +26,7 @@ type Harness struct {
 	// open (the SQL stores' Config.Cleaner): it returns a fresh store like NewStore,
 	// with its own cleaner started with cfg, and that cleaner. The case
 	// StoreCleanerDeletesExpiredRecords skips with a log line when it is nil.
-	NewStoreWithCleaner func(t *testing.T, cfg idem.CleanerConfig) (idem.Store, *idem.Cleaner)
+	NewStoreWithCleaner func(t *testing.T, cfg idem.CleanerConfig) (idemstore.Store, *idem.Cleaner)
 }
 
 // TxHarness runs a fenced completion inside a transaction of the store's own database,
@@ -38,20 +39,20 @@ type TxHarness interface {
 	// named marker and runs the fenced completion p (the store's CompleteTx), then
 	// commits. It returns the completion's error ([idem.ErrLeaseLost] when fenced), in
 	// which case it must have rolled back, so the marker is not committed.
-	WriteAndComplete(ctx context.Context, s idem.Store, p *idem.RecordCompleteParams, marker string) error
+	WriteAndComplete(ctx context.Context, s idemstore.Store, p *idemstore.CompleteParams, marker string) error
 	// MarkerCommitted reports whether a row named marker is committed.
-	MarkerCommitted(ctx context.Context, s idem.Store, marker string) (bool, error)
+	MarkerCommitted(ctx context.Context, s idemstore.Store, marker string) (bool, error)
 	// InTx runs fn in ONE transaction of s's database through the store's SPEC §7
 	// helper (its InTx), which completes the record of the idem.Handle that ctx
 	// carries once fn returns nil; write inserts an application row named marker in
 	// that transaction. The idem.DoTx cases pass it as DoTx's inTx.
-	InTx(ctx context.Context, s idem.Store, fn func(ctx context.Context, write func(marker string) error) error) error
+	InTx(ctx context.Context, s idemstore.Store, fn func(ctx context.Context, write func(marker string) error) error) error
 	// Step runs fn through the store package's step helper (its Step) as the step
 	// named step of the operation whose idem.Handle ctx carries (SPEC §13); write
 	// inserts an application row named marker in the step's transaction. It returns
 	// what the helper returns: fn's result once committed with the step, or the saved
 	// result without running fn when the step committed before.
-	Step(ctx context.Context, s idem.Store, step string, fn func(ctx context.Context, write func(marker string) error) (string, error)) (string, error)
+	Step(ctx context.Context, s idemstore.Store, step string, fn func(ctx context.Context, write func(marker string) error) (string, error)) (string, error)
 }
 
 // Run runs the conformance suite against the stores h hands out: one parallel subtest
@@ -91,12 +92,12 @@ const (
 // fingerprint and the time t0 at which the case starts.
 type bundle struct {
 	t     *testing.T
-	s     idem.Store
+	s     idemstore.Store
 	ctx   context.Context
 	t0    time.Time
 	scope string
 	key   string
-	fp    idem.Fingerprint
+	fp    idemstore.Fingerprint
 }
 
 func setup(t *testing.T, h Harness) *bundle {
@@ -118,8 +119,8 @@ func setup(t *testing.T, h Harness) *bundle {
 // at returns t0 + d.
 func (b *bundle) at(d time.Duration) time.Time { return b.t0.Add(d) }
 
-func newFingerprint() idem.Fingerprint {
-	fp := idem.Fingerprint{Version: idem.FingerprintVersion}
+func newFingerprint() idemstore.Fingerprint {
+	fp := idemstore.Fingerprint{Version: idemstore.FingerprintVersion}
 	_, _ = rand.Read(fp.Sum[:])
 	return fp
 }
@@ -128,8 +129,8 @@ func newToken() string { return "tok-" + rand.Text() }
 
 // claimParams returns the params of a claim of the bundle's (scope, key) with a fresh
 // token and record id, the default lease and TTL, at now.
-func (b *bundle) claimParams(now time.Time) *idem.RecordClaimParams {
-	return &idem.RecordClaimParams{
+func (b *bundle) claimParams(now time.Time) *idemstore.ClaimParams {
+	return &idemstore.ClaimParams{
 		Scope:       b.scope,
 		Key:         b.key,
 		Fingerprint: b.fp,
@@ -142,7 +143,7 @@ func (b *bundle) claimParams(now time.Time) *idem.RecordClaimParams {
 }
 
 // claim runs p and fails the test on an error.
-func (b *bundle) claim(p *idem.RecordClaimParams) *idem.RecordClaimResult {
+func (b *bundle) claim(p *idemstore.ClaimParams) *idemstore.ClaimResult {
 	b.t.Helper()
 	res, err := b.s.RecordClaim(b.ctx, p)
 	if err != nil {
@@ -155,7 +156,7 @@ func (b *bundle) claim(p *idem.RecordClaimParams) *idem.RecordClaimResult {
 }
 
 // claimWant runs p and fails the test unless its outcome is want.
-func (b *bundle) claimWant(p *idem.RecordClaimParams, want idem.ClaimOutcome) *idem.RecordClaimResult {
+func (b *bundle) claimWant(p *idemstore.ClaimParams, want idemstore.ClaimOutcome) *idemstore.ClaimResult {
 	b.t.Helper()
 	res := b.claim(p)
 	if res.Outcome != want {
@@ -166,20 +167,20 @@ func (b *bundle) claimWant(p *idem.RecordClaimParams, want idem.ClaimOutcome) *i
 
 // acquire claims the bundle's key at now, requires it acquired, and returns the claim's
 // params (whose Token holds the record).
-func (b *bundle) acquire(now time.Time) *idem.RecordClaimParams {
+func (b *bundle) acquire(now time.Time) *idemstore.ClaimParams {
 	b.t.Helper()
 	p := b.claimParams(now)
-	b.claimWant(p, idem.ClaimAcquired)
+	b.claimWant(p, idemstore.ClaimAcquired)
 	return p
 }
 
 // completeParams returns the params completing the record held by token with resp.
-func (b *bundle) completeParams(token string, resp *idem.Response, now time.Time) *idem.RecordCompleteParams {
-	return &idem.RecordCompleteParams{Scope: b.scope, Key: b.key, Token: token, Response: resp, TTL: ttl, Now: now}
+func (b *bundle) completeParams(token string, resp *idemstore.Response, now time.Time) *idemstore.CompleteParams {
+	return &idemstore.CompleteParams{Scope: b.scope, Key: b.key, Token: token, Response: resp, TTL: ttl, Now: now}
 }
 
 // complete completes the record held by token with resp, failing the test on an error.
-func (b *bundle) complete(token string, resp *idem.Response, now time.Time) {
+func (b *bundle) complete(token string, resp *idemstore.Response, now time.Time) {
 	b.t.Helper()
 	if err := b.s.RecordComplete(b.ctx, b.completeParams(token, resp, now)); err != nil {
 		b.t.Fatalf("RecordComplete: %v", err)
@@ -187,12 +188,12 @@ func (b *bundle) complete(token string, resp *idem.Response, now time.Time) {
 }
 
 // get reads the bundle's record at now.
-func (b *bundle) get(now time.Time) (*idem.Record, error) {
-	return b.s.RecordGet(b.ctx, &idem.RecordGetParams{Scope: b.scope, Key: b.key, Now: now})
+func (b *bundle) get(now time.Time) (*idemstore.Record, error) {
+	return b.s.RecordGet(b.ctx, &idemstore.GetParams{Scope: b.scope, Key: b.key, Now: now})
 }
 
 // mustGet reads the bundle's record at now, failing the test on an error.
-func (b *bundle) mustGet(now time.Time) *idem.Record {
+func (b *bundle) mustGet(now time.Time) *idemstore.Record {
 	b.t.Helper()
 	rec, err := b.get(now)
 	if err != nil {
@@ -202,8 +203,8 @@ func (b *bundle) mustGet(now time.Time) *idem.Record {
 }
 
 // sampleResponse is a small completed response.
-func sampleResponse() *idem.Response {
-	return &idem.Response{
+func sampleResponse() *idemstore.Response {
+	return &idemstore.Response{
 		Status: 201,
 		Header: map[string][]string{"Content-Type": {"application/json"}, "Location": {"/v1/charges/ch_1"}},
 		Body:   []byte(`{"id":"ch_1","object":"charge"}`),

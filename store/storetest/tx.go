@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 func init() {
@@ -41,7 +42,7 @@ func setupTx(t *testing.T, h Harness) *bundle {
 func newMarker() string { return "marker-" + rand.Text() }
 
 // writeAndComplete runs h.Tx.WriteAndComplete for the holder of token with resp.
-func (b *bundle) writeAndComplete(h Harness, token string, resp *idem.Response, marker string) error {
+func (b *bundle) writeAndComplete(h Harness, token string, resp *idemstore.Response, marker string) error {
 	return h.Tx.WriteAndComplete(b.ctx, b.s, b.completeParams(token, resp, b.at(2*lease)), marker)
 }
 
@@ -75,7 +76,7 @@ func testTxCompletionAfterTakeover(t *testing.T, h Harness) {
 	b.takeOver(first, b.at(lease+ms(1)))
 	marker := newMarker()
 	b.wantUnchanged("old holder's transaction", b.at(2*lease), func() {
-		if err := b.writeAndComplete(h, first.Token, sampleResponse(), marker); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := b.writeAndComplete(h, first.Token, sampleResponse(), marker); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Fatalf("WriteAndComplete by the old holder after a takeover = %v, want ErrLeaseLost", err)
 		}
 	})
@@ -87,7 +88,7 @@ func testTxCompletionByNewHolder(t *testing.T, h Harness) {
 	first := b.acquire(b.t0)
 	second := b.takeOver(first, b.at(lease+ms(1)))
 	oldMarker, newMarker := newMarker(), newMarker()
-	if err := b.writeAndComplete(h, first.Token, sampleResponse(), oldMarker); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := b.writeAndComplete(h, first.Token, sampleResponse(), oldMarker); !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("WriteAndComplete by the old holder = %v, want ErrLeaseLost", err)
 	}
 	if err := b.writeAndComplete(h, second.Token, sampleResponse(), newMarker); err != nil {
@@ -107,10 +108,10 @@ func testTxCompletionRace(t *testing.T, h Harness) {
 	const rounds = 20
 	type round struct {
 		k                *bundle
-		first            *idem.RecordClaimParams
+		first            *idemstore.ClaimParams
 		oldMark, newMark string
 		oldErr, newErr   error
-		takeover         *idem.RecordClaimResult
+		takeover         *idemstore.ClaimResult
 		claimErr         error
 	}
 	rs := make([]*round, rounds)
@@ -119,8 +120,8 @@ func testTxCompletionRace(t *testing.T, h Harness) {
 		k.key = fmt.Sprintf("%s-%d", b.key, i)
 		rs[i] = &round{k: &k, first: k.acquire(b.t0), oldMark: newMarker(), newMark: newMarker()}
 	}
-	oldResp := &idem.Response{Status: 201, Body: []byte("old holder")}
-	newResp := &idem.Response{Status: 201, Body: []byte("new holder")}
+	oldResp := &idemstore.Response{Status: 201, Body: []byte("old holder")}
+	newResp := &idemstore.Response{Status: 201, Body: []byte("new holder")}
 
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -133,7 +134,7 @@ func testTxCompletionRace(t *testing.T, h Harness) {
 			<-start
 			p := r.k.claimParams(b.at(2 * lease))
 			r.takeover, r.claimErr = b.s.RecordClaim(b.ctx, p)
-			if r.claimErr == nil && r.takeover.Outcome == idem.ClaimAcquired {
+			if r.claimErr == nil && r.takeover.Outcome == idemstore.ClaimAcquired {
 				r.newErr = r.k.writeAndComplete(h, p.Token, newResp, r.newMark)
 			} else {
 				r.newErr = errNoTakeover
@@ -148,7 +149,7 @@ func testTxCompletionRace(t *testing.T, h Harness) {
 			t.Fatalf("round %d: takeover claim: %v", i, r.claimErr)
 		}
 		for who, err := range map[string]error{"old holder": r.oldErr, "new holder": r.newErr} {
-			if err != nil && !errors.Is(err, idem.ErrLeaseLost) && !errors.Is(err, errNoTakeover) {
+			if err != nil && !errors.Is(err, idemstore.ErrLeaseLost) && !errors.Is(err, errNoTakeover) {
 				t.Fatalf("round %d: %s's WriteAndComplete: %v", i, who, err)
 			}
 		}
@@ -162,7 +163,7 @@ func testTxCompletionRace(t *testing.T, h Harness) {
 		r.k.wantMarker(h, r.oldMark, r.oldErr == nil)
 		r.k.wantMarker(h, r.newMark, r.newErr == nil)
 		rec := r.k.mustGet(b.at(2 * lease))
-		if rec.State != idem.StateCompleted || !rec.Response.Equal(winner) {
+		if rec.State != idemstore.StateCompleted || !rec.Response.Equal(winner) {
 			t.Fatalf("round %d: record %v with response %s, want completed with %s",
 				i, rec.State, describeResponse(rec.Response), describeResponse(winner))
 		}
@@ -204,7 +205,7 @@ func testDoTxCommits(t *testing.T, h Harness) {
 		t.Fatalf("DoTx = %+v, replayed %v, err %v; want the charge executed", v, replayed, err)
 	}
 	b.wantMarker(h, marker, true)
-	if rec := b.mustGet(b.t0); rec.State != idem.StateCompleted {
+	if rec := b.mustGet(b.t0); rec.State != idemstore.StateCompleted {
 		t.Fatalf("record %v, want completed in the transaction", rec.State)
 	}
 	again, replayed, err := idem.DoTx(b.ctx, g, b.call(), b.inTx(h), writeCharge(newMarker(), &runs))
@@ -228,7 +229,7 @@ func testDoTxError(t *testing.T, h Harness) {
 		t.Fatalf("DoTx = %v, want the function's error", err)
 	}
 	b.wantMarker(h, marker, false)
-	if _, err := b.get(b.t0); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := b.get(b.t0); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Fatalf("record after the function failed: %v, want it released (ErrNotFound)", err)
 	}
 }
@@ -239,11 +240,11 @@ func testDoTxError(t *testing.T, h Harness) {
 func testDoTxAfterTakeover(t *testing.T, h Harness) {
 	b := setupTx(t, h)
 	g, clock := b.guard()
-	var taker *idem.RecordClaimParams
+	var taker *idemstore.ClaimParams
 	takeOverFirst := func(ctx context.Context, fn func(context.Context, writer) error) error {
 		clock.Advance(lease + ms(1))
 		taker = b.claimParams(clock.Now())
-		if res := b.claimWant(taker, idem.ClaimAcquired); !res.TookOver {
+		if res := b.claimWant(taker, idemstore.ClaimAcquired); !res.TookOver {
 			t.Fatal("the claim after the lease lapsed did not take the key over")
 		}
 		return h.Tx.InTx(ctx, b.s, fn)
@@ -251,12 +252,12 @@ func testDoTxAfterTakeover(t *testing.T, h Harness) {
 	marker := newMarker()
 	var runs atomic.Int64
 	_, _, err := idem.DoTx(b.ctx, g, b.call(), takeOverFirst, writeCharge(marker, &runs))
-	if !errors.Is(err, idem.ErrLeaseLost) {
+	if !errors.Is(err, idemstore.ErrLeaseLost) {
 		t.Fatalf("DoTx whose key was taken over = %v, want ErrLeaseLost", err)
 	}
 	b.wantMarker(h, marker, false)
 	rec := b.mustGet(clock.Now())
-	if rec.State != idem.StateInFlight || !rec.HeldBy(taker.Token) {
+	if rec.State != idemstore.StateInFlight || !rec.HeldBy(taker.Token) {
 		t.Fatalf("record %v, want still in flight under the new holder", rec.State)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testkit"
 )
 
@@ -34,7 +35,7 @@ func init() {
 
 // wantUnfinished fails the test unless rec is the unfinished record of the holder dead
 // (deadAfterStep): in flight at charge_pending, with its record id and creation.
-func (b *bundle) wantUnfinished(what string, rec *idem.Record, dead *idem.RecordClaimParams) {
+func (b *bundle) wantUnfinished(what string, rec *idemstore.Record, dead *idemstore.ClaimParams) {
 	b.t.Helper()
 	if !rec.Unfinished() || rec.RecoveryPoint != "charge_pending" || rec.ID != dead.RecordID || !rec.CreatedAt.Equal(dead.Now) {
 		b.t.Fatalf("%s: %v at %q, id %q, created %v; want the unfinished record %q of t0, at charge_pending",
@@ -50,7 +51,7 @@ func testUnfinishedNeverExpires(t *testing.T, h Harness) {
 
 	// The next claim takes it over, keeping its id and steps: not a fresh claim.
 	taker := b.claimParams(late)
-	res := b.claimWant(taker, idem.ClaimAcquired)
+	res := b.claimWant(taker, idemstore.ClaimAcquired)
 	if !res.TookOver || res.Record.ID != dead.RecordID || res.Record.RecoveryPoint != "charge_pending" ||
 		string(res.Record.Steps) != string(stepsOf("charge_pending", charge{ID: "ch_1", Amount: 2000})) {
 		t.Fatalf("claim past the TTL: took over %v, id %q, at %q, steps %s; want the unfinished record taken over with its steps",
@@ -64,7 +65,7 @@ func testUnfinishedNeverExpires(t *testing.T, h Harness) {
 	if !rec.ExpiresAt.Equal(done.Add(ttl)) {
 		t.Fatalf("ExpiresAt of the completed record = %v, want the completion + TTL = %v", rec.ExpiresAt, done.Add(ttl))
 	}
-	b.claimWant(b.claimParams(done.Add(ttl-ms(1))), idem.ClaimCompleted)
+	b.claimWant(b.claimParams(done.Add(ttl-ms(1))), idemstore.ClaimCompleted)
 	b.wantAbsent("the completed record a TTL after its completion", done.Add(ttl))
 	fresh := b.wantFreshClaim("claim a TTL after the completion", done.Add(ttl))
 	if fresh.RecordID == dead.RecordID {
@@ -94,13 +95,13 @@ func testRetryAfterTTLResumes(t *testing.T, h Harness) {
 
 // unfinishedAt leaves key's record at now: claimed with ttl, its step committed, its
 // holder dead (lease lapsing at now + lease). It returns the claim.
-func (b *bundle) unfinishedAt(key string, now time.Time, ttl time.Duration) *idem.RecordClaimParams {
+func (b *bundle) unfinishedAt(key string, now time.Time, ttl time.Duration) *idemstore.ClaimParams {
 	b.t.Helper()
 	k := *b
 	k.key = key
 	p := k.claimParams(now)
 	p.TTL = ttl
-	k.claimWant(p, idem.ClaimAcquired)
+	k.claimWant(p, idemstore.ClaimAcquired)
 	k.step(p.Token, "charge_pending", stepsOf("charge_pending", charge{ID: "ch_" + key}))
 	return p
 }
@@ -112,7 +113,7 @@ func testCleanupKeepsUnfinished(t *testing.T, h Harness) {
 	}
 	b.unfinishedAt("unfinished-lapsed", b.t0, time.Minute)
 	released := b.unfinishedAt("unfinished-released", b.t0, time.Minute)
-	rel := &idem.RecordReleaseParams{Scope: b.scope, Key: released.Key, Token: released.Token, Now: b.at(time.Second)}
+	rel := &idemstore.ReleaseParams{Scope: b.scope, Key: released.Key, Token: released.Token, Now: b.at(time.Second)}
 	if err := b.s.RecordRelease(b.ctx, rel); err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func testCleanupKeepsUnfinished(t *testing.T, h Harness) {
 	now = b.at(2 * ttl)
 	b.deleteExpired(now, 0, 100, 1) // "finished", a minute after its completion
 	b.deleteExpired(now, 0, 100, 0)
-	n, err := b.s.RecordDeleteExpired(b.ctx, &idem.RecordDeleteExpiredParams{Retention: -time.Hour, Limit: 100, Now: now})
+	n, err := b.s.RecordDeleteExpired(b.ctx, &idemstore.DeleteExpiredParams{Retention: -time.Hour, Limit: 100, Now: now})
 	if err == nil && n != 0 {
 		t.Fatalf("RecordDeleteExpired(retention -1h) deleted %d records, want 0: they are unfinished", n)
 	}
@@ -145,7 +146,7 @@ func testCleanupKeepsUnfinished(t *testing.T, h Harness) {
 	k.key = released.Key
 	taker := k.claimParams(now)
 	taker.TTL = time.Minute
-	k.claimWant(taker, idem.ClaimAcquired)
+	k.claimWant(taker, idemstore.ClaimAcquired)
 	done := k.completeParams(taker.Token, sampleResponse(), now)
 	done.TTL = time.Minute
 	if err := b.s.RecordComplete(b.ctx, done); err != nil {
@@ -158,9 +159,9 @@ func testCleanupKeepsUnfinished(t *testing.T, h Harness) {
 
 // countUnfinished counts the store's unfinished operations at now, failing the test
 // on an error.
-func (b *bundle) countUnfinished(now time.Time) *idem.RecordCountUnfinishedResult {
+func (b *bundle) countUnfinished(now time.Time) *idemstore.CountUnfinishedResult {
 	b.t.Helper()
-	n, err := b.s.RecordCountUnfinished(b.ctx, &idem.RecordCountUnfinishedParams{Now: now})
+	n, err := b.s.RecordCountUnfinished(b.ctx, &idemstore.CountUnfinishedParams{Now: now})
 	if err != nil {
 		b.t.Fatalf("RecordCountUnfinished: %v", err)
 	}
@@ -179,7 +180,7 @@ func testCountUnfinished(t *testing.T, h Harness) {
 	// step, and one completed after its step.
 	noStep := b.claimParams(b.at(-2 * time.Minute))
 	noStep.Key = "no-step"
-	b.claimWant(noStep, idem.ClaimAcquired)
+	b.claimWant(noStep, idemstore.ClaimAcquired)
 	done := b.unfinishedAt("completed", b.at(-time.Minute), ttl)
 	cp := b.completeParams(done.Token, sampleResponse(), b.at(-time.Minute))
 	cp.Key = done.Key
@@ -189,7 +190,7 @@ func testCountUnfinished(t *testing.T, h Harness) {
 	// Unfinished: lapsed, released, past its TTL, and one whose holder is at work.
 	b.unfinishedAt("lapsed", b.t0, ttl)
 	released := b.unfinishedAt("released", b.at(time.Second), ttl)
-	rel := &idem.RecordReleaseParams{Scope: b.scope, Key: released.Key, Token: released.Token, Now: b.at(2 * time.Second)}
+	rel := &idemstore.ReleaseParams{Scope: b.scope, Key: released.Key, Token: released.Token, Now: b.at(2 * time.Second)}
 	if err := b.s.RecordRelease(b.ctx, rel); err != nil {
 		t.Fatal(err)
 	}
@@ -207,8 +208,8 @@ func testUnknownPastTTL(t *testing.T, h Harness) {
 	b.deadAfterStep()
 	late := b.at(2 * ttl)
 	p := b.claimParams(late)
-	p.OnLapse = idem.LapseUnknown
-	res := b.claimWant(p, idem.ClaimCompleted)
+	p.OnLapse = idemstore.LapseUnknown
+	res := b.claimWant(p, idemstore.ClaimCompleted)
 	if !res.MarkedUnknown || !res.Record.ExpiresAt.Equal(late.Add(ttl)) {
 		t.Fatalf("claim under the policy unknown past the TTL: marked %v, expires %v; want marked, expiring a TTL later (%v)",
 			res.MarkedUnknown, res.Record.ExpiresAt, late.Add(ttl))
@@ -234,7 +235,7 @@ func testCompleterPastTTL(t *testing.T, h Harness) {
 	}
 	rec := b.mustGet(clock.Now())
 	want := charge{ID: "ch_1/pch_" + idem.ForeignKey(dead.RecordID, "processor")[:8], Amount: 2000}
-	if rec.State != idem.StateCompleted || rec.ID != dead.RecordID || !rec.ExpiresAt.Equal(clock.Now().Add(ttl)) || runs.Load() != 1 {
+	if rec.State != idemstore.StateCompleted || rec.ID != dead.RecordID || !rec.ExpiresAt.Equal(clock.Now().Add(ttl)) || runs.Load() != 1 {
 		t.Fatalf("record %v, id %q, expiring %v after %d runs; want completed once as record %q with the dead holder's foreign key, "+
 			"expiring a TTL after the completion (%v)", rec.State, rec.ID, rec.ExpiresAt, runs.Load(), dead.RecordID, clock.Now().Add(ttl))
 	}

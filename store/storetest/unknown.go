@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 )
 
 // The cases of the policy unknown (SPEC §13): a claim that finds a key's holder died
@@ -25,20 +26,20 @@ func init() {
 }
 
 // unknownParams is a claim of the bundle's key at now under the policy unknown.
-func (b *bundle) unknownParams(now time.Time) *idem.RecordClaimParams {
+func (b *bundle) unknownParams(now time.Time) *idemstore.ClaimParams {
 	p := b.claimParams(now)
-	p.OnLapse = idem.LapseUnknown
+	p.OnLapse = idemstore.LapseUnknown
 	return p
 }
 
 // unknownResponse is what a record marked outcome unknown answers.
-var unknownResponse = &idem.Response{Status: 500, OutcomeUnknown: true}
+var unknownResponse = &idemstore.Response{Status: 500, OutcomeUnknown: true}
 
 func testUnknownMarks(t *testing.T, h Harness) {
 	b := setup(t, h)
 	dead := b.acquire(b.t0)
 	now := b.at(lease + ms(1))
-	res := b.claimWant(b.unknownParams(now), idem.ClaimCompleted)
+	res := b.claimWant(b.unknownParams(now), idemstore.ClaimCompleted)
 	want := completedRecord(inFlightRecord(dead), unknownResponse, ttl)
 	if !res.MarkedUnknown || res.TookOver {
 		t.Fatalf("claim under the policy unknown: MarkedUnknown %v, TookOver %v; want marked, not taken over", res.MarkedUnknown, res.TookOver)
@@ -47,8 +48,8 @@ func testUnknownMarks(t *testing.T, h Harness) {
 	b.wantRecord("record marked outcome unknown, read back", b.mustGet(now), want)
 	// Every repeat, under either policy, gets the same stored answer; nothing marks it
 	// twice.
-	for _, p := range []*idem.RecordClaimParams{b.unknownParams(b.at(lease + ms(2))), b.claimParams(b.at(2 * lease))} {
-		res := b.claimWant(p, idem.ClaimCompleted)
+	for _, p := range []*idemstore.ClaimParams{b.unknownParams(b.at(lease + ms(2))), b.claimParams(b.at(2 * lease))} {
+		res := b.claimWant(p, idemstore.ClaimCompleted)
 		if res.MarkedUnknown {
 			t.Error("a repeat marked the record again")
 		}
@@ -61,7 +62,7 @@ func testUnknownLive(t *testing.T, h Harness) {
 	b := setup(t, h)
 	b.acquire(b.t0)
 	b.wantUnchanged("live lease under the policy unknown", b.at(lease-ms(1)), func() {
-		if res := b.claimWant(b.unknownParams(b.at(lease-ms(1))), idem.ClaimInFlight); res.MarkedUnknown {
+		if res := b.claimWant(b.unknownParams(b.at(lease-ms(1))), idemstore.ClaimInFlight); res.MarkedUnknown {
 			t.Error("a live lease was marked outcome unknown")
 		}
 	})
@@ -77,7 +78,7 @@ func testUnknownReleased(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	// Its holder stopped, knowing where it was: the operation resumes.
-	res := b.claimWant(b.unknownParams(b.at(time.Second)), idem.ClaimAcquired)
+	res := b.claimWant(b.unknownParams(b.at(time.Second)), idemstore.ClaimAcquired)
 	if !res.TookOver || res.MarkedUnknown || res.Record.RecoveryPoint != "charge_pending" {
 		t.Fatalf("claim under the policy unknown of a released record: TookOver %v, MarkedUnknown %v, at %q; want a takeover at charge_pending",
 			res.TookOver, res.MarkedUnknown, res.Record.RecoveryPoint)
@@ -91,17 +92,17 @@ func testUnknownRace(t *testing.T, h Harness) {
 	b := setup(t, h)
 	b.acquire(b.t0)
 	const n = 40
-	params := make([]*idem.RecordClaimParams, n)
+	params := make([]*idemstore.ClaimParams, n)
 	for i := range params {
 		params[i] = b.claimParams(b.at(2 * lease))
 		if i%2 == 0 {
-			params[i].OnLapse = idem.LapseUnknown
+			params[i].OnLapse = idemstore.LapseUnknown
 		}
 	}
 	acted := 0
 	results := b.claimConcurrently(params)
 	for _, res := range results {
-		if res.Outcome == idem.ClaimAcquired || res.MarkedUnknown {
+		if res.Outcome == idemstore.ClaimAcquired || res.MarkedUnknown {
 			acted++
 		}
 	}
@@ -111,7 +112,7 @@ func testUnknownRace(t *testing.T, h Harness) {
 	rec := b.mustGet(b.at(2 * lease))
 	for i, res := range results {
 		switch {
-		case res.Outcome == idem.ClaimAcquired && rec.Token != params[i].Token:
+		case res.Outcome == idemstore.ClaimAcquired && rec.Token != params[i].Token:
 			t.Fatalf("claim %d took the key over, but the record is held by %q", i, rec.Token)
 		case res.MarkedUnknown && (rec.Response == nil || !rec.Response.OutcomeUnknown):
 			t.Fatalf("claim %d marked the record, but it is %v", i, rec.State)
@@ -125,7 +126,7 @@ func testDoUnknown(t *testing.T, h Harness) {
 	b.acquire(b.t0) // a holder that died mid-operation
 	clock.Advance(lease + ms(1))
 	call := b.call()
-	call.OnLapse = idem.LapseUnknown
+	call.OnLapse = idemstore.LapseUnknown
 	var runs atomic.Int64
 	for i := range 2 {
 		_, _, err := idem.Do(b.ctx, g, call, func(context.Context) (charge, error) {

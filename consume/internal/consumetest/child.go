@@ -16,6 +16,8 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consume"
+	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/observe"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/sqlite"
 )
@@ -102,7 +104,7 @@ type Child[Tx any] struct {
 	stopping         chan struct{}
 }
 
-func newChild[Tx any](st idem.Store, inTx func(context.Context, func(context.Context, Tx) error) error,
+func newChild[Tx any](st idemstore.Store, inTx func(context.Context, func(context.Context, Tx) error) error,
 	insert func(context.Context, Tx, string) error) *Child[Tx] {
 	c := &Child[Tx]{inTx: inTx, insert: insert, stopping: make(chan struct{}), hang: os.Getenv(envHang)}
 	go func() {
@@ -111,9 +113,9 @@ func newChild[Tx any](st idem.Store, inTx func(context.Context, func(context.Con
 	}()
 	if helper, _ := strconv.ParseBool(os.Getenv(envHelper)); helper {
 		logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-		g := idem.NewGuard(idem.GuardConfig{Store: st, Lease: Lease, Logger: logger, Observer: &idem.Observer{
-			Claimed: func(ev idem.ClaimEvent) {
-				if ev.Outcome == idem.OutcomeTookOver {
+		g := idem.NewGuard(idem.GuardConfig{Store: st, Lease: Lease, Logger: logger, Observer: &observe.Observer{
+			Claimed: func(ev observe.ClaimEvent) {
+				if ev.Outcome == observe.OutcomeTookOver {
 					fmt.Println(lineTakeover)
 				}
 			},

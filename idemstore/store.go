@@ -1,4 +1,4 @@
-package idem
+package idemstore
 
 import (
 	"context"
@@ -32,9 +32,9 @@ type Store interface {
 	// Otherwise it answers ClaimCompleted, ClaimInFlight or ClaimMismatch with the
 	// existing record, which it leaves untouched, except that under params.OnLapse
 	// [LapseUnknown] a lapsed lease is completed as outcome unknown instead of taken
-	// over ([RecordClaimParams.Decide]). Of any number of concurrent claims of one
+	// over ([ClaimParams.Decide]). Of any number of concurrent claims of one
 	// key, across goroutines and processes, exactly one is acquired (or marks it).
-	RecordClaim(ctx context.Context, params *RecordClaimParams) (*RecordClaimResult, error)
+	RecordClaim(ctx context.Context, params *ClaimParams) (*ClaimResult, error)
 
 	// RecordComplete stores the final response of the holder of params.Token and marks
 	// the record completed, expiring at created_at + TTL, or, when its recovery point
@@ -42,30 +42,30 @@ type Store interface {
 	// its TTL unfinished keeps its result a whole TTL). It is fenced: when the record
 	// is no longer in flight under that token it changes nothing and returns
 	// [ErrLeaseLost].
-	RecordComplete(ctx context.Context, params *RecordCompleteParams) error
+	RecordComplete(ctx context.Context, params *CompleteParams) error
 
 	// RecordRelease deletes the in-flight record held by params.Token, so that a retry
 	// executes afresh. Fenced like RecordComplete ([ErrLeaseLost]). A record whose
 	// recovery point advanced (SPEC §13) is never deleted: its committed steps must not
 	// run again. RecordRelease ends its lease instead (lease end = now, no holder: the
-	// token is emptied), so that a retry or the [Completer] takes it over at once and
+	// token is emptied), so that a retry or the idem.Completer takes it over at once and
 	// resumes after its last committed step.
-	RecordRelease(ctx context.Context, params *RecordReleaseParams) error
+	RecordRelease(ctx context.Context, params *ReleaseParams) error
 
 	// RecordRenew extends the lease of the holder of params.Token to now + Lease and
 	// returns the new lease end. Fenced like RecordComplete ([ErrLeaseLost]).
-	RecordRenew(ctx context.Context, params *RecordRenewParams) (time.Time, error)
+	RecordRenew(ctx context.Context, params *RenewParams) (time.Time, error)
 
 	// RecordGet reads one record by (Scope, Key). An absent or expired record is
 	// [ErrNotFound]; an unfinished one ([Record.Unfinished]) never expires.
-	RecordGet(ctx context.Context, params *RecordGetParams) (*Record, error)
+	RecordGet(ctx context.Context, params *GetParams) (*Record, error)
 
 	// RecordDeleteExpired deletes up to params.Limit records whose expires_at is before
 	// now − params.Retention and returns how many it deleted. It never deletes an
 	// in-flight record whose lease is live, nor an unfinished operation's record
 	// ([Record.Unfinished], SPEC §13). Stores that expire records themselves
 	// (Capabilities.BatchedCleanup false) return 0, nil.
-	RecordDeleteExpired(ctx context.Context, params *RecordDeleteExpiredParams) (int, error)
+	RecordDeleteExpired(ctx context.Context, params *DeleteExpiredParams) (int, error)
 
 	// RecordStep commits one step of the operation of the holder of params.Token (SPEC
 	// §13): it sets the record's recovery point, saved step results and operation name.
@@ -74,24 +74,24 @@ type Store interface {
 	// point commit together (sqlite.Step, postgres.Step). A store whose
 	// Capabilities().RecoveryPoints is false returns an error wrapping
 	// [errors.ErrUnsupported].
-	RecordStep(ctx context.Context, params *RecordStepParams) error
+	RecordStep(ctx context.Context, params *StepParams) error
 
-	// RecordListResumable returns up to params.Limit records that the [Completer] may
+	// RecordListResumable returns up to params.Limit records that the idem.Completer may
 	// resume: in flight, their recovery point advanced, their lease lapsed (or ended by
 	// a release), however long ago their TTL ran out (such a record never expires), in
 	// (scope, key) order after (params.AfterScope, params.AfterKey). It never returns
 	// responses. SQL stores answer it from an index of such records. A store whose
 	// Capabilities().RecoveryPoints is false returns an error wrapping
 	// [errors.ErrUnsupported].
-	RecordListResumable(ctx context.Context, params *RecordListResumableParams) ([]*Record, error)
+	RecordListResumable(ctx context.Context, params *ListResumableParams) ([]*Record, error)
 
 	// RecordCountUnfinished counts the unfinished operations of the whole store
 	// ([Record.Unfinished]: in flight after a step committed, whether their lease is
 	// live or not) and finds the oldest one's creation, so that every process's
-	// [Completer] reports the same numbers (SPEC §13, §15). SQL stores answer it from
+	// idem.Completer reports the same numbers (SPEC §13, §15). SQL stores answer it from
 	// the index of such records. A store whose Capabilities().RecoveryPoints is false
 	// returns an error wrapping [errors.ErrUnsupported].
-	RecordCountUnfinished(ctx context.Context, params *RecordCountUnfinishedParams) (*RecordCountUnfinishedResult, error)
+	RecordCountUnfinished(ctx context.Context, params *CountUnfinishedParams) (*CountUnfinishedResult, error)
 
 	// Ping reports whether the store answers; /healthz uses it.
 	Ping(ctx context.Context) error
@@ -118,8 +118,8 @@ type Capabilities struct {
 	RecoveryPoints bool
 }
 
-// RecordClaimParams are the parameters of [Store.RecordClaim].
-type RecordClaimParams struct {
+// ClaimParams are the parameters of [Store.RecordClaim].
+type ClaimParams struct {
 	// Scope is the authenticated principal (never empty).
 	Scope string
 	// Key is the parsed idempotency key.
@@ -136,7 +136,7 @@ type RecordClaimParams struct {
 	// TTL is how long after creation the record lives (SPEC §8).
 	TTL time.Duration
 	// OnLapse is the operation's policy for a record in flight whose holder's lease
-	// lapsed ([RecordClaimParams.Decide]): take it over, or, with [LapseUnknown],
+	// lapsed ([ClaimParams.Decide]): take it over, or, with [LapseUnknown],
 	// complete it in the same atomic operation as outcome unknown (status 500,
 	// Response.OutcomeUnknown, expiring at created_at + TTL) and answer ClaimCompleted
 	// with it and MarkedUnknown.
@@ -168,8 +168,8 @@ func (o ClaimOutcome) String() string {
 	return "unknown"
 }
 
-// RecordClaimResult is the answer of [Store.RecordClaim].
-type RecordClaimResult struct {
+// ClaimResult is the answer of [Store.RecordClaim].
+type ClaimResult struct {
 	// Outcome says what the claim found.
 	Outcome ClaimOutcome
 	// Record is the record after the claim: the caller's own in-flight record when
@@ -184,8 +184,8 @@ type RecordClaimResult struct {
 	Now time.Time
 }
 
-// RecordCompleteParams are the parameters of [Store.RecordComplete].
-type RecordCompleteParams struct {
+// CompleteParams are the parameters of [Store.RecordComplete].
+type CompleteParams struct {
 	Scope string
 	Key   string
 	// Token is the holder's lock token.
@@ -199,8 +199,8 @@ type RecordCompleteParams struct {
 	Now time.Time
 }
 
-// RecordReleaseParams are the parameters of [Store.RecordRelease].
-type RecordReleaseParams struct {
+// ReleaseParams are the parameters of [Store.RecordRelease].
+type ReleaseParams struct {
 	Scope string
 	Key   string
 	// Token is the holder's lock token.
@@ -210,9 +210,9 @@ type RecordReleaseParams struct {
 	Now time.Time
 }
 
-// RecordStepParams are the parameters of [Store.RecordStep]: what one committed step
-// writes. [Handle.PrepareStep] makes them.
-type RecordStepParams struct {
+// StepParams are the parameters of [Store.RecordStep]: what one committed step
+// writes. idem.Handle.PrepareStep makes them.
+type StepParams struct {
 	Scope string
 	Key   string
 	// Token is the holder's lock token.
@@ -222,12 +222,12 @@ type RecordStepParams struct {
 	// Steps is the record's step results after this step: the earlier ones and this
 	// one's. The store keeps it byte for byte.
 	Steps []byte
-	// Operation is the name of the operation, kept for the [Completer]; may be empty.
+	// Operation is the name of the operation, kept for the idem.Completer; may be empty.
 	Operation string
 }
 
-// RecordListResumableParams are the parameters of [Store.RecordListResumable].
-type RecordListResumableParams struct {
+// ListResumableParams are the parameters of [Store.RecordListResumable].
+type ListResumableParams struct {
 	// AfterScope and AfterKey, when AfterKey is not empty, start the list after that
 	// record (a cursor: the last record of the previous batch).
 	AfterScope string
@@ -238,14 +238,14 @@ type RecordListResumableParams struct {
 	Now time.Time
 }
 
-// RecordCountUnfinishedParams are the parameters of [Store.RecordCountUnfinished].
-type RecordCountUnfinishedParams struct {
+// CountUnfinishedParams are the parameters of [Store.RecordCountUnfinished].
+type CountUnfinishedParams struct {
 	// Now, when non-zero, replaces the store's clock (tests only).
 	Now time.Time
 }
 
-// RecordCountUnfinishedResult is the answer of [Store.RecordCountUnfinished].
-type RecordCountUnfinishedResult struct {
+// CountUnfinishedResult is the answer of [Store.RecordCountUnfinished].
+type CountUnfinishedResult struct {
 	// Count is the number of unfinished operations.
 	Count int
 	// Oldest is the creation of the oldest unfinished operation; zero when Count is 0.
@@ -256,15 +256,15 @@ type RecordCountUnfinishedResult struct {
 
 // OldestAge is how long the oldest unfinished operation has existed, 0 when there is
 // none.
-func (r *RecordCountUnfinishedResult) OldestAge() time.Duration {
+func (r *CountUnfinishedResult) OldestAge() time.Duration {
 	if r.Count == 0 || r.Oldest.IsZero() {
 		return 0
 	}
 	return max(r.Now.Sub(r.Oldest), 0)
 }
 
-// RecordRenewParams are the parameters of [Store.RecordRenew].
-type RecordRenewParams struct {
+// RenewParams are the parameters of [Store.RecordRenew].
+type RenewParams struct {
 	Scope string
 	Key   string
 	// Token is the holder's lock token.
@@ -277,16 +277,16 @@ type RecordRenewParams struct {
 	Now time.Time
 }
 
-// RecordGetParams are the parameters of [Store.RecordGet].
-type RecordGetParams struct {
+// GetParams are the parameters of [Store.RecordGet].
+type GetParams struct {
 	Scope string
 	Key   string
 	// Now, when non-zero, replaces the store's clock (tests only).
 	Now time.Time
 }
 
-// RecordDeleteExpiredParams are the parameters of [Store.RecordDeleteExpired].
-type RecordDeleteExpiredParams struct {
+// DeleteExpiredParams are the parameters of [Store.RecordDeleteExpired].
+type DeleteExpiredParams struct {
 	// Retention keeps records this long after they expire.
 	Retention time.Duration
 	// Limit bounds how many records one call deletes.

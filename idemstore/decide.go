@@ -1,4 +1,4 @@
-package idem
+package idemstore
 
 import "time"
 
@@ -24,7 +24,7 @@ const (
 	DecideMismatch
 	// DecideUnknown: in flight, its holder's lease lapsed, and the claim's policy is
 	// [LapseUnknown] (SPEC §13): complete the record as outcome_unknown, fenced by the
-	// old token, instead of taking it over, and answer it. [RecordClaimParams.Decide]
+	// old token, instead of taking it over, and answer it. [ClaimParams.Decide]
 	// returns it; [Decide] never does.
 	DecideUnknown
 )
@@ -43,7 +43,7 @@ func (d Decision) String() string {
 // whose holder died is [DecideUnknown]. A record whose holder released it after a step
 // committed (no holder, its lease ended: SPEC §13) is taken over whatever the policy:
 // its holder stopped knowing where it was, and the operation resumes.
-func (p *RecordClaimParams) Decide(rec *Record, now time.Time) Decision {
+func (p *ClaimParams) Decide(rec *Record, now time.Time) Decision {
 	d := Decide(rec, p.Fingerprint, now)
 	if d == DecideTakeOver && p.OnLapse == LapseUnknown && rec.Token != "" {
 		return DecideUnknown

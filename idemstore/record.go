@@ -1,4 +1,4 @@
-package idem
+package idemstore
 
 import (
 	"bytes"
@@ -55,7 +55,7 @@ type Response struct {
 	// OutcomeUnknown is true when the record was completed by a claim under the policy
 	// [LapseUnknown] (SPEC §13): its holder died, and whether its operation's foreign
 	// effects happened is unknown. Repeats get 500 outcome_unknown
-	// ([ErrOutcomeUnknown]) until an operator resolves the key. Status is 500; there is
+	// (idem.ErrOutcomeUnknown) until an operator resolves the key. Status is 500; there is
 	// no header or body: the answer is written by whoever replays it.
 	OutcomeUnknown bool
 }
@@ -90,7 +90,7 @@ type Record struct {
 	// Key is the idempotency key as parsed (unquoted).
 	Key string
 	// ID is new at every claim of an absent or expired key and kept across takeovers of
-	// a lapsed lease. Foreign keys derive from it ([Handle.ForeignKey], SPEC §13).
+	// a lapsed lease. Foreign keys derive from it (idem.Handle.ForeignKey, SPEC §13).
 	ID string
 	// Fingerprint identifies the request that created the record.
 	Fingerprint Fingerprint
@@ -98,7 +98,7 @@ type Record struct {
 	State State
 	// Token is the lock token of the current holder; empty once completed, and empty
 	// in flight when the holder released a record whose recovery point advanced: the
-	// record then waits, with its lease ended, for a retry or the [Completer] to resume
+	// record then waits, with its lease ended, for a retry or the idem.Completer to resume
 	// it (SPEC §13).
 	Token string
 	// LeaseEnd is when the holder's lease lapses (in flight only).
@@ -110,12 +110,12 @@ type Record struct {
 	// never deleted by a release: its lease is ended instead, so that the operation
 	// resumes after its last committed step.
 	RecoveryPoint string
-	// Steps holds the results saved by the committed steps, as the [Handle] encodes
+	// Steps holds the results saved by the committed steps, as the idem.Handle encodes
 	// them (a JSON array of {"step", "result"} objects, in commit order); empty until a
 	// step commits. Stores keep it byte for byte.
 	Steps []byte
-	// Operation names the operation that wrote the record's steps ([Call.Name],
-	// [RouteOptions.Name]), so that the [Completer] finds its resume function; empty
+	// Operation names the operation that wrote the record's steps (idem.Call.Name,
+	// idem.RouteOptions.Name), so that the idem.Completer finds its resume function; empty
 	// until a step commits, or when the operation has no name.
 	Operation string
 	// CreatedAt is when the key was claimed (kept across takeovers).
@@ -130,7 +130,7 @@ type Record struct {
 // Unfinished reports whether the record is an unfinished operation (SPEC §13): in
 // flight after one of its steps committed. Such a record never expires and no cleaner
 // deletes it until it is completed or an operator settles it, so that a retry or the
-// [Completer] always finds it, with its record id and so its foreign keys.
+// idem.Completer always finds it, with its record id and so its foreign keys.
 func (r *Record) Unfinished() bool { return r.State == StateInFlight && r.RecoveryPoint != "" }
 
 // Expired reports whether the record counts as absent at now (SPEC §8): its
