@@ -61,7 +61,7 @@ func BenchmarkCanonicalJSON(b *testing.B) {
 			b.SetBytes(int64(len(src)))
 			for b.Loop() {
 				var ok bool
-				if dst, ok = CanonicalJSON(dst[:0], src); !ok {
+				if dst, ok = canonicalJSON(dst[:0], src); !ok {
 					b.Fatal("refused")
 				}
 			}
@@ -82,7 +82,7 @@ func BenchmarkCanonicalJSONDeepVsFlat(b *testing.B) {
 	run := func(src []byte, total *time.Duration) {
 		start := time.Now()
 		var ok bool
-		if dst, ok = CanonicalJSON(dst[:0], src); !ok {
+		if dst, ok = canonicalJSON(dst[:0], src); !ok {
 			b.Fatal("refused")
 		}
 		*total += time.Since(start)

@@ -12,7 +12,7 @@ import (
 // bodies are hashed as raw bytes, which is still deterministic.
 const maxJSONDepth = 1000
 
-// CanonicalJSON appends to dst the canonical form of the JSON text src that the request
+// canonicalJSON appends to dst the canonical form of the JSON text src that the request
 // fingerprint hashes (SPEC §4), and reports whether src was valid I-JSON (RFC 7493).
 //
 // The canonical form removes insignificant whitespace and sorts the members of every
@@ -29,7 +29,7 @@ const maxJSONDepth = 1000
 // I-JSON), or when arrays and objects nest deeper than 1000.
 //
 // Its cost is linear in len(src) at any depth of nesting.
-func CanonicalJSON(dst, src []byte) ([]byte, bool) {
+func canonicalJSON(dst, src []byte) ([]byte, bool) {
 	c := canonPool.Get().(*canonicalizer)
 	out, ok := c.canonical(dst, src)
 	c.release()

@@ -29,9 +29,9 @@ func TestCanonicalJSONSortsMembersAndRemovesWhitespace(t *testing.T) {
 		{`{"":1," ":2}`, `{"":1," ":2}`},
 		{`{"ab":1,"a":2}`, `{"a":2,"ab":1}`},
 	} {
-		got, ok := CanonicalJSON(nil, []byte(tc.in))
+		got, ok := canonicalJSON(nil, []byte(tc.in))
 		if !ok || string(got) != tc.want {
-			t.Errorf("CanonicalJSON(%s) = %s, %v; want %s", tc.in, got, ok, tc.want)
+			t.Errorf("canonicalJSON(%s) = %s, %v; want %s", tc.in, got, ok, tc.want)
 		}
 	}
 }
@@ -44,9 +44,9 @@ func TestCanonicalJSONKeepsTokensExactlyAsSent(t *testing.T) {
 		`"é"`, `"\u00e9"`, `"\u00E9"`, `"\/"`, `"/"`, `"\ud83d\ude00"`, `"😀"`, `"a\tb"`, `"\""`,
 	} {
 		in := "{ \"v\" : " + tok + " }"
-		got, ok := CanonicalJSON(nil, []byte(in))
+		got, ok := canonicalJSON(nil, []byte(in))
 		if want := `{"v":` + tok + `}`; !ok || string(got) != want {
-			t.Errorf("CanonicalJSON(%s) = %s, %v; want %s", in, got, ok, want)
+			t.Errorf("canonicalJSON(%s) = %s, %v; want %s", in, got, ok, want)
 		}
 	}
 }
@@ -91,9 +91,9 @@ func TestCanonicalJSONRefusesWhatIsNotIJSON(t *testing.T) {
 		{"byte order mark", "\ufeff{}"},
 		{"too deep", strings.Repeat("[", maxJSONDepth+1) + strings.Repeat("]", maxJSONDepth+1)},
 	} {
-		got, ok := CanonicalJSON([]byte("prefix"), []byte(tc.in))
+		got, ok := canonicalJSON([]byte("prefix"), []byte(tc.in))
 		if ok || string(got) != "prefix" {
-			t.Errorf("%s: CanonicalJSON(%q) = %q, %v; want dst unchanged and false", tc.name, tc.in, got, ok)
+			t.Errorf("%s: canonicalJSON(%q) = %q, %v; want dst unchanged and false", tc.name, tc.in, got, ok)
 		}
 	}
 }
@@ -101,14 +101,14 @@ func TestCanonicalJSONRefusesWhatIsNotIJSON(t *testing.T) {
 func TestCanonicalJSONAcceptsDeepNestingUpToTheLimit(t *testing.T) {
 	t.Parallel()
 	in := strings.Repeat(`{"a":[`, maxJSONDepth/2) + strings.Repeat(`]}`, maxJSONDepth/2)
-	if got, ok := CanonicalJSON(nil, []byte(in)); !ok || string(got) != in {
+	if got, ok := canonicalJSON(nil, []byte(in)); !ok || string(got) != in {
 		t.Fatalf("nesting of %d refused", maxJSONDepth)
 	}
 }
 
 func TestCanonicalJSONAppendsToDst(t *testing.T) {
 	t.Parallel()
-	got, ok := CanonicalJSON([]byte("x:"), []byte(` { "b" : 1 , "a" : 2 } `))
+	got, ok := canonicalJSON([]byte("x:"), []byte(` { "b" : 1 , "a" : 2 } `))
 	if !ok || string(got) != `x:{"a":2,"b":1}` {
 		t.Fatalf("got %q, %v", got, ok)
 	}
@@ -118,23 +118,23 @@ func TestCanonicalJSONAppendsToDst(t *testing.T) {
 func checkCanonicalJSONInvariants(t interface {
 	Fatalf(string, ...any)
 }, in []byte) {
-	out, ok := CanonicalJSON(nil, in)
+	out, ok := canonicalJSON(nil, in)
 	if !ok {
 		if out != nil {
 			t.Fatalf("refused input returned %q", out)
 		}
 		if plainIJSON(in) {
-			t.Fatalf("CanonicalJSON refused %q, which encoding/json takes for I-JSON", in)
+			t.Fatalf("canonicalJSON refused %q, which encoding/json takes for I-JSON", in)
 		}
 		return
 	}
 	if !json.Valid(in) || !json.Valid(out) {
-		t.Fatalf("CanonicalJSON accepted %q (json.Valid %v) -> %q (json.Valid %v)", in, json.Valid(in), out, json.Valid(out))
+		t.Fatalf("canonicalJSON accepted %q (json.Valid %v) -> %q (json.Valid %v)", in, json.Valid(in), out, json.Valid(out))
 	}
 	if len(out) > len(in) {
 		t.Fatalf("canonical form %q is longer than %q", out, in)
 	}
-	again, ok := CanonicalJSON(nil, out)
+	again, ok := canonicalJSON(nil, out)
 	if !ok || !bytes.Equal(again, out) {
 		t.Fatalf("canonical form is not a fixed point: %q -> %q (%v)", out, again, ok)
 	}

@@ -150,14 +150,14 @@ func (c *v1Canonicalizer) sortMembersByCopy(open int, ms []member) bool {
 	return true
 }
 
-// sameAsV1 fails unless CanonicalJSON and the version 1 canonicaliser agree on in: the
+// sameAsV1 fails unless canonicalJSON and the version 1 canonicaliser agree on in: the
 // same verdict and, for I-JSON, the same bytes, so that no fingerprint of version 1
 // changes.
 func sameAsV1(t interface{ Fatalf(string, ...any) }, in []byte) {
-	got, gotOK := CanonicalJSON([]byte("dst:"), in)
+	got, gotOK := canonicalJSON([]byte("dst:"), in)
 	want, wantOK := v1CanonicalJSON([]byte("dst:"), in)
 	if gotOK != wantOK || !bytes.Equal(got, want) {
-		t.Fatalf("CanonicalJSON(%q) = %q, %v; version 1 gave %q, %v", in, got, gotOK, want, wantOK)
+		t.Fatalf("canonicalJSON(%q) = %q, %v; version 1 gave %q, %v", in, got, gotOK, want, wantOK)
 	}
 }
 

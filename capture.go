@@ -359,13 +359,13 @@ func hasTrailers(h http.Header) bool {
 // returns an error, and writes nothing, when w is not the middleware's or a response
 // already went to the client. It may be called from another goroutine than the
 // handler's only while the handler does not write (the caller synchronises).
-func AnswerNow(w http.ResponseWriter, write func(http.ResponseWriter)) error {
+func (m *Middleware) AnswerNow(w http.ResponseWriter, write func(http.ResponseWriter)) error {
 	c := captureOf(w)
 	switch {
 	case c == nil:
-		return errors.New("idem: AnswerNow: the ResponseWriter is not the middleware's")
+		return errors.New("idem: Middleware.AnswerNow: the ResponseWriter is not the middleware's")
 	case c.passThrough || c.early || c.frozen:
-		return errors.New("idem: AnswerNow: a response already went to the client")
+		return errors.New("idem: Middleware.AnswerNow: a response already went to the client")
 	}
 	dst := c.w
 	if c.key != nil {
@@ -392,7 +392,7 @@ func AnswerNow(w http.ResponseWriter, write func(http.ResponseWriter)) error {
 // repeats of the key get the same stream replayed in one piece. One that grows past
 // the limit, or has trailers, is not stored (response_not_stored). It reports whether
 // w is the middleware's (or unwraps to it).
-func TeeStream(w http.ResponseWriter) bool {
+func (m *Middleware) TeeStream(w http.ResponseWriter) bool {
 	c := captureOf(w)
 	if c == nil {
 		return false

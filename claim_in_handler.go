@@ -10,20 +10,6 @@ import (
 	"github.com/idem-go/idem/observe"
 )
 
-// ErrClaimDeferred is for store packages: a [TxFunc] returns an error wrapping it when
-// the claim of [TxRecord.Claim], made first in its transaction, found the key already
-// there (in any state), so that nothing committed. [ServeTx] then claims the key the
-// usual way; the handler never sees it.
-var ErrClaimDeferred = errors.New("idem: the key was not claimed in the handler's transaction; it is claimed the usual way")
-
-// ErrKeyInProgress is what a store's [TxFunc] returns on a
-// [RouteOptions.ClaimInHandler] route when a concurrent transaction holding the same
-// key did not commit within the store's lock timeout: [ServeTx] passes it to
-// [Handle.CompletionFailed], and the middleware answers 409 request_in_progress. A
-// repeat of a call whose key is executing elsewhere fails with it too
-// ([InProgressError] matches it).
-var ErrKeyInProgress = errors.New("idem: a concurrent request holds the key")
-
 // reopen empties a frozen capture for a new response.
 func (c *capture) reopen() {
 	clear(c.header)

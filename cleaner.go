@@ -11,16 +11,6 @@ import (
 	"github.com/idem-go/idem/idemstore"
 )
 
-// Defaults of [CleanerConfig].
-const (
-	// DefaultCleanerInterval is the pause between two cleaning passes.
-	DefaultCleanerInterval = time.Minute
-	// DefaultCleanerBatchSize bounds how many records one delete removes.
-	DefaultCleanerBatchSize = 1000
-	// DefaultCleanerBatchTimeout bounds one batch delete.
-	DefaultCleanerBatchTimeout = 30 * time.Second
-)
-
 // CleanerConfig configures a [Cleaner]. [Middleware.CleanerConfig] returns one that
 // matches a middleware's Retention, Logger and Clock.
 type CleanerConfig struct {

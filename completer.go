@@ -69,24 +69,6 @@ func (g *Guard) resumer(name string) resumer {
 	return g.resumes[name]
 }
 
-// Defaults of [CompleterConfig].
-const (
-	// DefaultCompleterInterval is the pause between two passes of a Completer.
-	DefaultCompleterInterval = 10 * time.Second
-	// DefaultCompleterBatchSize bounds how many records one query of a pass returns.
-	DefaultCompleterBatchSize = 100
-	// DefaultCompleterBatchTimeout bounds one query for resumable records.
-	DefaultCompleterBatchTimeout = 30 * time.Second
-	// DefaultCompleterRetryBackoff is how long a record whose resume failed waits
-	// before the next attempt; it doubles at every failure.
-	DefaultCompleterRetryBackoff = 30 * time.Second
-	// DefaultCompleterMaxRetryBackoff caps the wait between attempts on one record.
-	DefaultCompleterMaxRetryBackoff = 10 * time.Minute
-	// DefaultCompleterWarnAfter is the age past which an unfinished operation that a
-	// completer cannot finish is logged at WARN.
-	DefaultCompleterWarnAfter = 5 * time.Minute
-)
-
 // CompleterConfig configures a [Completer].
 type CompleterConfig struct {
 	// Interval is the pause between passes, jittered by ±10% so that the completers of

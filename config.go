@@ -12,45 +12,6 @@ import (
 	"github.com/idem-go/idem/observe"
 )
 
-// Defaults of [Config] and [CleanerConfig].
-const (
-	// DefaultTTL is how long a completed record lives after its creation (SPEC §8).
-	DefaultTTL = 24 * time.Hour
-	// DefaultLease is how long a claim holds its key before another request may take
-	// it over (SPEC §5).
-	DefaultLease = 30 * time.Second
-	// DefaultRetryAfter is the Retry-After of request_in_progress and
-	// store_unavailable answers.
-	DefaultRetryAfter = time.Second
-	// DefaultMaxBodyBytes bounds the request body the middleware reads (SPEC §4).
-	DefaultMaxBodyBytes = 1 << 20
-	// DefaultMaxResponseBytes bounds the response body the middleware stores (SPEC §6).
-	DefaultMaxResponseBytes = 1 << 20
-	// DefaultInFlightWait is how long a duplicate waits for the first request: not at
-	// all, it gets 409 request_in_progress at once.
-	DefaultInFlightWait time.Duration = 0
-	// DefaultRetention is how long the cleaner keeps records after they expire.
-	DefaultRetention time.Duration = 0
-	// DefaultReplayCacheSize is the number of completed responses the middleware
-	// keeps in memory: none, every replay reads the store.
-	DefaultReplayCacheSize = 0
-	// DefaultKeyHeader is the header that carries the idempotency key (SPEC §3).
-	DefaultKeyHeader = "Idempotency-Key"
-	// DefaultStoreTimeout bounds each store call made before the handler runs (the
-	// claim, each poll of an in-flight wait): a store that does not answer within it
-	// gets 503 store_unavailable, not a hung request (SPEC §9).
-	DefaultStoreTimeout = 5 * time.Second
-	// MaxTTL is the longest TTL of any record (about 100 years): the longest that
-	// every store represents for a record created in the next century and a half
-	// (SQLite keeps expires_at as integer nanoseconds since 1970, which overflow in
-	// 2262). A longer TTL is refused wherever one is given; use MaxTTL for records
-	// that must outlive everything.
-	MaxTTL = 100 * 365 * 24 * time.Hour
-	// MaxLeaseMargin caps how long before its lease ends a handler whose renewals
-	// failed is cancelled: the margin is Lease/10, at most this (SPEC §5, Lease).
-	MaxLeaseMargin = time.Second
-)
-
 // Requirement says whether a request must, may or must not carry an Idempotency-Key.
 type Requirement int
 
@@ -238,7 +199,7 @@ type Config struct {
 
 	// Logger receives the middleware's logs. Keys are logged as a short hash, never
 	// in full; bodies are never logged. Repeated warnings and errors are summarised,
-	// one line and a count per [DefaultLogSummaryInterval] ([NewLogSummaryHandler]).
+	// one line and a count per 10 s.
 	// Defaults to [slog.Default].
 	Logger *slog.Logger
 

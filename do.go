@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 )
 
 // Do runs fn at most once per (call.Scope, call.Key) and returns its result to every
@@ -99,7 +98,7 @@ func begin[T any](ctx context.Context, g *Guard, call Call) (h *Handle, result T
 }
 
 // resultHeader is the header of a stored result of Do.
-var resultHeader = http.Header{"Content-Type": {"application/json"}}
+var resultHeader = map[string][]string{"Content-Type": {"application/json"}}
 
 // setResult encodes v as the result the completion stores.
 func (h *Handle) setResult(v any) error {
@@ -107,7 +106,7 @@ func (h *Handle) setResult(v any) error {
 	if err != nil {
 		return fmt.Errorf("idem: encoding the result: %w", err)
 	}
-	h.SetResponse(&Response{Status: http.StatusOK, Header: resultHeader, Body: b})
+	h.SetResponse(&Response{Status: 200, Header: resultHeader, Body: b})
 	return nil
 }
 

@@ -1,241 +1,85 @@
 package idem
 
 import (
-	"encoding/json"
-	"fmt"
-	"net/http"
-	"strings"
+	"errors"
+
+	"github.com/idem-go/idem/idemstore"
 )
 
-// Profile chooses the shape of the error bodies the middleware writes (SPEC §9).
-type Profile int
+// The errors of idem (SPEC §5, §9). [Guard.Begin], [Do] and a handler's helpers
+// return them, wrapped or as themselves; the middleware answers each with its §9 code.
+var (
+	// ErrKeyReused: the key was used with another fingerprint (another input). The
+	// record is untouched; retrying cannot succeed.
+	ErrKeyReused = errors.New("idem: idempotency key already used with a different input")
+	// ErrResponseNotStored: the operation completed, but its result was not kept
+	// (streamed, or too large), so it cannot be replayed; it is never executed again.
+	ErrResponseNotStored = errors.New("idem: the operation completed but its result was not stored")
+	// ErrStoreUnavailable: the store failed, or did not answer within StoreTimeout.
+	// Retry later. Errors matching it are [*StoreError]s carrying the cause.
+	ErrStoreUnavailable = errors.New("idem: store unavailable")
+	// ErrScopeRequired: a [Call] without a scope.
+	ErrScopeRequired = errors.New("idem: scope required")
+	// ErrOutcomeUnknown: the key's holder died while the operation ran under the
+	// policy [LapseUnknown], so whether its effects happened is unknown; every repeat
+	// gets this error (the middleware answers 500 outcome_unknown) until an operator
+	// resolves the key (SPEC §13). Retrying cannot help.
+	ErrOutcomeUnknown = errors.New("idem: the outcome of the operation with this idempotency key is unknown")
+	// ErrLeaseLost is the cause of an operation's context cancelled because its lease
+	// was lost, and the error of a fenced store call whose token no longer holds the
+	// record: [idemstore.ErrLeaseLost].
+	ErrLeaseLost = idemstore.ErrLeaseLost
 
-const (
-	// ProfileSeed writes Stripe's error shape, as the design note does:
-	//
-	//	{"error": {"type": "idempotency_error", "code": "key_reused", "message": "..."}}
-	//
-	// with Content-Type application/json, and answers key_reused with 409.
-	ProfileSeed Profile = iota
-	// ProfileIETF writes RFC 9457 problem details (application/problem+json) whose
-	// type is [Config.ProblemTypeBase] followed by the code, with title, status,
-	// detail and a code member, and answers key_reused with 422 as the IETF draft does.
-	ProfileIETF
+	// ErrClaimDeferred is for store packages: a [TxFunc] returns an error wrapping it when
+	// the claim of [TxRecord.Claim], made first in its transaction, found the key already
+	// there (in any state), so that nothing committed. [ServeTx] then claims the key the
+	// usual way; the handler never sees it.
+	ErrClaimDeferred = errors.New("idem: the key was not claimed in the handler's transaction; it is claimed the usual way")
+
+	// ErrKeyInProgress is what a store's [TxFunc] returns on a
+	// [RouteOptions.ClaimInHandler] route when a concurrent transaction holding the same
+	// key did not commit within the store's lock timeout: [ServeTx] passes it to
+	// [Handle.CompletionFailed], and the middleware answers 409 request_in_progress. A
+	// repeat of a call whose key is executing elsewhere fails with it too
+	// ([InProgressError] matches it).
+	ErrKeyInProgress = errors.New("idem: a concurrent request holds the key")
+
+	// ErrKeyRequired is returned by [ParseKey] when the request has no Idempotency-Key
+	// header. The middleware answers it with 400 key_required where a key is required.
+	ErrKeyRequired = errors.New("idem: Idempotency-Key header required")
+
+	// ErrKeyInvalid is wrapped by every error [ParseKey] returns for a header that is present
+	// but unusable, and by [Guard.Begin]'s (and so [Do]'s) for a key longer than
+	// [MaxKeyLength] bytes or with a control character; the wrapping error says why. The
+	// middleware answers it with 400 key_invalid.
+	ErrKeyInvalid = errors.New("idem: invalid Idempotency-Key")
+
+	// ErrNoHandle is returned by the store packages' SPEC §7 helpers for a context that
+	// carries no [Handle] and was not marked by [WithoutKey]: most likely a context other
+	// than the request's (a server's, context.Background()) passed inside a keyed
+	// request's handler, which would otherwise run a plain transaction and lose the
+	// guarantee that the writes and the stored response commit together.
+	ErrNoHandle = errors.New("idem: the context carries no idem.Handle: pass the request's own context (r.Context()) " +
+		"of a request behind the idem middleware, or idem.WithoutKey(ctx) for a transaction that completes no record")
+
+	// ErrNoResponse is returned by a SPEC §7 helper whose transaction was to commit with
+	// the handler's response while the handler had written none yet (it writes after the
+	// helper returns: the natural order, and the wrong one with InTx). Nothing commits;
+	// the middleware answers 500 internal_error, stores nothing and logs the mistake, and
+	// the handler's later writes are refused. Write the response inside the
+	// transaction's function, or use the store's Respond, which takes the response its
+	// function returns.
+	ErrNoResponse = errors.New("idem: the handler wrote no response before its transaction was to commit with it: " +
+		"write the response inside the transaction's function, or return it from the store's Respond")
+
+	// ErrAnswered is returned by a SPEC §7 helper on a [RouteOptions.ClaimInHandler] route
+	// when the claim it made first did not acquire the key: the middleware answers the
+	// request itself (the stored response, 409 request_in_progress, key_reused, or 503
+	// store_unavailable), the helper ran nothing, and whatever the handler writes after
+	// it is discarded. A handler may treat it as any other error.
+	ErrAnswered = errors.New("idem: the key was not acquired: the middleware answers this request itself")
+
+	// ErrStepCommitted is returned by [Handle.PrepareStep] for a step that already
+	// committed: its result is saved and it must not run again ([Handle.StepResult]).
+	ErrStepCommitted = errors.New("idem: step already committed")
 )
-
-// String returns "seed" or "ietf".
-func (p Profile) String() string {
-	switch p {
-	case ProfileSeed:
-		return "seed"
-	case ProfileIETF:
-		return "ietf"
-	}
-	return fmt.Sprintf("Profile(%d)", int(p))
-}
-
-// ParseProfile parses "seed" or "ietf", as a --profile flag takes them.
-func ParseProfile(s string) (Profile, error) {
-	switch strings.ToLower(s) {
-	case "seed":
-		return ProfileSeed, nil
-	case "ietf":
-		return ProfileIETF, nil
-	}
-	return 0, fmt.Errorf("idem: unknown profile %q (want seed or ietf)", s)
-}
-
-func (p Profile) valid() bool { return p == ProfileSeed || p == ProfileIETF }
-
-// The error codes of SPEC §9. Every error the middleware writes carries one of them, in
-// both profiles, so clients classify answers by code rather than by status.
-const (
-	// CodeKeyRequired (400): the route requires an Idempotency-Key and none was sent.
-	CodeKeyRequired = "key_required"
-	// CodeKeyInvalid (400): the Idempotency-Key header is malformed, empty or repeated.
-	CodeKeyInvalid = "key_invalid"
-	// CodeScopeRequired (401): the request has no authenticated principal to scope
-	// the key to.
-	CodeScopeRequired = "scope_required"
-	// CodeKeyReused (409 seed, 422 ietf): the key was used with different request
-	// parameters. Final: retrying cannot succeed.
-	CodeKeyReused = "key_reused"
-	// CodeRequestInProgress (409 with Retry-After): a request with this key is still
-	// executing. Retry later.
-	CodeRequestInProgress = "request_in_progress"
-	// CodeResponseNotStored (409): the operation completed but its response was
-	// streamed or too large to keep, so it cannot be replayed. Final.
-	CodeResponseNotStored = "response_not_stored"
-	// CodeBodyTooLarge (413): the request body exceeds Config.MaxBodyBytes.
-	CodeBodyTooLarge = "body_too_large"
-	// CodeBodyUnreadable (400): reading the request body failed before it ended
-	// (typically the client went away). SPEC §9 is silent on this case; nothing is stored.
-	CodeBodyUnreadable = "body_unreadable"
-	// CodeStoreUnavailable (503 with Retry-After): the store could not be reached, or
-	// the completion of the record did not commit. Retry later.
-	CodeStoreUnavailable = "store_unavailable"
-	// CodeOutcomeUnknown (500): the request's holder died under the route policy
-	// [LapseUnknown], so whether its operation's effects happened is unknown (SPEC
-	// §5.3, §13). Stored: every retry gets it until an operator resolves the key.
-	// Final: clients do not retry it.
-	CodeOutcomeUnknown = "outcome_unknown"
-	// CodeInternalError (500): the handler misused a SPEC §7 helper (its transaction
-	// was to commit with a response it had not written yet, [ErrNoResponse]; or it
-	// answered nothing at all on a [RouteOptions.ClaimInHandler] route). Nothing
-	// was stored and nothing committed, so a retry executes afresh; the middleware
-	// logs the mistake at error level. SPEC §9 is silent on this case.
-	CodeInternalError = "internal_error"
-)
-
-// DefaultProblemTypeBase is the base URI of the problem types of [ProfileIETF]: the
-// type of an error is this base followed by its code, such as
-// "https://idem.dev/problems/key_reused".
-const DefaultProblemTypeBase = "https://idem.dev/problems/"
-
-// seedErrorType is the "type" member of every idem error in the seed profile, as
-// Stripe names its idempotency errors.
-const seedErrorType = "idempotency_error"
-
-type codeInfo struct {
-	status  int
-	title   string
-	message string
-}
-
-var codes = map[string]codeInfo{
-	CodeKeyRequired:       {http.StatusBadRequest, "Idempotency key required", "An Idempotency-Key header is required for this request."},
-	CodeKeyInvalid:        {http.StatusBadRequest, "Idempotency key invalid", "The Idempotency-Key header is invalid."},
-	CodeScopeRequired:     {http.StatusUnauthorized, "Authentication required", "Idempotency keys require an authenticated request."},
-	CodeKeyReused:         {http.StatusConflict, "Idempotency key reused", "Idempotency key already used with different request parameters."},
-	CodeRequestInProgress: {http.StatusConflict, "Request in progress", "A request with this idempotency key is still in progress; retry later."},
-	CodeResponseNotStored: {http.StatusConflict, "Response not stored", "The request with this idempotency key completed, but its response was not stored and cannot be replayed."},
-	CodeBodyTooLarge:      {http.StatusRequestEntityTooLarge, "Request body too large", "The request body is too large."},
-	CodeBodyUnreadable:    {http.StatusBadRequest, "Request body unreadable", "The request body could not be read."},
-	CodeStoreUnavailable:  {http.StatusServiceUnavailable, "Idempotency store unavailable", "The idempotency store is unavailable; retry later."},
-	CodeInternalError:     {http.StatusInternalServerError, "Internal error", "The server could not complete this request; nothing was stored, and a retry executes it afresh."},
-	CodeOutcomeUnknown:    {http.StatusInternalServerError, "Outcome unknown", "The outcome of the request with this idempotency key is unknown; it will not be executed again until it is resolved. Contact support."},
-}
-
-// Status returns the HTTP status of an idem error code in profile p (SPEC §9), or 500
-// for a code idem does not define.
-func (p Profile) Status(code string) int {
-	if code == CodeKeyReused && p == ProfileIETF {
-		return http.StatusUnprocessableEntity
-	}
-	if c, ok := codes[code]; ok {
-		return c.status
-	}
-	return http.StatusInternalServerError
-}
-
-// retryable reports whether an answer with code asks the client to come back later,
-// which the middleware says with Retry-After.
-func retryable(code string) bool {
-	return code == CodeRequestInProgress || code == CodeStoreUnavailable
-}
-
-// Problem is an error response in either profile. Applications use it with
-// [WriteProblem] to answer their own errors in the same shape as idem's.
-type Problem struct {
-	// Status is the HTTP status. Defaults to the status of Code when Code is one of
-	// idem's codes, and to 500 otherwise.
-	Status int
-	// Code is the machine-readable code, such as "key_reused" or an application's
-	// "amount_invalid".
-	Code string
-	// Type is the "type" member of the seed profile (Stripe's error type, such as
-	// "invalid_request_error" or "card_error"). The ietf profile ignores it and uses
-	// TypeBase followed by Code. Defaults to "idempotency_error".
-	Type string
-	// Title is the ietf profile's short summary. Defaults to idem's title for its own
-	// codes, and to the text of Status otherwise.
-	Title string
-	// Detail is the explanation for a human: "message" in the seed profile, "detail"
-	// in the ietf profile. Defaults to idem's message for its own codes.
-	Detail string
-	// TypeBase is the ietf profile's base URI of problem types. Defaults to
-	// [DefaultProblemTypeBase].
-	TypeBase string
-}
-
-type seedBody struct {
-	Error seedError `json:"error"`
-}
-
-type seedError struct {
-	Type    string `json:"type"`
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
-type ietfBody struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail,omitempty"`
-	Code   string `json:"code"`
-}
-
-// WriteError writes the idem error code (one of the Code constants) in profile's shape
-// with its SPEC §9 status. detail replaces the code's default message when non-empty;
-// it must not contain the key or anything secret. For request_in_progress and
-// store_unavailable it sets "Retry-After: 1" unless w already has a Retry-After. r may
-// be nil; for a HEAD request no body is written.
-func WriteError(w http.ResponseWriter, r *http.Request, profile Profile, code string, detail string) {
-	if retryable(code) && w.Header().Get("Retry-After") == "" {
-		w.Header().Set("Retry-After", "1")
-	}
-	WriteProblem(w, r, profile, &Problem{Status: profile.Status(code), Code: code, Detail: detail})
-}
-
-// WriteProblem writes p in profile's shape: a JSON body with Content-Type
-// application/json (seed) or application/problem+json (ietf). r may be nil; for a HEAD
-// request no body is written.
-func WriteProblem(w http.ResponseWriter, r *http.Request, profile Profile, p *Problem) {
-	q := p.withDefaults(profile)
-	var body any
-	contentType := "application/json"
-	if profile == ProfileIETF {
-		contentType = "application/problem+json"
-		body = ietfBody{Type: q.TypeBase + q.Code, Title: q.Title, Status: q.Status, Detail: q.Detail, Code: q.Code}
-	} else {
-		body = seedBody{Error: seedError{Type: q.Type, Code: q.Code, Message: q.Detail}}
-	}
-	b, err := json.Marshal(body)
-	if err != nil { // only strings and ints: cannot happen
-		panic("idem: encoding a problem: " + err.Error())
-	}
-	b = append(b, '\n')
-	h := w.Header()
-	h.Set("Content-Type", contentType)
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Del("Content-Length")
-	w.WriteHeader(q.Status)
-	if r == nil || r.Method != http.MethodHead {
-		_, _ = w.Write(b)
-	}
-}
-
-func (p *Problem) withDefaults(profile Profile) Problem {
-	q := *p
-	info, known := codes[q.Code]
-	if q.Status == 0 {
-		q.Status = profile.Status(q.Code)
-	}
-	if q.Type == "" {
-		q.Type = seedErrorType
-	}
-	if q.Title == "" {
-		q.Title = info.title
-		if !known {
-			q.Title = http.StatusText(q.Status)
-		}
-	}
-	if q.Detail == "" {
-		q.Detail = info.message
-	}
-	if q.TypeBase == "" {
-		q.TypeBase = DefaultProblemTypeBase
-	}
-	return q
-}

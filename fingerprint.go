@@ -29,7 +29,7 @@ import (
 //     repeated names kept in the order sent ("a=1&a=2" and "a=2&a=1" differ); a query that
 //     url.ParseQuery would refuse is taken as sent;
 //   - the body, canonicalised by the media type of Content-Type: application/json and any
-//     type with a +json suffix as [CanonicalJSON] describes; application/x-www-form-urlencoded
+//     type with a +json suffix as canonicalJSON describes; application/x-www-form-urlencoded
 //     like the query; anything else, a malformed Content-Type, and a body that fails to
 //     canonicalise as the raw bytes.
 //
@@ -85,7 +85,7 @@ func (st *fpState) appendRequest(r *http.Request) []byte {
 }
 
 // FingerprintJSONFields returns a [FingerprintFunc] that covers, of a JSON body, only
-// the named members (compared as CanonicalJSON writes them), with the method, path
+// the named members (compared as canonicalJSON writes them), with the method, path
 // and query as [FingerprintRequest] covers them: a retry that changes other members (a
 // client's trace id, a timestamp) is still the same operation. A member named but
 // absent differs from one present. A request whose body is not a JSON object (by
@@ -194,7 +194,7 @@ func selectMembers(r *http.Request, body []byte, paths *pathTrie, keep bool) ([]
 	if bodyKind(contentType(r.Header)) != kindJSON {
 		return nil, false
 	}
-	canon, ok := CanonicalJSON(nil, body)
+	canon, ok := canonicalJSON(nil, body)
 	if !ok || len(canon) == 0 || canon[0] != '{' {
 		return nil, false
 	}
@@ -283,7 +283,7 @@ func (st *fpState) sum256(b []byte, tag byte, data []byte) Fingerprint {
 // [idemstore.FingerprintVersion], for a [Call]: a SHA-256 over the version, op (the operation's
 // name, such as "charges.create" or a gRPC method's full name, so that one key used for
 // two operations is key_reused) and the input. An input that is valid I-JSON is
-// canonicalised as [CanonicalJSON] describes, so that a repeat that re-serialises the
+// canonicalised as canonicalJSON describes, so that a repeat that re-serialises the
 // same value matches; any other input (a protobuf message's deterministic encoding,
 // say) is hashed as its raw bytes. The framing differs from [FingerprintRequest]'s, so
 // a function's input never matches an HTTP request.
@@ -318,7 +318,7 @@ const (
 	tagPath     = 'P'
 	tagQuery    = 'Q' // canonical parameters
 	tagRawQuery = 'q' // the query as sent, when it does not parse
-	tagJSONBody = 'J' // CanonicalJSON of the body
+	tagJSONBody = 'J' // canonicalJSON of the body
 	tagFormBody = 'F' // canonical parameters of a form body
 	tagRawBody  = 'R' // the body as sent
 	// tagOperation names a function's operation (FingerprintInput), in place of the

@@ -488,8 +488,8 @@ func TestFingerprintPropertyJSONReserialisationKeepsIt(t *testing.T) {
 		v := genJSONValue(3).Draw(t, "doc")
 		a, b := v.text(t), v.text(t)
 		if fp(t, "POST", "/x", "application/json", a) != fp(t, "POST", "/x", "application/json", b) {
-			ca, _ := CanonicalJSON(nil, []byte(a))
-			cb, _ := CanonicalJSON(nil, []byte(b))
+			ca, _ := canonicalJSON(nil, []byte(a))
+			cb, _ := canonicalJSON(nil, []byte(b))
 			t.Fatalf("fingerprints differ:\n%s -> %s\n%s -> %s", a, ca, b, cb)
 		}
 		checkCanonicalJSONInvariants(t, []byte(a))
@@ -629,7 +629,7 @@ func FuzzFingerprint(f *testing.F) {
 		}
 		// A JSON body and its canonical form are the same request.
 		if bodyKind(contentType) == kindJSON {
-			if canon, ok := CanonicalJSON(nil, body); ok && FingerprintRequest(r, canon) != got {
+			if canon, ok := canonicalJSON(nil, body); ok && FingerprintRequest(r, canon) != got {
 				t.Fatalf("canonical form %q of %q has another fingerprint", canon, body)
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/internal/logsummary"
 	"github.com/idem-go/idem/observe"
 )
 
@@ -94,7 +95,7 @@ type GuardConfig struct {
 
 	// Logger receives the guard's logs. Keys are logged as a short hash, never in
 	// full; results are never logged. Repeated warnings and errors are summarised, one
-	// line and a count per [DefaultLogSummaryInterval] ([NewLogSummaryHandler]).
+	// line and a count per 10 s.
 	// Defaults to [slog.Default].
 	Logger *slog.Logger
 
@@ -138,7 +139,7 @@ func newGuard(c GuardConfig, name string) *Guard {
 		c.Logger = slog.Default()
 	}
 	// Under an outage every call fails alike: one line per failure and interval.
-	c.Logger = slog.New(NewLogSummaryHandler(c.Logger.Handler(), 0))
+	c.Logger = slog.New(logsummary.New(c.Logger.Handler(), 0))
 	g := &Guard{cfg: c, name: name, newBeat: newRealBeat, newLeaseTimer: newRealBeat,
 		cutOffs: make(chan struct{}, maxCutOffWatches)}
 	if c.ReplayCacheSize > 0 {
@@ -639,27 +640,6 @@ var hexPairs = func() (t [512]byte) {
 	}
 	return t
 }()
-
-// The errors of [Guard.Begin] and [Do] (SPEC §5, §9); the middleware answers each with
-// its §9 code.
-var (
-	// ErrKeyReused: the key was used with another fingerprint (another input). The
-	// record is untouched; retrying cannot succeed.
-	ErrKeyReused = errors.New("idem: idempotency key already used with a different input")
-	// ErrResponseNotStored: the operation completed, but its result was not kept
-	// (streamed, or too large), so it cannot be replayed; it is never executed again.
-	ErrResponseNotStored = errors.New("idem: the operation completed but its result was not stored")
-	// ErrStoreUnavailable: the store failed, or did not answer within StoreTimeout.
-	// Retry later. Errors matching it are [*StoreError]s carrying the cause.
-	ErrStoreUnavailable = errors.New("idem: store unavailable")
-	// ErrScopeRequired: a [Call] without a scope.
-	ErrScopeRequired = errors.New("idem: scope required")
-	// ErrOutcomeUnknown: the key's holder died while the operation ran under the
-	// policy [LapseUnknown], so whether its effects happened is unknown; every repeat
-	// gets this error (the middleware answers 500 outcome_unknown) until an operator
-	// resolves the key (SPEC §13). Retrying cannot help.
-	ErrOutcomeUnknown = errors.New("idem: the outcome of the operation with this idempotency key is unknown")
-)
 
 // InProgressError is the error of a call whose key is held by an operation still
 // executing (SPEC §5.2). It matches [ErrKeyInProgress].

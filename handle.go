@@ -101,6 +101,9 @@ type Responder interface {
 	Response() (resp *Response, store bool)
 }
 
+// routeNamer names the route of an adapter's request (the middleware's).
+type routeNamer interface{ routeName() string }
+
 // describer adds an adapter's log attributes.
 type describer interface {
 	attrs(extra ...any) []any
@@ -676,7 +679,7 @@ func (h *Handle) warnIfExpired() bool {
 // routeAttr names the route of a middleware request, for a log line about a mistake in
 // its handler; none for other callers.
 func (h *Handle) routeAttr() []any {
-	if x, ok := h.describer.(*request); ok {
+	if x, ok := h.describer.(routeNamer); ok {
 		return []any{slog.String("route", x.routeName())}
 	}
 	return nil

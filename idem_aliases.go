@@ -21,8 +21,3 @@ const (
 	LapseTakeOver = idemstore.LapseTakeOver
 	LapseUnknown  = idemstore.LapseUnknown
 )
-
-// ErrLeaseLost is the cause of an operation's context cancelled because its lease was
-// lost, and the error of a fenced store call whose token no longer holds the record:
-// [idemstore.ErrLeaseLost].
-var ErrLeaseLost = idemstore.ErrLeaseLost

@@ -1,27 +1,10 @@
 package idem
 
 import (
-	"errors"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 )
-
-// DefaultMinKeyLength is the shortest key [ParseKey] accepts unless configured
-// otherwise: long enough to refuse PIN-like keys, short enough for the design note's
-// examples (SPEC §3). Clients should send 128-bit random keys, such as a UUID v4.
-const DefaultMinKeyLength = 8
-
-// MaxKeyLength is the longest key [ParseKey] accepts, in bytes (SPEC §3).
-const MaxKeyLength = 255
-
-// ErrKeyRequired is returned by [ParseKey] when the request has no Idempotency-Key
-// header. The middleware answers it with 400 key_required where a key is required.
-var ErrKeyRequired = errors.New("idem: Idempotency-Key header required")
-
-// ErrKeyInvalid is wrapped by every error [ParseKey] returns for a header that is present
-// but unusable, and by [Guard.Begin]'s (and so [Do]'s) for a key longer than
-// [MaxKeyLength] bytes or with a control character; the wrapping error says why. The
-// middleware answers it with 400 key_invalid.
-var ErrKeyInvalid = errors.New("idem: invalid Idempotency-Key")
 
 // keyByte marks the bytes a key may contain: visible ASCII without '"', ',' and '\'
 // ([\x21\x23-\x2B\x2D-\x5B\x5D-\x7E]). Excluding exactly the bytes that an RFC 8941
@@ -160,4 +143,10 @@ func byteError(c byte, pos int) error {
 		what = fmt.Sprintf("%q", c)
 	}
 	return fmt.Errorf("%w: %s at position %d", ErrKeyInvalid, what, pos)
+}
+
+// keyHash identifies a key in logs without revealing it.
+func keyHash(scope, key string) string {
+	sum := sha256.Sum256([]byte(scope + "\x00" + key))
+	return hex.EncodeToString(sum[:6])
 }

@@ -3,8 +3,6 @@ package idem
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -255,12 +253,6 @@ func (x *request) refuseKey(err error) {
 func (x *request) attrs(extra ...any) []any {
 	return append([]any{slog.String("key_hash", keyHash(x.h.scope, x.h.key)),
 		slog.String("method", x.r.Method), slog.String("path", x.r.URL.Path)}, extra...)
-}
-
-// keyHash identifies a key in logs without revealing it.
-func keyHash(scope, key string) string {
-	sum := sha256.Sum256([]byte(scope + "\x00" + key))
-	return hex.EncodeToString(sum[:6])
 }
 
 // bodyPool holds request body buffers. Buffers that grew past maxPooledBody are left

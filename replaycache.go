@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"net/http"
 	"sync"
 	"time"
 )
@@ -126,12 +125,12 @@ func cloneResponse(r *Response) *Response {
 }
 
 // cloneHeader copies h with every value in one backing array.
-func cloneHeader(h http.Header) http.Header {
+func cloneHeader(h map[string][]string) map[string][]string {
 	n := 0
 	for _, v := range h {
 		n += len(v)
 	}
-	out := make(http.Header, len(h))
+	out := make(map[string][]string, len(h))
 	all := make([]string, 0, n)
 	for k, v := range h {
 		all = append(all, v...)

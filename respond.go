@@ -15,31 +15,6 @@ import (
 // transaction helpers on (InTx for the lease path, Respond for the one-round-trip path),
 // and the mistakes those helpers refuse loudly rather than let pass.
 
-// ErrNoHandle is returned by the store packages' SPEC §7 helpers for a context that
-// carries no [Handle] and was not marked by [WithoutKey]: most likely a context other
-// than the request's (a server's, context.Background()) passed inside a keyed
-// request's handler, which would otherwise run a plain transaction and lose the
-// guarantee that the writes and the stored response commit together.
-var ErrNoHandle = errors.New("idem: the context carries no idem.Handle: pass the request's own context (r.Context()) " +
-	"of a request behind the idem middleware, or idem.WithoutKey(ctx) for a transaction that completes no record")
-
-// ErrNoResponse is returned by a SPEC §7 helper whose transaction was to commit with
-// the handler's response while the handler had written none yet (it writes after the
-// helper returns: the natural order, and the wrong one with InTx). Nothing commits;
-// the middleware answers 500 internal_error, stores nothing and logs the mistake, and
-// the handler's later writes are refused. Write the response inside the
-// transaction's function, or use the store's Respond, which takes the response its
-// function returns.
-var ErrNoResponse = errors.New("idem: the handler wrote no response before its transaction was to commit with it: " +
-	"write the response inside the transaction's function, or return it from the store's Respond")
-
-// ErrAnswered is returned by a SPEC §7 helper on a [RouteOptions.ClaimInHandler] route
-// when the claim it made first did not acquire the key: the middleware answers the
-// request itself (the stored response, 409 request_in_progress, key_reused, or 503
-// store_unavailable), the helper ran nothing, and whatever the handler writes after
-// it is discarded. A handler may treat it as any other error.
-var ErrAnswered = errors.New("idem: the key was not acquired: the middleware answers this request itself")
-
 // withoutKey marks a context whose operations run without a key on purpose
 // (WithoutKey); it is the value of handleKey there.
 type withoutKey struct{}

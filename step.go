@@ -28,19 +28,6 @@ import (
 // store/sqlite's Step and store/postgres's Step. [Step] here saves a result alone,
 // on any store with Capabilities.RecoveryPoints.
 
-// Limits of steps.
-const (
-	// MaxStepNameLength is the longest step name, in bytes.
-	MaxStepNameLength = 255
-	// MaxStepResultsBytes bounds the encoded results of all the steps of one record:
-	// steps save small results (an id, an amount), not documents.
-	MaxStepResultsBytes = 64 << 10
-)
-
-// ErrStepCommitted is returned by [Handle.PrepareStep] for a step that already
-// committed: its result is saved and it must not run again ([Handle.StepResult]).
-var ErrStepCommitted = errors.New("idem: step already committed")
-
 // stepState is a Handle's view of its record's steps: the recovery point and the
 // encoded results as the claim read them, or as the last step committed them.
 type stepState struct {

@@ -84,14 +84,14 @@ func TestAnswerNowAnswersTheClientAndStoresWhatTheHandlerWritesAfter(t *testing.
 	var n atomic.Int64
 	mw := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n.Add(1)
-		if err := idem.AnswerNow(w, func(w http.ResponseWriter) {
+		if err := b.mw.AnswerNow(w, func(w http.ResponseWriter) {
 			w.Header().Set("Retry-After", "1")
 			w.WriteHeader(http.StatusGatewayTimeout)
 			_, _ = io.WriteString(w, "later")
 		}); err != nil {
 			t.Error(err)
 		}
-		if err := idem.AnswerNow(w, func(http.ResponseWriter) {}); err == nil {
+		if err := b.mw.AnswerNow(w, func(http.ResponseWriter) {}); err == nil {
 			t.Error("a second AnswerNow answered too")
 		}
 		w.Header().Set("Content-Type", "text/plain")
@@ -107,7 +107,7 @@ func TestAnswerNowAnswersTheClientAndStoresWhatTheHandlerWritesAfter(t *testing.
 	if retry.Code != http.StatusCreated || retry.Body.String() != "done" || retry.Header().Get("Idempotent-Replayed") != "true" || n.Load() != 1 {
 		t.Fatalf("retry: %d %q replayed=%q after %d executions, want the stored 201", retry.Code, retry.Body, retry.Header().Get("Idempotent-Replayed"), n.Load())
 	}
-	if err := idem.AnswerNow(httptest.NewRecorder(), func(http.ResponseWriter) {}); err == nil {
+	if err := b.mw.AnswerNow(httptest.NewRecorder(), func(http.ResponseWriter) {}); err == nil {
 		t.Fatal("AnswerNow answered outside the middleware")
 	}
 }
@@ -120,7 +120,7 @@ func TestATeedStreamIsStoredWhenItEndsWithinTheLimit(t *testing.T) {
 	var n atomic.Int64
 	mw := b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n.Add(1)
-		if !idem.TeeStream(w) {
+		if !b.mw.TeeStream(w) {
 			t.Error("TeeStream: not the middleware's writer")
 		}
 		w.Header().Set("Content-Type", "text/event-stream")

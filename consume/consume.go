@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/logsummary"
 )
 
 // DefaultRetryDelay is how long a message waits for redelivery after its effect failed
@@ -81,7 +82,7 @@ type Config[Tx any] struct {
 	// Logger receives a line for every message that is not acknowledged, with a short
 	// hash of its id (never the id or the payload); repeated warnings and errors (a
 	// store outage naks every delivery alike) are summarised, one line and a count per
-	// idem.DefaultLogSummaryInterval (idem.NewLogSummaryHandler). Defaults to
+	// logsummary.DefaultInterval (10 s). Defaults to
 	// [slog.Default].
 	Logger *slog.Logger
 }
@@ -115,7 +116,7 @@ func New[Tx any](cfg Config[Tx]) *Processor[Tx] {
 	}
 	// A broker redelivers a failing message every RetryDelay: one line per failure
 	// and interval, not per delivery.
-	cfg.Logger = slog.New(idem.NewLogSummaryHandler(cfg.Logger.Handler(), 0))
+	cfg.Logger = slog.New(logsummary.New(cfg.Logger.Handler(), 0))
 	return &Processor[Tx]{cfg: cfg}
 }
 

@@ -21,11 +21,11 @@
 //     out safe;
 //   - what crossed the network (exchange.go): a key is released only when the request
 //     provably never reached the upstream (502); a slow upstream's client gets 504
-//     while the proxy waits on and stores the answer (idem.AnswerNow); a reply lost
+//     while the proxy waits on and stores the answer (Middleware.AnswerNow); a reply lost
 //     after the request was written keeps the record (Handle.SetOutcomeUnknown);
 //     responses that cannot be stored whole pass through and are never run again
 //     (response_not_stored), event streams are stored when they end within the limit
-//     (idem.TeeStream);
+//     (Middleware.TeeStream);
 //   - bounds in total: the request bodies held at once (budget.go).
 //
 // docs/proxy.md shows the sidecar setup and the table of what each upstream answer, and

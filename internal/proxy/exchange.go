@@ -29,7 +29,7 @@ import (
 //     request (a dial failure, a refused connection): the key is released (502). After
 //     it, a failure is unknown: the record is kept (Handle.SetOutcomeUnknown).
 //   - headers: the upstream's response headers came. When they have not come within
-//     UpstreamTimeout, the client gets 504 at once (idem.AnswerNow), and the exchange
+//     UpstreamTimeout, the client gets 504 at once (Middleware.AnswerNow), and the exchange
 //     goes on, bounded by UpstreamWaitLimit, so that the upstream's answer is stored for
 //     the client's retry.
 //   - bodyErr: the upstream broke its body after the status: unknown too.
@@ -37,7 +37,7 @@ import (
 // It decides whether the response can be stored whole: most are buffered whole (the
 // exchange withholds the flushes that ReverseProxy makes after every write of a
 // response without a Content-Length, which would make the capture stream it); an
-// event stream is teed (idem.TeeStream: passed through as it comes, stored when it
+// event stream is teed (Middleware.TeeStream: passed through as it comes, stored when it
 // ends within MaxStoredBody); one with trailers, or over MaxStoredBody, passes
 // through and completes as response_not_stored: never run again, never half stored.
 //
@@ -146,7 +146,7 @@ func (x *exchange) headerTimeout() {
 		x.cancel(errHeaderTimeout)
 		return
 	}
-	err := idem.AnswerNow(x.w, func(w http.ResponseWriter) {
+	err := x.p.mw.AnswerNow(x.w, func(w http.ResponseWriter) {
 		w.Header().Set("Retry-After", "1")
 		idem.WriteProblem(w, x.r, x.p.profile, &idem.Problem{Status: http.StatusGatewayTimeout, Code: CodeUpstreamTimeout, Type: "api_error",
 			Detail: "The upstream service did not answer in time; it may have acted. The proxy waits on for its answer and stores it: retry with the same key to get it."})
@@ -193,7 +193,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	resp.Body = &watchedBody{ReadCloser: resp.Body, x: x}
 	switch {
 	case isEventStream(resp.Header.Get("Content-Type")):
-		idem.TeeStream(x.w)
+		x.p.mw.TeeStream(x.w)
 		x.stream("event_stream")
 	case len(resp.Trailer) > 0:
 		x.stream("trailers")
@@ -382,5 +382,5 @@ func (x *exchange) Flush() {
 func (x *exchange) flush() { _ = http.NewResponseController(x.w).Flush() }
 
 // Unwrap returns the capture, for http.NewResponseController's deadlines and
-// idem.AnswerNow.
+// Middleware.AnswerNow.
 func (x *exchange) Unwrap() http.ResponseWriter { return x.w }

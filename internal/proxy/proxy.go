@@ -22,6 +22,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/internal/logsummary"
 )
 
 // Defaults of [Config].
@@ -238,6 +239,7 @@ type Proxy struct {
 	rp                *httputil.ReverseProxy
 	transport         http.RoundTripper
 	store             idemstore.Store
+	mw                *idem.Middleware // AnswerNow, TeeStream
 	profile           idem.Profile
 	keyHeader         string // canonical
 	scopeHeader       string // canonical; "" for SharedScope
@@ -302,7 +304,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	// A failing upstream fails every request alike: one line and a count per interval,
 	// as the middleware's own lines.
-	p.logger = slog.New(idem.NewLogSummaryHandler(p.logger.Handler(), 0))
+	p.logger = slog.New(logsummary.New(p.logger.Handler(), 0))
 	p.keyHeader, _ = headerName("", cfg.Idem.KeyHeader, idem.DefaultKeyHeader)
 	if !cfg.SharedScope {
 		p.scopeHeader, _ = headerName("", cfg.ScopeHeader, DefaultScopeHeader)
@@ -328,6 +330,7 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.mw = mw
 	p.onLapse = idem.LapseUnknown
 	if cfg.TakeOverOnLapse {
 		p.onLapse = idem.LapseTakeOver

@@ -1,4 +1,4 @@
-package idem_test
+package logsummary_test
 
 import (
 	"log/slog"
@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/logsummary"
 	"github.com/idem-go/idem/internal/testkit"
 )
 
@@ -17,7 +17,7 @@ func TestRepeatedFailuresAreSummarisedOncePerInterval(t *testing.T) {
 	t.Parallel()
 	buf := &testkit.Buffer{}
 	const interval = 50 * time.Millisecond
-	log := slog.New(idem.NewLogSummaryHandler(slog.NewTextHandler(buf, nil), interval))
+	log := slog.New(logsummary.New(slog.NewTextHandler(buf, nil), interval))
 	for i := range 100 {
 		log.Error("idem: store claim failed", "key_hash", i)
 		log.With("route", "r").Warn("consume: not processed")
@@ -47,20 +47,5 @@ func TestRepeatedFailuresAreSummarisedOncePerInterval(t *testing.T) {
 	log.Error("idem: store claim failed", "key_hash", "again")
 	if got := lines(); !strings.Contains(got[len(got)-1], "key_hash=again") {
 		t.Fatalf("the first failure after the interval was not written: %s", got[len(got)-1])
-	}
-}
-
-// The middleware (through its guard) logs a store outage once per interval, whatever
-// the number of requests that fail on it.
-func TestAStoreOutageIsLoggedOncePerInterval(t *testing.T) {
-	t.Parallel()
-	b := setup(t, nil)
-	b.store.down.Store(true)
-	h := b.mw.Handler(&counter{})
-	for i := range 20 {
-		wantCode(t, serve(h, req("POST", "/x", key+itoa(int64(i)), "{}")), 503, idem.CodeStoreUnavailable)
-	}
-	if n := strings.Count(b.logs.String(), "idem: store claim failed"); n != 1 {
-		t.Fatalf("%d lines for 20 failed claims in one interval, want 1:\n%s", n, b.logs)
 	}
 }

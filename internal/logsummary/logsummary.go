@@ -1,4 +1,4 @@
-package idem
+package logsummary
 
 import (
 	"context"
@@ -7,11 +7,11 @@ import (
 	"time"
 )
 
-// DefaultLogSummaryInterval is the interval of [NewLogSummaryHandler] that the guard,
+// DefaultInterval is the interval of [New] that the guard,
 // the middleware and the queue consumers log through.
-const DefaultLogSummaryInterval = 10 * time.Second
+const DefaultInterval = 10 * time.Second
 
-// NewLogSummaryHandler returns a slog.Handler that passes every record to h, except
+// New returns a slog.Handler that passes every record to h, except
 // that it summarises repeated failures, so that logs stay readable while a store is
 // down and every request or delivery fails alike: a warning or an error whose level
 // and message were already written in the last interval is counted instead of
@@ -19,10 +19,10 @@ const DefaultLogSummaryInterval = 10 * time.Second
 // the attributes "repeated" (how many were left out) and "interval" says so. Records
 // below warning level always pass. The guard (and so the middleware, [Do], the gRPC
 // interceptor) and package consume log through one; interval 0 means
-// [DefaultLogSummaryInterval].
-func NewLogSummaryHandler(h slog.Handler, interval time.Duration) slog.Handler {
+// [DefaultInterval].
+func New(h slog.Handler, interval time.Duration) slog.Handler {
 	if interval <= 0 {
-		interval = DefaultLogSummaryInterval
+		interval = DefaultInterval
 	}
 	if s, ok := h.(*summaryHandler); ok && s.state.interval == interval {
 		return s // summarised already
@@ -30,7 +30,7 @@ func NewLogSummaryHandler(h slog.Handler, interval time.Duration) slog.Handler {
 	return &summaryHandler{h: h, state: &summaryState{interval: interval, open: map[summaryKey]*summaryWindow{}}}
 }
 
-// summaryHandler is NewLogSummaryHandler's handler; its derived handlers (WithAttrs,
+// summaryHandler is New's handler; its derived handlers (WithAttrs,
 // WithGroup) share its state, so that a message is summarised whatever attributes the
 // logger that wrote it carries.
 type summaryHandler struct {
