@@ -5,13 +5,15 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 )
 
-// The README's Go cannot drift from the API: every ```go block is the whole of a Go
-// file of the repository, or excerpts of one, and those files are compiled by the
-// README's test command (the example modules by examples/examples_test.go, the
+// The README's Go cannot drift from the API: every ```go block of the README and of
+// the library guide (goDocuments) is the whole of a Go file of the repository, or
+// excerpts of one, and those files are compiled by the README's test command (the example modules by examples/examples_test.go, the
 // Example functions by their packages' tests, which also check their Output). The line
 // before a block names its source:
 //
@@ -22,39 +24,46 @@ import (
 // Blocks and files compare line by line with leading tabs as four spaces, each run of
 // lines dedented to its own first line.
 func TestReadmeGoIsCompiledCode(t *testing.T) {
-	blocks := readmeGoBlocks(t)
-	if len(blocks) == 0 {
-		t.Fatal("no ```go block found in README.md: the test reads nothing")
-	}
-	for _, b := range blocks {
-		if b.kind == "" {
-			t.Errorf("README.md:%d: a ```go block without a <!-- file: PATH --> or <!-- excerpt: PATH --> line before it", b.line)
-			continue
+	for _, doc := range goDocuments {
+		blocks := readmeGoBlocks(t, doc)
+		if len(blocks) == 0 {
+			t.Fatalf("no ```go block found in %s: the test reads nothing", doc)
 		}
-		if filepath.Ext(b.path) != ".go" {
-			t.Errorf("README.md:%d: %s is not a Go file", b.line, b.path)
-			continue
-		}
-		src, err := os.ReadFile(filepath.Join("..", b.path))
-		if err != nil {
-			t.Errorf("README.md:%d: %v", b.line, err)
-			continue
-		}
-		file := normalise(strings.Split(strings.TrimRight(string(src), "\n"), "\n"))
-		switch b.kind {
-		case "file":
-			if !equalLines(b.code, file) {
-				t.Errorf("README.md:%d: the block is not %s as it is: copy the file into the README again", b.line, b.path)
+		for _, b := range blocks {
+			if b.kind == "" {
+				t.Errorf("%s:%d: a ```go block without a <!-- file: PATH --> or <!-- excerpt: PATH --> line before it", doc, b.line)
+				continue
 			}
-		case "excerpt":
-			if missing := excerptMissing(b.code, file); missing != "" {
-				t.Errorf("README.md:%d: %s has no run of lines starting %q where the block has it (in order, after the previous run): copy it from the file again", b.line, b.path, missing)
+			if filepath.Ext(b.path) != ".go" {
+				t.Errorf("%s:%d: %s is not a Go file", doc, b.line, b.path)
+				continue
 			}
-		default:
-			t.Errorf("README.md:%d: unknown source kind %q (want file or excerpt)", b.line, b.kind)
+			src, err := os.ReadFile(filepath.Join("..", b.path))
+			if err != nil {
+				t.Errorf("%s:%d: %v", doc, b.line, err)
+				continue
+			}
+			file := normalise(strings.Split(strings.TrimRight(string(src), "\n"), "\n"))
+			switch b.kind {
+			case "file":
+				if !equalLines(b.code, file) {
+					t.Errorf("%s:%d: the block is not %s as it is: copy the file into %s again", doc, b.line, b.path, doc)
+				}
+			case "excerpt":
+				if missing := excerptMissing(b.code, file); missing != "" {
+					t.Errorf("%s:%d: %s has no run of lines starting %q where the block has it (in order, after the previous run): copy it from the file again", doc, b.line, b.path, missing)
+				}
+			default:
+				t.Errorf("%s:%d: unknown source kind %q (want file or excerpt)", doc, b.line, b.kind)
+			}
 		}
 	}
 }
+
+// goDocuments are the documents whose ```go blocks are compiled code, as paths from
+// the repository's root. Their <!-- file: --> and <!-- excerpt: --> paths are from
+// the root too.
+var goDocuments = []string{"README.md", "docs/library.md"}
 
 // The README's go get line names the module, and its relative links lead to files.
 func TestReadmeNamesTheModuleAndLinksToFiles(t *testing.T) {
@@ -89,10 +98,11 @@ type goBlock struct {
 
 var sourceLine = regexp.MustCompile(`^<!-- (file|excerpt): (\S+) -->$`)
 
-// readmeGoBlocks returns the README's ```go blocks with the source line before each.
-func readmeGoBlocks(t *testing.T) []goBlock {
+// readmeGoBlocks returns the ```go blocks of doc (a path from the repository's root)
+// with the source line before each.
+func readmeGoBlocks(t *testing.T, doc string) []goBlock {
 	t.Helper()
-	f, err := os.Open("../README.md")
+	f, err := os.Open(filepath.Join("..", doc))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +138,7 @@ func readmeGoBlocks(t *testing.T) []goBlock {
 		t.Fatal(err)
 	}
 	if cur != nil {
-		t.Fatalf("README.md:%d: a ```go block that never ends", cur.line)
+		t.Fatalf("%s:%d: a ```go block that never ends", doc, cur.line)
 	}
 	return blocks
 }
@@ -206,4 +216,88 @@ func dedent(lines []string) []string {
 		out[i] = strings.TrimPrefix(l, indent)
 	}
 	return out
+}
+
+// Every relative link of the README and of the documents in docs/ leads to a file, and
+// a link to a heading of a Markdown file (path#anchor, or #anchor in the same file)
+// leads to a heading that exists, so that moving a section cannot leave a link behind.
+func TestDocLinksLeadToFilesAndHeadings(t *testing.T) {
+	docs, err := filepath.Glob("*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs = append(docs, "../README.md")
+	link := regexp.MustCompile(`\]\(([^)#:\s]*)(#[^)\s]*)?\)`)
+	for _, doc := range docs {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(withoutCode(string(b)), -1) {
+			target, anchor := m[1], strings.TrimPrefix(m[2], "#")
+			path := doc
+			if target != "" {
+				path = filepath.Join(filepath.Dir(doc), target)
+				if _, err := os.Stat(path); err != nil {
+					t.Errorf("%s links to %s: %v", doc, target, err)
+					continue
+				}
+			}
+			if anchor == "" || filepath.Ext(path) != ".md" {
+				continue
+			}
+			md, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !headingAnchors(string(md))[anchor] {
+				t.Errorf("%s links to %s#%s: %s has no such heading", doc, target, anchor, path)
+			}
+		}
+	}
+}
+
+// fence is a line that opens or closes a fenced code block.
+var fence = regexp.MustCompile("(?m)^```")
+
+// withoutCode returns text without its fenced code blocks, whose brackets are code,
+// not links.
+func withoutCode(text string) string {
+	parts := fence.Split(text, -1)
+	var b strings.Builder
+	for i := 0; i < len(parts); i += 2 {
+		b.WriteString(parts[i])
+	}
+	return b.String()
+}
+
+// headingAnchors returns the anchors GitHub gives the headings of a Markdown text:
+// lower case, spaces as hyphens, punctuation other than hyphens and underscores
+// dropped, and -1, -2, … after a repeated one.
+func headingAnchors(text string) map[string]bool {
+	anchors := map[string]bool{}
+	seen := map[string]int{}
+	for _, line := range strings.Split(withoutCode(text), "\n") {
+		title, ok := strings.CutPrefix(strings.TrimLeft(line, "#"), " ")
+		if !ok || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		var a strings.Builder
+		for _, r := range strings.ToLower(strings.TrimSpace(title)) {
+			switch {
+			case r == ' ':
+				a.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				a.WriteRune(r)
+			}
+		}
+		s := a.String()
+		if n := seen[s]; n > 0 {
+			anchors[s+"-"+strconv.Itoa(n)] = true
+		} else {
+			anchors[s] = true
+		}
+		seen[s]++
+	}
+	return anchors
 }

@@ -1,9 +1,9 @@
-// Package examples holds idem's runnable examples, each a module of its own (go.mod
-// with a replace of the root module), so that the root module never requires a web
-// framework: the README's quick starts (sqlite, postgres, postgres-sql, redis), and the
-// framework examples (chi, gin, echo, fiber). Each is a whole program a user can copy
-// out of the repository: it imports the standard library, idem's public packages and
-// its framework or driver only, and its tests are its own.
+// Package examples holds idem's runnable examples, each a module of its own (go.mod with
+// a replace of the root module), so that the root module never requires a web framework:
+// the quick starts of the README and docs/library.md (sqlite, postgres, postgres-sql,
+// redis), and the framework examples (chi, gin, echo, fiber). Each is a whole program a
+// user can copy out of the repository: it imports the standard library, idem's public
+// packages and its framework or driver only, and its tests are its own.
 //
 // The framework examples mount idem once the framework has matched the route, so that
 // idem's Observer labels its events (idemprom's metrics, idemotel's spans) with the

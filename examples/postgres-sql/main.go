@@ -1,4 +1,4 @@
-// Command postgres-sql is the quick start of idem's README on PostgreSQL for an
+// Command postgres-sql is the quick start of idem on PostgreSQL (docs/library.md) for an
 // application written against database/sql: the store's DB is a *sql.DB on its pgx pool
 // (pgx's database/sql driver), and RespondSQL hands the handler a *sql.Tx. POST
 // /v1/charges runs at most once per Idempotency-Key, from any number of processes on any

@@ -1,8 +1,8 @@
-// Command postgres is the quick start of idem's README on PostgreSQL, through pgx: an API
-// whose POST /v1/charges runs at most once per Idempotency-Key, from any number of
-// processes on any hosts. The charges and idem's records share one database, and each
-// charge commits together with the response it answered (SPEC §7): a retry gets that
-// response again, never a second charge.
+// Command postgres is the quick start of idem on PostgreSQL through pgx
+// (docs/library.md): an API whose POST /v1/charges runs at most once per
+// Idempotency-Key, from any number of processes on any hosts. The charges and idem's
+// records share one database, and each charge commits together with the response it
+// answered (SPEC §7): a retry gets that response again, never a second charge.
 //
 //	go run . -addr 127.0.0.1:8080 -db 'postgres://postgres@127.0.0.1:5432/test'
 //	curl -i localhost:8080/v1/charges -H 'Authorization: Bearer sk_test_1' \

@@ -1,9 +1,9 @@
-// Command redis is the quick start of idem's README on Redis: an API whose POST
-// /v1/charges runs at most once per Idempotency-Key, with idem's records in Redis and the
-// charges in an SQL database (SQLite here). Redis cannot join the database's
+// Command redis is the quick start of idem on Redis (docs/library.md): an API whose POST
+// /v1/charges runs at most once per Idempotency-Key, with idem's records in Redis and
+// the charges in an SQL database (SQLite here). Redis cannot join the database's
 // transaction, so a backstop does: each charge commits together with a row of its key
-// and the response it answered, and a retry that finds the row (Redis lost the record:
-// a restart without persistence, an eviction, a failover, a crash between the COMMIT and
+// and the response it answered, and a retry that finds the row (Redis lost the record: a
+// restart without persistence, an eviction, a failover, a crash between the COMMIT and
 // the record's completion) is answered that response instead of charging again.
 //
 //	go run . -addr 127.0.0.1:8080 -redis redis://127.0.0.1:6379/0 -db app.db
