@@ -51,6 +51,17 @@ func TestImportGraphs(t *testing.T) {
 			t.Errorf("idem and %s import %v", store, got)
 		}
 	}
+	// No store imports an adapter or an observer (docs/architecture.md).
+	adapters := []string{"grpcidem", "consume", "backstop", "internal/proxy", "idemprom", "idemotel", "cmd/idem", "internal/check"}
+	for _, store := range []string{"./store/sqlite", "./store/postgres", "./store/redis", "./store/memory", "./admin"} {
+		for _, p := range deps(t, store) {
+			for _, a := range adapters {
+				if p == "github.com/idem-go/idem/"+a {
+					t.Errorf("%s imports the adapter %s", store, p)
+				}
+			}
+		}
+	}
 	// The check sees them where they are.
 	for _, adapter := range []string{"./idemprom", "./idemotel"} {
 		if got := telemetry(deps(t, adapter)); len(got) == 0 {
