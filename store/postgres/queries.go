@@ -11,16 +11,18 @@ package postgres
 //   - in-flight duplicate: 1 (RecordClaim returns the in-flight record; nothing written)
 //   - key reused:          1 (as a replay)
 //   - takeover:            2 (RecordClaim, then the fenced RecordTakeOver update)
-//   - step (Step):         1 (BEGIN) + the step's statements + 1 (the fenced
-//     RecordStepTx and COMMIT, pipelined in one batch); a committed step, met again
-//     by a holder that resumes, 0. A charge in steps (claim, a step with one INSERT,
-//     an InTx with one UPDATE) is 7; its retry after a release, resumed after the
-//     step, 5 (TestChargeInStepsCountsItsRoundTrips)
+//   - step (Step):         the step's statements (BEGIN goes with the first) + 1 (the
+//     fenced RecordStepTx and COMMIT, pipelined in one batch); a committed step, met
+//     again by a holder that resumes, 0. A charge in steps (claim, a step with one
+//     INSERT, an InTx with one UPDATE) is 5; its retry after a release, resumed after
+//     the step, 4 (TestChargeInStepsCountsItsRoundTrips)
 //   - release:             1, whether it deletes the record or, after a step, keeps it
 //     with its lease ended (one statement)
 //   - expired record:      2 (RecordClaim, then the fenced RecordClaimExpired update)
-//   - §7 InTx:             1 (BEGIN) + the handler's statements + 1 (the fenced
-//     completion and COMMIT, pipelined in one batch); a replay of it is 1 as above
+//   - §7 InTx:             the handler's statements (BEGIN goes with the first, lazyTx)
+//     + 1 (the fenced completion and COMMIT, pipelined in one batch): a whole request
+//     with one statement is 3 with the claim (TestInTxRequestIsThreeRoundTrips); a
+//     replay of it is 1 as above
 //   - §7 Respond:          1 (the handler's statements and the fenced completion in
 //     one pipelined implicit transaction), so a whole request is 2 with the claim
 //   - Respond on a RouteOptions.ClaimInHandler route: 1 for a new key (the record's

@@ -280,13 +280,15 @@ func TestCountingConnCountsPrepares(t *testing.T) {
 	})
 }
 
-// TestInTxRequestIsFourRoundTrips counts a whole request through the middleware whose
-// handler inserts a row inside InTx: the claim, BEGIN, the handler's INSERT, and the
-// fenced completion pipelined with COMMIT. InSQLTx (database/sql) costs one more: it
-// cannot pipeline the completion with COMMIT. A replay is one round trip.
-func TestInTxRequestIsFourRoundTrips(t *testing.T) {
+// TestInTxRequestIsThreeRoundTrips counts a whole request through the middleware whose
+// handler inserts a row inside InTx: the claim, the handler's INSERT with the BEGIN
+// before it (InTx's transaction sends its BEGIN with the first statement), and the
+// fenced completion pipelined with COMMIT. InSQLTx (database/sql) costs two more: it
+// sends BEGIN alone and cannot pipeline the completion with COMMIT. A replay is one
+// round trip.
+func TestInTxRequestIsThreeRoundTrips(t *testing.T) {
 	t.Parallel()
-	want := map[string]int{"InTx": 4, "InSQLTx": 5}
+	want := map[string]int{"InTx": 3, "InSQLTx": 5}
 	forEachTxHelper(t, func(t *testing.T, tx txHelper) {
 		b := newCountingBundle(t)
 		table := pgx.Identifier{b.schema, "charges"}.Sanitize()
@@ -328,11 +330,11 @@ func TestInTxRequestIsFourRoundTrips(t *testing.T) {
 
 // TestChargeInStepsCountsItsRoundTrips counts a charge in Brandur Leach's order through
 // the middleware (SPEC §13): the claim (1); the step that records the charge pending:
-// BEGIN, its INSERT, the fenced step pipelined with COMMIT (3); the final InTx: BEGIN,
-// its UPDATE, the fenced completion pipelined with COMMIT (3). A step costs one round
-// trip more than its own statements, as a §7 completion does. The retry that resumes
-// after the step (its holder released the key) skips the committed step: the claim
-// and its takeover (2) and the final transaction (3).
+// its INSERT with the BEGIN before it, the fenced step pipelined with COMMIT (2); the
+// final InTx: its UPDATE with its BEGIN, the fenced completion pipelined with COMMIT
+// (2). A step costs one round trip more than its own statements, as a §7 completion
+// does. The retry that resumes after the step (its holder released the key) skips the
+// committed step: the claim and its takeover (2) and the final transaction (2).
 func TestChargeInStepsCountsItsRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := newCountingBundle(t)
@@ -379,19 +381,19 @@ func TestChargeInStepsCountsItsRoundTrips(t *testing.T) {
 	if code := post("key-warm-up"); code != http.StatusCreated {
 		t.Fatalf("warm-up retry = %d", code)
 	}
-	b.wantTrips("charge with a step, then a completing transaction", 7, func() {
+	b.wantTrips("charge with a step, then a completing transaction", 5, func() {
 		if code := post("key-counted"); code != http.StatusCreated {
 			t.Fatalf("request = %d", code)
 		}
 	})
 	processorDown = true
-	b.wantTrips("charge whose processor call fails after the step (release keeps the record)", 5, func() {
+	b.wantTrips("charge whose processor call fails after the step (release keeps the record)", 4, func() {
 		if code := post("key-resumed"); code != http.StatusServiceUnavailable {
 			t.Fatalf("request = %d", code)
 		}
 	})
 	processorDown = false
-	b.wantTrips("its retry, resumed after the step", 5, func() {
+	b.wantTrips("its retry, resumed after the step", 4, func() {
 		if code := post("key-resumed"); code != http.StatusCreated {
 			t.Fatalf("retry = %d", code)
 		}

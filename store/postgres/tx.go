@@ -25,7 +25,10 @@ import (
 // the completion fails (the client gets the stored response). When fn returns an
 // error the transaction rolls back and InTx returns that error. Otherwise InTx asks the
 // handle for the completion (none when the response releases the key, SPEC §6) and
-// sends it, fenced by the lock token, together with COMMIT in one round trip. When the
+// sends it, fenced by the lock token, together with COMMIT in one round trip. The
+// transaction's BEGIN is not a round trip of its own: it goes with fn's first
+// statement (or with the completion when fn runs none), and a method of tx that could
+// run a statement outside the transaction (Conn, CopyFrom, …) begins it first. When the
 // fence finds the key taken over ([idem.ErrLeaseLost]: the transaction rolls back) or
 // COMMIT fails, the handle learns it and the middleware answers 503 store_unavailable
 // instead of the handler's response.
@@ -84,21 +87,18 @@ func (s *Store) txHandle(ctx context.Context, what string) (*idem.Handle, error)
 	return h, nil
 }
 
-// beginApp begins the READ COMMITTED transaction of an application's function (InTx,
-// Step) on a connection of its own rather than with pool.BeginTx: after a pipelined
-// COMMIT the transaction is over on the server, and the connection goes back to the
-// pool without another round trip. The caller releases conn.
+// beginApp acquires a connection of its own for an application's function (InTx,
+// Step) and returns its READ COMMITTED transaction, whose BEGIN goes with the first
+// statement ([lazyTx]) rather than in a round trip of its own. A connection of its own
+// rather than pool.BeginTx: after a pipelined COMMIT the transaction is over on the
+// server, and the connection goes back to the pool without another round trip. The
+// caller releases conn.
 func (s *Store) beginApp(ctx context.Context) (*pgxpool.Conn, pgx.Tx, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, nil, interpretError(err)
 	}
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		conn.Release()
-		return nil, nil, interpretError(err)
-	}
-	return conn, tx, nil
+	return conn, &lazyTx{ctx: ctx, conn: conn}, nil
 }
 
 // rollbackOnPanic rolls tx back when the application's function panicked, and raises
