@@ -26,9 +26,9 @@
 // route's retries are frequent the middleware reads the key first, and answers a retry
 // from that read before the handler runs). InTx is the
 // lease path's, for a handler that calls something outside the database before it
-// writes: the fenced completion and COMMIT travel in one pipelined round trip; a lost
-// lease raises SQLSTATE IDL01 inside the transaction so that the queued COMMIT is
-// skipped. A ClaimInHandler transaction whose key is recorded already stops before the
+// writes: its transaction's BEGIN travels with the first statement, and the fenced
+// completion and COMMIT in one pipelined round trip; a lost lease raises SQLSTATE
+// IDL01 inside the transaction so that the queued COMMIT is skipped. A ClaimInHandler transaction whose key is recorded already stops before the
 // application's statements run (SQLSTATE IDL02, idem_stop, or unique_violation for a
 // record committed since its snapshot): the server logs it as an ERROR
 // (log_min_messages), and Respond claims the key the usual way.
@@ -41,7 +41,7 @@
 // the handler runs its statements, and [Store.InSQLTx] takes a *sql.Tx where InTx takes
 // a pgx.Tx. database/sql sends one statement per round trip: it cannot pipeline the
 // completion with COMMIT (InSQLTx: five round trips for a request with one INSERT,
-// against InTx's four), nor the claim with the writes (RespondSQL on a ClaimInHandler
+// against InTx's three), nor the claim with the writes (RespondSQL on a ClaimInHandler
 // route claims first, the usual way). [Store.CompleteSQLTx] completes a record in a
 // transaction the application manages.
 //
