@@ -70,8 +70,8 @@ answers GET --health-path itself (200 when the store answers, and the upstream's
 --upstream-health-path when set), serves Prometheus metrics on --metrics-addr, and
 shuts down gracefully on SIGINT/SIGTERM, letting requests in flight finish for up to
 --upstream-timeout plus 15 s (requests already answered 504 and waiting past it are
-settled as outcome unknown at once). Store URLs as for 'idem payments' (SQLite by default, in
-the working directory; PostgreSQL; Redis). Every flag can also be set by its
+settled as outcome unknown at once). --store takes sqlite:PATH (sqlite:idem.db by default, in the
+working directory; sqlite:/abs/path.db too), postgres://… or redis://…, as 'idem payments' does. Every flag can also be set by its
 environment variable; the flag wins. docs/proxy.md shows the sidecar setup.`
 
 // proxyFlags are the flags of `idem proxy`.

@@ -14,7 +14,8 @@
 //
 // A new key costs one round trip to claim and one to complete (the claim's commit does
 // not wait for the WAL flush, see Durable claims); a replay and an
-// in-flight duplicate cost one; a takeover two (see queries.go for the full table).
+// in-flight duplicate cost one; a takeover two (the full table is in the package's source, queries.go, and
+// roundtrip_test.go counts each row on the wire).
 // Statements run at READ COMMITTED and a replay writes nothing.
 //
 // [Store.Respond] and [Store.InTx] run a handler's own writes and the record's

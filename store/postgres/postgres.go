@@ -23,9 +23,11 @@ const DefaultMaxConns = 32
 
 // Config configures a [Store]. The zero value is ready to use.
 type Config struct {
-	// Schema is the schema holding the idem_records and idem_migrations tables. Migrate
-	// creates it when it does not exist. Defaults to "", which means the connection's
-	// search_path (normally public).
+	// Schema is the schema holding everything Migrate creates: the idem_records and
+	// idem_migrations tables, their indexes, and the functions idem_fence, idem_claim,
+	// idem_claim_v2, idem_claim_v3 and idem_stop (so a schema of idem's own is removed
+	// whole with DROP SCHEMA … CASCADE). Migrate creates it when it does not exist.
+	// Defaults to "", which means the connection's search_path (normally public).
 	Schema string
 
 	// MaxConns is the size of the pool that [Open] creates; [NewFromPool] ignores it.
