@@ -19,7 +19,8 @@ import (
 //
 // No statement can run outside the transaction it is in: a method that could reach the
 // connection otherwise (Conn, CopyFrom, Prepare, LargeObjects, a nested Begin, a
-// statement whose first argument is a pgx.QueryExecMode, which a batch cannot carry)
+// statement whose first argument is a pgx.QueryExecMode, which a batch cannot carry,
+// an Exec without arguments, which pgx sends as a simple query of maybe several)
 // begins the transaction first, in a round trip of its own, and a connection whose
 // BEGIN failed is closed, so that what is sent on it fails rather than autocommits.
 // TestNoStatementOfInTxRunsOutsideIt runs each of them and rolls back.
@@ -101,7 +102,9 @@ func (t *lazyTx) first(args []any) bool { return t.tx == nil && !t.closed && bat
 func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.first(args) {
+	// An Exec without arguments goes alone: pgx sends it as a simple query, which may
+	// hold several statements, and a batch's extended protocol takes one.
+	if t.first(args) && len(args) > 0 {
 		br := t.sendWithBegin(ctx, []*pgx.QueuedQuery{{SQL: sql, Arguments: args}})
 		tag, err := br.Exec()
 		return tag, cmp.Or(err, br.Close())

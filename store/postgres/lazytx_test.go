@@ -33,6 +33,10 @@ func TestNoStatementOfInTxRunsOutsideIt(t *testing.T) {
 			_, err := tx.Exec(ctx, insert, pgx.QueryExecModeSimpleProtocol, name)
 			return err
 		},
+		"Exec of two statements without arguments (a simple query)": func(ctx context.Context, tx pgx.Tx, name string) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` (name) VALUES ('`+name+`'); SELECT 1`)
+			return err
+		},
 		"Query": func(ctx context.Context, tx pgx.Tx, name string) error {
 			rows, err := tx.Query(ctx, insert+` RETURNING name`, name)
 			if err != nil {
