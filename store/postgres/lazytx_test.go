@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/store/postgres"
 )
 
 // InTx's transaction sends its BEGIN with its first statement (issue 31). Whatever the
@@ -48,6 +50,15 @@ func TestNoStatementOfInTxRunsOutsideIt(t *testing.T) {
 			}
 			return err
 		},
+		"Query read to its end without Close": func(ctx context.Context, tx pgx.Tx, name string) error {
+			rows, err := tx.Query(ctx, insert+` RETURNING name`, name)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+			}
+			return rows.Err()
+		},
 		"QueryRow": func(ctx context.Context, tx pgx.Tx, name string) error {
 			var got string
 			return tx.QueryRow(ctx, insert+` RETURNING name`, name).Scan(&got)
@@ -81,6 +92,9 @@ func TestNoStatementOfInTxRunsOutsideIt(t *testing.T) {
 		"Conn": func(ctx context.Context, tx pgx.Tx, name string) error {
 			_, err := tx.Conn().Exec(ctx, insert, name)
 			return err
+		},
+		"Conn().PgConn().Exec": func(ctx context.Context, tx pgx.Tx, name string) error {
+			return tx.Conn().PgConn().Exec(ctx, strings.Replace(insert, "$1", "'"+name+"'", 1)).Close()
 		},
 		"Conn, in the simple protocol": func(ctx context.Context, tx pgx.Tx, name string) error {
 			_, err := tx.Conn().Exec(ctx, strings.Replace(insert, "$1", "'"+name+"'", 1))
@@ -151,4 +165,90 @@ func TestInTxOnConnCommitsWithTheRecord(t *testing.T) {
 	if names := app.charges(t); runs != 1 || len(names) != 1 {
 		t.Fatalf("%d runs, charges %q; want one run and one charge", runs, names)
 	}
+}
+
+// TestInTxFirstStatementRunsAtReadCommitted: the BEGIN sent with the first statement
+// asks for READ COMMITTED, on a connection whose default is SERIALIZABLE.
+func TestInTxFirstStatementRunsAtReadCommitted(t *testing.T) {
+	t.Parallel()
+	dbURL, schema := pgtest.Schema(t)
+	s, err := postgres.Open(t.Context(), pgtest.WithParam(t, dbURL, "default_transaction_isolation", "serializable"), postgres.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var level string
+	err = s.InTx(idem.WithoutKey(t.Context()), func(ctx context.Context, tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT current_setting('transaction_isolation') || $1::text`, "").Scan(&level)
+	})
+	if err != nil || level != "read committed" {
+		t.Fatalf("isolation = %q, %v; want read committed", level, err)
+	}
+}
+
+// TestInTxFirstStatementFailure: a first statement that fails (with BEGIN in its
+// round trip) rolls back, and leaves the pool's connections usable.
+func TestInTxFirstStatementFailure(t *testing.T) {
+	t.Parallel()
+	s := newStoreWith(t, postgres.Config{MaxConns: 1, DisableCleaner: true})
+	table := s.table("lazy")
+	if _, err := s.Pool().Exec(t.Context(), `CREATE TABLE `+table+` (name text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	ctx := idem.WithoutKey(t.Context())
+	for range 3 {
+		err := s.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` (name) VALUES ($1::int::text)`, "not a number")
+			return err
+		})
+		if err == nil {
+			t.Fatal("InTx with a failing statement = nil")
+		}
+		var missing string
+		err = s.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			return tx.QueryRow(ctx, `SELECT name FROM `+table+` WHERE name = $1`, "x").Scan(&missing)
+		})
+		if !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatalf("QueryRow of no row = %v, want pgx.ErrNoRows", err)
+		}
+	}
+	var status string
+	if err := s.Pool().QueryRow(t.Context(), `SELECT 'idle'`).Scan(&status); err != nil {
+		t.Fatalf("the pool after failed transactions: %v", err)
+	}
+}
+
+// TestInTxWithoutStatementsCompletesTheRecord: a handler that writes its response but
+// runs no statement still gets its record completed (BEGIN goes with the completion
+// and COMMIT): the claim and that one round trip.
+func TestInTxWithoutStatementsCompletesTheRecord(t *testing.T) {
+	t.Parallel()
+	b := newCountingBundle(t)
+	m := idem.New(idem.Config{
+		Store: b.s,
+		Scope: func(*http.Request) (string, error) { return "user-1", nil },
+	})
+	handler := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := b.s.InTx(r.Context(), func(ctx context.Context, tx pgx.Tx) error {
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	}))
+	post := poster(handler)
+	if code := post("key-warm-up"); code != http.StatusCreated {
+		t.Fatalf("warm-up request = %d", code)
+	}
+	b.wantTrips("request whose InTx runs no statement", 2, func() {
+		if code := post("key-counted"); code != http.StatusCreated {
+			t.Fatalf("request = %d", code)
+		}
+	})
+	b.wantTrips("its replay", 1, func() {
+		if code := post("key-counted"); code != http.StatusCreated {
+			t.Fatalf("replay = %d", code)
+		}
+	})
 }
