@@ -1,11 +1,16 @@
 package postgres_test
 
 import (
+	"context"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem/idemstore"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idem-go/idem"
 )
 
 // Latency of the request paths on a warm pool, one goroutine:
@@ -45,6 +50,42 @@ func BenchmarkReplay(b *testing.B) {
 		res, err := s.RecordClaim(b.Context(), &retry)
 		if err != nil || res.Outcome != idemstore.ClaimCompleted {
 			b.Fatalf("replay: %v %v", res, err)
+		}
+	}
+}
+
+// BenchmarkInTxNewKey is a whole lease-route request through the middleware whose
+// handler inserts a row inside InTx, one goroutine on a warm pool: its latency is
+// mostly its round trips (the claim, BEGIN with the INSERT, the completion with COMMIT).
+//
+//	go test -run '^$' -bench InTxNewKey -benchtime 2000x ./store/postgres
+func BenchmarkInTxNewKey(b *testing.B) {
+	s := newStore(b)
+	table := s.table("bench_items")
+	if _, err := s.Pool().Exec(b.Context(), `CREATE TABLE `+table+` (key text PRIMARY KEY)`); err != nil {
+		b.Fatal(err)
+	}
+	m := idem.New(idem.Config{Store: s.Store, Scope: func(*http.Request) (string, error) { return "user-1", nil }})
+	handler := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := s.InTx(r.Context(), func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (key) VALUES ($1)`, r.Header.Get("Idempotency-Key")); err != nil {
+				return err
+			}
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	}))
+	post := poster(handler)
+	if code := post("bench-warm-up"); code != http.StatusCreated {
+		b.Fatalf("warm-up = %d", code)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		if code := post(fmt.Sprintf("bench-key-%08d", i)); code != http.StatusCreated {
+			b.Fatalf("request = %d", code)
 		}
 	}
 }
