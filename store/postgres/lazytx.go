@@ -211,21 +211,14 @@ func (t *lazyTx) Conn() *pgx.Conn {
 }
 
 // Commit commits; a transaction that never began has nothing to commit.
-func (t *lazyTx) Commit(ctx context.Context) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.tx == nil {
-		if t.closed {
-			return pgx.ErrTxClosed
-		}
-		t.closed = true
-		return nil
-	}
-	return t.tx.Commit(ctx)
-}
+func (t *lazyTx) Commit(ctx context.Context) error { return t.end(ctx, pgx.Tx.Commit) }
 
 // Rollback rolls back; a transaction that never began has nothing to roll back.
-func (t *lazyTx) Rollback(ctx context.Context) error {
+func (t *lazyTx) Rollback(ctx context.Context) error { return t.end(ctx, pgx.Tx.Rollback) }
+
+// end ends the transaction with pgx's Commit or Rollback, or, when it never began,
+// closes it without a round trip.
+func (t *lazyTx) end(ctx context.Context, with func(pgx.Tx, context.Context) error) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.tx == nil {
@@ -235,7 +228,7 @@ func (t *lazyTx) Rollback(ctx context.Context) error {
 		t.closed = true
 		return nil
 	}
-	return t.tx.Rollback(ctx)
+	return with(t.tx, ctx)
 }
 
 // batchRows are the rows of a statement sent with BEGIN: once they end or are closed,
