@@ -1,16 +1,12 @@
 package postgres_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem/idemstore"
-	"github.com/jackc/pgx/v5"
-
-	"github.com/idem-go/idem"
 )
 
 // Latency of the request paths on a warm pool, one goroutine:
@@ -65,20 +61,7 @@ func BenchmarkInTxNewKey(b *testing.B) {
 	if _, err := s.Pool().Exec(b.Context(), `CREATE TABLE `+table+` (key text PRIMARY KEY)`); err != nil {
 		b.Fatal(err)
 	}
-	m := idem.New(idem.Config{Store: s.Store, Scope: func(*http.Request) (string, error) { return "user-1", nil }})
-	handler := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		err := s.InTx(r.Context(), func(ctx context.Context, tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (key) VALUES ($1)`, r.Header.Get("Idempotency-Key")); err != nil {
-				return err
-			}
-			w.WriteHeader(http.StatusCreated)
-			return nil
-		})
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-		}
-	}))
-	post := poster(handler)
+	post := poster(insertingHandler(s.Store, txHelpers[0], table)) // txHelpers[0] is InTx
 	if code := post("bench-warm-up"); code != http.StatusCreated {
 		b.Fatalf("warm-up = %d", code)
 	}

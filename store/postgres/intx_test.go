@@ -297,7 +297,8 @@ func TestInTxWithoutKeyIsAPlainTransaction(t *testing.T) {
 }
 
 // TestInTxRunsAtReadCommitted uses a connection whose default isolation is
-// SERIALIZABLE: each helper must ask for READ COMMITTED itself.
+// SERIALIZABLE: each helper must ask for READ COMMITTED itself (InTx in the BEGIN that
+// its first statement, the scan, carries).
 func TestInTxRunsAtReadCommitted(t *testing.T) {
 	t.Parallel()
 	forEachTxHelper(t, func(t *testing.T, tx txHelper) {

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/store/postgres"
 )
 
@@ -164,25 +163,6 @@ func TestInTxOnConnCommitsWithTheRecord(t *testing.T) {
 	}
 	if names := app.charges(t); runs != 1 || len(names) != 1 {
 		t.Fatalf("%d runs, charges %q; want one run and one charge", runs, names)
-	}
-}
-
-// TestInTxFirstStatementRunsAtReadCommitted: the BEGIN sent with the first statement
-// asks for READ COMMITTED, on a connection whose default is SERIALIZABLE.
-func TestInTxFirstStatementRunsAtReadCommitted(t *testing.T) {
-	t.Parallel()
-	dbURL, schema := pgtest.Schema(t)
-	s, err := postgres.Open(t.Context(), pgtest.WithParam(t, dbURL, "default_transaction_isolation", "serializable"), postgres.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	var level string
-	err = s.InTx(idem.WithoutKey(t.Context()), func(ctx context.Context, tx pgx.Tx) error {
-		return tx.QueryRow(ctx, `SELECT current_setting('transaction_isolation') || $1::text`, "").Scan(&level)
-	})
-	if err != nil || level != "read committed" {
-		t.Fatalf("isolation = %q, %v; want read committed", level, err)
 	}
 }
 

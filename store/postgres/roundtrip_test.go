@@ -295,23 +295,7 @@ func TestInTxRequestIsThreeRoundTrips(t *testing.T) {
 		if _, err := b.s.Pool().Exec(b.ctx, `CREATE TABLE `+table+` (key text PRIMARY KEY)`); err != nil {
 			t.Fatal(err)
 		}
-		m := idem.New(idem.Config{
-			Store: b.s,
-			Scope: func(*http.Request) (string, error) { return "user-1", nil },
-		})
-		handler := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			err := tx.run(b.s, r.Context(), func(ctx context.Context, c txConn) error {
-				if err := c.exec(ctx, `INSERT INTO `+table+` (key) VALUES ($1)`, r.Header.Get("Idempotency-Key")); err != nil {
-					return err
-				}
-				w.WriteHeader(http.StatusCreated)
-				return nil
-			})
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-			}
-		}))
-		post := poster(handler)
+		post := poster(insertingHandler(b.s, tx, table))
 		if code := post("key-warm-up"); code != http.StatusCreated { // prepares the statements
 			t.Fatalf("warm-up request = %d", code)
 		}
@@ -326,6 +310,24 @@ func TestInTxRequestIsThreeRoundTrips(t *testing.T) {
 			}
 		})
 	})
+}
+
+// insertingHandler is a lease route (mw.Handler) whose handler inserts the request's
+// key into table inside the §7 helper tx and answers 201.
+func insertingHandler(s *postgres.Store, tx txHelper, table string) http.Handler {
+	m := idem.New(idem.Config{Store: s, Scope: func(*http.Request) (string, error) { return "user-1", nil }})
+	return m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := tx.run(s, r.Context(), func(ctx context.Context, c txConn) error {
+			if err := c.exec(ctx, `INSERT INTO `+table+` (key) VALUES ($1)`, r.Header.Get("Idempotency-Key")); err != nil {
+				return err
+			}
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	}))
 }
 
 // TestChargeInStepsCountsItsRoundTrips counts a charge in Brandur Leach's order through
