@@ -32,8 +32,8 @@ var (
 
 // The core does not reach into an adapter: no core file imports net/http or any of
 // idem's adapter packages, nor uses a name (a function, type, variable, constant or
-// method) that only an HTTP file declares. The test fails the build of the layering
-// the day a core file calls up into the middleware.
+// method) that only an HTTP file declares. It fails the day a core file calls up into
+// the middleware.
 func TestTheCoreUsesNoAdapter(t *testing.T) {
 	fset := token.NewFileSet()
 	files := map[string]*ast.File{}
