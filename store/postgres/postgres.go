@@ -40,8 +40,10 @@ type Config struct {
 	// synchronous commit flushes the WAL that holds its claim (see "Durable claims" in
 	// the package doc). The cost: a claim lost while its holder lives lets a retry run
 	// the holder's work outside the database (a card processor call) a second time.
-	// Measured here it saved little (charges 0.38–0.40× → 0.40–0.41× of plain), so it
-	// is opt-in. Defaults to false: every claim is flushed.
+	// Measured here it saved little: POST /v1/charges 0.389× of plain with every claim
+	// flushed, 0.394× with this (go test ./internal/payments -run '^$' -bench Ratio
+	// -benchtime 1x, 2026-12-02; the cost of a new key is CPU, not the flush's wait), so
+	// it is opt-in. Defaults to false: every claim is flushed.
 	AsynchronousClaim bool
 
 	// ClaimLockTimeout bounds how long a [Store.Respond] transaction that claims its
