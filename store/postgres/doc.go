@@ -79,6 +79,14 @@
 //
 // # Durable claims
 //
+// Every write of a record commits durably whatever the role's or the session's
+// synchronous_commit says: the statement that writes it raises the transaction's
+// setting from off or local to on (set_config(…, true), in the statement itself: no
+// round trip), and keeps a stronger one (remote_write, remote_apply) that the user set
+// (TestRecordsCommitDurablyWhateverTheSessionSays). The transactions of InTx, Step and
+// Respond, which hold a record's completion, step or claim, commit so with the
+// application's writes in them.
+//
 // Every claim is flushed by default. With Config.AsynchronousClaim a new key's claim
 // commits with synchronous_commit off: it returns without waiting for the WAL flush, saving one
 // flush per request. This is safe because nothing of the operation can commit without
@@ -104,6 +112,16 @@
 //
 // TestInTxRefusesTheCompletionOfALostClaim shows the fence refusing. Takeovers, expired
 // records, renewals, releases and completions all stay synchronous.
+//
+// # Failover
+//
+// A commit is durable on the server that made it; whether it survives a failover to
+// a standby depends on the replication, which the store reads ([Store.Replication]) and
+// [Store.Migrate] logs: with a synchronous standby (synchronous_standby_names, and
+// idem's writes at synchronous_commit on or stronger) a failover to it loses nothing
+// idem committed; with asynchronous standbys it may lose the last commits, and Migrate
+// logs a WARN that says so. A multi-host URL (postgres://…@a,b/db?target_session_attrs=read-write)
+// lets the pool find the new primary; meanwhile requests get 503 with Retry-After.
 //
 // Errors are normalised at the package's edge: a missing record is [idemstore.ErrNotFound],
 // a fenced operation that lost its token is [idem.ErrLeaseLost], and a database that

@@ -60,7 +60,9 @@ func mustLoadMigrations() []migration {
 // moment; one applies the migrations and the others then find nothing to do. The lock
 // is the transaction's (pg_advisory_xact_lock), so that a transaction pooler in
 // between is no matter. Behind a pooler it refuses the pool's default_query_exec_mode
-// describe_exec ([ErrModeUnsafeBehindPooler]).
+// describe_exec ([ErrModeUnsafeBehindPooler]). Once migrated, it logs (Config.Logger)
+// what a failover of the database may lose ([Store.Replication]): one INFO line, and a
+// WARN when standbys replicate asynchronously.
 func (s *Store) Migrate(ctx context.Context) error {
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		return s.migrateTx(ctx, tx)
@@ -71,6 +73,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("postgres: migrate: %w", interpretError(err))
 	}
+	s.logReplication(ctx)
 	return nil
 }
 
