@@ -399,20 +399,7 @@ func superviseServer(t *testing.T, program string, args ...string) (url, between
 // endpoint's URL.
 func fiberServer(t *testing.T) string {
 	t.Helper()
-	if testing.Short() && !testenv.CI() {
-		t.Skip("-short: testdata/fiber builds Fiber")
-	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		testenv.Unavailable(t, "the go command is not on PATH, needed to build testdata/fiber: %v", err)
-	}
-	exe := filepath.Join(t.TempDir(), "fiber")
-	build := exec.Command(goBin, "build", "-o", exe, ".")
-	build.Dir = "testdata/fiber"
-	build.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("(cd internal/check/testdata/fiber && go build) failed: %v\n%s", err, out)
-	}
+	exe := buildModule(t, "testdata/fiber")
 	return startServer(t, exe, "-addr", "127.0.0.1:0")
 }
 
