@@ -155,7 +155,7 @@ func TestExpressIdempotencyOnTwoInstances(t *testing.T) {
 	cfg.Instances = []string{expressServer(t)}
 	rep := run(t, cfg)
 	wantSays(t, rep, "replay", check.StatusFail, "the retry on instance 2 got another resource")
-	wantSays(t, rep, "concurrent-duplicates", check.StatusFail, "3 of 3 rounds ran duplicates", "instance 1: 1 × 201", "instance 2: 1 × 201")
+	wantSays(t, rep, "concurrent-duplicates", check.StatusFail, "3 of 3 rounds ran duplicates", "made 2 resources", "answers: instance 1: ", "; instance 2: ")
 	if c := result(t, rep, "concurrent-duplicates"); strings.Count(c.Summary, "instance 1: ") != 1 || strings.Count(c.Summary, "instance 2: ") != 1 {
 		t.Errorf("concurrent-duplicates: %q does not tally each instance once", c.Summary)
 	}
