@@ -285,6 +285,12 @@ func TestBodilessAnswersOfTwoPrincipalsAreAWarning(t *testing.T) {
 	if c := result(t, rep, "per-principal"); !strings.Contains(c.Summary, "whether it ran cannot be told") {
 		t.Errorf("per-principal: %q", c.Summary)
 	}
+	// 204s name no resource: they are not counted as resources, but reported apart.
+	var text bytes.Buffer
+	_ = rep.WriteText(&text)
+	if rep.Created != 0 || rep.Unidentified < 4 || !strings.Contains(text.String(), fmt.Sprintf("created 0 resources (and %d 2xx answers naming none: no id, no Location)", rep.Unidentified)) {
+		t.Errorf("created %d, unidentified %d; want 0 and at least 4, said in the totals:\n%s", rep.Created, rep.Unidentified, text.String())
+	}
 }
 
 func TestAnEndpointThatCannotBeCheckedIsAnError(t *testing.T) {

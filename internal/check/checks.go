@@ -143,8 +143,14 @@ func runConcurrency(ctx context.Context, e *env) Result {
 		where = fmt.Sprintf(" across %d instances", len(e.urls))
 	}
 	if worst != nil {
-		// The failed round's exchanges first: the text report shows the first few.
-		ev = slices.Concat(worst.exchanges, slices.DeleteFunc(slices.Clone(ev), func(x *Exchange) bool { return slices.Contains(worst.exchanges, x) }))
+		// A failure's evidence is the failed rounds' exchanges, the first failed
+		// round's first: the text report shows the first few.
+		ev = slices.Clone(worst.exchanges)
+		for _, rr := range rounds {
+			if rr.status == StatusFail && rr.round != worst.round {
+				ev = append(ev, rr.exchanges...)
+			}
+		}
 	}
 	switch {
 	case dup > 0:

@@ -605,7 +605,9 @@ func fiber2Servers(t *testing.T, n int) []string {
 	exe := buildModule(t, "testdata/fiber2")
 	var urls []string
 	for range n {
-		urls = append(urls, startServer(t, exe, "-addr", "127.0.0.1:0", "-redis", testenv.RedisURL(t)))
+		// A charge takes a second: a burst's requests reach both processes within it,
+		// however loaded the machine.
+		urls = append(urls, startServer(t, exe, "-addr", "127.0.0.1:0", "-redis", testenv.RedisURL(t), "-work", "1s"))
 	}
 	return urls
 }
