@@ -28,33 +28,36 @@ const (
 )
 
 // SentinelOptions configures StartSentinel. The zero value is a deployment without
-// passwords whose replica replicates directly from its master.
+// passwords whose one replica replicates directly from its master.
 type SentinelOptions struct {
+	// Replicas is how many replicas the master has. Defaults to 1.
+	Replicas int
 	// Password, when set, is the requirepass of the master and the replica (and the
 	// replica's masterauth, and the Sentinels' auth-pass for them).
 	Password string
 	// SentinelPassword, when set, is the Sentinels' own requirepass (and the
 	// sentinel-pass they use with each other).
 	SentinelPassword string
-	// ReplicaLink, when set, is given the master's address and returns the address the
-	// replica replicates from: a fault proxy in front of the master, so that a test can
-	// stall replication. The Sentinels still find the replica by its own port.
+	// ReplicaLink, when set, is given the master's address and returns the address a
+	// replica replicates from (it is called once per replica): a fault proxy in front
+	// of the master, so that a test can stall replication. The Sentinels still find
+	// each replica by its own port.
 	ReplicaLink func(masterAddr string) string
 }
 
-// Sentinel is a private Redis Sentinel deployment: a master, one replica of it, and
-// three Sentinels that watch the master under SentinelMasterName (quorum 2).
+// Sentinel is a private Redis Sentinel deployment: a master, its replicas, and three
+// Sentinels that watch the master under SentinelMasterName (quorum 2).
 type Sentinel struct {
 	t         testing.TB
 	opts      SentinelOptions
 	Master    *Server
-	Replica   *Server
+	Replicas  []*Server
 	Sentinels []*Server
 }
 
-// StartSentinel starts a master, a replica that has synced with it, and three
+// StartSentinel starts a master, its replicas (each synced with it), and three
 // Sentinels that watch it, each on a free loopback port, and waits until every
-// Sentinel knows the replica and the two other Sentinels and agrees that a failover
+// Sentinel knows the replicas and the two other Sentinels and agrees that a failover
 // could be authorised (SENTINEL CKQUORUM). Every process is killed at t's cleanup.
 func StartSentinel(t testing.TB, opts SentinelOptions) *Sentinel {
 	t.Helper()
@@ -66,13 +69,15 @@ func StartSentinel(t testing.TB, opts SentinelOptions) *Sentinel {
 	}
 	// Replicas sync at once instead of after the default 5 s delay.
 	d.Master = StartServer(t, append([]string{"--repl-diskless-sync-delay", "0"}, auth...)...)
-	link := ""
-	if opts.ReplicaLink != nil {
-		link = opts.ReplicaLink(d.Master.Addr())
+	for range max(opts.Replicas, 1) {
+		link := ""
+		if opts.ReplicaLink != nil {
+			link = opts.ReplicaLink(d.Master.Addr())
+		}
+		d.Replicas = append(d.Replicas, StartReplica(t, d.Master, link, auth...))
 	}
-	d.Replica = StartReplica(t, d.Master, link, auth...)
-	// Started after the replica synced, the Sentinels find it in their first INFO of
-	// the master rather than ten seconds later.
+	// Started after the replicas synced, the Sentinels find them in their first INFO
+	// of the master rather than ten seconds later.
 	for range 3 {
 		d.Sentinels = append(d.Sentinels, d.startSentinel(t))
 	}
@@ -178,8 +183,8 @@ func (d *Sentinel) sentinelClient(s *Server) *goredis.SentinelClient {
 		MaxRetries: -1, DialTimeout: time.Second})
 }
 
-// WaitReady waits until every running Sentinel sees the master up, the replica
-// connected and the other Sentinels, and SENTINEL CKQUORUM says a failover could be
+// WaitReady waits until every Sentinel sees the master up, its replicas connected
+// and the other Sentinels, and SENTINEL CKQUORUM says a failover could be
 // authorised. It polls, since Sentinels discover each other (every 2 s) and the
 // replica (through the master's INFO) without announcing it to a client.
 func (d *Sentinel) WaitReady(ctx context.Context) error {
@@ -203,8 +208,8 @@ func (d *Sentinel) sentinelReady(ctx context.Context, s *Server) error {
 	switch {
 	case m["flags"] != "master":
 		return fmt.Errorf("sentinel %s: master flags %q", s.Addr(), m["flags"])
-	case m["num-slaves"] != "1":
-		return fmt.Errorf("sentinel %s: knows %s replicas, want 1", s.Addr(), m["num-slaves"])
+	case m["num-slaves"] != strconv.Itoa(len(d.Replicas)):
+		return fmt.Errorf("sentinel %s: knows %s replicas, want %d", s.Addr(), m["num-slaves"], len(d.Replicas))
 	case m["num-other-sentinels"] != strconv.Itoa(len(d.Sentinels)-1):
 		return fmt.Errorf("sentinel %s: knows %s other sentinels, want %d", s.Addr(), m["num-other-sentinels"], len(d.Sentinels)-1)
 	}
