@@ -55,7 +55,7 @@ func (s *Store) CheckDurability(ctx context.Context) []string {
 			add("cluster", []string{unknownWarning(err)})
 		}
 	} else {
-		_ = check(ctx, s.client, nodeName(s.client))
+		_ = check(ctx, s.client, s.nodeName())
 	}
 	out := make([]string, 0, len(order))
 	for _, w := range order {
@@ -66,12 +66,16 @@ func (s *Store) CheckDurability(ctx context.Context) []string {
 	return out
 }
 
-func nodeName(c goredis.UniversalClient) string {
-	if cl, ok := c.(*goredis.Client); ok {
+// nodeName names the server of a single-server or Sentinel client in warnings.
+func (s *Store) nodeName() string {
+	if s.node != "" {
+		return s.node
+	}
+	if cl, ok := s.client.(*goredis.Client); ok {
 		if addr := cl.Options().Addr; addr != "FailoverClient" { // go-redis's name for a Sentinel client
 			return addr
 		}
-		return "the master Sentinel names"
+		return "the Sentinels' master"
 	}
 	return "redis"
 }

@@ -135,7 +135,8 @@ func (c Config) checkWaitTimeout(client goredis.UniversalClient) error {
 type Store struct {
 	client goredis.UniversalClient
 	cfg    Config
-	owned  bool // Close closes the client (Open made it)
+	owned  bool   // Close closes the client (Open made it)
+	node   string // names a server its client cannot name (a Sentinel URL's master)
 }
 
 var _ idemstore.Store = (*Store)(nil)
@@ -158,7 +159,7 @@ func Open(ctx context.Context, rawURL string, cfg Config) (*Store, error) {
 		client.Close()
 		return nil, err
 	}
-	s.owned = true
+	s.owned, s.node = true, fromURL.node
 	if err := s.ping(ctx); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("redis store: %s does not answer: %w", redactURL(rawURL), err)

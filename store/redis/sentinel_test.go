@@ -38,8 +38,8 @@ func TestSentinel(t *testing.T) {
 		if !strings.Contains(warned, "replicates asynchronously") || !strings.Contains(warned, "wait_replicas=1") {
 			t.Fatalf("Open on a master with a replica logged:\n%s\nwant a warning that a failover can lose records, naming wait_replicas", warned)
 		}
-		if ws := s.CheckDurability(t.Context()); !strings.Contains(strings.Join(ws, "\n"), "the master Sentinel names") {
-			t.Fatalf("CheckDurability = %q, want the node named as the master Sentinel names", ws)
+		if ws := s.CheckDurability(t.Context()); !strings.Contains(strings.Join(ws, "\n"), `(master "idemtest" of the Sentinels)`) {
+			t.Fatalf("CheckDurability = %q, want the node named as the Sentinels' master", ws)
 		}
 		_, buf = openLogging(t, d.URL()+"&wait_replicas=1")
 		if warned := strings.Join(buf.lines(), "\n"); strings.Contains(warned, "replication:") {

@@ -111,6 +111,9 @@ type urlConfig struct {
 	hasWaitReplicas bool
 	waitTimeout     time.Duration
 	hasWaitTimeout  bool
+	// node names the server in warnings when its client cannot: the master a
+	// Sentinel URL names.
+	node string
 }
 
 // newClient is NewClient, also returning the store's settings from the URL.
@@ -149,6 +152,7 @@ func newClient(rawURL string) (goredis.UniversalClient, urlConfig, error) {
 			return fail(err)
 		}
 		opts.ContextTimeoutEnabled = true
+		cfg.node = fmt.Sprintf("master %q of the Sentinels", opts.MasterName)
 		return goredis.NewFailoverClient(opts), cfg, nil
 	default:
 		return nil, urlConfig{}, fmt.Errorf("redis store: URL %q: unknown scheme %q (want %s)", redactURL(rawURL), scheme, schemes)
