@@ -1,10 +1,16 @@
 package redis
 
 import (
+	"context"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idem-go/idem/store/redis/redistest"
 )
 
 // The Sentinels' side of a Sentinel URL: every address in the host part (a missing
@@ -53,5 +59,51 @@ func TestConfigParamsAreCutFromTheQuery(t *testing.T) {
 	}
 	if _, _, err := cutConfigParams("h:1?wait_timeout=soon"); err == nil || !strings.Contains(err.Error(), "positive duration") {
 		t.Errorf("a bad wait_timeout: %v", err)
+	}
+}
+
+// A rediss+sentinel:// URL reaches the Sentinels and the master over TLS, and its TLS
+// configuration names no server: given the test's authority (which a URL cannot name),
+// the client verifies each Sentinel and the master against the host it dials.
+func TestSentinelURLOverTLSVerifiesEachHostItDials(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Sentinel deployment of five processes; skipped with -short")
+	}
+	t.Parallel()
+	ca := redistest.NewTLS(t)
+	d := redistest.StartSentinel(t, redistest.SentinelOptions{TLS: ca, Password: "pw"})
+	rest := strings.TrimPrefix(strings.Replace(d.URL(), "&skip_verify=true", "", 1), SchemeSentinelTLS+"://")
+	o, err := parseSentinelURL(true, rest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.TLSConfig == nil || o.TLSConfig.ServerName != "" || o.TLSConfig.InsecureSkipVerify {
+		t.Fatalf("TLS configuration %+v; want one that verifies, naming no server", o.TLSConfig)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	o.TLSConfig.RootCAs = ca.Roots
+	o.MaxRetries = -1
+	c := goredis.NewFailoverClient(o)
+	defer c.Close()
+	if err := c.Set(ctx, "tls-probe", "1", time.Minute).Err(); err != nil {
+		t.Fatalf("a write through the Sentinels over TLS, verified: %v", err)
+	}
+	// The URL as given (skip_verify=true) opens a store that works over TLS.
+	s, err := Open(ctx, d.URL(), Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatalf("Open(%s): %v", d.URL(), err)
+	}
+	defer s.Close()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping over TLS: %v", err)
+	}
+	// Without the authority, the same URL is refused: the client does verify.
+	o2, _ := parseSentinelURL(true, rest)
+	o2.MaxRetries = -1
+	c2 := goredis.NewFailoverClient(o2)
+	defer c2.Close()
+	if err := c2.Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("a client that does not trust the test's authority: %v; want a certificate error", err)
 	}
 }

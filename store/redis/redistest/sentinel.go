@@ -38,6 +38,9 @@ type SentinelOptions struct {
 	// SentinelPassword, when set, is the Sentinels' own requirepass (and the
 	// sentinel-pass they use with each other).
 	SentinelPassword string
+	// TLS, when set, makes every server and Sentinel listen over TLS only, with this
+	// authority's certificate, and replicate and watch over TLS.
+	TLS *TLS
 	// ReplicaLink, when set, is given the master's address and returns the address a
 	// replica replicates from (it is called once per replica): a fault proxy in front
 	// of the master, so that a test can stall replication. The Sentinels still find
@@ -68,13 +71,13 @@ func StartSentinel(t testing.TB, opts SentinelOptions) *Sentinel {
 		auth = []string{"--requirepass", opts.Password, "--masterauth", opts.Password}
 	}
 	// Replicas sync at once instead of after the default 5 s delay.
-	d.Master = StartServer(t, append([]string{"--repl-diskless-sync-delay", "0"}, auth...)...)
+	d.Master = startServer(t, &Server{t: t, dir: t.TempDir(), args: append([]string{"--repl-diskless-sync-delay", "0"}, auth...), tls: opts.TLS})
 	for range max(opts.Replicas, 1) {
 		link := ""
 		if opts.ReplicaLink != nil {
 			link = opts.ReplicaLink(d.Master.Addr())
 		}
-		d.Replicas = append(d.Replicas, StartReplica(t, d.Master, link, auth...))
+		d.Replicas = append(d.Replicas, startReplica(t, d.Master, link, opts.TLS, auth...))
 	}
 	// Started after the replicas synced, the Sentinels find them in their first INFO
 	// of the master rather than ten seconds later.
@@ -95,6 +98,12 @@ func StartSentinel(t testing.TB, opts SentinelOptions) *Sentinel {
 // synced, and its acknowledgements count for WAIT. It is killed at t's cleanup.
 func StartReplica(t testing.TB, master *Server, link string, args ...string) *Server {
 	t.Helper()
+	return startReplica(t, master, link, nil, args...)
+}
+
+// startReplica is StartReplica, over TLS when c is set.
+func startReplica(t testing.TB, master *Server, link string, c *TLS, args ...string) *Server {
+	t.Helper()
 	if link == "" {
 		link = master.Addr()
 	}
@@ -102,7 +111,8 @@ func StartReplica(t testing.TB, master *Server, link string, args ...string) *Se
 	if err != nil {
 		t.Fatalf("redistest: replica link %q: %v", link, err)
 	}
-	r := StartServer(t, append([]string{"--replicaof", host, port, "--repl-diskless-sync-delay", "0"}, args...)...)
+	r := startServer(t, &Server{t: t, dir: t.TempDir(), tls: c,
+		args: append([]string{"--replicaof", host, port, "--repl-diskless-sync-delay", "0"}, args...)})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// The replica has synced, but it may take a moment more before it acknowledges
@@ -156,11 +166,12 @@ func (d *Sentinel) startSentinel(t testing.TB) *Server {
 	if err := os.WriteFile(file, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return startServer(t, &Server{t: t, dir: dir, sentinel: file})
+	return startServer(t, &Server{t: t, dir: dir, sentinel: file, tls: d.opts.TLS})
 }
 
 // URL returns the deployment's store URL: redis+sentinel://[:password@]s1,s2,s3/0
-// ?master=SentinelMasterName[&sentinel_password=…], naming every Sentinel.
+// ?master=SentinelMasterName[&sentinel_password=…], naming every Sentinel
+// (rediss+sentinel://…&skip_verify=true over TLS).
 func (d *Sentinel) URL() string {
 	var addrs []string
 	for _, s := range d.Sentinels {
@@ -170,17 +181,27 @@ func (d *Sentinel) URL() string {
 	if d.opts.Password != "" {
 		userinfo = ":" + d.opts.Password + "@"
 	}
-	u := "redis+sentinel://" + userinfo + strings.Join(addrs, ",") + "/0?master=" + SentinelMasterName
+	scheme := "redis+sentinel"
+	if d.opts.TLS != nil {
+		scheme = "rediss+sentinel"
+	}
+	u := scheme + "://" + userinfo + strings.Join(addrs, ",") + "/0?master=" + SentinelMasterName
 	if d.opts.SentinelPassword != "" {
 		u += "&sentinel_password=" + d.opts.SentinelPassword
+	}
+	if d.opts.TLS != nil {
+		u += "&skip_verify=true" // the URL cannot name the test's authority
 	}
 	return u
 }
 
 // sentinelClient returns a client of the Sentinel s.
 func (d *Sentinel) sentinelClient(s *Server) *goredis.SentinelClient {
-	return goredis.NewSentinelClient(&goredis.Options{Addr: s.Addr(), Password: d.opts.SentinelPassword,
-		MaxRetries: -1, DialTimeout: time.Second})
+	o := &goredis.Options{Addr: s.Addr(), Password: d.opts.SentinelPassword, MaxRetries: -1, DialTimeout: time.Second}
+	if d.opts.TLS != nil {
+		o.TLSConfig = d.opts.TLS.ClientConfig()
+	}
+	return goredis.NewSentinelClient(o)
 }
 
 // WaitReady waits until every Sentinel sees the master up, its replicas connected

@@ -41,6 +41,8 @@ type Server struct {
 	sentinel string
 	// password is the requirepass of args, if any.
 	password string
+	// tls, when set, makes the server listen over TLS only.
+	tls *TLS
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -54,19 +56,18 @@ type Server struct {
 func StartServer(t testing.TB, args ...string) *Server {
 	t.Helper()
 	RequireBinaries(t)
-	s := &Server{t: t, dir: t.TempDir(), args: args}
-	for i, a := range args {
-		if a == "--requirepass" && i+1 < len(args) {
-			s.password = args[i+1]
-		}
-	}
-	return startServer(t, s)
+	return startServer(t, &Server{t: t, dir: t.TempDir(), args: args})
 }
 
 // startServer starts s, which has its test, directory and arguments set, on a free
 // port.
 func startServer(t testing.TB, s *Server) *Server {
 	t.Helper()
+	for i, a := range s.args {
+		if a == "--requirepass" && i+1 < len(s.args) {
+			s.password = s.args[i+1]
+		}
+	}
 	t.Cleanup(s.Kill)
 	var err error
 	// Another process may take the free port before redis-server binds it: try again
@@ -98,14 +99,24 @@ func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.It
 // Client returns a new client of the server (with its requirepass), which the caller
 // closes. It does not retry, and dials for at most a second.
 func (s *Server) Client() *goredis.Client {
-	return goredis.NewClient(&goredis.Options{Addr: s.Addr(), Password: s.password, MaxRetries: -1, DialTimeout: time.Second})
+	o := &goredis.Options{Addr: s.Addr(), Password: s.password, MaxRetries: -1, DialTimeout: time.Second}
+	if s.tls != nil {
+		o.TLSConfig = s.tls.ClientConfig()
+	}
+	return goredis.NewClient(o)
 }
 
 // Port returns the server's port.
 func (s *Server) Port() int { return s.port }
 
-// URL returns the server's redis:// URL.
-func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
+// URL returns the server's redis:// URL (rediss:// over TLS, which needs
+// skip_verify=true or a client that trusts the test's authority).
+func (s *Server) URL() string {
+	if s.tls != nil {
+		return "rediss://" + s.Addr() + "/0"
+	}
+	return "redis://" + s.Addr() + "/0"
+}
 
 // Kill stops the server with SIGKILL, as a crash would, and waits for it to exit. It
 // does nothing when the server is not running.
@@ -142,11 +153,16 @@ func (s *Server) start() error {
 	}
 	args := []string{
 		"--port", strconv.Itoa(s.port),
+	}
+	if s.tls != nil {
+		args = append([]string{"--port", "0", "--tls-port", strconv.Itoa(s.port)}, s.tls.args()...)
+	}
+	args = append(args,
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
 		"--daemonize", "no",
 		"--logfile", "",
-	}
+	)
 	// redis-server logs this line once it listens: a signal, not a guess. A Sentinel
 	// logs its master's name once it monitors it, after it listens.
 	ready := "Ready to accept connections"
