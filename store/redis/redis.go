@@ -277,7 +277,7 @@ func (s *Store) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*ide
 	}
 	if acks < int64(s.cfg.WaitReplicas) && (outcome == "acquired" || outcome == "acquired_again" || outcome == "took_over") {
 		err := s.notReplicated("the claim", acks)
-		if gbErr := s.giveBack(context.WithoutCancel(ctx), key, outcome, p); gbErr != nil {
+		if gbErr := s.giveBack(ctx, key, outcome, p); gbErr != nil {
 			err = fmt.Errorf("%w; %v", err, gbErr)
 		}
 		return nil, err

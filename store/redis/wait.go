@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -76,6 +77,9 @@ func (s *Store) notReplicated(what string, n int64) error {
 	return fmt.Errorf("redis store: %s: %w: %d of %d within %v, so a failover could lose it", what, ErrNotReplicated, n, s.cfg.WaitReplicas, s.cfg.WaitTimeout)
 }
 
+// giveBackTimeout bounds giving back a claim that its replicas did not acknowledge.
+const giveBackTimeout = time.Second
+
 // giveBack undoes a claim that its replicas did not acknowledge, so that its handler
 // does not run and the key is free for a retry at once: a fresh record is released
 // (deleted), and a record taken over (or re-acquired by a re-sent claim, which may have
@@ -83,6 +87,10 @@ func (s *Store) notReplicated(what string, n int64) error {
 // that died leaves it. Both are fenced by the claim's token. When that fails too, the
 // record stays held until its lease lapses, which is safe: nothing ran.
 func (s *Store) giveBack(ctx context.Context, key, outcome string, p *idemstore.ClaimParams) error {
+	// The claim's context may be nearly spent (WAIT took its time): the give-back
+	// has a bound of its own, so that it is tried, and the request still ends soon.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
+	defer cancel()
 	var err error
 	if outcome == "acquired" {
 		err = releaseScript.Run(ctx, s.client, []string{key}, p.Token).Err()
