@@ -57,8 +57,9 @@ func restOfLines(lines *bufio.Scanner) <-chan []string {
 	return rest
 }
 
-// postCharge creates a charge with key at the payments API at base, and wants 201.
-func postCharge(t *testing.T, base, key string) {
+// postCharge creates a charge with key at the payments API at base, wants 201, and
+// returns the answer's headers.
+func postCharge(t *testing.T, base, key string) http.Header {
 	t.Helper()
 	req, _ := http.NewRequest("POST", base+"/v1/charges", strings.NewReader(`{"amount": 2000, "currency": "usd"}`))
 	req.Header.Set("Authorization", "Bearer tok_test")
@@ -72,6 +73,7 @@ func postCharge(t *testing.T, base, key string) {
 	if resp.StatusCode != http.StatusCreated {
 		t.Fatalf("POST /v1/charges: %d", resp.StatusCode)
 	}
+	return resp.Header
 }
 
 // get returns the status and body of GET url.
