@@ -77,7 +77,7 @@ type keysCommand struct {
 
 func newKeysCommand(name, synopsis string) *keysCommand {
 	c := &keysCommand{fs: newFlagSet("keys "+name, synopsis)}
-	c.fs.StringVar(&c.store, "store", "", "idempotency store `URL` (required): sqlite:PATH, postgres://…, redis://…, redis+cluster://…")
+	c.fs.StringVar(&c.store, "store", "", "idempotency store `URL` (required): sqlite:PATH, postgres://…, redis://…, redis+cluster://…, redis+sentinel://…?master=NAME")
 	c.fs.StringVar(&c.scope, "scope", "", "the records' `scope`: the principal, as the application's Config.Scope returns it")
 	c.fs.StringVar(&c.token, "token", "", "instead of --scope, a payments API bearer `token`, whose scope is its hex SHA-256 (prefer IDEM_TOKEN: a command line is visible to every user of the host)")
 	c.fs.BoolVar(&c.json, "json", false, "write JSON on stdout")

@@ -40,7 +40,11 @@ Store URLs: sqlite:PATH or sqlite://PATH (sqlite:///abs/path), postgres://… or
 postgresql://… (pgx's URL; pool_max_conns=N overrides the pool size),
 redis://[user:password@]host:port[/db] or rediss://… (TLS) for one Redis, and
 redis+cluster://host:port?addr=host:port&addr=… (rediss+cluster:// for TLS) for a
-Redis Cluster; go-redis options go in the query (dial_timeout=1s, max_retries=-1).
+Redis Cluster, and redis+sentinel://[user:password@]host:port,host:port…/db?master=NAME
+(rediss+sentinel:// for TLS; sentinel_password=… for the Sentinels' own) for the
+master that Sentinels watch; go-redis options go in the query (dial_timeout=1s,
+max_retries=-1), and wait_replicas=1 makes each claim wait for a replica's
+acknowledgement (docs/redis.md#sentinel).
 A Redis store needs --db, an SQL database for charges and orders, whose unique
 (principal, key) constraint keeps a charge single even when Redis loses a record
 (docs/redis.md). Pools: SQLite 8

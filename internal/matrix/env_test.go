@@ -25,6 +25,7 @@ import (
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/redis"
+	"github.com/idem-go/idem/store/redis/redistest"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
@@ -101,9 +102,11 @@ func openEnv(t *testing.T, s Store) *env {
 	case Postgres, PostgresSQL:
 		return postgresEnv(t, s == PostgresSQL)
 	case RedisSQLite, RedisPostgres:
-		return redisEnv(t, s == RedisPostgres)
+		return redisEnv(t, openRedis(t, testenv.RedisURL(t)), s == RedisPostgres)
+	case RedisSentinel:
+		return redisEnv(t, openRedis(t, sentinelURL(t)), false)
 	case "Redis":
-		return &env{store: openRedis(t)}
+		return &env{store: openRedis(t, testenv.RedisURL(t))}
 	case Memory:
 		return memoryEnv()
 	}
@@ -246,9 +249,9 @@ func postgresEnv(t *testing.T, databaseSQL bool) *env {
 	return e
 }
 
-func openRedis(t *testing.T) *redis.Store {
+func openRedis(t *testing.T, url string) *redis.Store {
 	t.Helper()
-	st, err := redis.Open(t.Context(), testenv.RedisURL(t), redis.Config{KeyPrefix: testenv.Name("matrix:") + ":", Logger: slog.New(slog.DiscardHandler)})
+	st, err := redis.Open(t.Context(), url, redis.Config{KeyPrefix: testenv.Name("matrix:") + ":", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,8 +259,9 @@ func openRedis(t *testing.T) *redis.Store {
 	return st
 }
 
-func redisEnv(t *testing.T, onPostgres bool) *env {
-	st := openRedis(t)
+// redisEnv is the Redis store st beside an application database with the backstop's
+// table: SQLite, or PostgreSQL when onPostgres.
+func redisEnv(t *testing.T, st *redis.Store, onPostgres bool) *env {
 	var (
 		db      *sql.DB
 		dialect = backstop.SQLite
@@ -286,6 +290,34 @@ func redisEnv(t *testing.T, onPostgres bool) *env {
 	}
 	e := &env{store: st}
 	return e.onSQL(db, insert, bs.Respond, bs.InTx)
+}
+
+// The Sentinel deployment of the RedisSentinel column: started once, by the column's
+// test (useSentinel), and shared by its cells, each on a key prefix of its own.
+var (
+	sentinelMu  sync.Mutex
+	sentinelRaw string
+)
+
+// useSentinel starts the Sentinel deployment for the RedisSentinel cells that t (the
+// column's test) runs; it stops when t and its cells end.
+func useSentinel(t *testing.T) {
+	d := redistest.StartSentinel(t, redistest.SentinelOptions{})
+	sentinelMu.Lock()
+	defer sentinelMu.Unlock()
+	// A WAIT bound that a busy machine meets (the replica is local), below the
+	// client's read timeout and the middleware's StoreTimeout (5 s).
+	sentinelRaw = d.URL() + "&wait_replicas=1&wait_timeout=2s&read_timeout=4s"
+}
+
+// sentinelURL returns the URL of the deployment useSentinel started.
+func sentinelURL(t *testing.T) string {
+	sentinelMu.Lock()
+	defer sentinelMu.Unlock()
+	if sentinelRaw == "" {
+		t.Fatalf("no Sentinel deployment: the %q column's test starts it (useSentinel)", RedisSentinel)
+	}
+	return sentinelRaw
 }
 
 // memoryEnv is the in-memory store, its charges a map.
