@@ -387,7 +387,7 @@ func (c *Completer) attempt(ctx context.Context, h *Handle, rec *idemstore.Recor
 	}
 	if fn == nil {
 		c.failed(st, errNoResumeFunction)
-		c.cfg.Logger.WarnContext(ctx, "idem: a record's holder died after a step committed, but its operation has no resume function here; "+
+		c.cfg.Logger.WarnContext(ctx, "idem: an unfinished operation (a step committed, no holder) has no resume function here; "+
 			"it waits for the client's retry or another process's completer, and this one looks again later "+
 			"(register one with Guard.RegisterResume or RouteOptions.Resume)",
 			h.attrs(slog.String("operation", rec.Operation), slog.String("recovery_point", rec.RecoveryPoint),
@@ -416,7 +416,11 @@ func (c *Completer) attempt(ctx context.Context, h *Handle, rec *idemstore.Recor
 	}
 	h.acquired(res.Record)
 	h.start(ctx)
-	c.cfg.Logger.InfoContext(ctx, "idem: resuming an operation whose holder died after a step committed",
+	msg := "idem: resuming an operation whose holder's lease lapsed after a step committed"
+	if res.Released {
+		msg = "idem: resuming an operation its holder released after a step committed"
+	}
+	c.cfg.Logger.InfoContext(ctx, msg,
 		h.attrs(slog.String("operation", rec.Operation), slog.String("recovery_point", res.Record.RecoveryPoint))...)
 	if err := c.run(fn, h); err != nil {
 		c.cfg.Logger.WarnContext(ctx, "idem: resuming an operation failed; the record is kept and tried again later",

@@ -396,6 +396,11 @@ func (g *Guard) claimFrom(ctx context.Context, h *Handle, first *idemstore.Claim
 		case idemstore.ClaimAcquired:
 			o := observe.OutcomeAcquired
 			switch {
+			case res.Released:
+				// Its holder answered (an error) after a step committed: nothing died.
+				o = observe.OutcomeResumed
+				g.cfg.Logger.InfoContext(ctx, "idem: resuming an operation its holder released after a step committed",
+					h.attrs(slog.String("recovery_point", res.Record.RecoveryPoint))...)
 			case res.TookOver && res.Record.RecoveryPoint != "":
 				o = observe.OutcomeTookOver
 				g.cfg.Logger.InfoContext(ctx, "idem: took over a key whose lease lapsed; resuming after its last committed step",
