@@ -173,7 +173,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	if q == KeyOff || (q == KeyOptional && len(values) == 0) {
 		if !safeMethod(r.Method) {
 			// Its SPEC §7 transactions run plain, on purpose (WithoutKey).
-			r = r.WithContext(WithoutKey(r.Context()))
+			r = r.WithContext(withoutKeyFor(r.Context(), w))
 		}
 		next.ServeHTTP(w, r)
 		return
