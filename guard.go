@@ -216,12 +216,13 @@ type Call struct {
 	// TTL overrides GuardConfig.TTL for this record; like it, it must be longer than
 	// the lease and at most [MaxTTL] ([Guard.CheckTTL]). Defaults to GuardConfig.TTL.
 	TTL time.Duration
-	// Name names the operation, in the Observer's events (a metric label, such as
-	// "invoice.send": keep it to a small set of values) and in the record's steps
-	// (SPEC §13), which keep it so that the [Completer] finds the operation's resume
-	// function ([Guard.RegisterResume]) when its holder died after a step committed.
-	// Defaults to "": the record's steps are resumed only by a repeat of the call,
-	// never by the completer.
+	// Name is the operation's stable identifier, in the Observer's events (a metric
+	// label, such as "invoice.send": keep it to a small set of values) and in the
+	// record's steps (SPEC §13), which keep it so that the [Completer] finds the
+	// operation's resume function ([Guard.RegisterResume]) when its holder died, or
+	// released it, after a step committed: keep it stable across deploys while
+	// operations are unfinished. Defaults to "": the record's steps are resumed only
+	// by a repeat of the call, never by the completer.
 	Name string
 
 	// OnLapse says what a call does that finds the key in flight with its holder's

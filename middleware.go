@@ -35,6 +35,14 @@ import (
 // losing the lease), the client still gets the handler's response: its effects
 // happened, and a 503 would make the client retry and execute the operation again once
 // the lease lapses. The failure is logged at error level.
+//
+// The handler's context does not end when the client goes away (it disconnects, or
+// its own timeout fires): the operation runs to its outcome, which is stored, so that
+// the client's retry gets that outcome (409 request_in_progress while it still runs)
+// rather than half-done work to resume. It ends only when the lease is lost (cause
+// [ErrLeaseLost]). A handler has nothing to do about a departed client; it should
+// bound its outside calls (client.Transport's AttemptTimeout, a context deadline), so
+// that the operation ends in bounded time whoever waits for it.
 type Middleware struct {
 	cfg *config
 	g   *Guard
