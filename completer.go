@@ -20,9 +20,10 @@ import (
 // running again, so the function is usually the operation itself, minus what only a
 // request has: it takes its input from the first step's saved result.
 //
-// The function sets the result to store with [Handle.SetResponse] (or
-// [Handle.SetResult], for an operation run with [Do]) before it returns, or before the
-// store's SPEC §7 helper completes the record in its final transaction. When it
+// The function sets the result to store by ending, as the handler does, with [Finish]
+// (the response its function returns is the result), or with [Handle.SetResponse]
+// (or [Handle.SetResult], for an operation run with [Do]) before it returns, or
+// before the store's SPEC §7 helper completes the record in its final transaction. When it
 // returns nil the completer stores that result, so that the client's retry (or none)
 // finds the finished operation; when it returns an error (or panics, or sets no
 // result) the record is kept, its lease ended, and the completer tries again at a later

@@ -104,7 +104,7 @@ func (s *Store) takeOver(ctx context.Context, p *idemstore.ClaimParams, oldToken
 	}
 	released := oldToken == ""
 	if released {
-		s.logger.DebugContext(ctx, "postgres: took over a key its holder released after a step committed", "key_prefix", keyPrefix(p.Key))
+		s.logger.DebugContext(ctx, "postgres: claimed a key its holder released after a step committed", "key_prefix", keyPrefix(p.Key))
 	} else {
 		s.logger.DebugContext(ctx, "postgres: took over a key whose lease lapsed", "key_prefix", keyPrefix(p.Key))
 	}
