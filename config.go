@@ -70,9 +70,11 @@ type Config struct {
 	// Store keeps the records. Required.
 	Store idemstore.Store
 
-	// Scope returns the authenticated principal of a request; records are identified
-	// by (scope, key), so nothing of one principal is ever replayed to another (SPEC
-	// §3). An empty scope or an error refuses a keyed request with 401 scope_required
+	// Scope returns the authenticated principal of a request, the caller (a user, an
+	// API key, a tenant): it is named for what it does to keys, which are scoped by it.
+	// Records are identified by (scope, key), so nothing of one principal is ever
+	// replayed to another, and the keys derived for outside calls differ between
+	// principals (SPEC §3, §13). An empty scope or an error refuses a keyed request with 401 scope_required
 	// without touching the store. It should return something stable and not secret,
 	// such as a user id or the hex SHA-256 of a bearer token. Required.
 	Scope func(r *http.Request) (string, error)
@@ -218,12 +220,15 @@ type Config struct {
 // RouteOptions change the middleware's behaviour for the routes one
 // [Middleware.Route] wraps.
 type RouteOptions struct {
-	// Name names the routes' operation. The Observer's events carry it (a metric
-	// label, such as "charges.create"; there it defaults to the request's ServeMux
-	// pattern, http.Request's Pattern such as "POST /v1/charges", when it has one), and
-	// the record's steps keep it (SPEC §13), as [Call.Name] does, so that the
-	// [Completer] finds the operation's resume function; the pattern is never kept.
-	// Defaults to "".
+	// Name is the routes' operation's stable identifier, not only a label. It is two
+	// things: the Observer's route label (a metric label, such as "payouts.create";
+	// without a Name the label is the request's ServeMux pattern, http.Request's
+	// Pattern such as "POST /v1/payouts"), and, on a route with steps, the name the
+	// record keeps (SPEC §13), as [Call.Name] does, so that the [Completer] finds the
+	// resume function registered under it (Resume); the pattern is never kept. Keep it
+	// stable across deploys while any record of the route is unfinished: the
+	// unfinished records of a renamed route find no resume function (the completer
+	// logs each) until their clients retry. Required with Resume; defaults to "".
 	Name string
 	// Requirement overrides the method table for these routes. Defaults to
 	// [KeyByMethod].

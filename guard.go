@@ -216,12 +216,13 @@ type Call struct {
 	// TTL overrides GuardConfig.TTL for this record; like it, it must be longer than
 	// the lease and at most [MaxTTL] ([Guard.CheckTTL]). Defaults to GuardConfig.TTL.
 	TTL time.Duration
-	// Name names the operation, in the Observer's events (a metric label, such as
-	// "invoice.send": keep it to a small set of values) and in the record's steps
-	// (SPEC §13), which keep it so that the [Completer] finds the operation's resume
-	// function ([Guard.RegisterResume]) when its holder died after a step committed.
-	// Defaults to "": the record's steps are resumed only by a repeat of the call,
-	// never by the completer.
+	// Name is the operation's stable identifier, in the Observer's events (a metric
+	// label, such as "invoice.send": keep it to a small set of values) and in the
+	// record's steps (SPEC §13), which keep it so that the [Completer] finds the
+	// operation's resume function ([Guard.RegisterResume]) when its holder died, or
+	// released it, after a step committed: keep it stable across deploys while
+	// operations are unfinished. Defaults to "": the record's steps are resumed only
+	// by a repeat of the call, never by the completer.
 	Name string
 
 	// OnLapse says what a call does that finds the key in flight with its holder's
@@ -396,6 +397,11 @@ func (g *Guard) claimFrom(ctx context.Context, h *Handle, first *idemstore.Claim
 		case idemstore.ClaimAcquired:
 			o := observe.OutcomeAcquired
 			switch {
+			case res.Released:
+				// Its holder answered (an error) after a step committed: nothing died.
+				o = observe.OutcomeResumed
+				g.cfg.Logger.InfoContext(ctx, "idem: resuming an operation its holder released after a step committed",
+					h.attrs(slog.String("recovery_point", res.Record.RecoveryPoint))...)
 			case res.TookOver && res.Record.RecoveryPoint != "":
 				o = observe.OutcomeTookOver
 				g.cfg.Logger.InfoContext(ctx, "idem: took over a key whose lease lapsed; resuming after its last committed step",

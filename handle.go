@@ -127,7 +127,8 @@ func (c *handleCtx) Value(key any) any {
 
 // FromContext returns the claim of the operation whose context is ctx, or nil when it
 // runs without one (a request without an idempotency key, or a route with the
-// middleware off).
+// middleware off). A handler on a route that requires a key (POST and PATCH by
+// default) always gets one: a request without a key is refused before it runs.
 func FromContext(ctx context.Context) *Handle {
 	h, _ := ctx.Value(handleKey{}).(*Handle)
 	return h

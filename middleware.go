@@ -35,6 +35,14 @@ import (
 // losing the lease), the client still gets the handler's response: its effects
 // happened, and a 503 would make the client retry and execute the operation again once
 // the lease lapses. The failure is logged at error level.
+//
+// The handler's context does not end when the client goes away (it disconnects, or
+// its own timeout fires): the operation runs to its outcome, which is stored, so that
+// the client's retry gets that outcome (409 request_in_progress while it still runs)
+// rather than half-done work to resume. It ends only when the lease is lost (cause
+// [ErrLeaseLost]). A handler has nothing to do about a departed client; it should
+// bound its outside calls (client.Transport's AttemptTimeout, a context deadline), so
+// that the operation ends in bounded time whoever waits for it.
 type Middleware struct {
 	cfg *config
 	g   *Guard
@@ -173,7 +181,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	if q == KeyOff || (q == KeyOptional && len(values) == 0) {
 		if !safeMethod(r.Method) {
 			// Its SPEC §7 transactions run plain, on purpose (WithoutKey).
-			r = r.WithContext(WithoutKey(r.Context()))
+			r = r.WithContext(withoutKeyFor(r.Context(), w))
 		}
 		next.ServeHTTP(w, r)
 		return

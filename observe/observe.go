@@ -70,9 +70,15 @@ const (
 	// OutcomeAcquired: the key was absent or expired (or freed while waiting); the
 	// caller runs the operation.
 	OutcomeAcquired Outcome = "acquired"
-	// OutcomeTookOver: the key's holder let its lease lapse; the caller takes the key
-	// over and runs the operation again (SPEC §5.3).
+	// OutcomeTookOver: the key's holder let its lease lapse (it died or stalled); the
+	// caller takes the key over and runs the operation again, resuming after its last
+	// committed step (SPEC §5.3, §13).
 	OutcomeTookOver Outcome = "took_over"
+	// OutcomeResumed: the key's holder released it after one of its steps committed
+	// (it answered an error, such as a 503 for a processor that was down), which
+	// ends the lease and keeps the record; the caller takes the key and resumes the
+	// operation after its last committed step (SPEC §13). Nothing died.
+	OutcomeResumed Outcome = "resumed"
 	// OutcomeReplayed: the stored result, read from the store.
 	OutcomeReplayed Outcome = "replayed"
 	// OutcomeReplayedFromCache: the stored result, from the replay cache, without a

@@ -124,8 +124,10 @@ const (
 
 // processorClient returns the http.Client of the calls to the card processor: the
 // client package's Transport (retries with backoff, Retry-After and a budget, the key
-// and body kept across attempts) over connections whose every attempt must be
-// answered within timeout.
+// and body kept across attempts) whose every attempt must be answered within timeout
+// (AttemptTimeout, and the dial and the response's headers too), and which waits for a
+// processor that refuses connections no longer than timeout (MaxWait), so that the
+// charge answers 503 processor_unavailable rather than hold its client.
 func processorClient(timeout time.Duration, logger *slog.Logger) *http.Client {
 	return client.NewClient(&client.Transport{
 		Base: &http.Transport{
@@ -135,8 +137,10 @@ func processorClient(timeout time.Duration, logger *slog.Logger) *http.Client {
 			MaxIdleConnsPerHost:   64,
 			IdleConnTimeout:       30 * time.Second,
 		},
-		MaxAttempts: processorAttempts,
-		Logger:      logger,
+		MaxAttempts:    processorAttempts,
+		AttemptTimeout: timeout,
+		MaxWait:        timeout,
+		Logger:         logger,
 	})
 }
 

@@ -88,12 +88,18 @@ var Routes = []Route{Lease, ClaimInHandler}
 // Helper is the helper axis: how the handler writes its effect and its response.
 type Helper string
 
-// The helpers: a store's two SPEC §7 helpers, and the two misuses.
+// The helpers: a store's two SPEC §7 helpers, idem.Finish over its lease form, and
+// the two misuses.
 const (
 	// Respond: the store's Respond form, which takes the response the function returns.
 	Respond Helper = "respond"
 	// InTx: the store's lease form; the handler writes its response inside it.
 	InTx Helper = "intx"
+	// Finish: idem.Finish over the store's lease form (InTx, InSQLTx), which takes the
+	// response the function returns, as a handler and its resume function share it
+	// (SPEC §13). Backstop's InTx takes the request, not a context: none there (Redis
+	// keeps no steps to resume).
+	Finish Helper = "finish"
 	// Direct: the handler writes with the database directly, then writes its response.
 	Direct Helper = "direct"
 	// Late: the lease form with the response written after it returned.
@@ -101,7 +107,7 @@ const (
 )
 
 // Helpers are the helpers, in the document's order.
-var Helpers = []Helper{Respond, InTx, Direct, Late}
+var Helpers = []Helper{Respond, InTx, Finish, Direct, Late}
 
 // Mount is the mounting axis: where the middleware goes.
 type Mount string
@@ -133,6 +139,11 @@ func HelperAPI(s Store, h Helper) string {
 		return respond
 	case InTx:
 		return inTx
+	case Finish:
+		if !hasTransactions(s) {
+			return ""
+		}
+		return "idem.Finish with " + inTx
 	case Direct:
 		return "the database directly, then the response"
 	case Late:

@@ -42,6 +42,9 @@ type env struct {
 	// inTx runs o's insert through the store's lease form and calls inside, in its
 	// transaction, after the insert. Nil when the store has none.
 	inTx func(w http.ResponseWriter, r *http.Request, o op, inside func()) error
+	// finish answers o through idem.Finish over the store's lease form: its insert in
+	// the transaction, its response returned. Nil when the store has none.
+	finish func(r *http.Request, o op) error
 	// charges counts the charges of key.
 	charges func(t *testing.T, key string) int
 	// respondRuns counts the runs of the Respond form's function, by key.
@@ -127,7 +130,7 @@ func sqliteEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	const insert = `INSERT INTO charges (key, id) VALUES (?, ?)`
-	e := &env{store: st, insert: insert, sqlInTx: st.InTx}
+	e := &env{store: st, insert: insert, sqlInTx: st.InTx, finish: sqlFinish(st.InTx, insert)}
 	return e.onSQL(st.DB(), insert, st.Respond, leaseFormOf(st.InTx))
 }
 
@@ -174,6 +177,18 @@ func (e *env) onSQL(db *sql.DB, insert string, respond sqlRespondForm, inTx sqlL
 		})
 	}
 	return e
+}
+
+// sqlFinish answers o through idem.Finish over a database/sql lease form.
+func sqlFinish(inTx func(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error, insert string) func(r *http.Request, o op) error {
+	return func(r *http.Request, o op) error {
+		return idem.Finish(r.Context(), inTx, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+			if err := sqlInsert(ctx, tx, insert, o); err != nil {
+				return nil, err
+			}
+			return o.response(), nil
+		})
+	}
 }
 
 // sqlInsert inserts o's charge in tx, unless o fails.
@@ -224,7 +239,18 @@ func postgresEnv(t *testing.T, databaseSQL bool) *env {
 		return err
 	}
 	if databaseSQL {
+		e.finish = sqlFinish(st.InSQLTx, insert)
 		return e.onSQL(st.DB(), insert, st.RespondSQL, leaseFormOf(st.InSQLTx))
+	}
+	e.finish = func(r *http.Request, o op) error {
+		return idem.Finish(r.Context(), st.InTx, func(ctx context.Context, tx pgx.Tx) (*idem.Response, error) {
+			if !o.fail {
+				if _, err := tx.Exec(ctx, insert, o.key, o.id); err != nil {
+					return nil, err
+				}
+			}
+			return o.response(), nil
+		})
 	}
 	e.respond = func(w http.ResponseWriter, r *http.Request, o op) error {
 		return st.Respond(w, r, func(b *pgx.Batch) (*idem.Response, error) {
@@ -362,6 +388,8 @@ func (e *env) handler(h Helper, stall func(gate string)) http.HandlerFunc {
 			err = e.respond(w, r, o)
 		case InTx:
 			err = e.inTx(w, r, o, func() { o.write(w) })
+		case Finish:
+			err = e.finish(r, o)
 		case Late:
 			if err = e.inTx(w, r, o, func() {}); err == nil {
 				o.write(w) // too late: the transaction committed without it

@@ -368,7 +368,7 @@ func (c *httpCell) holdsExactlyOnce(seqKey, concKey string, first, retry answer,
 	}
 	// The SPEC §7 helpers of a store with transactions complete the record inside the
 	// application's transaction: no completion of the record of its own.
-	if hasTransactions(c.s) && (c.h == Respond || c.h == InTx) {
+	if hasTransactions(c.s) && (c.h == Respond || c.h == InTx || c.h == Finish) {
 		if n := c.completeCalls.Load(); n != 0 || c.storedApart.Load() != 0 || c.storedInTx.Load() == 0 {
 			t.Fatalf("%s completed %d records with a store call of their own (%d completions apart, %d inside the application's transaction); "+
 				"want every completion inside the transaction", HelperAPI(c.s, c.h), n, c.storedApart.Load(), c.storedInTx.Load())
