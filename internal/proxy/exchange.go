@@ -56,6 +56,15 @@ type exchange struct {
 
 	wrote atomic.Bool // the request's headers were written to the upstream
 
+	// What send (send.go) watches of a protected request: its body, the transport's
+	// attempts (GotConn) and writes (WroteHeaders), whether the last attempt's
+	// connection was a kept-alive one, whether an attempt after a write was stopped,
+	// and whether the proxy sent it once more itself (nothing was written).
+	body             []byte
+	attempts, writes atomic.Int32
+	reused, refused  atomic.Bool
+	resentOnce       bool
+
 	mu        sync.Mutex
 	headers   bool // the upstream's response headers came (ModifyResponse)
 	early     bool // the client was answered 504 (protected) before they came
@@ -98,7 +107,7 @@ func (x *exchange) forward() {
 		p.track(x)
 		defer p.untrack(x)
 	}
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { x.wrote.Store(true) }})
+	ctx = httptrace.WithClientTrace(ctx, x.trace())
 	ctx = context.WithValue(ctx, exchangeKey{}, x)
 	x.timer = time.AfterFunc(p.upstreamTimeout, x.headerTimeout)
 	defer func() {

@@ -1,9 +1,9 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -180,6 +180,10 @@ type Config struct {
 	// the next request; keep it below the upstream's own keep-alive timeout. Defaults
 	// to [DefaultUpstreamIdleTimeout].
 	UpstreamIdleTimeout time.Duration
+	// UpstreamTLS configures TLS to an https upstream (its roots, a client
+	// certificate) for the default Transport. Defaults to nil: the system's roots
+	// (which SSL_CERT_FILE and SSL_CERT_DIR extend).
+	UpstreamTLS *tls.Config
 	// Transport sends the requests to the upstream. Defaults to an http.Transport with
 	// UpstreamWaitLimit as its ResponseHeaderTimeout, UpstreamIdleTimeout, up to 256
 	// idle connections, no compression of its own and no proxy from the environment.
@@ -227,9 +231,16 @@ type Hooks struct {
 	// "too_large" (completed as response_not_stored).
 	PassThrough func(route, reason string)
 	// UpstreamFailed is told of an upstream exchange that failed: "not_sent" (the key
-	// is released), "unknown" (the request was written: the record is kept) or
-	// "timeout" (the client got 504 and the proxy waits on).
+	// is released), "unknown" (the request was written: the record is kept),
+	// "timeout" (the client got 504 and the proxy waits on), "gateway" (the upstream
+	// answered 502 or 504: the record is kept), or, for a defect below the proxy,
+	// "resend_refused" (the transport tried to send a written request again and was
+	// stopped) or "resent" (it did: both keep the record, outcome unknown).
 	UpstreamFailed func(route, outcome string)
+	// Resent is told of a protected request the proxy sent once more by its own
+	// decision: "not_written" (nothing of it was written on a kept-alive connection
+	// that turned out to be closed).
+	Resent func(route, reason string)
 }
 
 // Proxy is an http.Handler that forwards requests to the upstream, protecting keyed
@@ -314,11 +325,11 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.transport = cfg.Transport
 	if p.transport == nil {
-		p.transport = newTransport(p.upstreamTimeout, p.waitLimit, withDefault(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout))
+		p.transport = newTransport(p.upstreamTimeout, p.waitLimit, withDefault(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout), cfg.UpstreamTLS)
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
-		Transport:      p.transport,
+		Transport:      onceTransport{p},
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.upstreamFailed,
 		// ReverseProxy's own log lines (a failed copy of a body) go to the logger.
@@ -574,8 +585,9 @@ func headerName(field, name, def string) (string, error) {
 // idle connections are kept for it, never longer than idle; the upstream's response
 // headers must come within waitLimit (the exchange answers the client at timeout);
 // the body is passed on as the upstream encoded it.
-func newTransport(timeout, waitLimit, idle time.Duration) *http.Transport {
+func newTransport(timeout, waitLimit, idle time.Duration, tlsConfig *tls.Config) *http.Transport {
 	return &http.Transport{
+		TLSClientConfig:       tlsConfig,
 		DialContext:           (&net.Dialer{Timeout: min(timeout, 10*time.Second), KeepAlive: 30 * time.Second}).DialContext,
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          256,
@@ -786,7 +798,7 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	if h == nil {
 		return
 	}
-	if pr.Out.Body != nil {
+	if x := exchangeOf(pr.In.Context()); x != nil && pr.Out.Body != nil {
 		// The body the budget read, not the middleware's pooled copy (heldBody).
 		hb, _ := pr.In.Context().Value(heldBodyKey{}).(*heldBody)
 		body, ok := []byte(nil), false
@@ -798,17 +810,17 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 			// body it could not read whole): a private copy, read now.
 			body, _ = io.ReadAll(pr.Out.Body)
 		}
-		pr.Out.Body = io.NopCloser(bytes.NewReader(body))
-		pr.Out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		// Each attempt gets its own reader of it, and never GetBody (send.go).
+		x.body = body
 	}
+	pr.Out.Body, pr.Out.GetBody = nil, nil
 	// A protected request must never be re-sent by the transport once written. But
 	// http.Transport takes a request with an Idempotency-Key or X-Idempotency-Key
-	// header for replayable, and re-sends it by itself when a kept-alive connection
-	// breaks after the request was written (its own safe retry, of a request nothing
-	// of which was written, stays). So the client's key fields are dropped, and the
-	// derived key goes under its name in lower case, which the transport does not
-	// see as that header and every server reads as it (field names are
-	// case-insensitive, RFC 9110 §5.1).
+	// header for replayable (a body-less POST too), and re-sends it by itself when a
+	// kept-alive connection breaks after the request was written (send.go). So the
+	// client's key fields are dropped, and the derived key goes under its name in
+	// lower case, which the transport does not see as that header and every server
+	// reads as it (field names are case-insensitive, RFC 9110 §5.1).
 	delete(out, "Idempotency-Key")
 	delete(out, "X-Idempotency-Key")
 	delete(out, p.keyHeader)
