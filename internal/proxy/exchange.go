@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"mime"
+	"strconv"
 	"net/http"
 	"net/http/httptrace"
 	"strings"
@@ -199,6 +200,16 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		return nil
 	}
 	x.status = resp.StatusCode
+	if resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusGatewayTimeout {
+		// A gateway in front of the application lost or timed out its reply: the
+		// application may have acted. Not failure but unknown, as the proxy's own
+		// timeout: the client gets the answer, the record is kept (SPEC §17).
+		x.h.SetOutcomeUnknown()
+		p.upstreamFailedHook(x, "gateway")
+		note(x.r.Context(), x, "outcome_unknown")
+		p.logger.WarnContext(x.r.Context(), "idem proxy: the upstream answered "+strconv.Itoa(resp.StatusCode)+": a gateway in front of it lost or timed out the reply; the outcome is unknown and the record is kept",
+			x.attrs(slog.Int("status", resp.StatusCode), slog.String("on_lapse", p.onLapse.String()))...)
+	}
 	resp.Body = &watchedBody{ReadCloser: resp.Body, x: x}
 	switch {
 	case isEventStream(resp.Header.Get("Content-Type")):

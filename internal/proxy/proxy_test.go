@@ -605,7 +605,7 @@ func TestTheUpstreamsStatusesAreStoredOrReleasedAsSection6Says(t *testing.T) {
 		stored bool
 	}{
 		{200, true}, {201, true}, {302, true}, {402, true}, {404, false}, {409, false},
-		{422, false}, {429, false}, {400, false}, {500, false}, {502, false}, {503, false},
+		{422, false}, {429, false}, {400, false}, {500, false}, {503, false},
 	} {
 		path := "/v1/echo?status=" + strconv.Itoa(tc.status)
 		key := "key-status-" + strconv.Itoa(tc.status)
@@ -621,6 +621,43 @@ func TestTheUpstreamsStatusesAreStoredOrReleasedAsSection6Says(t *testing.T) {
 		}
 		if !tc.stored && (executions != 2 || retry.replayed()) {
 			t.Errorf("status %d releases the key: %d executions, retry replayed=%v", tc.status, executions, retry.replayed())
+		}
+	}
+}
+
+// A 502 or 504 from the upstream is what a gateway in front of the application answers
+// when it lost or timed out the application's reply: the upstream may have acted, so the
+// record is kept, as for the proxy's own timeout (SPEC §17). The client gets the
+// answer; a retry gets outcome_unknown, or under take_over is forwarded again under the
+// same derived key.
+func TestAnUpstreams502Or504IsUnknownNotFailure(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{502, 504} {
+		for _, takeOver := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%d take_over=%v", status, takeOver), func(t *testing.T) {
+				t.Parallel()
+				hooked := &hookCounts{}
+				b := setup(t, func(c *proxy.Config) { c.TakeOverOnLapse, c.Hooks = takeOver, hooked.hooks() })
+				path := "/v1/echo?status=" + strconv.Itoa(status)
+				first := b.send("POST", path, key1, "tok_a", `{}`)
+				if first.status != status || first.replayed() {
+					t.Fatalf("first: %d %s, want the upstream's %d", first.status, first.body, status)
+				}
+				firstKey, _ := b.up.last()
+				retry := b.send("POST", path, key1, "tok_a", `{}`)
+				switch {
+				case !takeOver && (retry.code() != "outcome_unknown" || b.up.count("/v1/echo") != 1):
+					t.Fatalf("retry: %d %s after %d deliveries, want outcome_unknown and one delivery", retry.status, retry.body, b.up.count("/v1/echo"))
+				case takeOver && b.up.count("/v1/echo") != 2:
+					t.Fatalf("retry: %d %s after %d deliveries, want it forwarded again", retry.status, retry.body, b.up.count("/v1/echo"))
+				}
+				if again, _ := b.up.last(); takeOver && again.Get("Idempotency-Key") != firstKey.Get("Idempotency-Key") {
+					t.Fatalf("the retry's derived key %q is not the first's %q", again.Get("Idempotency-Key"), firstKey.Get("Idempotency-Key"))
+				}
+				if want := b.up.count("/v1/echo"); hooked.get("gateway") != want {
+					t.Fatalf("Hooks.UpstreamFailed told of %d gateway answers, want %d", hooked.get("gateway"), want)
+				}
+			})
 		}
 	}
 }
