@@ -118,7 +118,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&f.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "how long a client waits for the upstream's response headers: past it the client gets 504 upstream_timeout with Retry-After, and a protected request's exchange goes on (its record in flight) until the upstream answers, whose answer is stored for the retry, or --upstream-wait-limit passes")
 	fs.DurationVar(&f.upstreamWaitLimit, "upstream-wait-limit", proxy.DefaultUpstreamWaitLimit, "bound on a protected request's whole exchange with the upstream, its wait past --upstream-timeout included: past it the outcome is unknown (--on-lapse says what a retry gets)")
 	fs.DurationVar(&f.upstreamIdleTimeout, "upstream-idle-timeout", proxy.DefaultUpstreamIdleTimeout, "how long an idle connection to the upstream is kept; keep it below the upstream's keep-alive timeout (Node.js: 5s)")
-	fs.BoolVar(&f.accessLog, "access-log", false, "log one line per request at info level: method, route, status, outcome (forwarded, replayed, answered, not_sent, outcome_unknown, upstream_timeout), duration, bytes and the key's short hash")
+	fs.BoolVar(&f.accessLog, "access-log", false, "log one line per request, at info level (shown at the default --log-level info): method, route, status, outcome (forwarded, replayed, answered, not_sent, outcome_unknown, upstream_timeout), duration, bytes and the key's short hash, never the key or a credential")
 	fs.StringVar(&f.healthPath, "health-path", "/healthz", "`path` the proxy answers itself on GET and HEAD: 200 when the store answers (and the upstream, with --upstream-health-path), 503 otherwise ('' forwards every path)")
 	fs.StringVar(&f.upstreamHealthPath, "upstream-health-path", "", "`path` of the upstream that --health-path also GETs, wanting 2xx or 3xx (default: the upstream is not checked)")
 	if code, done := parse(fs, args, stdout, stderr); done {
@@ -148,7 +148,9 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		cfg.Idem.Observer = m.observer()
 		cfg.Hooks = m.proxyHooks()
 	}
-	cfg.Idem.Store, cfg.Logger = st.store, libLogger
+	// The access log's lines are at info level: they go to the command's logger, at
+	// --log-level (info by default), not the library's (warn unless debug).
+	cfg.Idem.Store, cfg.Logger, cfg.AccessLogger = st.store, libLogger, logger
 	p, err := proxy.New(cfg)
 	if err != nil { // what Validate does not see: the middleware's own checks
 		return usageError(stderr, fs, proxyFlagNames.Replace(err.Error()))

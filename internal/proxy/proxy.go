@@ -196,11 +196,15 @@ type Config struct {
 	// metrics. Defaults to nil.
 	Hooks *Hooks
 
-	// AccessLog logs one line per request at info level to Logger (never summarised):
-	// method, route, status, outcome (forwarded, replayed, answered by idem, not_sent,
-	// outcome_unknown, upstream_timeout), duration, bytes and the key's short hash.
-	// Defaults to false.
+	// AccessLog logs one line per request at info level to AccessLogger (never
+	// summarised): method, route, status, outcome (forwarded, replayed, answered by
+	// idem, not_sent, outcome_unknown, upstream_timeout), duration, bytes and the
+	// key's short hash. Defaults to false.
 	AccessLog bool
+	// AccessLogger receives the access log's lines, at info level: give it a logger
+	// that shows info when Logger shows only warnings (as `idem proxy` does at its
+	// default --log-level info). Defaults to Logger.
+	AccessLogger *slog.Logger
 
 	// HealthPath, when set, is a path the proxy answers itself on GET and HEAD instead
 	// of forwarding it: 200 when the store answers (and the upstream, with
@@ -311,7 +315,10 @@ func New(cfg Config) (*Proxy, error) {
 		p.logger = slog.Default()
 	}
 	if cfg.AccessLog {
-		p.access = p.logger
+		p.access = cfg.AccessLogger
+		if p.access == nil {
+			p.access = p.logger
+		}
 	}
 	// A failing upstream fails every request alike: one line and a count per interval,
 	// as the middleware's own lines.
