@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem/internal/h2fault"
 )
@@ -36,7 +39,9 @@ func startGoUpstream(t *testing.T) *goUpstream {
 }
 
 // proc is the upstream as startProxy takes it.
-func (u *goUpstream) proc(t *testing.T) *upstreamProc { return &upstreamProc{t: t, lang: "go", url: u.srv.URL} }
+func (u *goUpstream) proc(t *testing.T) *upstreamProc {
+	return &upstreamProc{t: t, lang: "go", url: u.srv.URL}
+}
 
 func (u *goUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/warm" {
@@ -181,4 +186,39 @@ func TestProxyKeepsTheRecordOfAnUpstreams502Or504(t *testing.T) {
 	if keys, total := up.deliveries(); total != 2 {
 		t.Fatalf("the upstream received %d requests (%v), want one per key", total, keys)
 	}
+}
+
+// A rolling deploy: a proxy told to stop (SIGTERM) while the upstream works past
+// --upstream-timeout (its client got 504) waits for the answer within
+// --shutdown-grace and stores it, so that the retry, through the next proxy, gets it
+// rather than an outcome for an operator to resolve.
+func TestProxyShutdownWaitsForASlowUpstreamWithinItsGrace(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, langNode)
+	store := newStore(t, storeSQLite)
+	px := startProxy(t, up, "--store", store, "--upstream-timeout", "300ms", "--shutdown-grace", "30s")
+	c := newClient()
+	slow := newKeyed(c, px.URL(), "")
+	slow.path = "/v1/charges?hold=" + slow.key
+	wantError(t, "a request slower than --upstream-timeout", slow.send(t), http.StatusGatewayTimeout, "upstream_timeout")
+	px.signal(syscall.SIGTERM)
+	// The proxy stopped accepting: it is shutting down, and the upstream still works.
+	waitFor(t, 10*time.Second, "the proxy to stop accepting", func() (bool, string) {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(px.URL(), "http://"))
+		if err == nil {
+			conn.Close()
+			return false, "still accepting"
+		}
+		return true, ""
+	})
+	up.release(slow.key)
+	if err := px.wait(stopTimeout); err != nil {
+		t.Fatalf("the proxy after SIGTERM: %v", err)
+	}
+	next := startProxy(t, up, "--store", store)
+	slow.base = next.URL()
+	if res := slow.send(t); res.Status != http.StatusCreated || !res.replayed() {
+		t.Fatalf("the retry through the next proxy: %s, want the upstream's 201 replayed", res)
+	}
+	up.wantCounts("a request answered during the shutdown, and its retry", 1, 1)
 }

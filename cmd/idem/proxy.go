@@ -68,11 +68,16 @@ slash, ;params, %2F), so that none sidesteps the key.
 It migrates the store's schema on start, cleans expired records in the background,
 answers GET --health-path itself (200 when the store answers, and the upstream's
 --upstream-health-path when set), serves Prometheus metrics on --metrics-addr, and
-shuts down gracefully on SIGINT/SIGTERM, letting requests in flight finish for up to
---upstream-timeout plus 15 s (requests already answered 504 and waiting past it are
-settled as outcome unknown at once). --store takes sqlite:PATH (sqlite:idem.db by default, in the
+shuts down gracefully on SIGINT/SIGTERM, letting protected requests in flight finish
+for up to --shutdown-grace (25s), those already answered 504 that wait for a slow
+upstream included, so that a deploy stores their answers; what still waits then is
+settled as outcome unknown. --store takes sqlite:PATH (sqlite:idem.db by default, in the
 working directory; sqlite:/abs/path.db too), postgres://… or redis://…, as 'idem payments' does. Every flag can also be set by its
 environment variable; the flag wins. docs/proxy.md shows the sidecar setup.`
+
+// defaultShutdownGrace is --shutdown-grace's default: a few seconds under Kubernetes'
+// default terminationGracePeriodSeconds (30 s), after which the pod is SIGKILLed.
+const defaultShutdownGrace = 25 * time.Second
 
 // proxyFlags are the flags of `idem proxy`.
 type proxyFlags struct {
@@ -91,6 +96,7 @@ type proxyFlags struct {
 	upstreamWaitLimit                         time.Duration
 	healthPath, upstreamHealthPath            string
 	accessLog                                 bool
+	shutdownGrace                             time.Duration
 }
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -118,6 +124,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&f.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "how long a client waits for the upstream's response headers: past it the client gets 504 upstream_timeout with Retry-After, and a protected request's exchange goes on (its record in flight) until the upstream answers, whose answer is stored for the retry, or --upstream-wait-limit passes")
 	fs.DurationVar(&f.upstreamWaitLimit, "upstream-wait-limit", proxy.DefaultUpstreamWaitLimit, "bound on a protected request's whole exchange with the upstream, its wait past --upstream-timeout included: past it the outcome is unknown (--on-lapse says what a retry gets)")
 	fs.DurationVar(&f.upstreamIdleTimeout, "upstream-idle-timeout", proxy.DefaultUpstreamIdleTimeout, "how long an idle connection to the upstream is kept; keep it below the upstream's keep-alive timeout (Node.js: 5s)")
+	fs.DurationVar(&f.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "how long a shutdown (SIGTERM, SIGINT) lets protected requests under way finish, those answered 504 that wait for a slow upstream past --upstream-timeout included, so that their answers are stored: what is still waiting then is settled as outcome unknown. Keep it a few seconds under the orchestrator's kill timeout (Kubernetes: terminationGracePeriodSeconds, 30s)")
 	fs.BoolVar(&f.accessLog, "access-log", false, "log one line per request, at info level (shown at the default --log-level info): method, route, status, outcome (forwarded, replayed, answered, not_sent, outcome_unknown, upstream_timeout), duration, bytes and the key's short hash, never the key or a credential")
 	fs.StringVar(&f.healthPath, "health-path", "/healthz", "`path` the proxy answers itself on GET and HEAD: 200 when the store answers (and the upstream, with --upstream-health-path), 503 otherwise ('' forwards every path)")
 	fs.StringVar(&f.upstreamHealthPath, "upstream-health-path", "", "`path` of the upstream that --health-path also GETs, wanting 2xx or 3xx (default: the upstream is not checked)")
@@ -165,8 +172,9 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	defer apiL.close()
 	defer metricsL.close()
-	// Requests answered 504 that wait past --upstream-timeout are settled at once.
-	apiL.srv.RegisterOnShutdown(p.Shutdown)
+	// Protected requests under way, those answered 504 that wait past
+	// --upstream-timeout included, get --shutdown-grace; then they are settled.
+	apiL.srv.RegisterOnShutdown(func() { p.Shutdown(f.shutdownGrace) })
 
 	listening := []any{"addr", apiL.ln.Addr().String(), "upstream", cfg.Upstream.String(), "store", storeURL.String(),
 		"on_lapse", idem.LapsePolicy(f.onLapse).String(), "profile", cfg.Idem.Profile.String()}
@@ -174,7 +182,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		listening = append(listening, "metrics", metricsL.ln.Addr().String())
 	}
 	logger.Info("idem proxy listening", listening...)
-	return serve(ctx, name, apiL, metricsL, shutdownGrace+f.upstreamTimeout, logger, stderr)
+	return serve(ctx, name, apiL, metricsL, f.shutdownGrace+shutdownGrace, logger, stderr)
 }
 
 // proxyFlagNames turns the fields that proxy.Config.Validate and idem.New name into
@@ -222,6 +230,8 @@ func (f *proxyFlags) validate() (storeURL, proxy.Config, error) {
 		return store, proxy.Config{}, fmt.Errorf("--upstream-idle-timeout must be positive, got %v", f.upstreamIdleTimeout)
 	case f.upstreamWaitLimit < f.upstreamTimeout:
 		return store, proxy.Config{}, fmt.Errorf("--upstream-wait-limit (%v) must not be shorter than --upstream-timeout (%v)", f.upstreamWaitLimit, f.upstreamTimeout)
+	case f.shutdownGrace < 0:
+		return store, proxy.Config{}, fmt.Errorf("--shutdown-grace must not be negative, got %v", f.shutdownGrace)
 	case f.maxBufferedBodies <= 0:
 		return store, proxy.Config{}, fmt.Errorf("--max-buffered-bodies must be positive, got %d", f.maxBufferedBodies)
 	case f.scopeCookie != "" && f.scopeHeader == "":

@@ -77,6 +77,9 @@ const (
 	// retry is forwarded again under the same derived key. (Under the policy unknown
 	// the answer is 500 outcome_unknown.)
 	CodeUpstreamReplyLost = "upstream_reply_lost"
+	// CodeMethodNotAllowed (405): a TRACE on a route of RequireKey, which the proxy
+	// does not forward (Go's transport would re-send it by itself).
+	CodeMethodNotAllowed = "method_not_allowed"
 	// CodeProxyBusy (503, Retry-After): the request bodies the proxy holds at once
 	// reached Config.MaxBufferedBodies; nothing was claimed or forwarded.
 	CodeProxyBusy = "proxy_busy"
@@ -283,11 +286,13 @@ type Proxy struct {
 	named       map[string]http.Handler
 	namedMux    *http.ServeMux
 
-	// closing is set by Shutdown; waiting holds the protected exchanges under way, so
-	// that Shutdown settles those that wait past UpstreamTimeout.
+	// closing is set once Shutdown's grace ended; waiting holds the protected
+	// exchanges under way, so that Shutdown waits for them and then settles them, and
+	// idle is closed (and replaced) whenever none is left.
 	closing   atomic.Bool
 	waitingMu sync.Mutex
 	waiting   map[*exchange]struct{}
+	idle      chan struct{}
 }
 
 // New returns a Proxy for cfg, or the error of [Config.Validate], or of idem.New's
@@ -307,7 +312,7 @@ func New(cfg Config) (*Proxy, error) {
 		scopeCookie:     cfg.ScopeCookie,
 		budget: bodyBudget{limit: withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies),
 			maxBody: withDefault(cfg.Idem.MaxBodyBytes, idem.DefaultMaxBodyBytes)},
-		byMethod: map[string]http.Handler{}, waiting: map[*exchange]struct{}{}}
+		byMethod: map[string]http.Handler{}, waiting: map[*exchange]struct{}{}, idle: make(chan struct{})}
 	if cfg.Hooks != nil {
 		p.hooks = *cfg.Hooks
 	}
@@ -422,6 +427,9 @@ func (c Config) Validate() error {
 	for _, m := range c.Methods {
 		if m == "" || strings.ContainsFunc(m, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
 			return fmt.Errorf("proxy: Config.Methods: %q is not a method", m)
+		}
+		if strings.EqualFold(m, http.MethodTrace) || strings.EqualFold(m, http.MethodConnect) {
+			return fmt.Errorf("proxy: Config.Methods: %s cannot be protected (it has no effect to protect, and Go's HTTP client re-sends a TRACE by itself)", strings.ToUpper(m))
 		}
 	}
 	for _, list := range [...]struct {
@@ -559,7 +567,28 @@ func pathVariants(u *url.URL) []string {
 			add(strings.TrimRight(v, "/"))
 		}
 	}
+	for _, v := range slices.Clone(variants) {
+		if trimmed, ok := trimFormat(v); ok {
+			add(trimmed)
+		}
+	}
 	return variants
+}
+
+// trimFormat returns path without the format suffix of its last segment
+// ("/v1/charges.json": "/v1/charges"), which Rails, Django REST framework and others
+// route to the same action as the path without it: a dot and 1 to 10 letters or digits
+// ending a segment that has something before the dot.
+func trimFormat(path string) (string, bool) {
+	seg := path[strings.LastIndexByte(path, '/')+1:]
+	dot := strings.LastIndexByte(seg, '.')
+	ext := seg[dot+1:]
+	if dot <= 0 || len(ext) == 0 || len(ext) > 10 || strings.ContainsFunc(ext, func(r rune) bool {
+		return (r < 'a' || r > 'z') && (r < '0' || r > '9')
+	}) {
+		return "", false
+	}
+	return path[:len(path)-len(seg)+dot], true
 }
 
 // checkUpstream refuses an upstream URL that is not http(s) with a host, or that has a
@@ -614,8 +643,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.health(w, r)
 		return
 	}
-	ignoreUpgradeOffer(r)
 	h, route := p.route(r)
+	if route != routeUpgrade {
+		ignoreUpgradeOffer(r)
+	}
 	if p.access != nil {
 		p.logAccess(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(h, route, w, r) }), w, r, route)
 		return
@@ -632,6 +663,12 @@ func (p *Proxy) serve(h http.Handler, route string, w http.ResponseWriter, r *ht
 			p.logger.WarnContext(r.Context(), "idem proxy: a WebSocket upgrade carries an idempotency key; it is forwarded without idempotency (an upgraded connection has no response to store)",
 				"method", r.Method, "path", r.URL.Path)
 		}
+	case route == routePassThrough && len(r.Header[p.keyHeader]) > 0 && !safeMethod(r.Method):
+		// A client that sends a key expects it honoured: a keyed PUT or DELETE (any
+		// method with effects that --methods does not protect) is forwarded without
+		// idempotency, and said once per interval.
+		p.logger.WarnContext(r.Context(), "idem proxy: a "+r.Method+" request carries an idempotency key, but its method is not protected (--methods, --require-key); it is forwarded without idempotency",
+			"method", r.Method, "path", r.URL.Path)
 	case route != routePassThrough && len(r.Header[p.keyHeader]) > 0:
 		// A protected request's body is held until its exchange ends: bound them all.
 		release, ok := p.budget.buffer(r)
@@ -650,6 +687,16 @@ func (p *Proxy) serve(h http.Handler, route string, w http.ResponseWriter, r *ht
 		}
 	}
 	h.ServeHTTP(w, r)
+}
+
+// safeMethod reports whether method is safe (RFC 9110 §9.2.1): a keyed request of it
+// that passes through unprotected is not worth a warning.
+func safeMethod(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
 }
 
 // Names of the routes that are not a pattern of RequireKey or Routes, or a protected
@@ -673,13 +720,20 @@ func (p *Proxy) Route(r *http.Request) string {
 
 // route returns the handler of r and its route's name.
 func (p *Proxy) route(r *http.Request) (http.Handler, string) {
+	if pattern, ok := matchPattern(p.requiredMux, r); ok {
+		if r.Method == http.MethodTrace {
+			// Go's transport re-sends a TRACE by itself, and a TRACE must not carry
+			// the body object that stops it (send.go): it is not forwarded.
+			return http.HandlerFunc(p.refuseTrace), pattern
+		}
+		// A route that requires a key has no WebSocket endpoint to bypass it: an
+		// upgrade offer there is ignored, and the request wants its key.
+		return p.required[pattern], pattern
+	}
 	if isWebSocketUpgrade(r) {
 		// An upgraded connection has no response to store: it is forwarded as is,
 		// claiming nothing (the middleware's capture refuses Hijack).
 		return p.forward, routeUpgrade
-	}
-	if pattern, ok := matchPattern(p.requiredMux, r); ok {
-		return p.required[pattern], pattern
 	}
 	h, ok := p.byMethod[r.Method]
 	if !ok {
@@ -691,19 +745,26 @@ func (p *Proxy) route(r *http.Request) (http.Handler, string) {
 	return h, r.Method
 }
 
+// refuseTrace answers a TRACE on a route that requires a key: 405, nothing forwarded.
+func (p *Proxy) refuseTrace(w http.ResponseWriter, r *http.Request) {
+	idem.WriteProblem(w, r, p.profile, &idem.Problem{Status: http.StatusMethodNotAllowed, Code: CodeMethodNotAllowed, Type: "api_error",
+		Detail: "TRACE is not forwarded on a route that requires an idempotency key."})
+}
+
 // isWebSocketUpgrade reports whether r can switch protocols here: a GET asking for
-// WebSocket (its Connection header lists "upgrade", as ReverseProxy decides). Nothing
-// else bypasses the middleware.
+// WebSocket (its Connection header lists "upgrade", as ReverseProxy decides) on a
+// route that does not require a key. Nothing else bypasses the middleware.
 func isWebSocketUpgrade(r *http.Request) bool {
 	return r.Method == http.MethodGet && connectionHas(r.Header, "upgrade") && strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
 }
 
-// ignoreUpgradeOffer removes from r any upgrade offer that is not a WebSocket GET's:
-// an h2c offer (Upgrade: h2c, HTTP2-Settings, which curl --http2 adds to every http://
-// request) is ignored, as Go's own server ignores it, so that the request is protected
+// ignoreUpgradeOffer removes from r the upgrade offer of a request that is not
+// forwarded as an upgrade: an h2c offer (Upgrade: h2c, HTTP2-Settings, which curl
+// --http2 adds to every http:// request), or a WebSocket offer on a route that requires
+// a key, is ignored, as Go's own server ignores h2c, so that the request is protected
 // like any other and the upstream is not asked to switch either.
 func ignoreUpgradeOffer(r *http.Request) {
-	if isWebSocketUpgrade(r) || (r.Header.Get("Upgrade") == "" && !connectionHas(r.Header, "upgrade")) {
+	if r.Header.Get("Upgrade") == "" && !connectionHas(r.Header, "upgrade") {
 		return
 	}
 	r.Header.Del("Upgrade")
@@ -901,23 +962,44 @@ func (p *Proxy) track(x *exchange) {
 func (p *Proxy) untrack(x *exchange) {
 	p.waitingMu.Lock()
 	delete(p.waiting, x)
+	if len(p.waiting) == 0 {
+		close(p.idle)
+		p.idle = make(chan struct{})
+	}
 	p.waitingMu.Unlock()
 }
 
-// Shutdown settles the exchanges that wait for the upstream past UpstreamTimeout
-// (their clients got 504): their outcome is unknown, and their records are kept for
-// the lapse policy. Exchanges still within UpstreamTimeout finish as usual (when
-// their timeout passes first, they are settled in the same way). Call it when the
-// server begins to shut down (http.Server.RegisterOnShutdown), before waiting for the
-// handlers to return.
-func (p *Proxy) Shutdown() {
+// Shutdown ends the proxy's protected exchanges within grace, for a server that
+// begins to shut down (call it from http.Server.RegisterOnShutdown, before waiting for
+// the handlers to return): the exchanges under way, those whose clients got 504 and
+// that wait for the upstream's answer past UpstreamTimeout included, go on for up to
+// grace, so that a deploy lets slow upstreams answer and their answers be stored; what
+// is still under way then is cancelled and settled as a lost reply is (its outcome
+// unknown, its record kept for the lapse policy; a request never written is
+// released). It returns once it settled them, or at once when none was left. Grace 0
+// settles them at once.
+func (p *Proxy) Shutdown(grace time.Duration) {
+	deadline := time.Now().Add(grace)
+	for time.Now().Before(deadline) {
+		p.waitingMu.Lock()
+		n := len(p.waiting)
+		idle := p.idle
+		p.waitingMu.Unlock()
+		if n == 0 {
+			return
+		}
+		t := time.NewTimer(time.Until(deadline))
+		select {
+		case <-idle:
+		case <-t.C:
+		}
+		t.Stop()
+	}
 	p.closing.Store(true)
 	p.waitingMu.Lock()
 	defer p.waitingMu.Unlock()
 	for x := range p.waiting {
-		if x.waitingInBackground() {
-			x.cancel(errShutdown)
-		}
+		x.cancel(errShutdown)
 	}
 }
 
