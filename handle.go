@@ -88,6 +88,9 @@ type Handle struct {
 	// transaction makes it (inTx; false once a helper claimed under a lease), and made
 	// by the transaction that last ran (claimedInTx).
 	inTx, claimedInTx bool
+	// quotaEntered: the call is counted against its scope's bounds (quota.go) until
+	// leaveQuota.
+	quotaEntered bool
 }
 
 // A Responder supplies, once, the result a [Handle] stores: the handle asks for it when
@@ -402,6 +405,7 @@ func (h *Handle) Complete() error {
 	if ok, err := h.end(); !ok {
 		return err
 	}
+	defer h.leaveQuota()
 	defer h.cancel(nil)
 	_, err := h.finish()
 	return err
@@ -420,6 +424,7 @@ func (h *Handle) Release() error {
 	if ok, err := h.end(); !ok {
 		return err
 	}
+	defer h.leaveQuota()
 	defer h.cancel(nil)
 	return h.abort()
 }
@@ -474,6 +479,7 @@ func (h *Handle) finish() (ending, error) {
 		h.mu.Unlock()
 		if params != nil {
 			h.cacheCompleted(params.Response)
+			h.storedQuota(params.Response)
 		}
 		expired := h.warnIfExpired()
 		if h.observing() {
@@ -508,6 +514,7 @@ func (h *Handle) finish() (ending, error) {
 	switch {
 	case err == nil:
 		h.cacheCompleted(params.Response)
+		h.storedQuota(params.Response)
 		expired := h.warnIfExpired()
 		if h.observing() {
 			h.observeCompletion(completionResult(params), false, expired, took, nil)

@@ -617,14 +617,15 @@ func headerName(field, name, def string) (string, error) {
 	return http.CanonicalHeaderKey(name), nil
 }
 
-// newTransport is the default Transport: every request goes to one host, so many
-// idle connections are kept for it, never longer than idle; the upstream's response
+// newTransport is the default Transport: a connection is dialled within timeout (at
+// least a second, a SYN's retransmission; at most 10 s); every request goes to one
+// host, so many idle connections are kept for it, never longer than idle; the upstream's response
 // headers must come within waitLimit (the exchange answers the client at timeout);
 // the body is passed on as the upstream encoded it.
 func newTransport(timeout, waitLimit, idle time.Duration, tlsConfig *tls.Config) *http.Transport {
 	return &http.Transport{
 		TLSClientConfig:       tlsConfig,
-		DialContext:           (&net.Dialer{Timeout: min(timeout, 10*time.Second), KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           (&net.Dialer{Timeout: min(max(timeout, time.Second), 10*time.Second), KeepAlive: 30 * time.Second}).DialContext,
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          256,
 		MaxIdleConnsPerHost:   256,
@@ -912,6 +913,15 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 //     answered 504 already.
 func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error) {
 	x := exchangeOf(r.Context())
+	if x != nil {
+		// No early 504 from now on: the timer must not answer the client while this
+		// goroutine writes the failure's answer (to the client, or, once it was
+		// answered early, to the capture only: what the record gets).
+		x.mu.Lock()
+		x.headers = true
+		x.mu.Unlock()
+		x.timer.Stop()
+	}
 	level := slog.LevelWarn
 	if r.Context().Err() != nil && (x == nil || x.leaseLost()) {
 		// The client went away, or the lease was lost (which the middleware answers
