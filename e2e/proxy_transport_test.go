@@ -23,7 +23,8 @@ import (
 //	GET  /warm            200: opens a kept-alive connection from the proxy
 //	any  /v1/drop         counted, then the connection closed without an answer
 //	POST /v1/gw?status=N  counted, answered N (a gateway's 502 or 504 after acting)
-//	POST /v1/echo?status=N  counted, answered N (201 by default) with the delivery's number
+//	POST /v1/echo?status=N  counted, answered N (201 by default) with the delivery's number;
+//	                      with &once=1, N only to the first delivery of a derived key
 type goUpstream struct {
 	srv *httptest.Server
 	mu  sync.Mutex
@@ -50,11 +51,12 @@ func (u *goUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key")
 	u.mu.Lock()
 	u.by[key]++
+	first := u.by[key] == 1
 	n := len(u.all) + 1
 	u.all = append(u.all, key)
 	u.mu.Unlock()
 	status := http.StatusCreated
-	if s := r.URL.Query().Get("status"); s != "" {
+	if s := r.URL.Query().Get("status"); s != "" && (first || r.URL.Query().Get("once") == "") {
 		status, _ = strconv.Atoi(s)
 	}
 	switch r.URL.Path {
@@ -221,4 +223,37 @@ func TestProxyShutdownWaitsForASlowUpstreamWithinItsGrace(t *testing.T) {
 		t.Fatalf("the retry through the next proxy: %s, want the upstream's 201 replayed", res)
 	}
 	up.wantCounts("a request answered during the shutdown, and its retry", 1, 1)
+}
+
+// A key released by the upstream's own answer (500, 503, a §6 4xx) is retried under
+// the same derived key as its first attempt, so that an upstream deduplicating by it
+// stays safe: the derived key comes from the scope, the key, the request's fingerprint
+// and the step, not from the record, which the release deleted.
+func TestProxyRetriesAReleasedKeyUnderTheSameDerivedKey(t *testing.T) {
+	t.Parallel()
+	up := startGoUpstream(t)
+	px := startProxy(t, up.proc(t), "--store", newStore(t, storeSQLite))
+	c := newClient()
+	for _, status := range []int{500, 503, 422} {
+		key := newKey()
+		path := "/v1/echo?once=1&status=" + strconv.Itoa(status)
+		if res := proxyPost(t, c, px.URL(), path, key, `{"amount": 2000}`); res.Status != status {
+			t.Fatalf("the first attempt: %s, want the upstream's %d", res, status)
+		}
+		if res := proxyPost(t, c, px.URL(), path, key, `{"amount": 2000}`); res.Status != http.StatusCreated {
+			t.Fatalf("the retry after a released %d: %s, want it executed afresh", status, res)
+		}
+	}
+	keys, total := up.deliveries()
+	if total != 6 {
+		t.Fatalf("the upstream received %d requests, want 6", total)
+	}
+	for i := 0; i < len(keys); i += 2 {
+		if keys[i] == "" || keys[i] != keys[i+1] {
+			t.Fatalf("attempt %d was sent under %q and its retry under %q, want the same derived key", i/2+1, keys[i], keys[i+1])
+		}
+	}
+	if keys[0] == keys[2] || keys[2] == keys[4] {
+		t.Fatalf("two keys share a derived key: %v", keys)
+	}
 }
