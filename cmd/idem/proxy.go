@@ -98,11 +98,20 @@ type proxyFlags struct {
 	healthPath, upstreamHealthPath            string
 	accessLog                                 bool
 	shutdownGrace                             time.Duration
+	authURL, authPrincipalHeader              string
+	authHeaders                               listFlag
+	authTimeout                               time.Duration
+	maxBufferedPerClient, minUploadRate       int64
+	clientAddressHeader                       string
+	maxInFlightPerPrincipal                   int
+	maxStoredBytesPerPrincipal                int64
+	quotaWindow                               time.Duration
 }
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const name = "idem proxy"
-	f := proxyFlags{onLapse: lapseFlag(idem.LapseUnknown), methods: listFlag{values: proxy.DefaultMethods()}}
+	f := proxyFlags{onLapse: lapseFlag(idem.LapseUnknown), methods: listFlag{values: proxy.DefaultMethods()},
+		authHeaders: listFlag{values: proxy.DefaultAuthHeaders()}}
 	fs := newFlagSet("proxy", proxySynopsis)
 	f.serverFlags.register(fs, "127.0.0.1:8081")
 	f.recordFlags.register(fs,
@@ -126,6 +135,16 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&f.upstreamWaitLimit, "upstream-wait-limit", proxy.DefaultUpstreamWaitLimit, "bound on a protected request's whole exchange with the upstream, its wait past --upstream-timeout included: past it the outcome is unknown (--on-lapse says what a retry gets)")
 	fs.DurationVar(&f.upstreamIdleTimeout, "upstream-idle-timeout", proxy.DefaultUpstreamIdleTimeout, "how long an idle connection to the upstream is kept; keep it below the upstream's keep-alive timeout (Node.js: 5s)")
 	fs.DurationVar(&f.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "how long a shutdown (SIGTERM, SIGINT) lets protected requests under way finish, those answered 504 that wait for a slow upstream past --upstream-timeout included, so that their answers are stored: what is still waiting then is settled as outcome unknown. Keep it a few seconds under the orchestrator's kill timeout (Kubernetes: terminationGracePeriodSeconds, 30s)")
+	fs.StringVar(&f.authURL, "auth-url", "", "forward authentication endpoint (nginx auth_request, Traefik ForwardAuth, Envoy ext_authz): every keyed request's --auth-header fields go to this `URL` in a GET, with X-Forwarded-Method, -Uri, -Host, -Proto and -For, before anything is claimed, replayed or buffered; a 2xx names the principal in --auth-principal-header, which becomes the scope (--scope-header and --scope-cookie are then unused); any other answer goes to the client as it is; an endpoint down or slower than --auth-timeout gets 503 auth_unavailable (default: none)")
+	fs.Var(&f.authHeaders, "auth-header", "a request `header` sent to --auth-url (repeatable; several comma-separated; default Authorization,Cookie)")
+	fs.StringVar(&f.authPrincipalHeader, "auth-principal-header", proxy.DefaultAuthPrincipalHeader, "`header` of the auth endpoint's 2xx answer that names the principal")
+	fs.DurationVar(&f.authTimeout, "auth-timeout", proxy.DefaultAuthTimeout, "bound on each question to --auth-url, connecting included: past it the client gets 503 auth_unavailable with Retry-After")
+	fs.Int64Var(&f.maxBufferedPerClient, "max-buffered-bodies-per-client", 0, "bound on the `bytes` of request bodies one client holds at once within --max-buffered-bodies: a request is charged to its principal and, apart, to its address (--client-address-header), and past either share gets 503 proxy_busy (default: a quarter of --max-buffered-bodies)")
+	fs.StringVar(&f.clientAddressHeader, "client-address-header", "", "request `header` that carries the client's address, as a load balancer in front of the proxy sets it (X-Forwarded-For: its last address; X-Real-IP), for --max-buffered-bodies-per-client; only one that a trusted proxy sets (default: the connection's peer address)")
+	fs.Int64Var(&f.minUploadRate, "min-upload-rate", proxy.DefaultMinUploadRate, "least rate, in `bytes` per second over each 10 s, at which a protected request's body must arrive until it ends: a slower one is cut off with 408 upload_too_slow, nothing claimed (-1: no minimum)")
+	fs.IntVar(&f.maxInFlightPerPrincipal, "max-in-flight-per-principal", idem.DefaultMaxInFlightPerScope, "bound on the keyed `requests` of one principal under way in this process at once: past it 429 quota_exceeded with Retry-After, nothing claimed (-1: none; per process: N proxies allow N times as many)")
+	fs.Int64Var(&f.maxStoredBytesPerPrincipal, "max-stored-bytes-per-principal", idem.DefaultMaxStoredBytesPerScope, "bound on the `bytes` of responses one principal stores in this process per --quota-window: past it its new keys get 429 quota_exceeded with Retry-After (the rest of the window), nothing claimed, its retries still replayed (-1: none; per process)")
+	fs.DurationVar(&f.quotaWindow, "quota-window", idem.DefaultQuotaWindow, "the window of --max-stored-bytes-per-principal")
 	fs.BoolVar(&f.accessLog, "access-log", false, "log one line per request, at info level (shown at the default --log-level info): method, route, status, outcome (forwarded, replayed, answered, not_sent, outcome_unknown, upstream_timeout), duration, bytes and the key's short hash, never the key or a credential")
 	fs.StringVar(&f.healthPath, "health-path", "/healthz", "`path` the proxy answers itself on GET and HEAD: 200 when the store answers (and the upstream, with --upstream-health-path), 503 otherwise ('' forwards every path)")
 	fs.StringVar(&f.upstreamHealthPath, "upstream-health-path", "", "`path` of the upstream that --health-path also GETs, wanting 2xx or 3xx (default: the upstream is not checked)")
@@ -198,6 +217,10 @@ var proxyFlagNames = strings.NewReplacer(
 	"proxy: Config.Routes", "--route",
 	"proxy: Config.ScopeCookie", "--scope-cookie",
 	"proxy: Config.HealthPath", "--health-path",
+	"proxy: Config.AuthURL", "--auth-url",
+	"proxy: Config.AuthHeaders", "--auth-header",
+	"proxy: Config.AuthPrincipalHeader", "--auth-principal-header",
+	"proxy: Config.ClientAddressHeader", "--client-address-header",
 	"proxy: Config.UpstreamHealthPath", "--upstream-health-path",
 	"proxy: Config.Idem: ", "",
 )
@@ -231,6 +254,18 @@ func (f *proxyFlags) validate() (storeURL, proxy.Config, error) {
 		return store, proxy.Config{}, fmt.Errorf("--upstream-idle-timeout must be positive, got %v", f.upstreamIdleTimeout)
 	case f.upstreamWaitLimit < f.upstreamTimeout:
 		return store, proxy.Config{}, fmt.Errorf("--upstream-wait-limit (%v) must not be shorter than --upstream-timeout (%v)", f.upstreamWaitLimit, f.upstreamTimeout)
+	case f.authTimeout <= 0:
+		return store, proxy.Config{}, fmt.Errorf("--auth-timeout must be positive, got %v", f.authTimeout)
+	case f.maxBufferedPerClient < 0:
+		return store, proxy.Config{}, fmt.Errorf("--max-buffered-bodies-per-client must not be negative, got %d", f.maxBufferedPerClient)
+	case f.minUploadRate == 0:
+		return store, proxy.Config{}, errors.New("--min-upload-rate must be positive, or -1 for no minimum")
+	case f.maxInFlightPerPrincipal == 0 || f.maxStoredBytesPerPrincipal == 0:
+		return store, proxy.Config{}, errors.New("--max-in-flight-per-principal and --max-stored-bytes-per-principal must be positive, or -1 for no bound")
+	case f.quotaWindow <= 0:
+		return store, proxy.Config{}, fmt.Errorf("--quota-window must be positive, got %v", f.quotaWindow)
+	case f.authURL != "" && f.scopeCookie != "":
+		return store, proxy.Config{}, errors.New("--auth-url and --scope-cookie exclude each other: the auth endpoint names the principal")
 	case f.shutdownGrace < 0:
 		return store, proxy.Config{}, fmt.Errorf("--shutdown-grace must not be negative, got %v", f.shutdownGrace)
 	case f.maxBufferedBodies <= 0:
@@ -238,14 +273,24 @@ func (f *proxyFlags) validate() (storeURL, proxy.Config, error) {
 	case f.scopeCookie != "" && f.scopeHeader == "":
 		return store, proxy.Config{}, errors.New("--scope-cookie and --scope-header '' exclude each other: a cookie's principal, or one shared scope")
 	}
+	var authURL *url.URL
+	if f.authURL != "" {
+		if err := checkBaseURL("--auth-url", f.authURL, "the auth endpoint"); err != nil {
+			return store, proxy.Config{}, err
+		}
+		authURL, _ = url.Parse(f.authURL)
+	}
 	upstream, _ := url.Parse(f.upstream) // checkBaseURL parsed it
 	cfg := proxy.Config{
 		Upstream: upstream,
 		Idem: idem.Config{
 			TTL: f.ttl, Lease: f.lease, Retention: f.retention, StoreTimeout: f.storeTimeout, InFlightWait: f.inFlightWait,
 			ReplayCacheSize: f.replayCache, Profile: profile, KeyHeader: f.keyHeader, MaxBodyBytes: f.maxBodyBytes,
-			StoredHeaders: f.storedHeaders.values,
+			StoredHeaders:       f.storedHeaders.values,
+			MaxInFlightPerScope: f.maxInFlightPerPrincipal, MaxStoredBytesPerScope: f.maxStoredBytesPerPrincipal, QuotaWindow: f.quotaWindow,
 		},
+		AuthURL: authURL, AuthHeaders: f.authHeaders.values, AuthPrincipalHeader: f.authPrincipalHeader, AuthTimeout: f.authTimeout,
+		MaxBufferedBodiesPerClient: f.maxBufferedPerClient, ClientAddressHeader: f.clientAddressHeader, MinUploadRate: f.minUploadRate,
 		ScopeHeader: f.scopeHeader, SharedScope: f.scopeHeader == "", ScopeCookie: f.scopeCookie,
 		Methods: f.methods.values, RequireKey: f.requireKey.values, Routes: f.routes.values,
 		UpstreamWaitLimit: f.upstreamWaitLimit, MaxBufferedBodies: f.maxBufferedBodies,

@@ -51,7 +51,22 @@ const (
 	DefaultUpstreamIdleTimeout = 4 * time.Second
 	// DefaultHealthTimeout bounds the checks of the health path.
 	DefaultHealthTimeout = 2 * time.Second
+	// DefaultAuthPrincipalHeader is the header of an auth endpoint's 2xx answer that
+	// names the principal.
+	DefaultAuthPrincipalHeader = "X-Principal"
+	// DefaultAuthTimeout bounds a question to the auth endpoint, connecting included.
+	DefaultAuthTimeout = 5 * time.Second
+	// DefaultMinUploadRate is the least a protected request's body must arrive at,
+	// in bytes per second over each UploadRateWindow, until it ends.
+	DefaultMinUploadRate = 1 << 10
+	// UploadRateWindow is the window over which MinUploadRate is measured: a body
+	// must bring MinUploadRate × 10 s every 10 s until it ends.
+	UploadRateWindow = 10 * time.Second
 )
+
+// DefaultAuthHeaders returns the request headers sent to the auth endpoint:
+// Authorization and Cookie. It returns a new slice each time.
+func DefaultAuthHeaders() []string { return []string{"Authorization", "Cookie"} }
 
 // SharedScope is the scope of every record when [Config.SharedScope] is set.
 const SharedScope = "shared"
@@ -81,7 +96,14 @@ const (
 	// CodeMethodNotAllowed (405): a TRACE on a route of RequireKey, which the proxy
 	// does not forward (Go's transport would re-send it by itself).
 	CodeMethodNotAllowed = "method_not_allowed"
-	// CodeProxyBusy (503, Retry-After): the request bodies the proxy holds at once
+	// CodeAuthUnavailable (503, Retry-After): the auth endpoint (Config.AuthURL) could
+	// not be reached, did not answer within Config.AuthTimeout, or allowed the request
+	// without naming its principal. Nothing was claimed, replayed or forwarded.
+	CodeAuthUnavailable = "auth_unavailable"
+	// CodeUploadTooSlow (408, Connection: close): a protected request's body arrived
+	// slower than Config.MinUploadRate; nothing was claimed or forwarded.
+	CodeUploadTooSlow = "upload_too_slow"
+		// CodeProxyBusy (503, Retry-After): the request bodies the proxy holds at once
 	// reached Config.MaxBufferedBodies; nothing was claimed or forwarded.
 	CodeProxyBusy = "proxy_busy"
 )
@@ -120,6 +142,34 @@ type Config struct {
 	// ScopeHeader: for an upstream without principals, or one whose clients cannot
 	// see each other's keys anyway. Defaults to false.
 	SharedScope bool
+
+	// AuthURL, when set, is the forward authentication endpoint (nginx auth_request,
+	// Traefik ForwardAuth, Envoy ext_authz): every keyed request of a protected route
+	// is asked about, in a GET carrying its AuthHeaders and X-Forwarded-Method, -Uri,
+	// -Host, -Proto and -For, before anything is claimed, replayed or buffered. A 2xx
+	// answer names the principal in AuthPrincipalHeader, whose hex SHA-256 is the
+	// scope (ScopeHeader, ScopeCookie and SharedScope are then unused); any other
+	// answer goes to the client as it is (status, body up to 64 KiB, and its
+	// Content-Type, Content-Language, WWW-Authenticate, Location, Set-Cookie,
+	// Retry-After and Cache-Control); an endpoint that fails, or is slower than
+	// AuthTimeout, gets the client 503 auth_unavailable with Retry-After. Revoked
+	// credentials then get no replays, and a rotated credential keeps its principal's
+	// keys. Requests without a key are not asked about: the upstream authenticates
+	// them. Defaults to nil (no forward authentication).
+	AuthURL *url.URL
+	// AuthHeaders are the request headers sent to the auth endpoint. Defaults to
+	// [DefaultAuthHeaders] (Authorization, Cookie).
+	AuthHeaders []string
+	// AuthPrincipalHeader is the header of the auth endpoint's 2xx answer that names
+	// the principal; a 2xx without it is 503 auth_unavailable (logged at error level).
+	// Defaults to [DefaultAuthPrincipalHeader] (X-Principal).
+	AuthPrincipalHeader string
+	// AuthTimeout bounds each question to the auth endpoint, connecting included.
+	// Defaults to [DefaultAuthTimeout].
+	AuthTimeout time.Duration
+	// AuthTransport sends the questions to the auth endpoint. Defaults to an
+	// http.Transport dialling within AuthTimeout.
+	AuthTransport http.RoundTripper
 
 	// Methods are the methods whose requests are protected when they carry a key; a
 	// request of another method, or without a key, is forwarded untouched. An empty,
@@ -180,6 +230,27 @@ type Config struct {
 	// would pass it gets 503 proxy_busy with Retry-After, claiming nothing. Defaults to
 	// [DefaultMaxBufferedBodies].
 	MaxBufferedBodies int64
+	// MaxBufferedBodiesPerClient bounds the bytes of request bodies one client holds
+	// at once, within MaxBufferedBodies: a client is a principal (the scope: the auth
+	// endpoint's principal, the scope header's or cookie's value) and, apart, an
+	// address (ClientAddressHeader, or the connection's peer), and a request is
+	// charged to both; past either share it gets 503 proxy_busy, so that a flood from
+	// one principal or one source leaves the others served. Behind a load balancer
+	// every request comes from its address: set ClientAddressHeader, or raise this.
+	// Defaults to a quarter of MaxBufferedBodies.
+	MaxBufferedBodiesPerClient int64
+	// ClientAddressHeader names the request header that carries the client's address,
+	// as a load balancer in front of the proxy sets it: X-Forwarded-For (its last
+	// address, the one the nearest proxy added) or a header of one address such as
+	// X-Real-IP. Only the address a trusted proxy sets may be used: a client can send
+	// any header. Defaults to "" (the connection's peer address).
+	ClientAddressHeader string
+	// MinUploadRate is the least rate, in bytes per second over each
+	// [UploadRateWindow] (10 s), at which a protected request's body must arrive
+	// until it ends: a slower one is cut off with 408 upload_too_slow (Connection:
+	// close), nothing claimed, and its bytes leave the budget. Negative: no minimum.
+	// Defaults to [DefaultMinUploadRate] (1 KiB/s: 10 KiB every 10 s).
+	MinUploadRate int64
 	// UpstreamIdleTimeout is how long an idle connection to the upstream is kept for
 	// the next request; keep it below the upstream's own keep-alive timeout. Defaults
 	// to [DefaultUpstreamIdleTimeout].
@@ -245,6 +316,9 @@ type Hooks struct {
 	// "resend_refused" (the transport tried to send a written request again and was
 	// stopped) or "resent" (it did: both keep the record, outcome unknown).
 	UpstreamFailed func(route, outcome string)
+	// AuthRefused is told of a keyed request the auth endpoint did not allow: its
+	// status (503 when the endpoint could not be asked).
+	AuthRefused func(route string, status int)
 	// Resent is told of a protected request the proxy sent once more by its own
 	// decision: "not_written" (nothing of it was written on a kept-alive connection
 	// that turned out to be closed).
@@ -269,7 +343,9 @@ type Proxy struct {
 	onLapse           idem.LapsePolicy
 	scopeCookie       string
 	hooks             Hooks
-	budget            bodyBudget
+	budget            *bodyBudget
+	auth              *authenticator // nil without AuthURL
+	clientAddrHeader  string         // canonical; "" for the peer's address
 	access            *slog.Logger // the access log; nil without AccessLog
 	healthPath        string
 	upstreamHealth    string
@@ -311,8 +387,10 @@ func New(cfg Config) (*Proxy, error) {
 		upstreamTimeout: withDefault(cfg.UpstreamTimeout, DefaultUpstreamTimeout),
 		waitLimit:       withDefault(cfg.UpstreamWaitLimit, DefaultUpstreamWaitLimit),
 		scopeCookie:     cfg.ScopeCookie,
-		budget: bodyBudget{limit: withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies),
-			maxBody: withDefault(cfg.Idem.MaxBodyBytes, idem.DefaultMaxBodyBytes)},
+		budget: newBodyBudget(withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies),
+			withDefault(cfg.MaxBufferedBodiesPerClient, withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies)/4),
+			withDefault(cfg.Idem.MaxBodyBytes, idem.DefaultMaxBodyBytes), withDefault(cfg.MinUploadRate, DefaultMinUploadRate)),
+		auth: newAuthenticator(cfg),
 		byMethod: map[string]http.Handler{}, waiting: map[*exchange]struct{}{}, idle: make(chan struct{})}
 	if cfg.Hooks != nil {
 		p.hooks = *cfg.Hooks
@@ -335,6 +413,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if !cfg.OmitUpstreamKey {
 		p.upstreamKeyHeader, _ = headerName("", cfg.UpstreamKeyHeader, DefaultUpstreamKeyHeader)
+	}
+	if cfg.ClientAddressHeader != "" {
+		p.clientAddrHeader, _ = headerName("", cfg.ClientAddressHeader, "")
 	}
 	p.transport = cfg.Transport
 	if p.transport == nil {
@@ -407,6 +488,12 @@ func (c Config) Validate() error {
 			withDefault(c.UpstreamWaitLimit, DefaultUpstreamWaitLimit), withDefault(c.UpstreamTimeout, DefaultUpstreamTimeout))
 	case c.MaxBufferedBodies < 0:
 		return fmt.Errorf("proxy: Config.MaxBufferedBodies must not be negative, got %d", c.MaxBufferedBodies)
+	case c.MaxBufferedBodiesPerClient < 0:
+		return fmt.Errorf("proxy: Config.MaxBufferedBodiesPerClient must not be negative, got %d", c.MaxBufferedBodiesPerClient)
+	case c.AuthTimeout < 0:
+		return fmt.Errorf("proxy: Config.AuthTimeout must not be negative, got %v", c.AuthTimeout)
+	case c.AuthURL != nil && ((c.AuthURL.Scheme != "http" && c.AuthURL.Scheme != "https") || c.AuthURL.Host == "" || c.AuthURL.User != nil || c.AuthURL.Fragment != ""):
+		return fmt.Errorf("proxy: Config.AuthURL %q: want http://host:port/path or https://host/path, without a user or a fragment", c.AuthURL.Redacted())
 	case c.ScopeCookie != "" && c.SharedScope:
 		return errors.New("proxy: Config.ScopeCookie and Config.SharedScope exclude each other")
 	case c.ScopeCookie != "" && !validCookieName(c.ScopeCookie):
@@ -420,9 +507,16 @@ func (c Config) Validate() error {
 		{"Config.Idem.KeyHeader", c.Idem.KeyHeader, idem.DefaultKeyHeader},
 		{"Config.ScopeHeader", c.ScopeHeader, DefaultScopeHeader},
 		{"Config.UpstreamKeyHeader", c.UpstreamKeyHeader, DefaultUpstreamKeyHeader},
+		{"Config.AuthPrincipalHeader", c.AuthPrincipalHeader, DefaultAuthPrincipalHeader},
+		{"Config.ClientAddressHeader", c.ClientAddressHeader, "X-Forwarded-For"},
 	} {
 		if _, err := headerName(h.field, h.name, h.def); err != nil {
 			return err
+		}
+	}
+	for _, h := range c.AuthHeaders {
+		if _, err := headerName("Config.AuthHeaders", h, "-"); err != nil || h == "" {
+			return fmt.Errorf("proxy: Config.AuthHeaders: %q is not a header name", h)
 		}
 	}
 	for _, m := range c.Methods {
@@ -671,16 +765,39 @@ func (p *Proxy) serve(h http.Handler, route string, w http.ResponseWriter, r *ht
 		// idempotency, and said once per interval.
 		p.logger.WarnContext(r.Context(), "idem proxy: a "+r.Method+" request carries an idempotency key, but its method is not protected (--methods, --require-key); it is forwarded without idempotency",
 			"method", r.Method, "path", r.URL.Path)
-	case route != routePassThrough && len(r.Header[p.keyHeader]) > 0:
-		// A protected request's body is held until its exchange ends: bound them all.
-		release, ok := p.budget.buffer(r)
+	case route != routePassThrough && len(r.Header[p.keyHeader]) > 0 && r.Method != http.MethodTrace:
+		// Who is asking, before anything is claimed, replayed or buffered: the auth
+		// endpoint's principal, or the scope header's (a keyed request without one is
+		// refused here, before its body is read).
+		if p.auth != nil {
+			if r = p.authorize(w, r); r == nil {
+				return
+			}
+		}
+		scope, err := p.scope(r)
+		if err != nil {
+			w.Header()[p.keyHeader] = slices.Clone(r.Header[p.keyHeader])
+			p.mw.WriteError(w, r, idem.CodeScopeRequired, "")
+			return
+		}
+		// A protected request's body is held until its exchange ends: bound them all,
+		// and each client's share (its principal's, its address's).
+		release, ok, slow := p.budget.buffer(http.NewResponseController(w), r, "principal "+scope, "address "+p.clientAddress(r))
 		defer release()
 		if hb, held := r.Body.(*heldBody); held {
 			r = r.WithContext(context.WithValue(r.Context(), heldBodyKey{}, hb))
 		}
-		if !ok {
-			p.logger.WarnContext(r.Context(), "idem proxy: the request bodies held at once reached the limit (MaxBufferedBodies, --max-buffered-bodies); answering 503",
-				"method", r.Method, "path", r.URL.Path, "max_buffered_bodies", p.budget.limit)
+		switch {
+		case slow:
+			p.logger.WarnContext(r.Context(), "idem proxy: a request body arrived slower than the minimum upload rate (--min-upload-rate); answering 408",
+				"method", r.Method, "path", r.URL.Path, "min_upload_rate", p.budget.minRate)
+			w.Header().Set("Connection", "close")
+			idem.WriteProblem(w, r, p.profile, &idem.Problem{Status: http.StatusRequestTimeout, Code: CodeUploadTooSlow, Type: "api_error",
+				Detail: "The request body arrived too slowly; nothing was executed."})
+			return
+		case !ok:
+			p.logger.WarnContext(r.Context(), "idem proxy: the request bodies held at once reached the limit of all clients (--max-buffered-bodies) or of this client (--max-buffered-bodies-per-client); answering 503",
+				"method", r.Method, "path", r.URL.Path, "max_buffered_bodies", p.budget.limit, "per_client", p.budget.perClient)
 			w.Header().Set("Retry-After", "1")
 			w.Header().Set("Connection", "close")
 			idem.WriteProblem(w, r, p.profile, &idem.Problem{Status: http.StatusServiceUnavailable, Code: CodeProxyBusy, Type: "api_error",
@@ -689,6 +806,26 @@ func (p *Proxy) serve(h http.Handler, route string, w http.ResponseWriter, r *ht
 		}
 	}
 	h.ServeHTTP(w, r)
+}
+
+// clientAddress is the address a client's requests are charged to: the
+// ClientAddressHeader's (X-Forwarded-For: its last address), or the connection's peer.
+func (p *Proxy) clientAddress(r *http.Request) string {
+	if p.clientAddrHeader != "" {
+		if v := r.Header.Values(p.clientAddrHeader); len(v) > 0 {
+			last := v[len(v)-1]
+			if i := strings.LastIndexByte(last, ','); i >= 0 {
+				last = last[i+1:]
+			}
+			if a := strings.TrimSpace(last); a != "" {
+				return a
+			}
+		}
+	}
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
 }
 
 // safeMethod reports whether method is safe (RFC 9110 §9.2.1): a keyed request of it
@@ -798,20 +935,38 @@ func connectionHas(h http.Header, token string) bool {
 	return false
 }
 
-// scope is the middleware's Scope: the hex SHA-256 of the scope cookie's value, or of
-// the scope header's values. A header whose every value is empty is missing.
+// scope is the middleware's Scope: the hex SHA-256 of the principal the auth endpoint
+// named, of the scope cookie's value, or of the scope header's values, normalised
+// (normalizeCredential). A header whose every value is empty, or a credential without
+// a token ("Bearer" alone), is missing.
 func (p *Proxy) scope(r *http.Request) (string, error) {
+	if p.auth != nil {
+		if principal, ok := r.Context().Value(principalKey{}).(string); ok && principal != "" {
+			return hashScope(principal), nil
+		}
+		return "", errNoScope
+	}
 	if p.scopeCookie != "" {
 		return cookieScope(r, p.scopeCookie)
 	}
 	if p.scopeHeader == "" {
 		return SharedScope, nil
 	}
-	v := r.Header[p.scopeHeader]
-	if !slices.ContainsFunc(v, func(s string) bool { return strings.TrimSpace(s) != "" }) {
+	var values []string
+	for _, v := range r.Header[p.scopeHeader] {
+		if strings.TrimSpace(v) == "" {
+			continue
+		}
+		n, ok := normalizeCredential(v)
+		if !ok {
+			return "", errNoScope
+		}
+		values = append(values, n)
+	}
+	if len(values) == 0 {
 		return "", errNoScope
 	}
-	return hashScope(strings.Join(v, "\n")), nil
+	return hashScope(strings.Join(values, "\n")), nil
 }
 
 // cookieScope is the scope of the one cookie named name: missing, empty or repeated,
@@ -829,6 +984,8 @@ func cookieScope(r *http.Request, name string) (string, error) {
 	return hashScope(value), nil
 }
 
+// hashScope is the scope of a principal, the one place a scope is made: its hex
+// SHA-256, so that no token is stored or logged.
 func hashScope(principal string) string {
 	sum := sha256.Sum256([]byte(principal))
 	return hex.EncodeToString(sum[:])
