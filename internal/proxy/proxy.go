@@ -103,7 +103,7 @@ const (
 	// CodeUploadTooSlow (408, Connection: close): a protected request's body arrived
 	// slower than Config.MinUploadRate; nothing was claimed or forwarded.
 	CodeUploadTooSlow = "upload_too_slow"
-		// CodeProxyBusy (503, Retry-After): the request bodies the proxy holds at once
+	// CodeProxyBusy (503, Retry-After): the request bodies the proxy holds at once
 	// reached Config.MaxBufferedBodies; nothing was claimed or forwarded.
 	CodeProxyBusy = "proxy_busy"
 )
@@ -346,7 +346,7 @@ type Proxy struct {
 	budget            *bodyBudget
 	auth              *authenticator // nil without AuthURL
 	clientAddrHeader  string         // canonical; "" for the peer's address
-	access            *slog.Logger // the access log; nil without AccessLog
+	access            *slog.Logger   // the access log; nil without AccessLog
 	healthPath        string
 	upstreamHealth    string
 	logger            *slog.Logger
@@ -390,7 +390,7 @@ func New(cfg Config) (*Proxy, error) {
 		budget: newBodyBudget(withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies),
 			withDefault(cfg.MaxBufferedBodiesPerClient, withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies)/4),
 			withDefault(cfg.Idem.MaxBodyBytes, idem.DefaultMaxBodyBytes), withDefault(cfg.MinUploadRate, DefaultMinUploadRate)),
-		auth: newAuthenticator(cfg),
+		auth:     newAuthenticator(cfg),
 		byMethod: map[string]http.Handler{}, waiting: map[*exchange]struct{}{}, idle: make(chan struct{})}
 	if cfg.Hooks != nil {
 		p.hooks = *cfg.Hooks
