@@ -23,30 +23,47 @@ const proxySynopsis = `--upstream URL [--addr 127.0.0.1:8081] [--store URL]
                   [--max-stored-body 1048576] [--stored-header NAME]...
                   [--scope-cookie NAME] [--route 'METHOD PATTERN']...
                   [--upstream-timeout 60s] [--upstream-wait-limit 10m]
-                  [--max-buffered-bodies 67108864] [--access-log] [--health-path /healthz]
+                  [--max-buffered-bodies 67108864] [--max-buffered-bodies-per-client N]
+                  [--client-address-header NAME] [--min-upload-rate 1024]
+                  [--auth-url URL] [--auth-header NAME]... [--auth-principal-header X-Principal]
+                  [--auth-timeout 5s] [--max-in-flight-per-principal 256]
+                  [--max-stored-bytes-per-principal 268435456] [--quota-window 10m]
+                  [--shutdown-grace 25s] [--access-log] [--health-path /healthz]
                   [--metrics-addr ADDR] ...
 
 Serves as a reverse proxy in front of an HTTP API written in any language, and gives it
 idempotency keys (SPEC §17): a POST or PATCH that carries an Idempotency-Key is claimed
 in the store before it is forwarded; the upstream's response is stored (SPEC §6: 2xx,
-3xx and most 4xx; 5xx and 400, 401, 403, 404, 408, 409, 413, 415, 422, 425, 429 release
+3xx and most 4xx; 5xx but 502 and 504, and 400, 401, 403, 404, 408, 409, 413, 415, 422, 425, 429 release
 the key) and replayed byte for byte with Idempotent-Replayed: true; a duplicate in
 flight gets 409 request_in_progress, the same key with another body 409 key_reused.
-Every other request, and every protocol upgrade (WebSocket), is forwarded untouched.
+Every other request, and a WebSocket upgrade on a route that does not require a key,
+is forwarded untouched.
 
 The upstream gets the request as sent (its Host, body and headers; X-Forwarded-For
 extended) with Idempotency-Key replaced by a key derived from the scope, the key and
 the request's fingerprint: the same for every proxy that takes the record over, and for
 the retry of a released or lost record, so that an upstream that deduplicates by it
-runs one request once. The scope of a key is the hex SHA-256 of the
---scope-header's value (or of the --scope-cookie); a keyed request without it, or with
-only empty values, gets 401 scope_required.
+runs one request once (a key the upstream's own 500 released is retried under the same
+derived key). The scope of a key is the hex SHA-256 of the --scope-header's value,
+normalised ('bearer  x' is 'Bearer x'), or of the --scope-cookie; a keyed request
+without it, with only empty values, or with a scheme alone ('Bearer'), gets 401
+scope_required. With --auth-url, an auth endpoint is asked about every keyed request
+first (nginx auth_request, Traefik ForwardAuth, Envoy ext_authz): its 2xx names the
+principal, whose hash is the scope; its refusal goes to the client as it is; an
+endpoint down or slow is 503 auth_unavailable, never a replay.
+
+Nothing below the proxy re-sends a protected request: Go's HTTP transport would
+re-send a keyed GET whose reply was lost on a kept-alive connection, and its HTTP/2
+client a stream reset after the upstream acted; the proxy sends each once.
 
 Not knowing is not failure: a key is released only when the request provably never
 reached the upstream (the connection could not be made, or failed before the request
 was written: 502 upstream_unavailable, and the retry executes once) or when the
 upstream answered a releasing status. Everything else keeps the record and its derived
 key:
+  - an upstream that answers 502 or 504 (a gateway in front of it lost or timed out
+    the reply): the client gets the answer, and the record is kept as below;
   - an upstream slower than --upstream-timeout: the client gets 504 upstream_timeout
     with Retry-After, and the proxy waits on (up to --upstream-wait-limit) and stores
     the answer; a retry meanwhile gets 409 request_in_progress, then the answer;
@@ -64,7 +81,14 @@ key:
 A WebSocket upgrade (a GET with Upgrade: websocket) is forwarded untouched; any other
 upgrade offer (h2c, as curl --http2 sends) is ignored and the request protected.
 --require-key patterns match the path's common variants too (letter case, a trailing
-slash, ;params, %2F), so that none sidesteps the key.
+slash, ;params, %2F, a format suffix such as .json), so that none sidesteps the key; a
+WebSocket offer on such a route is ignored (the request wants its key).
+
+One client cannot starve the rest: each principal, and each address, holds at most
+--max-buffered-bodies-per-client of the body budget, a body slower than
+--min-upload-rate is cut off (408), and a principal past --max-in-flight-per-principal
+or --max-stored-bytes-per-principal per --quota-window gets 429 quota_exceeded with
+Retry-After, nothing claimed. These bounds are per process.
 
 It migrates the store's schema on start, cleans expired records in the background,
 answers GET --health-path itself (200 when the store answers, and the upstream's

@@ -6,7 +6,8 @@
 // answers PROTOCOL_ERROR to a well-formed request.
 //
 // It counts every request it receives by the value of its Idempotency-Key header (the
-// proxy's derived key) and answers as its Mode says.
+// proxy's derived key) and answers as its Mode says; a request without one is answered
+// 200 and not counted.
 package h2fault
 
 import (
@@ -209,8 +210,12 @@ func (s *Server) serve(c net.Conn) error {
 	}
 }
 
-// act counts the request and resets its stream or answers it, as the mode says.
+// act counts a keyed request and resets its stream or answers it, as the mode says;
+// a request without a key (a health check, a warm-up) is answered 200 uncounted.
 func (s *Server) act(fr *http2.Framer, id uint32, st *stream) error {
+	if st.key == "" {
+		return s.answer(fr, id, "200", []byte(`{}`))
+	}
 	s.mu.Lock()
 	s.count[st.key]++
 	n := s.count[st.key]
@@ -218,10 +223,14 @@ func (s *Server) act(fr *http2.Framer, id uint32, st *stream) error {
 	if s.mode == ResetAlways || (s.mode == ResetOnce && n == 1) {
 		return fr.WriteRSTStream(id, http2.ErrCodeProtocol)
 	}
-	body := []byte(`{"id":"ch_` + strconv.Itoa(n) + `","delivery":` + strconv.Itoa(n) + `}`)
+	return s.answer(fr, id, "201", []byte(`{"id":"ch_`+strconv.Itoa(n)+`","delivery":`+strconv.Itoa(n)+`}`))
+}
+
+// answer writes a response of status with a JSON body on stream id.
+func (s *Server) answer(fr *http2.Framer, id uint32, status string, body []byte) error {
 	var hb bytes.Buffer
 	enc := hpack.NewEncoder(&hb)
-	for _, h := range [][2]string{{":status", "201"}, {"content-type", "application/json"}, {"content-length", strconv.Itoa(len(body))}} {
+	for _, h := range [][2]string{{":status", status}, {"content-type", "application/json"}, {"content-length", strconv.Itoa(len(body))}} {
 		if err := enc.WriteField(hpack.HeaderField{Name: h[0], Value: h[1]}); err != nil {
 			return err
 		}
