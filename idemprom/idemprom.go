@@ -19,7 +19,7 @@
 //	idem_claims_total{route, outcome}        counter: claims of a key, by outcome:
 //	    acquired, took_over (a lapsed lease; the operation runs again), replayed,
 //	    replayed_cache, waited_replayed, not_stored, key_reused, in_progress,
-//	    outcome_unknown (SPEC §13), store_error
+//	    outcome_unknown (SPEC §13), store_error, quota_exceeded (SPEC §19)
 //	idem_completions_total{route, result}    counter: ends of executed operations that
 //	    stored their result or failed to: stored, not_stored, lease_lost, failed
 //	idem_expired_completions_total{route}    counter: results stored after their TTL ran
@@ -145,7 +145,7 @@ func New(cfg Config) *Metrics {
 	}
 	m := &Metrics{
 		claims: counter("claims_total",
-			"Claims of an idempotency key by route and outcome: acquired and took_over execute the operation; replayed, replayed_cache and waited_replayed answer the stored result; not_stored, key_reused, in_progress, outcome_unknown and store_error answer an error.",
+			"Claims of an idempotency key by route and outcome: acquired and took_over execute the operation; replayed, replayed_cache and waited_replayed answer the stored result; not_stored, key_reused, in_progress, outcome_unknown, store_error and quota_exceeded answer an error.",
 			"route", "outcome"),
 		completions: counter("completions_total",
 			"Ends of executed operations by route and result: stored, not_stored (streamed or too large), lease_lost (taken over: the result is not used), failed (the SPEC §7 transaction did not commit, or the store failed to record the result).",
