@@ -186,3 +186,20 @@ func TestTheScopeHeaderIsNormalisedAndASchemeAloneIs401(t *testing.T) {
 		t.Fatalf("a bare token: %d %s", a.status, a.body)
 	}
 }
+
+// With one shared scope every client is the same principal: the bounds per principal
+// would bound the whole proxy, and are off.
+func TestTheBoundsPerPrincipalAreOffInASharedScope(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) { c.SharedScope, c.Idem.MaxStoredBytesPerScope = true, 1 })
+	for _, key := range []string{key1, "key-proxy-test-0002", "key-proxy-test-0003"} {
+		if a := b.send("POST", "/v1/echo", key, "", `{}`); a.status != http.StatusCreated {
+			t.Fatalf("%s: %d %s, want 201", key, a.status, a.body)
+		}
+	}
+	s := setup(t, func(c *proxy.Config) { c.Idem.MaxStoredBytesPerScope = 1 })
+	s.send("POST", "/v1/echo", key1, "tok_a", `{}`)
+	if a := s.send("POST", "/v1/echo", "key-proxy-test-0002", "tok_a", `{}`); a.status != http.StatusTooManyRequests || a.code() != idem.CodeQuotaExceeded {
+		t.Fatalf("a principal past its bound: %d %s, want 429 quota_exceeded", a.status, a.body)
+	}
+}

@@ -140,7 +140,10 @@ type Config struct {
 	ScopeCookie string
 	// SharedScope puts every record in one scope, [SharedScope], and ignores
 	// ScopeHeader: for an upstream without principals, or one whose clients cannot
-	// see each other's keys anyway. Defaults to false.
+	// see each other's keys anyway. The bounds per principal of Idem
+	// (MaxInFlightPerScope, MaxStoredBytesPerScope) are then off, since they would
+	// bound every client together; the share of the body budget is per address.
+	// Defaults to false.
 	SharedScope bool
 
 	// AuthURL, when set, is the forward authentication endpoint (nginx auth_request,
@@ -431,6 +434,11 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.forward = http.HandlerFunc(p.serveForward)
 
+	if cfg.SharedScope && cfg.AuthURL == nil {
+		// Every client is the one shared scope: bounds per principal would bound the
+		// whole proxy.
+		cfg.Idem.MaxInFlightPerScope, cfg.Idem.MaxStoredBytesPerScope = -1, -1
+	}
 	mw, err := newMiddleware(cfg.Idem, p)
 	if err != nil {
 		return nil, err
@@ -782,7 +790,11 @@ func (p *Proxy) serve(h http.Handler, route string, w http.ResponseWriter, r *ht
 		}
 		// A protected request's body is held until its exchange ends: bound them all,
 		// and each client's share (its principal's, its address's).
-		release, ok, slow := p.budget.buffer(http.NewResponseController(w), r, "principal "+scope, "address "+p.clientAddress(r))
+		owners := []string{"address " + p.clientAddress(r)}
+		if p.auth != nil || p.scopeHeader != "" || p.scopeCookie != "" {
+			owners = append(owners, "principal "+scope) // not the one scope every client shares
+		}
+		release, ok, slow := p.budget.buffer(http.NewResponseController(w), r, owners...)
 		defer release()
 		if hb, held := r.Body.(*heldBody); held {
 			r = r.WithContext(context.WithValue(r.Context(), heldBodyKey{}, hb))
