@@ -2,6 +2,7 @@ package payments
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/observe"
+	"github.com/idem-go/idem/store/postgres"
 )
 
 // Defaults of [Config].
@@ -279,7 +281,9 @@ func (s *Server) routes() {
 	s.handler = s.logRequests(root)
 }
 
-// healthz answers 200 when the store and the database answer, 503 otherwise.
+// healthz answers 200 when the store and the database answer, 503 otherwise. On a
+// PostgreSQL store its 200 says what a failover of the store's database may lose
+// (postgres.Store.Replication): {"status":"ok","store":{"replication":…}}.
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), DefaultHealthTimeout)
 	defer cancel()
@@ -296,10 +300,36 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 			status, body = http.StatusServiceUnavailable, `{"status":"unavailable","failing":"db"}`
 		}
 	}
+	if pg, ok := s.cfg.Store.(*postgres.Store); ok && status == http.StatusOK {
+		if detail := replicationDetail(ctx, pg); detail != "" {
+			body = `{"status":"ok","store":` + detail + `}`
+		}
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(body + "\n"))
+}
+
+// replicationDetail is the JSON object of /healthz that says what a failover of the
+// store's database may lose, or "" when it could not be read (the store answered the
+// ping: the health stands).
+func replicationDetail(ctx context.Context, pg *postgres.Store) string {
+	r, err := pg.Replication(ctx)
+	if err != nil {
+		return ""
+	}
+	b, err := json.Marshal(struct {
+		Replication         string `json:"replication"`
+		Standbys            int    `json:"standbys"`
+		SynchronousStandbys int    `json:"synchronous_standbys"`
+		SynchronousCommit   string `json:"synchronous_commit"`
+		Pooler              bool   `json:"pooler"`
+	}{r.Mode, r.Standbys, r.SynchronousStandbys, r.SynchronousCommit, r.Pooler})
+	if err != nil {
+		return ""
+	}
+	return string(b)
 }
 
 // readCtx is the context of a read outside a keyed request: r's, ending after

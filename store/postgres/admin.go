@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,7 +22,7 @@ func (s *Store) adminQuery(name string) string {
 	if !ok {
 		panic("postgres: no query named " + name) // a bug in this package
 	}
-	return strings.ReplaceAll(q, "{{schema}}", s.q.schemaPrefix)
+	return fill(q, s.q.schemaPrefix)
 }
 
 // RecordInspect implements [admin.Store.RecordInspect].

@@ -30,8 +30,8 @@ package postgres
 //     lock_timeout, the handler's statements; committed at the batch's end); a key
 //     recorded already (a replay, a reused key, an in-flight duplicate, an expired
 //     record) stops that transaction before anything is written (idem_stop raises
-//     IDL02; the transaction rolls back at the batch's end without a ROLLBACK; the
-//     statements are prepared by name, so pgx's cache drops none of them), then 1 (the
+//     IDL02; the transaction rolls back at the batch's end without a ROLLBACK; pgx's
+//     statement cache keeps the batch's statements, keepStatementCaches), then 1 (the
 //     claim answers) or, having taken it over, 1 + 1 (the claim, the statements under
 //     the lease). While the route's retries are frequent the middleware reads the key
 //     first (RecordGet, 1): a replay, a reused key or an in-flight duplicate is that
@@ -83,7 +83,29 @@ type queries struct {
 // parsedQueries are the raw statements by name, read once from the embedded files.
 var parsedQueries = mustParseQueries()
 
-// newQueries fills {{schema}} in every statement for schema ("" = the search_path).
+// raiseSynchronousCommit is the SQL value of synchronous_commit for a transaction
+// that writes a record: on where the session says off or local, the session's own
+// setting where it is stronger (on, remote_write, remote_apply).
+const raiseSynchronousCommit = `CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' ` +
+	`ELSE current_setting('synchronous_commit') END`
+
+// durable is what {{durable}} becomes in queries/*.sql: a condition, always true,
+// that sets the transaction's synchronous_commit to raiseSynchronousCommit (see the
+// header of records.sql). durableClaim, {{durable_claim}}, is RecordClaim's: off when
+// its $10 (Config.AsynchronousClaim) is true.
+const (
+	durable      = `(set_config('synchronous_commit', ` + raiseSynchronousCommit + `, true) <> '')`
+	durableClaim = `(set_config('synchronous_commit', CASE WHEN $10 THEN 'off' ELSE ` + raiseSynchronousCommit + ` END, true) <> '')`
+)
+
+// fill fills the placeholders of a statement of queries/*.sql: {{schema}} with prefix
+// (the quoted schema and a dot, or ""), {{durable}} and {{durable_claim}}.
+func fill(stmt, prefix string) string {
+	return strings.NewReplacer("{{schema}}", prefix, "{{durable}}", durable, "{{durable_claim}}", durableClaim).Replace(stmt)
+}
+
+// newQueries fills the placeholders of every statement for schema ("" = the
+// search_path).
 func newQueries(schema string) *queries {
 	prefix := ""
 	if schema != "" {
@@ -94,7 +116,7 @@ func newQueries(schema string) *queries {
 		if !ok {
 			panic("postgres: no query named " + name) // a bug in this package
 		}
-		return strings.ReplaceAll(s, "{{schema}}", prefix)
+		return fill(s, prefix)
 	}
 	return &queries{
 		schemaPrefix:          prefix,

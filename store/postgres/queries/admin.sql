@@ -116,7 +116,8 @@ DELETE FROM {{schema}}idem_records AS r
 USING clock
 WHERE r.scope = $1 AND r.key = $2
   AND ((r.outcome_unknown AND r.expires_at > clock.now)
-       OR (r.state = 'in_flight' AND r.recovery_point IS NOT NULL AND r.lease_end <= clock.now));
+       OR (r.state = 'in_flight' AND r.recovery_point IS NOT NULL AND r.lease_end <= clock.now))
+  AND {{durable}};
 
 -- name: RecordResolveComplete
 -- Completes a key whose outcome is unknown, or whose operation is unfinished, with the
@@ -141,7 +142,8 @@ SET state = 'completed',
 FROM clock
 WHERE r.scope = $1 AND r.key = $2
   AND ((r.outcome_unknown AND r.expires_at > clock.now)
-       OR (r.state = 'in_flight' AND r.recovery_point IS NOT NULL AND r.lease_end <= clock.now));
+       OR (r.state = 'in_flight' AND r.recovery_point IS NOT NULL AND r.lease_end <= clock.now))
+  AND {{durable}};
 
 -- name: RecordListUnfinished
 -- One page of the unfinished operations (SPEC §13: in flight, recovery point advanced)

@@ -6,6 +6,14 @@
 -- inside a long transaction still sees the current time). Durations travel as
 -- microseconds (bigint). Every row-returning record statement lists the columns in the
 -- order that scanRecord reads them.
+--
+-- Every statement that writes a record holds {{durable}} (queries.go fills it in): a
+-- condition, always true, that raises the transaction's synchronous_commit from off or
+-- local to on (set_config(…, true) is SET LOCAL), and keeps any stronger setting
+-- (on, remote_write, remote_apply), so that the record commits durably whatever the
+-- role's or the session's setting (a claim with Config.AsynchronousClaim excepted). It
+-- sits in the WHERE clause of the write, evaluated for each row the write finds, before
+-- the commit that reads the setting.
 
 -- name: RecordClaim
 -- One round trip for every outcome but the rare takeover. A key that is there (a replay,
@@ -20,8 +28,10 @@
 -- columns without changing this statement's result. (idem_claim_v2, which v3 follows,
 -- stays for the processes of the previous version.)
 -- When $10 is true the statement's own (implicit) transaction commits without waiting
--- for the WAL flush (SET LOCAL synchronous_commit inside idem_claim_v3). Why losing such
--- a claim in a crash is safe: doc.go, "Durable claims".
+-- for the WAL flush (SET LOCAL synchronous_commit inside idem_claim_v3, and
+-- {{durable_claim}} keeps it off). Why losing such a claim in a crash is safe: doc.go,
+-- "Durable claims". Otherwise {{durable_claim}} is {{durable}}, evaluated on the row the
+-- function inserted.
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 token,
 -- $7 lease (µs), $8 ttl (µs), $9 injected now (NULL: the store's clock), $10 async commit.
 SELECT false, r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
@@ -35,7 +45,8 @@ SELECT claimed, id, fingerprint_version, fingerprint, state, lock_token, lease_e
        response_status, response_headers, response_body, response_not_stored, outcome_unknown,
        recovery_point, steps, operation, created_at, expires_at, now
 FROM {{schema}}idem_claim_v3($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-WHERE NOT EXISTS (SELECT 1 FROM {{schema}}idem_records WHERE scope = $1 AND key = $2);
+WHERE NOT EXISTS (SELECT 1 FROM {{schema}}idem_records WHERE scope = $1 AND key = $2)
+  AND {{durable_claim}};
 
 -- name: RecordClaimExpired
 -- Claims an expired record afresh (SPEC §5.1, §8): new id, created_at, fingerprint,
@@ -70,6 +81,7 @@ SET id = $3,
 FROM clock
 WHERE r.scope = $1 AND r.key = $2 AND r.expires_at <= clock.now
   AND NOT (r.state = 'in_flight' AND r.recovery_point IS NOT NULL)
+  AND {{durable}}
 RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
           r.response_status, r.response_headers, r.response_body, r.response_not_stored,
           r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now;
@@ -93,6 +105,7 @@ FROM clock
 WHERE r.scope = $1 AND r.key = $2
   AND r.state = 'in_flight' AND r.lock_token = $3
   AND r.lease_end <= clock.now AND (r.expires_at > clock.now OR r.recovery_point IS NOT NULL)
+  AND {{durable}}
 RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
           r.response_status, r.response_headers, r.response_body, r.response_not_stored,
           r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at, clock.now;
@@ -123,6 +136,7 @@ FROM clock
 WHERE r.scope = $1 AND r.key = $2
   AND r.state = 'in_flight' AND r.lock_token = $3
   AND r.lease_end <= clock.now AND (r.expires_at > clock.now OR r.recovery_point IS NOT NULL)
+  AND {{durable}}
 RETURNING r.id, r.fingerprint_version, r.fingerprint, r.state, r.lock_token, r.lease_end,
           r.response_status, r.response_headers, r.response_body, r.response_not_stored,
           r.outcome_unknown, r.recovery_point, r.steps, r.operation, r.created_at, r.expires_at,
@@ -155,7 +169,7 @@ SET state = 'completed',
     expires_at = CASE WHEN recovery_point IS NULL THEN created_at
                       ELSE greatest(created_at, coalesce($9::timestamptz, clock_timestamp())) END
                  + $8::bigint * interval '1 microsecond'
-WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight';
+WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight' AND {{durable}};
 
 -- name: RecordCompleteTx
 -- RecordComplete inside the application's transaction (SPEC §7): the same fenced
@@ -177,7 +191,7 @@ WITH done AS (
         expires_at = CASE WHEN recovery_point IS NULL THEN created_at
                           ELSE greatest(created_at, coalesce($9::timestamptz, clock_timestamp())) END
                      + $8::bigint * interval '1 microsecond'
-    WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight'
+    WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight' AND {{durable}}
     RETURNING 1
 )
 SELECT {{schema}}idem_fence(EXISTS (SELECT 1 FROM done));
@@ -194,7 +208,7 @@ WITH clock AS MATERIALIZED (
 ), deleted AS (
     DELETE FROM {{schema}}idem_records
     WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight'
-      AND recovery_point IS NULL
+      AND recovery_point IS NULL AND {{durable}}
     RETURNING 1
 ), kept AS (
     UPDATE {{schema}}idem_records AS r
@@ -202,7 +216,7 @@ WITH clock AS MATERIALIZED (
         lease_end = clock.now
     FROM clock
     WHERE r.scope = $1 AND r.key = $2 AND r.lock_token = $3 AND r.state = 'in_flight'
-      AND r.recovery_point IS NOT NULL
+      AND r.recovery_point IS NOT NULL AND {{durable}}
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM deleted) + (SELECT count(*) FROM kept);
@@ -216,7 +230,7 @@ UPDATE {{schema}}idem_records
 SET recovery_point = $4,
     steps = $5,
     operation = $6
-WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight';
+WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight' AND {{durable}};
 
 -- name: RecordStepTx
 -- RecordStep inside the application's transaction: a lost lease raises IDL01
@@ -227,7 +241,7 @@ WITH done AS (
     SET recovery_point = $4,
         steps = $5,
         operation = $6
-    WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight'
+    WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight' AND {{durable}}
     RETURNING 1
 )
 SELECT {{schema}}idem_fence(EXISTS (SELECT 1 FROM done));
@@ -263,7 +277,7 @@ SET lease_end = clock.now + $4::bigint * interval '1 microsecond',
     expires_at = greatest(r.created_at + $5::bigint * interval '1 microsecond',
                           clock.now + $4::bigint * interval '1 microsecond')
 FROM clock
-WHERE r.scope = $1 AND r.key = $2 AND r.lock_token = $3 AND r.state = 'in_flight'
+WHERE r.scope = $1 AND r.key = $2 AND r.lock_token = $3 AND r.state = 'in_flight' AND {{durable}}
 RETURNING r.lease_end;
 
 -- name: RecordGet
@@ -349,7 +363,7 @@ WITH found AS MATERIALIZED (
            pg_advisory_xact_lock(1768189233, $13::int4)::text AS key_lock,
            set_config('lock_timeout', $14, true) AS insert_wait,
            coalesce($11::timestamptz, clock_timestamp()) AS now
-    WHERE NOT EXISTS (SELECT 1 FROM found)
+    WHERE NOT EXISTS (SELECT 1 FROM found) AND {{durable}}
 ), inserted AS (
     INSERT INTO {{schema}}idem_records
         (scope, key, id, fingerprint_version, fingerprint, state, response_status,
