@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -108,12 +109,17 @@ func TestProxySendsAKeyedGetWhoseReplyIsLostOnAReusedConnectionOnce(t *testing.T
 			if keys, total := up.deliveries(); total != 1 {
 				t.Fatalf("the upstream received the keyed GET %d times (%v), want once", total, keys)
 			}
+			// --access-log at the default --log-level info: one line per request (the
+			// warm-up and the three GETs), without the key or the token. A request's line
+			// follows its answer.
+			waitFor(t, 10*time.Second, "an access log line per request", func() (bool, string) {
+				n := strings.Count(px.output(), `msg="idem proxy: request"`)
+				return n == 4, fmt.Sprintf("%d lines for 4 requests", n)
+			})
 			out := px.output()
 			if strings.Contains(out, "level=ERROR") {
 				t.Fatalf("the transport tried to send it again:\n%s", out)
 			}
-			// --access-log at the default --log-level info: one line per request (the
-			// warm-up and the three GETs), without the key or the token.
 			if n := strings.Count(out, `msg="idem proxy: request"`); n != 4 {
 				t.Fatalf("%d access log lines for 4 requests:\n%s", n, out)
 			}
