@@ -64,8 +64,8 @@ func DefaultMethods() map[string]Requirement {
 
 // Config configures a [Middleware]. Store and Scope are required; every other field
 // has a default. Store, TTL, Lease, Heartbeat, InFlightWait, StoreTimeout, RetryAfter,
-// ReplayCacheSize, Logger and Clock configure the [Guard] the middleware runs on, as
-// the fields of [GuardConfig] do.
+// ReplayCacheSize, Logger, Clock and the bounds per scope configure the [Guard] the
+// middleware runs on, as the fields of [GuardConfig] do.
 type Config struct {
 	// Store keeps the records. Required.
 	Store idemstore.Store
@@ -215,6 +215,21 @@ type Config struct {
 	// lost lease and store call (SPEC §15), labelled with the route's name
 	// ([RouteOptions.Name]). Defaults to nil, which costs nothing.
 	Observer *observe.Observer
+
+	// MaxInFlightPerScope bounds the keyed requests of one scope (principal) under way
+	// in this process at once: past it a keyed request gets 429 quota_exceeded with
+	// Retry-After, nothing claimed (SPEC §19); see [GuardConfig.MaxInFlightPerScope].
+	// Negative: no bound. Defaults to [DefaultMaxInFlightPerScope].
+	MaxInFlightPerScope int
+	// MaxStoredBytesPerScope bounds the bytes of responses one scope stores in this
+	// process per QuotaWindow: past it its new keys get 429 quota_exceeded with
+	// Retry-After (the rest of the window), nothing claimed, while its retries are
+	// still replayed; see [GuardConfig.MaxStoredBytesPerScope]. Negative: no bound.
+	// Defaults to [DefaultMaxStoredBytesPerScope].
+	MaxStoredBytesPerScope int64
+	// QuotaWindow is the window of MaxStoredBytesPerScope. Defaults to
+	// [DefaultQuotaWindow].
+	QuotaWindow time.Duration
 }
 
 // RouteOptions change the middleware's behaviour for the routes one
@@ -332,6 +347,7 @@ func newConfig(c Config) (*config, *Guard) {
 		Store: c.Store, TTL: c.TTL, Lease: c.Lease, Heartbeat: c.Heartbeat,
 		InFlightWait: c.InFlightWait, StoreTimeout: c.StoreTimeout, RetryAfter: c.RetryAfter,
 		ReplayCacheSize: c.ReplayCacheSize, Logger: c.Logger, Clock: c.Clock, Observer: c.Observer,
+		MaxInFlightPerScope: c.MaxInFlightPerScope, MaxStoredBytesPerScope: c.MaxStoredBytesPerScope, QuotaWindow: c.QuotaWindow,
 	}, "Config")
 	c.TTL, c.Lease, c.Heartbeat = g.cfg.TTL, g.cfg.Lease, g.cfg.Heartbeat
 	c.StoreTimeout, c.RetryAfter, c.Logger = g.cfg.StoreTimeout, g.cfg.RetryAfter, g.cfg.Logger

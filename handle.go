@@ -88,6 +88,9 @@ type Handle struct {
 	// transaction makes it (inTx; false once a helper claimed under a lease), and made
 	// by the transaction that last ran (claimedInTx).
 	inTx, claimedInTx bool
+	// quotaEntered: the call is counted against its scope's bounds (quota.go) until
+	// leaveQuota.
+	quotaEntered bool
 }
 
 // A Responder supplies, once, the result a [Handle] stores: the handle asks for it when
@@ -403,6 +406,7 @@ func (h *Handle) Complete() error {
 	if ok, err := h.end(); !ok {
 		return err
 	}
+	defer h.leaveQuota()
 	defer h.cancel(nil)
 	_, err := h.finish()
 	return err
@@ -421,6 +425,7 @@ func (h *Handle) Release() error {
 	if ok, err := h.end(); !ok {
 		return err
 	}
+	defer h.leaveQuota()
 	defer h.cancel(nil)
 	return h.abort()
 }
@@ -475,6 +480,7 @@ func (h *Handle) finish() (ending, error) {
 		h.mu.Unlock()
 		if params != nil {
 			h.cacheCompleted(params.Response)
+			h.storedQuota(params.Response)
 		}
 		expired := h.warnIfExpired()
 		if h.observing() {
@@ -509,6 +515,7 @@ func (h *Handle) finish() (ending, error) {
 	switch {
 	case err == nil:
 		h.cacheCompleted(params.Response)
+		h.storedQuota(params.Response)
 		expired := h.warnIfExpired()
 		if h.observing() {
 			h.observeCompletion(completionResult(params), false, expired, took, nil)

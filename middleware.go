@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -360,6 +361,11 @@ func (x *request) run(next http.Handler) {
 		x.answer(resp, err)
 		return
 	}
+	if resp, err := g.admit(x.r.Context(), h); resp != nil || err != nil {
+		x.answer(resp, err)
+		return
+	}
+	defer h.leaveQuota()
 	if x.rt.claimInHandler {
 		x.runClaimingInHandler(next)
 		return
@@ -410,6 +416,12 @@ func (x *request) answer(resp *Response, err error) {
 		x.writeError(CodeOutcomeUnknown, "")
 	case errors.Is(err, ErrKeyInProgress):
 		x.writeError(CodeRequestInProgress, "")
+	case errors.Is(err, ErrQuotaExceeded):
+		var qerr *QuotaError
+		if errors.As(err, &qerr) {
+			x.w.Header().Set("Retry-After", strconv.FormatInt(int64(max((qerr.RetryAfter+time.Second-1)/time.Second, 1)), 10))
+		}
+		x.writeError(CodeQuotaExceeded, "")
 	default: // the guard logged the store's error (SPEC §9: fail closed)
 		x.writeError(CodeStoreUnavailable, "")
 	}

@@ -6,7 +6,8 @@
 // bytes on every attempt, so a retry whose predecessor did execute is a replay on an
 // idem server, never a second execution. The [Transport] retries connection errors
 // (including a reply lost after the server committed), 409 request_in_progress, 429
-// and 5xx other than 501, waiting Retry-After when the server sends it and an
+// (quota_exceeded only when it asks for no longer than [DefaultMaxRetryAfter]) and 5xx
+// other than 501, waiting Retry-After when the server sends it and an
 // exponential backoff with full jitter otherwise. Answers are classified by their
 // error code in both of idem's error profiles; final answers (key_reused,
 // response_not_stored, outcome_unknown, 400, 401, 403, 404, 422, …) are returned at

@@ -101,6 +101,10 @@ const (
 	// record answers outcome_unknown until an operator resolves it (SPEC §13). The
 	// claim that found the lease lapsed stored that answer.
 	OutcomeUnknown Outcome = "outcome_unknown"
+	// OutcomeQuotaExceeded: the call's scope reached a bound of its own (SPEC §19:
+	// calls under way, or bytes stored in the window); nothing was claimed (429
+	// quota_exceeded). Err is the idem.QuotaError naming the bound.
+	OutcomeQuotaExceeded Outcome = "quota_exceeded"
 )
 
 // ClaimEvent is a claim's outcome (Observer.Claimed).
@@ -121,7 +125,8 @@ type ClaimEvent struct {
 	Waited bool
 	// Duration is the claim's time, store calls and waiting included.
 	Duration time.Duration
-	// Err is the store's error of OutcomeStoreError.
+	// Err is the store's error of OutcomeStoreError, or the bound of
+	// OutcomeQuotaExceeded.
 	Err error
 }
 

@@ -365,7 +365,13 @@ completion and fence, in Go, SQL and Lua, the SPEC §7 helpers, gRPC, and idem p
 release-or-keep decisions) and runs this suite alone against each. Its last run: **41 of
 42 mutants killed (98%)**, the nine of idem proxy among them (since then, the 43rd, a lease
 route that never reads its key first, and the 44th, an InTx whose lazy BEGIN is left
-out so that the handler's first write commits on its own, are killed too), the whole run in about 6
+out so that the handler's first write commits on its own, are killed too, and so are
+issue 38's four, each by the matrix alone: a protected request's body re-readable
+again (GetBody: a keyed GET's lost reply re-sent by Go's transport, an HTTP/2 reset
+stream retried), a body-less keyed GET sent with no body object, an upstream's 504
+releasing the key, and the auth endpoint's refusal not passed on; the two proxy entries
+whose code issue 38 changed, an h2c offer passed on and the derived key under its
+canonical name, are still killed: ` + "`scripts/mutants -run 'proxy-'`" + `), the whole run in about 6
 minutes (` + "`scripts/mutants`" + `; the suite without -race, stopping at its first
 failure). The suite as it was before issue 28, whose cells checked one body, one
 principal, one 201 and a lease that never ran out, killed 8 of the first 30 of them

@@ -572,15 +572,15 @@ func sendTo(t *testing.T, srv *httptest.Server) (seqKey, concKey string, first, 
 }
 
 // sendDuplicatesTo is sendTo the server at url, through client.
-func sendDuplicatesTo(t *testing.T, client *http.Client, url string) (seqKey, concKey string, first, retry answer, conc []answer) {
+func sendDuplicatesTo(t *testing.T, client *http.Client, url string, opts ...reqOption) (seqKey, concKey string, first, retry answer, conc []answer) {
 	t.Helper()
 	seqKey, concKey = "seq-"+newID(), "conc-"+newID()
-	first = post(t, client, url, seqKey)
-	retry = post(t, client, url, seqKey)
+	first = post(t, client, url, seqKey, opts...)
+	retry = post(t, client, url, seqKey, opts...)
 	conc = make([]answer, duplicates)
 	var wg sync.WaitGroup
 	for i := range conc {
-		wg.Go(func() { conc[i] = post(t, client, url, concKey) })
+		wg.Go(func() { conc[i] = post(t, client, url, concKey, opts...) })
 	}
 	wg.Wait()
 	t.Logf("first %v; retry %v; concurrent %v", first, retry, conc)
