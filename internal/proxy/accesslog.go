@@ -4,14 +4,18 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync"
 
 	"github.com/felixge/httpsnoop"
 
 	"github.com/idem-go/idem"
 )
 
-// accessNote is what the exchange tells the access log of a request it forwarded.
+// accessNote is what the exchange tells the access log of a request it forwarded. The
+// exchange's timer (the upstream's header timeout) and its request goroutine both
+// write it.
 type accessNote struct {
+	mu      sync.Mutex
 	outcome string // forwarded, not_sent, outcome_unknown, upstream_timeout
 	keyHash string
 }
@@ -24,10 +28,16 @@ func note(ctx context.Context, x *exchange, outcome string) {
 	if n == nil {
 		return
 	}
-	n.outcome = outcome
+	var hash string
 	if x.h != nil {
-		n.keyHash = keyHash(x.h.Scope(), x.h.Key())
+		hash = keyHash(x.h.Scope(), x.h.Key())
 	}
+	n.mu.Lock()
+	n.outcome = outcome
+	if hash != "" {
+		n.keyHash = hash
+	}
+	n.mu.Unlock()
 }
 
 // logAccess serves r through next and logs one line about it at info level (Config.
@@ -49,7 +59,9 @@ func (p *Proxy) logAccess(next http.Handler, w http.ResponseWriter, r *http.Requ
 	m := httpsnoop.CaptureMetricsFn(w, func(w http.ResponseWriter) {
 		next.ServeHTTP(httpsnoop.Wrap(w, hooks), r.WithContext(context.WithValue(r.Context(), accessNoteKey{}, n)))
 	})
-	outcome := n.outcome
+	n.mu.Lock()
+	outcome, hash := n.outcome, n.keyHash
+	n.mu.Unlock()
 	switch {
 	case replayed:
 		outcome = "replayed"
@@ -58,11 +70,11 @@ func (p *Proxy) logAccess(next http.Handler, w http.ResponseWriter, r *http.Requ
 	}
 	attrs := []slog.Attr{slog.String("method", r.Method), slog.String("route", route), slog.Int("status", m.Code),
 		slog.String("outcome", outcome), slog.Duration("duration", m.Duration), slog.Int64("bytes", m.Written)}
-	if n.keyHash == "" {
-		n.keyHash = p.requestKeyHash(r)
+	if hash == "" {
+		hash = p.requestKeyHash(r)
 	}
-	if n.keyHash != "" {
-		attrs = append(attrs, slog.String("key_hash", n.keyHash))
+	if hash != "" {
+		attrs = append(attrs, slog.String("key_hash", hash))
 	}
 	p.access.LogAttrs(r.Context(), slog.LevelInfo, "idem proxy: request", attrs...)
 }
