@@ -10,6 +10,7 @@ import (
 
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/observe"
+	"github.com/idem-go/idem/seal"
 )
 
 // Requirement says whether a request must, may or must not carry an Idempotency-Key.
@@ -213,6 +214,13 @@ type Config struct {
 	// lost lease and store call (SPEC §15), labelled with the route's name
 	// ([RouteOptions.Name]). Defaults to nil, which costs nothing.
 	Observer *observe.Observer
+
+	// Seal, when set, seals records (SPEC §19): the stored responses' status, headers
+	// and body, and the results steps save, are sealed above the store, bound to their
+	// record, and fingerprints are keyed; see [GuardConfig.Seal]. A record that cannot
+	// be opened is answered 500 record_unreadable and never executed again. Make it with
+	// [OpenKeyring] on Store. Defaults to nil: records are stored in clear.
+	Seal *seal.Keyring
 }
 
 // RouteOptions change the middleware's behaviour for the routes one
@@ -326,7 +334,7 @@ func newConfig(c Config) (*config, *Guard) {
 	g := newGuard(GuardConfig{
 		Store: c.Store, TTL: c.TTL, Lease: c.Lease, Heartbeat: c.Heartbeat,
 		InFlightWait: c.InFlightWait, StoreTimeout: c.StoreTimeout, RetryAfter: c.RetryAfter,
-		ReplayCacheSize: c.ReplayCacheSize, Logger: c.Logger, Clock: c.Clock, Observer: c.Observer,
+		ReplayCacheSize: c.ReplayCacheSize, Logger: c.Logger, Clock: c.Clock, Observer: c.Observer, Seal: c.Seal,
 	}, "Config")
 	c.TTL, c.Lease, c.Heartbeat = g.cfg.TTL, g.cfg.Lease, g.cfg.Heartbeat
 	c.StoreTimeout, c.RetryAfter, c.Logger = g.cfg.StoreTimeout, g.cfg.RetryAfter, g.cfg.Logger

@@ -195,7 +195,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		return
 	}
 	scope, err := m.cfg.Scope(r)
-	if err != nil || scope == "" {
+	if err != nil || scope == "" || scope == keyringScope {
 		x.writeError(CodeScopeRequired, "")
 		return
 	}
@@ -216,7 +216,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		return
 	}
 	defer putBody(x.body)
-	x.h.claim.Fingerprint = rt.fingerprint(r, *x.body)
+	x.h.claim.Fingerprint = m.g.keyed(rt.fingerprint(r, *x.body))
 	x.run(next)
 }
 
@@ -400,6 +400,8 @@ func (x *request) answer(resp *Response, err error) {
 		x.writeError(CodeResponseNotStored, "")
 	case errors.Is(err, ErrOutcomeUnknown):
 		x.writeError(CodeOutcomeUnknown, "")
+	case errors.Is(err, ErrRecordUnreadable):
+		x.writeError(CodeRecordUnreadable, "")
 	case errors.Is(err, ErrKeyInProgress):
 		x.writeError(CodeRequestInProgress, "")
 	default: // the guard logged the store's error (SPEC §9: fail closed)

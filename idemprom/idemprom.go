@@ -94,7 +94,7 @@ type Config struct {
 var (
 	outcomes = []observe.Outcome{observe.OutcomeAcquired, observe.OutcomeTookOver, observe.OutcomeReplayed,
 		observe.OutcomeReplayedFromCache, observe.OutcomeWaitedThenReplayed, observe.OutcomeNotStored,
-		observe.OutcomeKeyReused, observe.OutcomeInProgress, observe.OutcomeStoreError, observe.OutcomeUnknown}
+		observe.OutcomeKeyReused, observe.OutcomeInProgress, observe.OutcomeStoreError, observe.OutcomeUnknown, observe.OutcomeUnreadable}
 	results = []observe.CompletionResult{observe.CompletionStored, observe.CompletionNotStored,
 		observe.CompletionLeaseLost, observe.CompletionFailed}
 	releaseResults = []string{telemetry.ReleaseReleased, telemetry.ReleaseNotHeld, telemetry.ReleaseError}

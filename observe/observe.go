@@ -95,6 +95,10 @@ const (
 	// record answers outcome_unknown until an operator resolves it (SPEC §13). The
 	// claim that found the lease lapsed stored that answer.
 	OutcomeUnknown Outcome = "outcome_unknown"
+	// OutcomeUnreadable: the key's record is sealed and cannot be opened (its key is
+	// not configured, or it was altered or moved in the store; SPEC §19): the caller
+	// gets record_unreadable, and the operation is never executed again.
+	OutcomeUnreadable Outcome = "record_unreadable"
 )
 
 // ClaimEvent is a claim's outcome (Observer.Claimed).
@@ -115,7 +119,8 @@ type ClaimEvent struct {
 	Waited bool
 	// Duration is the claim's time, store calls and waiting included.
 	Duration time.Duration
-	// Err is the store's error of OutcomeStoreError.
+	// Err is the store's error of OutcomeStoreError, or why the record of
+	// OutcomeUnreadable does not open.
 	Err error
 }
 
