@@ -164,8 +164,9 @@ type Config struct {
 	MaxResponseBytes int64
 
 	// StoredHeaders are response headers stored and replayed in addition to
-	// [DefaultStoredHeaders]. Set-Cookie, Date and hop-by-hop headers are refused.
-	// Defaults to none.
+	// [DefaultStoredHeaders]. Credentials (Authorization, Cookie, Set-Cookie,
+	// X-Api-Key, WWW-Authenticate…), Date and hop-by-hop headers are refused
+	// ([StoredHeaderError]). Defaults to none.
 	StoredHeaders []string
 
 	// StorePolicy says whether a response with status is stored (true) or releases the
@@ -284,6 +285,14 @@ type RouteOptions struct {
 	// Route registers it with the middleware's guard under Name ([Guard.RegisterResume]),
 	// and panics when Name is empty or has a resume function already. Defaults to nil.
 	Resume ResumeFunc
+
+	// NoStoreBody keeps the outcome of these routes only (SPEC §19): a response that
+	// the store policy stores is recorded with its status alone, no header and no
+	// body, as one too large to store is (Response.NotStored), and the client still
+	// gets it whole. Repeats get 409 response_not_stored, and the operation is never
+	// executed again. For routes whose responses mint secrets (a card's token, an API
+	// key) that must exist in one place only. Defaults to false.
+	NoStoreBody bool
 
 	// OnLapse says what a request does that finds its key in flight with the holder's
 	// lease lapsed (SPEC §5.3, §13): take it over and run the handler again, resuming

@@ -61,6 +61,8 @@ type route struct {
 	local localKeys
 	// onLapse is RouteOptions.OnLapse (SPEC §5.3, §13).
 	onLapse LapsePolicy
+	// noStoreBody is RouteOptions.NoStoreBody (SPEC §19).
+	noStoreBody bool
 }
 
 // New returns a Middleware for cfg. It panics with a message naming the field when cfg
@@ -102,7 +104,7 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 		m.g.registerResume(opts.Name, opts.Resume, ttl, "RouteOptions.Resume")
 	}
 	rt := &route{m: m, requirement: opts.Requirement, ttl: ttl,
-		policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler, name: opts.Name, onLapse: opts.OnLapse,
+		policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler, name: opts.Name, onLapse: opts.OnLapse, noStoreBody: opts.NoStoreBody,
 		keyHeader: m.cfg.KeyHeader, fingerprint: opts.Fingerprint, errorWriter: opts.ErrorWriter}
 	if opts.KeyHeader != "" {
 		rt.keyHeader = canonicalKeyHeader("RouteOptions.KeyHeader", opts.KeyHeader)
@@ -467,7 +469,12 @@ func (x *request) refuseWrites() { x.capture.frozen, x.capture.answered = true, 
 // route's store policy (the Responder of the request's Handle).
 func (x *request) Response() (*Response, bool) {
 	resp := x.capture.freeze(x.rt.m.cfg.storedHeaders)
-	return resp, x.rt.policy(resp.Status)
+	store := x.rt.policy(resp.Status)
+	if store && x.rt.noStoreBody && !resp.NotStored {
+		// The outcome only: the client gets the capture as it is.
+		resp = &Response{Status: resp.Status, NotStored: true}
+	}
+	return resp, store
 }
 
 // finish ends the claim, then sends the response (SPEC §6, §7). The client never gets

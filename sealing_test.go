@@ -344,3 +344,27 @@ func rawRecord2(t *testing.T, st idemstore.Store, scope, key string) *idemstore.
 	}
 	return rec
 }
+
+func TestARouteThatKeepsOutcomesOnlyStoresNoBodyAndNeverRunsTwice(t *testing.T) {
+	b := setup(t, nil)
+	h := &cardHandler{}
+	srv := b.mw.Route(idem.RouteOptions{NoStoreBody: true})(h)
+	first := serve(srv, req("POST", "/v1/api_keys", "key-0mint001", `{"a":1}`))
+	if first.Code != http.StatusCreated || first.Body.String() != cardBody || first.Header().Get("Location") == "" {
+		t.Fatalf("the first request got %d %q %v; want the handler's response whole", first.Code, first.Body, first.Header())
+	}
+	rec := rawRecord(t, b.store, "key-0mint001")
+	if rec.Response == nil || !rec.Response.NotStored || len(rec.Response.Body) != 0 || len(rec.Response.Header) != 0 || rec.Response.Status != http.StatusCreated {
+		t.Fatalf("stored %+v; want the status alone, not stored", rec.Response)
+	}
+	wantCode(t, serve(srv, req("POST", "/v1/api_keys", "key-0mint001", `{"a":1}`)), http.StatusConflict, idem.CodeResponseNotStored)
+	if n := h.n.Load(); n != 1 {
+		t.Errorf("executed %d times", n)
+	}
+	// A response the policy releases is released as ever.
+	fail := b.mw.Route(idem.RouteOptions{NoStoreBody: true})(&counter{status: http.StatusServiceUnavailable})
+	serve(fail, req("POST", "/v1/api_keys", "key-0mint002", `{"a":1}`))
+	if _, err := b.store.RecordGet(context.Background(), &idemstore.GetParams{Scope: "alice", Key: "key-0mint002", Now: newClock().Now()}); !errors.Is(err, idemstore.ErrNotFound) {
+		t.Errorf("a 503 on such a route left a record: %v", err)
+	}
+}

@@ -29,8 +29,9 @@ type RetryPolicy func(ctx context.Context, req *http.Request, resp *http.Respons
 //   - connection errors, before or after the request was written (a reply lost after
 //     the server committed is replayed, since the key makes the retry a replay), but
 //     not TLS certificate errors nor an unsupported URL scheme;
-//   - 409 request_in_progress, 429, and 5xx other than 501 and outcome_unknown;
-//   - never key_reused, response_not_stored, outcome_unknown, nor any other status
+//   - 409 request_in_progress, 429, and 5xx other than 501, outcome_unknown and
+//     record_unreadable;
+//   - never key_reused, response_not_stored, outcome_unknown, record_unreadable, nor any other status
 //     (400, 401, 403, 404, 422, …).
 //
 // Answers are classified by their error code in both idem profiles ([ErrorCode]). A
@@ -94,7 +95,7 @@ func retryableResponse(resp *http.Response) bool {
 		return s == http.StatusTooManyRequests
 	}
 	switch ErrorCode(resp) {
-	case "key_reused", "response_not_stored", "outcome_unknown":
+	case "key_reused", "response_not_stored", "outcome_unknown", "record_unreadable":
 		return false
 	case "request_in_progress":
 		return true

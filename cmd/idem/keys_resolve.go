@@ -143,9 +143,8 @@ func (h *headerFlags) Set(s string) error {
 		return fmt.Errorf("want 'Name: value', got %q", s)
 	}
 	canonical := textproto.CanonicalMIMEHeaderKey(name)
-	switch canonical {
-	case "Set-Cookie", "Date", "Content-Length", "Connection", "Transfer-Encoding", "Idempotency-Key", "Idempotent-Replayed":
-		return fmt.Errorf("%s is never stored with a response", canonical)
+	if err := idem.StoredHeaderError(canonical); err != nil {
+		return err
 	}
 	*h = append(*h, header{canonical, strings.TrimSpace(value)})
 	return nil
