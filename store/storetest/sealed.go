@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/seal"
 	"github.com/idem-go/idem/seal/cloudkeys"
 )
 
@@ -62,15 +63,7 @@ func testSealed(t *testing.T, h Harness) {
 		t.Skip("storetest: Harness.Raw is nil: the case cannot read what the store holds")
 	}
 	b := setup(t, h)
-	key, err := cloudkeys.Open(b.ctx, SealKeyURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ring, err := idem.OpenKeyring(b.ctx, b.s, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := idem.NewGuard(idem.GuardConfig{Store: b.s, Lease: lease, TTL: ttl, Seal: ring, Logger: slog.New(slog.DiscardHandler)})
+	key, ring, g := b.sealedGuard()
 	card := sealedCard{Card: Secrets[0], Token: Secrets[1]}
 	input := []byte(`{"card_number":"` + Secrets[0] + `"}`)
 	plain := []idem.Fingerprint{idem.FingerprintInput("payment_methods.create", input)}
@@ -186,15 +179,7 @@ func testSealedCopied(t *testing.T, h Harness) {
 		t.Skip("storetest: Harness.CopyResponse is nil: the case cannot write the store behind its back")
 	}
 	b := setup(t, h)
-	key, err := cloudkeys.Open(b.ctx, SealKeyURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ring, err := idem.OpenKeyring(b.ctx, b.s, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := idem.NewGuard(idem.GuardConfig{Store: b.s, Lease: lease, TTL: ttl, Seal: ring, Logger: slog.New(slog.DiscardHandler)})
+	_, _, g := b.sealedGuard()
 	runs := 0
 	op := func(who string) func(context.Context) (sealedCard, error) {
 		return func(context.Context) (sealedCard, error) { runs++; return sealedCard{Card: who}, nil }
@@ -215,4 +200,18 @@ func testSealedCopied(t *testing.T, h Harness) {
 	if got, replayed, err := idem.Do(b.ctx, g, theirs, op("again")); err != nil || !replayed || got.Card != Secrets[0] {
 		t.Errorf("the record copied from: %+v, %v, %v; want it replayed", got, replayed, err)
 	}
+}
+
+// sealedGuard opens the suite's key and a keyring on the bundle's store, and returns
+// them with a Guard that seals under it.
+func (b *bundle) sealedGuard() (*cloudkeys.Key, *seal.Keyring, *idem.Guard) {
+	key, err := cloudkeys.Open(b.ctx, SealKeyURL)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	ring, err := idem.OpenKeyring(b.ctx, b.s, key)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return key, ring, idem.NewGuard(idem.GuardConfig{Store: b.s, Lease: lease, TTL: ttl, Seal: ring, Logger: slog.New(slog.DiscardHandler)})
 }
