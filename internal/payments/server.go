@@ -11,6 +11,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/observe"
+	"github.com/idem-go/idem/seal"
 )
 
 // Defaults of [Config].
@@ -106,10 +107,14 @@ type Config struct {
 	// such as an idemprom.Metrics' observer. Defaults to nil (none).
 	Observer *observe.Observer
 
+	// Seal, when set, seals the idempotency records (idem.Config.Seal, SPEC §19).
+	// Defaults to nil: records in clear.
+	Seal *seal.Keyring
+
 	// Middleware, when set, is used instead of building one from the fields above:
 	// tests pass an idem.Config of their own (an injected clock, say) through it.
 	// Defaults to idem.New with Store, Profile, TTL, Lease, Logger, ReplayCacheSize,
-	// StoreTimeout and Observer.
+	// StoreTimeout, Observer and Seal.
 	Middleware *idem.Middleware
 }
 
@@ -238,6 +243,7 @@ func (s *Server) routes() {
 				ReplayCacheSize: s.cfg.ReplayCacheSize,
 				StoreTimeout:    s.cfg.StoreTimeout,
 				Observer:        s.cfg.Observer,
+				Seal:            s.cfg.Seal,
 			})
 		}
 		s.mw = mw

@@ -23,6 +23,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/logsummary"
+	"github.com/idem-go/idem/seal"
 )
 
 // Defaults of [Config].
@@ -134,6 +135,12 @@ type Config struct {
 	// request is named by the first RequireKey or Routes pattern it matches, else by
 	// its method. Defaults to none.
 	Routes []string
+	// NoStoreBody are ServeMux patterns, matched as RequireKey's are, of routes that
+	// keep outcomes only (idem.RouteOptions.NoStoreBody, SPEC §19): a response to
+	// store is recorded by its status alone, and its repeats get 409
+	// response_not_stored, never a second execution. For routes whose responses mint
+	// secrets (a card's token, an API key). Defaults to none.
+	NoStoreBody []string
 
 	// UpstreamKeyHeader names the header that carries the derived key to the upstream
 	// (it replaces a header of that name that the client sent, such as the client's
@@ -249,6 +256,7 @@ type Proxy struct {
 	waitLimit         time.Duration
 	onLapse           idem.LapsePolicy
 	scopeCookie       string
+	seal              *seal.Keyring // Config.Idem.Seal: keys the scope
 	hooks             Hooks
 	budget            bodyBudget
 	access            *slog.Logger // the access log; nil without AccessLog
@@ -267,6 +275,10 @@ type Proxy struct {
 	requiredMux *http.ServeMux
 	named       map[string]http.Handler
 	namedMux    *http.ServeMux
+	// noStore holds, by route name, the twin of every protected route that keeps
+	// outcomes only, for the requests that noStoreMux matches (nil without NoStoreBody).
+	noStore    map[string]http.Handler
+	noStoreMux *http.ServeMux
 
 	// closing is set by Shutdown; waiting holds the protected exchanges under way, so
 	// that Shutdown settles those that wait past UpstreamTimeout.
@@ -289,7 +301,7 @@ func New(cfg Config) (*Proxy, error) {
 		maxStored:       withDefault(cfg.MaxStoredBody, DefaultMaxStoredBody),
 		upstreamTimeout: withDefault(cfg.UpstreamTimeout, DefaultUpstreamTimeout),
 		waitLimit:       withDefault(cfg.UpstreamWaitLimit, DefaultUpstreamWaitLimit),
-		scopeCookie:     cfg.ScopeCookie,
+		scopeCookie:     cfg.ScopeCookie, seal: cfg.Idem.Seal,
 		budget: bodyBudget{limit: withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies),
 			maxBody: withDefault(cfg.Idem.MaxBodyBytes, idem.DefaultMaxBodyBytes)},
 		byMethod: map[string]http.Handler{}, waiting: map[*exchange]struct{}{}}
@@ -345,6 +357,24 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.requiredMux, p.required = p.routes(mw, cfg.RequireKey, idem.KeyRequired)
 	p.namedMux, p.named = p.routes(mw, cfg.Routes, idem.KeyOptional)
+	if len(cfg.NoStoreBody) > 0 {
+		p.noStoreMux, p.noStore = http.NewServeMux(), map[string]http.Handler{}
+		for _, pattern := range cfg.NoStoreBody {
+			_ = handlePattern(p.noStoreMux, pattern) // Validate registered them once already
+		}
+		twin := func(name string, req idem.Requirement) {
+			p.noStore[name] = mw.Route(idem.RouteOptions{Name: name, Requirement: req, OnLapse: p.onLapse, NoStoreBody: true})(p.forward)
+		}
+		for m := range p.byMethod {
+			twin(m, idem.KeyOptional)
+		}
+		for _, pattern := range cfg.RequireKey {
+			twin(pattern, idem.KeyRequired)
+		}
+		for _, pattern := range cfg.Routes {
+			twin(pattern, idem.KeyOptional)
+		}
+	}
 	return p, nil
 }
 
@@ -409,7 +439,7 @@ func (c Config) Validate() error {
 	for _, list := range [...]struct {
 		field    string
 		patterns []string
-	}{{"Config.RequireKey", c.RequireKey}, {"Config.Routes", c.Routes}} {
+	}{{"Config.RequireKey", c.RequireKey}, {"Config.Routes", c.Routes}, {"Config.NoStoreBody", c.NoStoreBody}} {
 		mux, seen := http.NewServeMux(), map[string]bool{}
 		for _, pattern := range list.patterns {
 			if seen[pattern] {
@@ -654,6 +684,17 @@ func (p *Proxy) Route(r *http.Request) string {
 
 // route returns the handler of r and its route's name.
 func (p *Proxy) route(r *http.Request) (http.Handler, string) {
+	h, name := p.routeOf(r)
+	if p.noStoreMux != nil && p.noStore[name] != nil {
+		if _, ok := matchPattern(p.noStoreMux, r); ok {
+			return p.noStore[name], name // the same route, keeping its outcome only
+		}
+	}
+	return h, name
+}
+
+// routeOf is route without NoStoreBody.
+func (p *Proxy) routeOf(r *http.Request) (http.Handler, string) {
 	if isWebSocketUpgrade(r) {
 		// An upgraded connection has no response to store: it is forwarded as is,
 		// claiming nothing (the middleware's capture refuses Hijack).
@@ -720,7 +761,7 @@ func connectionHas(h http.Header, token string) bool {
 // the scope header's values. A header whose every value is empty is missing.
 func (p *Proxy) scope(r *http.Request) (string, error) {
 	if p.scopeCookie != "" {
-		return cookieScope(r, p.scopeCookie)
+		return cookieScope(r, p.scopeCookie, p.hashScope)
 	}
 	if p.scopeHeader == "" {
 		return SharedScope, nil
@@ -729,12 +770,12 @@ func (p *Proxy) scope(r *http.Request) (string, error) {
 	if !slices.ContainsFunc(v, func(s string) bool { return strings.TrimSpace(s) != "" }) {
 		return "", errNoScope
 	}
-	return hashScope(strings.Join(v, "\n")), nil
+	return p.hashScope(strings.Join(v, "\n")), nil
 }
 
 // cookieScope is the scope of the one cookie named name: missing, empty or repeated,
 // there is none.
-func cookieScope(r *http.Request, name string) (string, error) {
+func cookieScope(r *http.Request, name string, hashScope func(string) string) (string, error) {
 	var value string
 	n := 0
 	for _, c := range r.CookiesNamed(name) {
@@ -747,7 +788,13 @@ func cookieScope(r *http.Request, name string) (string, error) {
 	return hashScope(value), nil
 }
 
-func hashScope(principal string) string {
+// hashScope is the scope of principal: its hex SHA-256, or with a keyring
+// (Config.Idem.Seal) its keyed hash (an HMAC, SPEC §19), which nobody without the key
+// recomputes from a guessed credential.
+func (p *Proxy) hashScope(principal string) string {
+	if k := p.seal; k != nil {
+		return k.Scope(principal)
+	}
 	sum := sha256.Sum256([]byte(principal))
 	return hex.EncodeToString(sum[:])
 }
