@@ -107,8 +107,9 @@ type Config struct {
 	// such as an idemprom.Metrics' observer. Defaults to nil (none).
 	Observer *observe.Observer
 
-	// Seal, when set, seals the idempotency records (idem.Config.Seal, SPEC §19).
-	// Defaults to nil: records in clear.
+	// Seal, when set, seals the idempotency records (idem.Config.Seal, SPEC §19) and
+	// keys their scope: the keyring's HMAC of the principal's hex SHA-256 (the charges
+	// and orders keep the plain one). Defaults to nil: records in clear.
 	Seal *seal.Keyring
 
 	// Middleware, when set, is used instead of building one from the fields above:
@@ -232,9 +233,21 @@ func (s *Server) routes() {
 	if !s.cfg.DisableIdempotency {
 		mw := s.cfg.Middleware
 		if mw == nil {
+			scope := scopeOf
+			if k := s.cfg.Seal; k != nil {
+				// The records' scope is keyed (SPEC §19): the hex SHA-256 of a guessable
+				// token could be recomputed; the charges keep the plain one.
+				scope = func(r *http.Request) (string, error) {
+					p, err := scopeOf(r)
+					if err != nil {
+						return "", err
+					}
+					return k.Scope(p), nil
+				}
+			}
 			mw = idem.New(idem.Config{
 				Store:   s.cfg.Store,
-				Scope:   scopeOf,
+				Scope:   scope,
 				Profile: s.cfg.Profile,
 				TTL:     s.cfg.TTL,
 				Lease:   s.cfg.Lease,
