@@ -38,7 +38,7 @@
 // stored result to every repeat. An operation that calls a foreign system runs as
 // named steps ([Step], or the SQL stores' Step inside their transaction): a holder that
 // takes the key over after a crash resumes after the last committed step, and the
-// foreign call carries [Handle.ForeignKey], the same for every holder (§13).
+// foreign call carries [Handle.DerivedKey], the same for every holder (§13).
 //
 // # Operators
 //

@@ -35,7 +35,7 @@ func ExampleCompleter() {
 		if !processorUp {
 			return charge{}, errors.New("processor unavailable")
 		}
-		// The processor call would carry idem.FromContext(ctx).ForeignKey("processor_charge").
+		// The processor call would carry idem.FromContext(ctx).DerivedKey("processor_charge").
 		return charge{ID: pending.ID, Status: "succeeded"}, nil
 	}
 	g.RegisterResume("charges.create", func(ctx context.Context, h *idem.Handle) error {

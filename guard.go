@@ -649,13 +649,21 @@ func (h *Handle) poll(ctx context.Context, stopAt time.Time) (*idemstore.Record,
 }
 
 // newTokens returns a fresh lock token and record id: 16 random bytes each, in hex,
-// from one read of crypto/rand and in one string.
+// from one read of crypto/rand and in one string; the record id starts with
+// [idemstore.RecordIDPrefix], as [idemstore.NewRecordID] makes them, so that its
+// derived keys come from its request ([Handle.DerivedKey]).
 func newTokens() (token, id string) {
+	const p = len(idemstore.RecordIDPrefix)
 	var b [32]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
-	var h [64]byte
+	var h [64 + p]byte     // the token's 32 digits, the prefix, the id's 32 digits
+	copy(h[32:], idemstore.RecordIDPrefix)
 	for i, c := range b { // hex.Encode, two digits per lookup
-		h[2*i], h[2*i+1] = hexPairs[2*int(c)], hexPairs[2*int(c)+1]
+		j := 2 * i
+		if i >= 16 {
+			j += p
+		}
+		h[j], h[j+1] = hexPairs[2*int(c)], hexPairs[2*int(c)+1]
 	}
 	s := string(h[:])
 	return s[:32], s[32:]

@@ -17,7 +17,7 @@ import (
 // middleware puts it in the handler's context, where [FromContext] finds it.
 //
 // Operations use Context, Key, Scope and SetStore, and run resumable steps with
-// [Step] (or a store package's step helper), RecoveryPoint and ForeignKey (SPEC §13).
+// [Step] (or a store package's step helper), RecoveryPoint and DerivedKey (SPEC §13).
 // Adapters (the middleware, [Do], a
 // gRPC interceptor) supply the result with SetResponse or SetResponder and end the
 // claim with Complete or Release, exactly once. Store packages use PrepareCompletion,
@@ -218,11 +218,11 @@ func (h *Handle) SetStore(store bool) {
 // was sent to a foreign system and its reply was lost (a reset, a timeout, a broken
 // body). Neither storing a result nor releasing the key would be honest, so the claim
 // ends as a holder's that died ends: the record is kept, under its record id (and so
-// its foreign keys, [Handle.ForeignKey]), with its lease ended now, and the call's
+// its derived keys, [Handle.DerivedKey]), with its lease ended now, and the call's
 // lapse policy decides what a repeat gets (SPEC §5.3, §13): under [LapseUnknown] the
 // record is marked outcome unknown at once (repeats get [ErrOutcomeUnknown], 500
 // outcome_unknown, until an operator resolves the key), under [LapseTakeOver] the
-// next repeat takes it over and runs the operation again under the same foreign keys.
+// next repeat takes it over and runs the operation again under the same derived keys.
 //
 // It overrides SetStore and the result; it changes nothing once a §7 transaction
 // completed the record. Behind the middleware, the client gets what the handler wrote
@@ -591,7 +591,7 @@ func (h *Handle) settleUnknown() error {
 		return &StoreError{Op: "renew", Err: err}
 	}
 	if h.claim.OnLapse != LapseUnknown {
-		g.cfg.Logger.WarnContext(ctx, "idem: the operation's outcome is unknown; the record is kept, and the next repeat takes it over under the same record id and foreign keys (policy take_over)",
+		g.cfg.Logger.WarnContext(ctx, "idem: the operation's outcome is unknown; the record is kept, and the next repeat takes it over under the same record id and derived keys (policy take_over)",
 			h.attrs(slog.String("record_id", h.RecordID()))...)
 		return nil
 	}

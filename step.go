@@ -19,7 +19,7 @@ import (
 // processor) runs as named steps. Each step commits its own writes together with the
 // record's new recovery point and a small result, in one transaction fenced by the
 // lock token; the foreign call between two steps carries a key derived from the
-// record id and the step ([Handle.ForeignKey]), so that the foreign system
+// request and the step ([Handle.DerivedKey]), so that the foreign system
 // deduplicates a call repeated after a crash. A holder that takes a lapsed key over
 // (a retry, or the [Completer]) runs the operation again from the top: every step
 // that committed returns its saved result without running, so the operation resumes
@@ -72,24 +72,42 @@ func (h *Handle) RecoveryPoint() string {
 // "" when it has none.
 func (h *Handle) Operation() string { return h.operation }
 
-// ForeignKey returns the idempotency key of the foreign call made at step: hex
-// SHA-256(record id ‖ step) (SPEC §13). It is the same for every holder of the record
-// (a takeover keeps the record id), so that the foreign system deduplicates a call
-// repeated after a crash, and new once the record expired and the key starts a new
-// operation. It panics on a handle without a record id (a [RouteOptions.ClaimInHandler]
-// route, whose claim is not made yet): a key derived from nothing would be the same for
-// every operation.
-func (h *Handle) ForeignKey(step string) string {
-	id := h.RecordID()
-	if id == "" {
-		panic("idem: Handle.ForeignKey needs the record id of an acquired claim; a ClaimInHandler route has none")
+// DerivedKey returns the idempotency key to send to an outside system (a card
+// processor, a bank) for the call the operation makes at step (SPEC §13); it has
+// nothing to do with a database's foreign keys. It is derived from what the client
+// sent and the record cannot lose: the scope, the key, the request's fingerprint and
+// step ([idemstore.Record.DerivedKey]). So it is the same for every holder of the
+// record (a takeover, the [Completer]) and for the retry that makes a new record after
+// this one was released or lost (a store failover that dropped its last commits): an
+// outside system that deduplicates by it runs the call once. A record made before
+// this derivation keeps hex SHA-256(record id ‖ step).
+//
+// step names the call, like a step's name: keep it stable across deploys while
+// operations are unfinished, or a resumed operation sends a new key. It panics on a
+// handle without an acquired claim (a [RouteOptions.ClaimInHandler] route, whose
+// claim is not made yet; a nil *Handle, which [FromContext] returns on a request
+// without a key): a key derived from nothing would be the same for every operation.
+func (h *Handle) DerivedKey(step string) string {
+	if h == nil || h.claimed == nil {
+		panic("idem: Handle.DerivedKey needs an acquired claim: the handle is nil (a request without a key) or its claim is not made yet (a ClaimInHandler route)")
 	}
-	return ForeignKey(id, step)
+	fp := h.claimed.Fingerprint
+	if fp == (Fingerprint{}) { // a store that did not return it: the request's, which made the record
+		fp = h.claim.Fingerprint
+	}
+	return idemstore.DeriveKey(h.scope, h.key, h.claimed.ID, fp, step)
 }
 
-// ForeignKey returns hex SHA-256(recordID ‖ step), the key of the foreign call made at
-// step by the operation of the record recordID ([Handle.ForeignKey]). An operator
-// uses it to find that call in the foreign system's records.
+// ForeignKey is the former name of [Handle.DerivedKey].
+//
+// Deprecated: use [Handle.DerivedKey]; ForeignKey goes in the next release.
+func (h *Handle) ForeignKey(step string) string { return h.DerivedKey(step) }
+
+// ForeignKey returns hex SHA-256(recordID ‖ step), the derived key of a record made
+// before derived keys came from the request.
+//
+// Deprecated: use [idemstore.Record.DerivedKey], right for records of every version.
+// ForeignKey goes in the next release.
 func ForeignKey(recordID, step string) string {
 	sum := sha256.Sum256([]byte(recordID + step))
 	return hex.EncodeToString(sum[:])
@@ -241,7 +259,7 @@ func (h *Handle) StepFailed(err error) {
 // over: the operation's context is then cancelled).
 //
 // Only the result is saved, not fn's other effects: use Step for a foreign call whose
-// answer the operation needs later, with a key from [Handle.ForeignKey] so that a call
+// answer the operation needs later, with a key from [Handle.DerivedKey] so that a call
 // repeated after a crash between the call and the save is deduplicated. To commit
 // database writes with the step, use the store package's step helper (store/sqlite's
 // Step, store/postgres's Step). The result must survive a JSON round trip.

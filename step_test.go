@@ -109,14 +109,18 @@ func TestStepWithoutAClaimJustRuns(t *testing.T) {
 	}
 }
 
-func TestForeignKeyNeedsARecordID(t *testing.T) {
+func TestDerivedKeyNeedsAnAcquiredClaim(t *testing.T) {
 	t.Parallel()
-	defer func() {
-		if p := recover(); p == nil || !strings.Contains(p.(string), "record id") {
-			t.Fatalf("ForeignKey on a handle without a record id: panic %v, want one naming the record id", p)
-		}
-	}()
-	new(idem.Handle).ForeignKey("processor")
+	for name, h := range map[string]*idem.Handle{"a handle before its claim": new(idem.Handle), "no handle (a request without a key)": nil} {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				if p := recover(); p == nil || !strings.Contains(p.(string), "acquired claim") {
+					t.Fatalf("DerivedKey: panic %v, want one saying it needs an acquired claim", p)
+				}
+			}()
+			h.DerivedKey("processor")
+		})
+	}
 }
 
 func TestResumeFunctionsRegisterOncePerName(t *testing.T) {

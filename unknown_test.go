@@ -60,7 +60,7 @@ func TestAnOutcomeUnknownUnderThePolicyUnknownIsNeverRunAgain(t *testing.T) {
 }
 
 // Under the policy take_over the record is kept with its lease ended: the next repeat
-// takes it over at once, under the same record id (and so the same foreign keys).
+// takes it over at once, under the same record id (and the same derived keys).
 func TestAnOutcomeUnknownUnderTakeOverIsTakenOverUnderTheSameRecordID(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)

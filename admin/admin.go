@@ -50,7 +50,8 @@ type Store interface {
 	// transaction rolls back — but not for effects outside the store. An unfinished
 	// operation's record ([idemstore.Record.Unfinished]) is refused with [ErrUnfinished] unless
 	// params.Abandon: its committed steps stay done and nothing will finish them, and
-	// the key's next request starts a new operation, with new foreign keys. The lease
+	// the key's next request starts a new operation (whose outside calls carry the same
+	// derived keys when it has the same parameters, SPEC §13). The lease
 	// is judged first: a live unfinished record needs both.
 	RecordDelete(ctx context.Context, params *RecordDeleteParams) error
 
@@ -177,6 +178,13 @@ func (r *Record) Unfinished() bool {
 // Expired reports whether the record counts as absent at now (SPEC §8): its
 // ExpiresAt passed, and it is not an unfinished operation.
 func (r *Record) Expired(now time.Time) bool { return !r.Unfinished() && !now.Before(r.ExpiresAt) }
+
+// DerivedKey returns the derived key of the outside call made at step by the record's
+// operation (SPEC §13, [idemstore.Record.DerivedKey]): what a card processor or idem
+// proxy's upstream was sent.
+func (r *Record) DerivedKey(step string) string {
+	return idemstore.DeriveKey(r.Scope, r.Key, r.ID, r.Fingerprint, step)
+}
 
 // LeaseLive reports whether the record is in flight under a live lease at now.
 func (r *Record) LeaseLive(now time.Time) bool {

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -117,15 +116,7 @@ func (c *pgCluster) command(name string, args ...string) (string, error) {
 }
 
 // freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t testing.TB) int { return testenv.FreePort(t) }
 
 // TestPostgresOutageFailsClosedAndRecoversWithoutRestart stops the server's PostgreSQL
 // under it: requests get 503 store_unavailable with Retry-After and /healthz 503, the

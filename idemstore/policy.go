@@ -10,7 +10,7 @@ type LapsePolicy int
 const (
 	// LapseTakeOver, the zero value, takes the key over and runs the operation again,
 	// resuming after its last committed step (SPEC §13): for operations whose foreign
-	// effects are deduplicated (a foreign key from idem.Handle.ForeignKey) or absent.
+	// effects are deduplicated (a key from idem.Handle.DerivedKey) or absent.
 	LapseTakeOver LapsePolicy = iota
 	// LapseUnknown answers 500 outcome_unknown (idem.ErrOutcomeUnknown) instead, for
 	// operations whose foreign effects cannot be deduplicated: the claim stores that

@@ -102,7 +102,8 @@ type Record struct {
 	// Key is the idempotency key as parsed (unquoted).
 	Key string
 	// ID is new at every claim of an absent or expired key and kept across takeovers of
-	// a lapsed lease. Foreign keys derive from it (idem.Handle.ForeignKey, SPEC §13).
+	// a lapsed lease ([NewRecordID]). Its prefix says how the record's derived keys are
+	// made ([Record.DerivedKey], SPEC §13).
 	ID string
 	// Fingerprint identifies the request that created the record.
 	Fingerprint Fingerprint
@@ -142,7 +143,7 @@ type Record struct {
 // Unfinished reports whether the record is an unfinished operation (SPEC §13): in
 // flight after one of its steps committed. Such a record never expires and no cleaner
 // deletes it until it is completed or an operator settles it, so that a retry or the
-// idem.Completer always finds it, with its record id and so its foreign keys.
+// idem.Completer always finds it, with its record id and its derived keys.
 func (r *Record) Unfinished() bool { return r.State == StateInFlight && r.RecoveryPoint != "" }
 
 // Expired reports whether the record counts as absent at now (SPEC §8): its

@@ -591,7 +591,7 @@ func deleteUnfinished(t *testing.T, b *bundle) {
 		t.Fatalf("RecordDelete abandoning the unfinished operation: %v", err)
 	}
 	b.mustBeGone(b.scope, lapsed.Key)
-	// The key starts a new operation: a new record id, so new foreign keys.
+	// The key starts a new operation: a new record id.
 	if fresh := b.claim(b.scope, lapsed.Key, now); fresh.RecordID == lapsed.RecordID {
 		t.Fatal("test bug: the fresh claim reused the record id")
 	}

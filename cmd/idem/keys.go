@@ -73,6 +73,7 @@ type keysCommand struct {
 	fs                  *flag.FlagSet
 	store, scope, token string
 	json                bool
+	step                string // get --step
 	// keys open sealed records (get --body, resolve; SPEC §19).
 	keys keyURLs
 }
@@ -160,13 +161,15 @@ func parseKey(raw string) (string, error) {
 	return key, nil
 }
 
-const keysGetSynopsis = `--store URL (--scope SCOPE | --token TOKEN) --key KEY [--body] [--json]
+const keysGetSynopsis = `--store URL (--scope SCOPE | --token TOKEN) --key KEY [--step STEP] [--body] [--json]
        idem keys get --store URL --upstream-key KEY [--scope SCOPE] [--body] [--json]
 
 Shows one record: its state, record id, creation and expiry, the lease of an in-flight
 record, the stored response's status and size, the fingerprint, the recovery point, and
-the key that idem proxy derives from the record for the upstream (hex SHA-256(record id
-‖ "upstream")), so that a record can be matched with the upstream's logs. An expired
+the key that idem proxy derives from the record for the upstream (SPEC §13, §17), so
+that a record can be matched with the upstream's logs; with --step, also the derived
+key of the outside call the operation makes at that step (the key a card processor
+saw for the step "processor_charge" of idem payments). An expired
 record shows until it is deleted. The response's headers and body show only with
 --body. The lock token never shows.
 
@@ -179,6 +182,7 @@ func runKeysGet(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	rawKey := c.fs.String("key", "", "the idempotency `key`, as the client sent it in Idempotency-Key (required, unless --upstream-key)")
 	upstreamKey := c.fs.String("upstream-key", "", "find the record by the `key` idem proxy derived from it for the upstream, instead of --key")
 	body := c.fs.Bool("body", false, "also show the stored response's headers and body (of a sealed record: only with --encryption-key)")
+	c.fs.StringVar(&c.step, "step", "", "also show the derived key of the outside call made at `step` (SPEC §13), e.g. processor_charge")
 	if code, done := parse(c.fs, args, stdout, stderr); done {
 		return code
 	}
@@ -215,7 +219,7 @@ func findByUpstreamKey(ctx context.Context, as admin.Store, scope, key string) (
 			return nil, err
 		}
 		for _, r := range res.Records {
-			if upstreamKeyOf(r.ID) == key {
+			if upstreamKeyOf(r) == key {
 				return r, nil
 			}
 		}
@@ -228,7 +232,7 @@ func findByUpstreamKey(ctx context.Context, as admin.Store, scope, key string) (
 }
 
 // upstreamKeyOf is the key idem proxy derives from a record for the upstream.
-func upstreamKeyOf(recordID string) string { return idem.ForeignKey(recordID, proxy.ForeignKeyStep) }
+func upstreamKeyOf(r *admin.Record) string { return r.DerivedKey(proxy.UpstreamKeyStep) }
 
 func (c *keysCommand) get(ctx context.Context, as admin.Store, scope, key string, body bool, stdout, stderr io.Writer) int {
 	// The body is read either way: whether it is sealed shows without --body.
@@ -260,9 +264,15 @@ func (c *keysCommand) get(ctx context.Context, as admin.Store, scope, key string
 		if sealed {
 			j.SealedUnder = keyID
 		}
+		if c.step != "" {
+			j.DerivedKey = &stepKeyJSON{Step: c.step, Key: res.Record.DerivedKey(c.step)}
+		}
 		return writeJSON(stdout, stderr, c.fs.Name(), j)
 	}
 	writeRecord(stdout, res.Record, res.Now, body)
+	if c.step != "" {
+		fmt.Fprintf(stdout, "derived key   %s (of the outside call at step %q)\n", res.Record.DerivedKey(c.step), c.step)
+	}
 	if sealed {
 		fmt.Fprintf(stdout, "sealed under key %s: its headers, body and steps show with --body --encryption-key\n", keyID)
 	}
@@ -370,7 +380,9 @@ An unfinished operation (in flight after one of its steps committed, SPEC §13: 
 payments charge recorded pending before the card processor answered) is kept unless
 --abandon: deleting it abandons it. Its committed steps stay done (the pending charge
 stays pending), a foreign call it made stays made, nothing will finish it, and the key's
-next request starts a new operation under new foreign keys. The command prints what it
+next request starts a new operation (its foreign calls carry the same derived keys when
+its parameters are the same, so a processor that remembers them answers from the first
+call). The command prints what it
 abandons. Prefer letting the completer finish it, or 'idem keys resolve'.
 
 Kept records make the command exit 1 after deleting the rest; run it again after their
@@ -464,7 +476,7 @@ func (c *keysCommand) delete(ctx context.Context, as admin.Store, scope, key str
 		fmt.Fprintf(stdout, "deleted %s of scope %s\n", what, showScope(scope))
 		for _, r := range abandoned {
 			fmt.Fprintf(stdout, "abandoned key %q: %s; its committed steps stay done and nothing will finish it: "+
-				"the key's next request starts a new operation, under new foreign keys\n", r.Key, describeUnfinished(r, now))
+				"the key's next request starts a new operation\n", r.Key, describeUnfinished(r, now))
 		}
 	}
 	var kept []string
@@ -526,7 +538,7 @@ func (c *keysCommand) refusedUnfinished(ctx context.Context, as admin.Store, sco
 }
 
 // describeUnfinished says what an unfinished operation's record holds: its operation,
-// last committed step, record id (from which its foreign keys derive) and age.
+// last committed step, record id and age.
 func describeUnfinished(r *admin.Record, now time.Time) string {
 	op := "an unnamed operation"
 	if r.Operation != "" {
@@ -590,6 +602,8 @@ type keyRecordJSON struct {
 	RecoveryPoint     string          `json:"recovery_point"`
 	// UpstreamKey is the key idem proxy derives from the record for the upstream.
 	UpstreamKey string `json:"upstream_key"`
+	// DerivedKey is the derived key of the step get --step names.
+	DerivedKey *stepKeyJSON `json:"derived_key,omitempty"`
 	// Unfinished is true for an unfinished operation (SPEC §13), which never expires.
 	Unfinished     bool   `json:"unfinished"`
 	OutcomeUnknown bool   `json:"outcome_unknown"`
@@ -603,6 +617,12 @@ type keyRecordJSON struct {
 	// SealedUnder is the key a sealed record's content is sealed under (SPEC §19),
 	// when it was not opened (get without --body).
 	SealedUnder string `json:"sealed_under,omitempty"`
+}
+
+// stepKeyJSON is the derived key of one step (SPEC §13).
+type stepKeyJSON struct {
+	Step string `json:"step"`
+	Key  string `json:"key"`
 }
 
 type listJSON struct {
@@ -627,7 +647,7 @@ func recordJSON(r *admin.Record, now time.Time, body bool) keyRecordJSON {
 		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, LeaseLive: r.LeaseLive(now),
 		ResponseNotStored: r.NotStored, ResponseBytes: r.BodySize,
 		Fingerprint: fingerprint(r.Fingerprint), RecoveryPoint: r.RecoveryPoint, Unfinished: r.Unfinished(),
-		OutcomeUnknown: r.OutcomeUnknown, Operation: r.Operation, UpstreamKey: upstreamKeyOf(r.ID),
+		OutcomeUnknown: r.OutcomeUnknown, Operation: r.Operation, UpstreamKey: upstreamKeyOf(r),
 	}
 	if r.OutcomeUnknown {
 		j.State = admin.StateOutcomeUnknown // as the text says, and --state names it
@@ -672,7 +692,7 @@ func writeRecord(w io.Writer, r *admin.Record, now time.Time, body bool) {
 	fmt.Fprintf(tw, "key\t%s\n", r.Key)
 	fmt.Fprintf(tw, "state\t%s\n", describeState(r, now))
 	fmt.Fprintf(tw, "record id\t%s\n", r.ID)
-	fmt.Fprintf(tw, "upstream key\t%s (what idem proxy sends the upstream)\n", upstreamKeyOf(r.ID))
+	fmt.Fprintf(tw, "upstream key\t%s (what idem proxy sends the upstream)\n", upstreamKeyOf(r))
 	fmt.Fprintf(tw, "created\t%s\n", showTime(r.CreatedAt, now))
 	if r.Unfinished() {
 		fmt.Fprintf(tw, "expires\tnot while unfinished (created + TTL: %s); a TTL after its completion\n", showTime(r.ExpiresAt, now))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"io"
 	"path/filepath"
@@ -161,13 +162,19 @@ func TestKeysGetListAndDeleteOnEveryStore(t *testing.T) {
 
 // unknownFixture leaves, in the scope of token tok_a, key-lost completed as outcome
 // unknown (its holder died under the policy unknown) next to keysFixture's records.
+// The record id and fingerprint of unknownFixture's key-lost.
+var (
+	lostRecordID    = idemstore.RecordIDPrefix + "00112233445566778899aabbccddeeff"
+	lostFingerprint = idem.Fingerprint{Version: 1, Sum: sha256.Sum256([]byte("key-lost's request"))}
+)
+
 func unknownFixture(t *testing.T, url string) {
 	t.Helper()
 	keysFixture(t, url)
 	ctx, st := openFixtureStore(t, url)
 	scope, now := payments.ScopeOfToken("tok_a"), time.Now()
-	p := &idemstore.ClaimParams{Scope: scope, Key: "key-lost", Token: "tok-dead", RecordID: "rec-key-lost",
-		Fingerprint: idem.Fingerprint{Version: 1}, Lease: time.Second, TTL: 2 * time.Hour, Now: now.Add(-time.Minute)}
+	p := &idemstore.ClaimParams{Scope: scope, Key: "key-lost", Token: "tok-dead", RecordID: lostRecordID,
+		Fingerprint: lostFingerprint, Lease: time.Second, TTL: 2 * time.Hour, Now: now.Add(-time.Minute)}
 	if _, err := st.store.RecordClaim(ctx, p); err != nil {
 		t.Fatal(err)
 	}
@@ -410,16 +417,19 @@ func TestKeysGetShowsAndFindsTheUpstreamKey(t *testing.T) {
 			t.Parallel()
 			url := s.url(t)
 			unknownFixture(t, url)
-			want := idem.ForeignKey("rec-key-lost", "upstream")
+			scope := payments.ScopeOfToken("tok_a")
+			want := idemstore.DeriveKey(scope, "key-lost", lostRecordID, lostFingerprint, "upstream")
+			charge := idemstore.DeriveKey(scope, "key-lost", lostRecordID, lostFingerprint, "processor_charge")
 			a := []string{"--store", url, "--token", "tok_a"}
-			out, _ := mustRun(t, exitOK, append([]string{"keys", "get", "--key", "key-lost"}, a...)...)
-			if !strings.Contains(out, "upstream key  "+want) {
-				t.Errorf("keys get says\n%s\nwant the upstream key %s", out, want)
+			out, _ := mustRun(t, exitOK, append([]string{"keys", "get", "--key", "key-lost", "--step", "processor_charge"}, a...)...)
+			if !strings.Contains(out, "upstream key  "+want) || !strings.Contains(out, "derived key   "+charge) {
+				t.Errorf("keys get --step processor_charge says\n%s\nwant the upstream key %s and the step's derived key %s", out, want, charge)
 			}
-			out, _ = mustRun(t, exitOK, append([]string{"keys", "get", "--key", "key-lost", "--json"}, a...)...)
+			out, _ = mustRun(t, exitOK, append([]string{"keys", "get", "--key", "key-lost", "--json", "--step", "processor_charge"}, a...)...)
 			var rec keyRecordJSON
-			if err := json.Unmarshal([]byte(out), &rec); err != nil || rec.UpstreamKey != want || rec.State != "outcome_unknown" {
-				t.Errorf("keys get --json: %+v %v, want upstream_key %s and state outcome_unknown", rec, err, want)
+			if err := json.Unmarshal([]byte(out), &rec); err != nil || rec.UpstreamKey != want || rec.State != "outcome_unknown" ||
+				rec.DerivedKey == nil || *rec.DerivedKey != (stepKeyJSON{Step: "processor_charge", Key: charge}) {
+				t.Errorf("keys get --json: %+v %v, want upstream_key %s, derived_key %s and state outcome_unknown", rec, err, want, charge)
 			}
 			if strings.HasPrefix(url, "redis") {
 				return // Redis cannot list its keys

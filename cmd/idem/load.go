@@ -14,7 +14,8 @@ import (
 
 const loadSynopsis = `--url URL [--concurrency 32] [--duration 10s | --requests N]
                  [--duplicate-ratio F] [--concurrent-duplicates K]
-                 [--endpoint charges|orders|replay|get] [--no-key] [--token T] [--json]
+                 [--endpoint charges|orders|replay|get] [--no-key] [--unkeyed-api]
+                 [--token T] [--json]
 
 Loads the payments API at --url, then verifies exactly-once. Workers send POST
 /v1/charges or POST /v1/orders with a fresh random bearer token (one principal per run)
@@ -35,7 +36,10 @@ sends its key and body again with every request (each answer is a stored replay)
 reads it with GET /v1/charges/{id}.
 
 With --no-key (for 'idem payments --disable-idempotency') exactly-once cannot be
-checked: only counts are reported.`
+checked: only counts are reported. With --unkeyed-api (for 'idem proxy' in front of
+'idem payments --disable-idempotency', which records no key on its charges) each charge
+is matched with the request whose 201s named it: a charge that no answer named is an
+execution no client was answered, and fails the check.`
 
 // loadFlags are the flags of `idem load`.
 type loadFlags struct {
@@ -44,7 +48,7 @@ type loadFlags struct {
 	requests                      int64
 	duration, timeout, retryLimit time.Duration
 	dupRatio                      float64
-	noKey, json                   bool
+	noKey, unkeyedAPI, json       bool
 }
 
 func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -59,6 +63,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.dupConcurrent, "concurrent-duplicates", 1, "send each key from `K` workers at once (in rounds of ceil(concurrency/K) keys)")
 	fs.StringVar(&f.endpoint, "endpoint", string(load.EndpointCharges), "what to send: charges, orders, replay (one key resent) or get (GET /v1/charges/{id})")
 	fs.BoolVar(&f.noKey, "no-key", false, "send no Idempotency-Key (for a server run with --disable-idempotency)")
+	fs.BoolVar(&f.unkeyedAPI, "unkeyed-api", false, "the API records no key on its charges (behind 'idem proxy', with no idempotency of its own): match each charge with the request whose 201s named it (charges only)")
 	fs.StringVar(&f.token, "token", "", "bearer token of the principal (default: a fresh random token per run)")
 	fs.DurationVar(&f.timeout, "timeout", load.DefaultTimeout, "bound of one HTTP request")
 	fs.DurationVar(&f.retryLimit, "retry-deadline", load.DefaultRetryDeadline, "how long the verification retries requests that have no final answer")
@@ -128,10 +133,13 @@ func (f *loadFlags) config(visit func(func(*flag.Flag))) (load.Config, error) {
 	if f.noKey && endpoint == load.EndpointReplay {
 		return cfg, errors.New("--endpoint replay needs keys: drop --no-key")
 	}
+	if f.unkeyedAPI && (f.noKey || endpoint != load.EndpointCharges) {
+		return cfg, errors.New("--unkeyed-api matches charges with their requests' keys: it needs --endpoint charges and keys")
+	}
 	return load.Config{
 		URL: f.url, Concurrency: f.concurrency, Duration: f.duration, Requests: f.requests,
 		DuplicateRatio: f.dupRatio, ConcurrentDuplicates: f.dupConcurrent, Endpoint: endpoint,
-		NoKey: f.noKey, Token: f.token, Timeout: f.timeout, RetryDeadline: f.retryLimit,
+		NoKey: f.noKey, UnkeyedAPI: f.unkeyedAPI, Token: f.token, Timeout: f.timeout, RetryDeadline: f.retryLimit,
 	}, nil
 }
 

@@ -35,9 +35,10 @@ flight gets 409 request_in_progress, the same key with another body 409 key_reus
 Every other request, and every protocol upgrade (WebSocket), is forwarded untouched.
 
 The upstream gets the request as sent (its Host, body and headers; X-Forwarded-For
-extended) with Idempotency-Key replaced by a key derived from the record, hex
-SHA-256(record id ‖ "upstream"): the same for every proxy that takes the record over,
-for the record's whole life. The scope of a key is the hex SHA-256 of the
+extended) with Idempotency-Key replaced by a key derived from the scope, the key and
+the request's fingerprint: the same for every proxy that takes the record over, and for
+the retry of a released or lost record, so that an upstream that deduplicates by it
+runs one request once. The scope of a key is the hex SHA-256 of the
 --scope-header's value (or of the --scope-cookie); a keyed request without it, or with
 only empty values, gets 401 scope_required.
 
@@ -109,7 +110,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.Var(&f.methods, "methods", "`methods` whose requests are protected when they carry a key, comma-separated ('' for none: only the --require-key routes)")
 	fs.Var(&f.requireKey, "require-key", "a route whose requests must carry a key (400 key_required without one), as a net/http ServeMux `pattern`: 'POST /v1/charges', 'POST /v1/orders/{id}/pay', '/v1/transfers/' (repeatable; several comma-separated)")
 	fs.Var(&f.routes, "route", "a route that names protected requests in metrics and logs, as a net/http ServeMux `pattern` such as 'POST /v1/charges' (repeatable; several comma-separated; the --require-key patterns name their routes too; other protected requests are named by their method)")
-	fs.StringVar(&f.upstreamKeyHeader, "upstream-key-header", proxy.DefaultUpstreamKeyHeader, "`header` that carries the derived key, hex SHA-256(record id ‖ \"upstream\"), to the upstream, replacing one the client sent ('' sends none)")
+	fs.StringVar(&f.upstreamKeyHeader, "upstream-key-header", proxy.DefaultUpstreamKeyHeader, "`header` that carries the derived key (SPEC §13: from the scope, key, fingerprint and step \"upstream\") to the upstream, replacing one the client sent ('' sends none)")
 	fs.Var(&f.onLapse, "on-lapse", "`policy` of a retry that finds its key's holder (a proxy that died mid-forward) gone after its lease: unknown (answer 500 outcome_unknown until 'idem keys resolve': the upstream may or may not have acted) or take_over (forward again under the same derived key, for an upstream that deduplicates by it)")
 	fs.DurationVar(&f.inFlightWait, "in-flight-wait", idem.DefaultInFlightWait, "how long a duplicate of a request still in flight waits for it to finish and gets its replay, before it answers 409 request_in_progress (0: answer at once)")
 	fs.Int64Var(&f.maxBodyBytes, "max-body-bytes", idem.DefaultMaxBodyBytes, "largest request body of a protected request, in `bytes`: a larger one is refused 413 body_too_large (other requests are forwarded as they come)")

@@ -233,3 +233,32 @@ func (f *fake) page(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": page, "has_more": more})
 }
+
+// TestUnkeyedAPIIsMatchedByTheIDsItsAnswersNamed: an API that records no key on its
+// charges (behind idem proxy), which executes each key once and replays its first
+// answer to the duplicates, is exactly once when Config.UnkeyedAPI gives each charge
+// the key whose answers named it; read by their keys, its charges have none.
+func TestUnkeyedAPIIsMatchedByTheIDsItsAnswersNamed(t *testing.T) {
+	t.Parallel()
+	var (
+		mu       sync.Mutex
+		answered = map[string]string{} // key → its charge
+	)
+	once := func(f *fake, key string, n int) (int, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if id, ok := answered[key]; ok {
+			return http.StatusCreated, id
+		}
+		_, id := f.create("")
+		answered[key] = id
+		return http.StatusCreated, id
+	}
+	for _, unkeyed := range []bool{true, false} {
+		cfg := load.Config{URL: fakeAPI(t, once).URL, Concurrency: 4, ConcurrentDuplicates: 2, Requests: 40, UnkeyedAPI: unkeyed}
+		_, v := runAndVerify(t, cfg)
+		if want := map[bool]string{true: load.ExactlyOnceOK, false: load.ExactlyOnceFail}[unkeyed]; v.Result != want || v.Created == 0 {
+			t.Fatalf("UnkeyedAPI %v: verification %s (%d created), want %s: %s", unkeyed, v.Result, v.Created, want, v.Line())
+		}
+	}
+}

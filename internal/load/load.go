@@ -106,6 +106,16 @@ type Config struct {
 	// so that a run sees only its own charges.
 	Token string
 
+	// UnkeyedAPI says that the API records no idempotency key on its charges: an API
+	// behind `idem proxy` that has no keys of its own (`idem payments
+	// --disable-idempotency`). Verify then gives each listed charge to the logical
+	// request whose 2xx answers named it, instead of reading its key; a charge that no
+	// answer named is an execution whose answer no client got (a duplicate that ran
+	// again), and a discrepancy, as is the charge of a request left without a final
+	// answer (it cannot be told from one). Orders cannot be checked so. Defaults to
+	// false.
+	UnkeyedAPI bool
+
 	// Timeout bounds one HTTP request. Defaults to [DefaultTimeout].
 	Timeout time.Duration
 

@@ -3,6 +3,7 @@ package load_test
 import (
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 func TestVerifierFailsOnEveryBrokenPromise(t *testing.T) {
 	t.Parallel()
 	create := func(f *fake, key string, n int) (int, string) { return f.create(key) }
+	var answered sync.Map // key → the charge its first answer named
 	cases := []struct {
 		promise   string
 		cfg       load.Config
@@ -114,6 +116,18 @@ func TestVerifierFailsOnEveryBrokenPromise(t *testing.T) {
 				return f.create(key)
 			},
 			want: "1 charge without an idempotency key",
+		},
+		{
+			promise: "behind a proxy, every charge is one that an answer named",
+			// An API without keys of its own behind a proxy that let a duplicate
+			// through: it charged again, and that answer reached no client.
+			cfg: load.Config{ConcurrentDuplicates: 2, Requests: 40, UnkeyedAPI: true},
+			behave: func(f *fake, key string, n int) (int, string) {
+				_, id := f.create("")
+				first, _ := answered.LoadOrStore(key, id)
+				return http.StatusCreated, first.(string)
+			},
+			want: "without an idempotency key (ch_",
 		},
 	}
 	for _, tc := range cases {

@@ -117,6 +117,9 @@ func Verify(ctx context.Context, res *Result) (*Verification, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.UnkeyedAPI {
+		objects = keysFromAnswers(objects, outcomes)
+	}
 	v.Objects = len(objects)
 	switch {
 	case cfg.NoKey:
@@ -129,6 +132,9 @@ func Verify(ctx context.Context, res *Result) (*Verification, error) {
 			again, err := listCharges(ctx, cfg)
 			if err != nil {
 				return nil, err
+			}
+			if cfg.UnkeyedAPI {
+				again = keysFromAnswers(again, outcomes)
 			}
 			v.Discrepancies = appendNew(v.Discrepancies, Late(objects, again, objectNoun(cfg)))
 			v.Discrepancies = appendNew(v.Discrepancies, Match(outcomes, again, listed, objectNoun(cfg)))
@@ -209,6 +215,25 @@ func (oc *Outcome) first() Reply { return Reply{Status: oc.Final, Code: oc.Code,
 type Object struct {
 	ID  string
 	Key string
+}
+
+// keysFromAnswers gives each object without a key the key of the logical request
+// whose 2xx answers named it (Config.UnkeyedAPI); an object that no answer named keeps
+// none.
+func keysFromAnswers(objects []Object, outcomes []Outcome) []Object {
+	byID := map[string]string{}
+	for _, oc := range outcomes {
+		for _, id := range oc.IDs {
+			byID[id] = oc.Key
+		}
+	}
+	out := slices.Clone(objects)
+	for i, ob := range out {
+		if ob.Key == "" {
+			out[i].Key = byID[ob.ID]
+		}
+	}
+	return out
 }
 
 // Match compares the outcomes of keyed logical requests with the objects the server

@@ -15,7 +15,7 @@ import (
 //  1. the step stepPending records the charge as pending, in one transaction with
 //     the record's recovery point, before the processor is called, so that a crash
 //     during the call leaves a charge to resume;
-//  2. the processor call, under the key Handle.ForeignKey(stepProcessor): the same
+//  2. the processor call, under the key Handle.DerivedKey(stepProcessor): the same
 //     for every holder of the record, so that the processor answers a repeated call
 //     with the charge it made, and never makes a second;
 //  3. one transaction that saves the processor's answer, settles the charge
@@ -130,7 +130,7 @@ func (s *Server) resumeCharge(ctx context.Context, h *idem.Handle) error {
 func (s *Server) processorCharge(ctx context.Context, sc string, p pendingCharge) (func(context.Context, querier) (reply, error), error) {
 	key := ""
 	if h := idem.FromContext(ctx); h != nil {
-		key = h.ForeignKey(stepProcessor)
+		key = h.DerivedKey(stepProcessor)
 	}
 	status, pchID := statusSucceeded, (*string)(nil)
 	pch, err := s.processor.charge(ctx, key, p.Amount, p.Currency)

@@ -114,9 +114,9 @@ func TestChargeThroughProcessorCarriesItsChargeMadeUnderTheDerivedKey(t *testing
 		if c["status"] != statusSucceeded || c["processor_charge_id"] != pchs[0]["id"] {
 			t.Fatalf("charge %s, want succeeded with the processor's charge %v", w.Body, pchs[0]["id"])
 		}
-		// The processor's key is hex SHA-256(record id ‖ step): the same for every
-		// holder of the record.
-		if got, want := pchs[0]["idempotency_key"], idem.ForeignKey(b.record("tok_a", key).ID, stepProcessor); got != want {
+		// The processor's key is derived from the request and the step: the same for
+		// every holder of the record, and for every record of this request.
+		if got, want := pchs[0]["idempotency_key"], b.record("tok_a", key).DerivedKey(stepProcessor); got != want {
 			t.Fatalf("the processor's charge has key %v, want %s", got, want)
 		}
 		again := b.postCharge("tok_a", key, `{"currency": "usd", "amount": 2000}`)
@@ -239,7 +239,7 @@ func TestAChargePendingPastItsTTLIsFinishedByTheRetryOnce(t *testing.T) {
 		b := newBundle(withProcessor(p.url), withStoreClock(clock, time.Minute))
 		body := `{"amount": 777, "currency": "usd"}`
 		key, pending := pendingPastItsTTL(t, b, p, clock, body)
-		id := b.record("tok_a", key).ID
+		first := b.record("tok_a", key)
 
 		w := b.postCharge("tok_a", key, body)
 		wantStatus(t, w, http.StatusCreated)
@@ -248,8 +248,8 @@ func TestAChargePendingPastItsTTLIsFinishedByTheRetryOnce(t *testing.T) {
 		if c["id"] != pending || c["status"] != statusSucceeded || len(pchs) != 1 || c["processor_charge_id"] != pchs[0]["id"] {
 			t.Fatalf("the retry past the TTL: %s, processor %v; want the pending charge %s succeeded with the one processor charge", w.Body, pchs, pending)
 		}
-		if pchs[0]["idempotency_key"] != idem.ForeignKey(id, stepProcessor) {
-			t.Fatalf("the processor's charge has key %v, want the one derived from the first record %s", pchs[0]["idempotency_key"], id)
+		if pchs[0]["idempotency_key"] != first.DerivedKey(stepProcessor) {
+			t.Fatalf("the processor's charge has key %v, want the one derived from the first record %s", pchs[0]["idempotency_key"], first.ID)
 		}
 		if n := b.count("charges"); n != 1 {
 			t.Fatalf("payments holds %d charges, want 1", n)

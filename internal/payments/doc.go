@@ -41,7 +41,7 @@
 // With Config.ProcessorURL, POST /v1/charges charges through a card processor (`idem
 // processor`) with recovery points (SPEC §13, charge_steps.go): the charge is recorded
 // pending with the record's recovery point, charged at the processor under
-// idem.Handle.ForeignKey("processor_charge"), then settled with the answer in one
+// idem.Handle.DerivedKey("processor_charge"), then settled with the answer in one
 // transaction; a takeover (a retry, or the idem.Completer through the resume function
 // the route registers; [Server.Guard]) resumes after the pending step, so a card is
 // charged once however often the process dies. The DB must be the store's own

@@ -23,16 +23,37 @@ import (
 func Schema(t testing.TB) (dbURL, schema string) {
 	t.Helper()
 	dbURL = testenv.PostgresURL(t)
-	schema = testenv.Name("t_")
+	return dbURL, NewSchema(t, dbURL)
+}
+
+// SchemaOwner returns the test database's URL (as [Schema] finds it), for schemas that
+// [NewSchema] creates.
+func SchemaOwner(t testing.TB) string {
+	t.Helper()
+	return testenv.PostgresURL(t)
+}
+
+// NewSchema creates a fresh, empty schema named t_<random> in the database at dbURL,
+// dropped with everything in it when the test ends, and returns its name.
+func NewSchema(t testing.TB, dbURL string) string {
+	t.Helper()
+	return CreateSchema(t, dbURL, t)
+}
+
+// CreateSchema is NewSchema for a schema that outlives t: it is dropped when owner (t
+// or a test that t runs under) ends.
+func CreateSchema(t testing.TB, dbURL string, owner testing.TB) string {
+	t.Helper()
+	schema := testenv.Name("t_")
 	Exec(t, dbURL, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
-	t.Cleanup(func() {
+	owner.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := exec(ctx, dbURL, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("pgtest: dropping schema %s: %v", schema, err)
+			owner.Errorf("pgtest: dropping schema %s: %v", schema, err)
 		}
 	})
-	return dbURL, schema
+	return schema
 }
 
 // SearchPathURL returns dbURL with its search_path set to schema, for code that uses

@@ -15,8 +15,8 @@
 //     Authorization by default) or of one cookie (Config.ScopeCookie), so that no
 //     token is stored or logged;
 //   - the derived key: a protected request reaches the upstream with
-//     Idempotency-Key (Config.UpstreamKeyHeader) = hex SHA-256(record id ‖ "upstream"),
-//     the foreign key of SPEC §13, the same for every forward of the record, so that
+//     Idempotency-Key (Config.UpstreamKeyHeader) = the record's derived key for the step
+//     "upstream" (SPEC §13), the same for every forward of the request, so that
 //     an upstream that deduplicates by key makes every repeat the proxy cannot rule
 //     out safe;
 //   - what crossed the network (exchange.go): a key is released only when the request

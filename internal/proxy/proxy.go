@@ -57,9 +57,10 @@ const (
 // SharedScope is the scope of every record when [Config.SharedScope] is set.
 const SharedScope = "shared"
 
-// ForeignKeyStep is the step whose foreign key ([idem.Handle.ForeignKey]) the
-// upstream receives: the derived key is hex SHA-256(record id ‖ "upstream").
-const ForeignKeyStep = "upstream"
+// UpstreamKeyStep is the step whose derived key ([idem.Handle.DerivedKey]) the
+// upstream receives: the same for every forward of one request, whether the record
+// was taken over, released or lost (SPEC §17).
+const UpstreamKeyStep = "upstream"
 
 // The codes of the proxy's own errors, written in the middleware's profile with the
 // seed type "api_error".
@@ -861,7 +862,7 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	delete(out, p.keyHeader)
 	if p.upstreamKeyHeader != "" {
 		delete(out, p.upstreamKeyHeader)
-		out[strings.ToLower(p.upstreamKeyHeader)] = []string{h.ForeignKey(ForeignKeyStep)}
+		out[strings.ToLower(p.upstreamKeyHeader)] = []string{h.DerivedKey(UpstreamKeyStep)}
 	}
 }
 

@@ -376,7 +376,7 @@ func TestTheUpstreamGetsTheRequestAsSentWithTheDerivedKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]string{
-		"Idempotency-Key":   idem.ForeignKey(rec.ID, proxy.ForeignKeyStep), // replaces the client's
+		"Idempotency-Key":   rec.DerivedKey(proxy.UpstreamKeyStep), // replaces the client's
 		"Authorization":     "Bearer tok_a",
 		"X-Custom":          "kept",
 		"X-Forwarded-For":   "203.0.113.9, 127.0.0.1",
@@ -989,7 +989,11 @@ func TestATakeOverForwardsAgainUnderTheDeadHoldersDerivedKey(t *testing.T) {
 		t.Fatalf("takeover: %d %s", got.status, got.body)
 	}
 	h, _ := b.up.last()
-	if want := idem.ForeignKey("rec-dead-2", proxy.ForeignKeyStep); h.Get("Idempotency-Key") != want {
+	rec, err := b.record("tok_a", key1)
+	if err != nil || rec.ID != "rec-dead-2" {
+		t.Fatalf("the record after the takeover: %+v, %v; want the dead holder's", rec, err)
+	}
+	if want := rec.DerivedKey(proxy.UpstreamKeyStep); h.Get("Idempotency-Key") != want {
 		t.Fatalf("the takeover sent Idempotency-Key %q, want the dead holder's %q", h.Get("Idempotency-Key"), want)
 	}
 }

@@ -34,6 +34,37 @@
 // record committed since its snapshot): the server logs it as an ERROR
 // (log_min_messages), and Respond claims the key the usual way.
 //
+// # Poolers and exec modes
+//
+// The store keeps no session state from one transaction to the next: no prepared
+// statement of its own, no session SET (each setting it changes is the transaction's,
+// set_config(…, true)), no session advisory lock (Migrate's and a ClaimInHandler
+// claim's are the transaction's). Consecutive transactions may run on different server
+// connections, so a transaction pooler may stand in between (PgBouncer in transaction
+// mode, RDS Proxy, Supavisor). What pgx keeps on a connection is chosen by the URL's
+// default_query_exec_mode, pgx's own parameter:
+//
+//   - cache_statement (pgx's default) prepares each statement by name once per
+//     connection: behind a transaction pooler it needs one that keeps prepared
+//     statements (PgBouncer 1.21 or later with max_prepared_statements > 0). Behind one
+//     that does not, such a statement fails as the store being unavailable (503,
+//     nothing happened), and its error says what to change.
+//   - cache_describe keeps each statement's description and sends its text with every
+//     execution: the mode for a pooler that keeps no prepared statements, at the
+//     default's round trips (the server parses and plans each statement afresh).
+//   - exec and simple_protocol need no description: their parameters travel as text.
+//   - describe_exec describes each statement in one round trip and binds what it
+//     described in the next, which a transaction pooler may have given another client:
+//     Migrate refuses it behind a pooler ([ErrModeUnsafeBehindPooler]); it finds one by
+//     the server process's id, which differs from the one the connection was opened
+//     with.
+//
+// In every mode but describe_exec a request costs the round trips of the table in
+// queries.go; describe_exec costs two for each statement (TestRoundTripsInEachExecMode).
+// The time each costs, straight and behind PgBouncer, is in docs/benchmarks.md. A
+// pooler passes on few startup parameters (PgBouncer refuses a search_path in the URL):
+// name the schema with Config.Schema.
+//
 // # database/sql
 //
 // Applications written against database/sql (sqlc's database/sql mode, sqlx, GORM)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/idem-go/idem/idemstore"
@@ -38,6 +39,9 @@ func interpretError(err error) error {
 		if pgErr.Code == sqlstateLeaseLost {
 			return idemstore.ErrLeaseLost
 		}
+		if lostStatement(pgErr) {
+			return fmt.Errorf("%w: %w (%s)", ErrUnavailable, err, poolerHint)
+		}
 		if unavailableCode(pgErr.Code) {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
@@ -45,6 +49,28 @@ func interpretError(err error) error {
 	}
 	// Not an answer from the server: the connection could not be made or was lost.
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// poolerHint says what to do when the server lost a prepared statement of the
+// connection's: a transaction pooler gave the connection's next transaction another
+// server connection (see "Poolers" in the package doc).
+const poolerHint = "a connection pooler in transaction mode between idem and PostgreSQL keeps no prepared statement " +
+	"from one transaction to the next: set default_query_exec_mode=cache_describe (or exec) in the database URL, " +
+	"or let the pooler keep them (PgBouncer 1.21 or later with max_prepared_statements > 0)"
+
+// lostStatement reports the server's errors about a prepared statement that the
+// connection's earlier round trips made and this one does not find as it was: one that
+// does not exist (26000), one prepared already under that name (42P05), or an unnamed
+// one whose parameters differ (08P01: the Bind of describe_exec met another client's).
+// Between idem and PostgreSQL that only happens behind a transaction pooler.
+func lostStatement(e *pgconn.PgError) bool {
+	switch e.Code {
+	case "26000", "42P05":
+		return true
+	case "08P01":
+		return strings.Contains(e.Message, "prepared statement")
+	}
+	return false
 }
 
 // sqlstateLeaseLost is raised by idem_fence (migration 0002) when the fenced completion

@@ -29,6 +29,8 @@ func TestInterpretErrorNormalisesAtTheEdge(t *testing.T) {
 		{"too many clients is unavailable", pgErr("53300"), ErrUnavailable, nil},
 		{"admin shutdown is unavailable", pgErr("57P01"), ErrUnavailable, nil},
 		{"a non-server error is unavailable", errors.New("dial tcp: connection refused"), ErrUnavailable, nil},
+		{"a prepared statement a pooler lost is unavailable", pgErr("26000"), ErrUnavailable, nil},
+		{"a prepared statement a pooler doubled is unavailable", pgErr("42P05"), ErrUnavailable, nil},
 		{"context cancellation passes through", context.Canceled, context.Canceled, []error{ErrUnavailable}},
 		{"own timeout passes through", context.DeadlineExceeded, context.DeadlineExceeded, []error{ErrUnavailable}},
 	}

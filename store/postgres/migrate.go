@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"slices"
@@ -56,19 +57,29 @@ func mustLoadMigrations() []migration {
 // Migrate creates the configured schema when it is missing and applies every embedded
 // migration not yet recorded in its idem_migrations table, all in one transaction under
 // an advisory lock: any number of processes may migrate the same schema at the same
-// moment; one applies the migrations and the others then find nothing to do.
+// moment; one applies the migrations and the others then find nothing to do. The lock
+// is the transaction's (pg_advisory_xact_lock), so that a transaction pooler in
+// between is no matter. Behind a pooler it refuses the pool's default_query_exec_mode
+// describe_exec ([ErrModeUnsafeBehindPooler]).
 func (s *Store) Migrate(ctx context.Context) error {
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		return s.migrateTx(ctx, tx)
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrModeUnsafeBehindPooler):
+		return err
+	case err != nil:
 		return fmt.Errorf("postgres: migrate: %w", interpretError(err))
 	}
 	return nil
 }
 
 func (s *Store) migrateTx(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, s.q.migrateLock, s.schema); err != nil {
+	var pid uint32
+	if err := tx.QueryRow(ctx, s.q.migrateLock, s.schema).Scan(&pid); err != nil {
+		return err
+	}
+	if err := s.refuseUnsafeMode(pid != tx.Conn().PgConn().PID()); err != nil {
 		return err
 	}
 	if err := s.createSchema(ctx, tx); err != nil {
@@ -96,6 +107,28 @@ func (s *Store) migrateTx(ctx context.Context, tx pgx.Tx) error {
 			return err
 		}
 		s.logger.InfoContext(ctx, "postgres: applied migration", "version", m.version, "name", m.name, "schema", s.schema)
+	}
+	return nil
+}
+
+// ErrModeUnsafeBehindPooler is what [Store.Migrate] returns when the pool's
+// default_query_exec_mode is describe_exec and a connection pooler stands between
+// the store and PostgreSQL. describe_exec prepares the unnamed statement in one round
+// trip and binds it in the next; a transaction pooler may give the unnamed statement's
+// server connection to another client in between, and the Bind then fails, or runs the
+// other client's statement with these parameters. cache_describe has the same
+// safety against schema changes in one round trip; exec and simple_protocol need no
+// description at all.
+var ErrModeUnsafeBehindPooler = errors.New("postgres: default_query_exec_mode=describe_exec is unsafe behind a connection pooler " +
+	"(it binds a statement prepared in an earlier round trip, which the pooler may have given another client): " +
+	"use cache_describe, exec or simple_protocol")
+
+// refuseUnsafeMode refuses the pool's exec mode when it cannot work behind a pooler
+// and one stands in between (pooled: the server process that answered is not the one
+// the connection was opened with).
+func (s *Store) refuseUnsafeMode(pooled bool) error {
+	if pooled && s.pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeDescribeExec {
+		return ErrModeUnsafeBehindPooler
 	}
 	return nil
 }

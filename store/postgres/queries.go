@@ -30,8 +30,8 @@ package postgres
 //     lock_timeout, the handler's statements; committed at the batch's end); a key
 //     recorded already (a replay, a reused key, an in-flight duplicate, an expired
 //     record) stops that transaction before anything is written (idem_stop raises
-//     IDL02; the transaction rolls back at the batch's end without a ROLLBACK; the
-//     statements are prepared by name, so pgx's cache drops none of them), then 1 (the
+//     IDL02; the transaction rolls back at the batch's end without a ROLLBACK; pgx's
+//     statement cache keeps the batch's statements, keepStatementCaches), then 1 (the
 //     claim answers) or, having taken it over, 1 + 1 (the claim, the statements under
 //     the lease). While the route's retries are frequent the middleware reads the key
 //     first (RecordGet, 1): a replay, a reused key or an in-flight duplicate is that

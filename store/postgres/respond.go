@@ -195,42 +195,26 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idems
 	if !implicit {
 		b.Queue("COMMIT")
 	}
-	appTo := appFrom + len(app.QueuedQueries)
-	for _, part := range [][]*pgx.QueuedQuery{b.QueuedQueries[:appFrom], b.QueuedQueries[appTo:]} {
-		if err := prepareNamed(ctx, conn.Conn(), part); err != nil {
-			return &idem.StoreError{Op: "prepare", Err: interpretError(err)}
-		}
-	}
-	if err := prepareNamed(ctx, conn.Conn(), b.QueuedQueries[appFrom:appTo]); err != nil {
-		// The server refused one of the application's statements (a table that does
-		// not exist, a syntax error): the handler's error to answer, never the store
-		// being unavailable. Anything else (the connection broke) is the store's.
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
-			return err
-		}
-		return &idem.StoreError{Op: "prepare", Err: interpretError(err)}
-	}
-	return s.sendBatch(ctx, conn, b, !implicit, claim, len(app.QueuedQueries), fenced)
+	return s.sendBatch(ctx, conn, b, !implicit, claim, appFrom, len(app.QueuedQueries), fenced)
 }
 
 // sendBatch sends b and reads its results in order, classifying the first error for
 // idem.ServeTx: the claim's (an idem.KeyTakenError when the key is recorded already,
 // or idem.ErrKeyInProgress), a statement of the application's (as is), the fence's
-// (idem.ErrLeaseLost), or the store's (an idem.StoreError). After the first error the
-// server skipped every statement up to the end of the batch, and rolled its implicit
-// transaction back.
-func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch, explicit bool, claim *idemstore.ClaimParams, app int, fenced bool) error {
+// (idem.ErrLeaseLost), or the store's (an idem.StoreError). The application's
+// statements are the app from appFrom on. After the first error the server skipped
+// every statement up to the end of the batch, and rolled its implicit transaction back.
+func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch, explicit bool, claim *idemstore.ClaimParams, appFrom, app int, fenced bool) error {
+	appSQL := make(map[string]bool, app)
+	for _, q := range b.QueuedQueries[appFrom : appFrom+app] {
+		appSQL[q.SQL] = true
+	}
 	br := conn.SendBatch(ctx, b)
-	var (
-		err    error
-		forget string // a statement whose plan the server refused
-	)
+	var err error
 	next := 0 // the statement exec reads the results of
 	var callbackErr error
 	exec := func(what string) {
 		q := b.QueuedQueries[next]
-		sql := q.SQL
 		next++
 		if err != nil {
 			return
@@ -242,7 +226,7 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 			if cbErr := q.Fn(br); cbErr != nil {
 				var pgErr *pgconn.PgError
 				if errors.As(cbErr, &pgErr) {
-					err = classifyApp(cbErr, &forget, sql)
+					err = classifyApp(cbErr)
 				} else if callbackErr == nil { // a broken connection fails Close too
 					callbackErr = cbErr
 				}
@@ -253,10 +237,15 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 		var pgErr *pgconn.PgError
 		switch {
 		case err == nil:
+		case refusedApp(err, appSQL):
+			// pgx describes (prepares) the batch's new statements before it sends
+			// them, and the server refused one of the application's (a table that
+			// does not exist, a syntax error): the handler's error to answer, never
+			// the store being unavailable.
 		case what == "claim":
 			err = claimError(err)
 		case what == "app" && errors.As(err, &pgErr):
-			err = classifyApp(err, &forget, sql)
+			err = classifyApp(err)
 		case what == "complete" && errors.Is(interpretError(err), idemstore.ErrLeaseLost):
 			err = idemstore.ErrLeaseLost
 		default:
@@ -278,6 +267,9 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 	if explicit {
 		exec("commit")
 	}
+	if stoppedAtTheClaim(err) {
+		keepStatementCaches(b)
+	}
 	// Close reads to the batch's end, where the implicit transaction commits: an
 	// error there is the commit's.
 	if closeErr := br.Close(); err == nil && closeErr != nil {
@@ -290,9 +282,6 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 			_ = pc.Close(context.WithoutCancel(ctx)) // never reuse it half-open
 		}
 	}
-	if forget != "" {
-		forgetNamed(ctx, conn.Conn(), forget)
-	}
 	if callbackErr != nil {
 		s.logger.ErrorContext(ctx, "postgres: a callback of Respond's statements failed; the transaction's outcome stands",
 			"error", callbackErr, "committed", err == nil)
@@ -300,16 +289,43 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 	return err
 }
 
+// refusedApp reports whether err is the server's refusal of one of the application's
+// statements (appSQL) when pgx described it before sending the batch.
+func refusedApp(err error, appSQL map[string]bool) bool {
+	var pre pgx.ErrPreprocessingBatch
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pre) && appSQL[pre.SQL()] && errors.As(err, &pgErr)
+}
+
+// stoppedAtTheClaim reports whether a Respond batch stopped at its claim by design:
+// the key is recorded already (idem_stop, or a record committed since the claim's
+// snapshot) or another claim of it holds its lock.
+func stoppedAtTheClaim(err error) bool {
+	var taken *idem.KeyTakenError
+	return errors.As(err, &taken) || errors.Is(err, idem.ErrKeyInProgress)
+}
+
+// keepStatementCaches keeps pgx's statement and description caches of the
+// connection whole after a batch that stopped at its claim by design. pgx drops every
+// statement of a batch that failed from its caches, on the guess that a statement's
+// plan went stale, which costs the connection's next batch a DEALLOCATE and a new
+// PREPARE (cache_statement) or a new describe (cache_describe); on a ClaimInHandler
+// route every replay that reaches Respond stops there (TestRespondRoundTrips). The
+// results read already, pgx's Close only closes the pipeline and forgets the
+// statements of the batch it was given, which is b: with its queue emptied, it
+// forgets none. It never prepares a statement of its own: no session state that a
+// transaction pooler would not keep.
+func keepStatementCaches(b *pgx.Batch) { b.QueuedQueries = nil }
+
 // classifyApp returns the error of one of the application's statements as Respond
-// returns it: a server's error as is (after a schema change, the statement is to be
-// prepared again: forget), anything else as the store's.
-func classifyApp(err error, forget *string, sql string) error {
+// returns it: a server's error as is, anything else as the store's. (After a schema
+// change the server refuses a statement whose plan pgx cached, "cached plan must not
+// change result type": pgx forgets the statements of a failed batch, and the next
+// prepares them afresh.)
+func classifyApp(err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return &idem.StoreError{Op: "app", Err: interpretError(err)}
-	}
-	if pgErr.Code == "0A000" { // cached plan must not change result type
-		*forget = sql
 	}
 	return err
 }
@@ -325,53 +341,6 @@ func claimError(err error) error {
 		return idem.ErrKeyInProgress
 	}
 	return &idem.StoreError{Op: "claim", Err: interpretError(err)}
-}
-
-// maxNamedStatements bounds how many of the applications' statements prepareNamed
-// prepares by name on one connection; further ones go through pgx's statement cache.
-const maxNamedStatements = 128
-
-// namedKey is the key of the connection's CustomData that holds the set of the
-// applications' statements prepareNamed prepared on it.
-const namedKey = "idem.postgres.named"
-
-// prepareNamed prepares the statements qs of a batch on conn by name (the SQL), once per
-// connection. pgx drops every statement of a batch that fails from its statement cache,
-// which costs a DEALLOCATE and a PREPARE on the connection's next use of them; a
-// Respond batch fails on every replay of a ClaimInHandler route (its insert of the
-// record meets the key's), and a statement prepared by name is not in that cache. The
-// applications' statements count against maxNamedStatements per connection (dynamic
-// SQL must not grow the server's prepared statements without bound).
-func prepareNamed(ctx context.Context, conn *pgx.Conn, qs []*pgx.QueuedQuery) error {
-	data := conn.PgConn().CustomData()
-	named, _ := data[namedKey].(map[string]bool)
-	if named == nil {
-		named = make(map[string]bool)
-		data[namedKey] = named
-	}
-	for _, q := range qs {
-		if named[q.SQL] {
-			continue
-		}
-		if len(named) >= maxNamedStatements {
-			continue
-		}
-		if _, err := conn.Prepare(ctx, q.SQL, q.SQL); err != nil {
-			return err
-		}
-		named[q.SQL] = true
-	}
-	return nil
-}
-
-// forgetNamed deallocates a statement prepareNamed prepared on conn whose plan the
-// server refuses after a schema change ("cached plan must not change result type"),
-// so that the next batch prepares it again.
-func forgetNamed(ctx context.Context, conn *pgx.Conn, sql string) {
-	if named, _ := conn.PgConn().CustomData()[namedKey].(map[string]bool); named[sql] {
-		delete(named, sql)
-		_ = conn.Deallocate(context.WithoutCancel(ctx), sql)
-	}
 }
 
 // insertDoneArgs are the arguments of RecordInsertCompleted.

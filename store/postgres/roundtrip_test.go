@@ -93,7 +93,16 @@ type countingBundle struct {
 
 func newCountingBundle(t *testing.T) *countingBundle {
 	t.Helper()
+	return newCountingBundleIn(t, "")
+}
+
+// newCountingBundleIn is newCountingBundle in pgx's exec mode mode ("": the default).
+func newCountingBundleIn(t *testing.T, mode string) *countingBundle {
+	t.Helper()
 	dbURL, schema := pgtest.Schema(t)
+	if mode != "" {
+		dbURL = pgtest.WithExecMode(t, dbURL, mode)
+	}
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		t.Fatal(err)
@@ -412,4 +421,99 @@ func poster(handler http.Handler) func(key string) int {
 		handler.ServeHTTP(rec, req)
 		return rec.Code
 	}
+}
+
+// TestRoundTripsInEachExecMode counts, in each of pgx's exec modes, the round trips of
+// a warm connection for the rows of the package's table (queries.go) that the modes
+// change, and logs them as the table of "Poolers and exec modes" in the package doc.
+// Every mode but describe_exec costs what the default does: cache_describe sends each
+// statement's text again instead of a prepared statement's name (the server parses
+// and plans it afresh), exec and simple_protocol send their parameters as text.
+// describe_exec describes every statement before it runs it: two round trips for each
+// statement outside a batch, and two for a batch (it describes all of its statements
+// in one).
+func TestRoundTripsInEachExecMode(t *testing.T) {
+	t.Parallel()
+	type row struct {
+		what string
+		run  func(b *countingBundle) func()
+	}
+	rows := []row{
+		{"new key: claim", func(b *countingBundle) func() {
+			return func() { b.claim(b.claimParams("k-"+rand.Text(), b.t0), idemstore.ClaimAcquired) }
+		}},
+		{"new key: completion", func(b *countingBundle) func() {
+			p := b.claimParams("k-"+rand.Text(), b.t0)
+			b.claim(p, idemstore.ClaimAcquired)
+			return func() { b.complete(p) }
+		}},
+		{"replay", func(b *countingBundle) func() {
+			p := b.claimParams("k-"+rand.Text(), b.t0)
+			b.claim(p, idemstore.ClaimAcquired)
+			b.complete(p)
+			return func() { b.claim(b.claimParams(p.Key, b.t0), idemstore.ClaimCompleted) }
+		}},
+		{"InTx request, one INSERT", func(b *countingBundle) func() {
+			post := poster(insertingHandler(b.s, txHelpers[0], b.table(b.t, "charges")))
+			return func() {
+				if code := post("key-" + rand.Text()); code != http.StatusCreated {
+					b.t.Fatalf("request = %d", code)
+				}
+			}
+		}},
+		{"Respond request, ClaimInHandler, one INSERT", func(b *countingBundle) func() {
+			m := idem.New(idem.Config{Store: b.s, Scope: func(*http.Request) (string, error) { return "user-1", nil }})
+			h := m.Route(idem.RouteOptions{ClaimInHandler: true})(rowHandler(b.s, b.table(b.t, "rows")))
+			return func() {
+				if rec := postKey(h, "key-"+rand.Text()); rec.Code != http.StatusCreated {
+					b.t.Fatalf("POST = %d %s", rec.Code, rec.Body)
+				}
+			}
+		}},
+	}
+	want := map[string][]int{
+		"cache_statement": {1, 1, 1, 3, 1},
+		"cache_describe":  {1, 1, 1, 3, 1},
+		"describe_exec":   {2, 2, 2, 6, 2},
+		"exec":            {1, 1, 1, 3, 1},
+		"simple_protocol": {1, 1, 1, 3, 1},
+	}
+	for _, mode := range pgtest.ExecModes {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			b := newCountingBundleIn(t, mode)
+			var got []int
+			for i, r := range rows {
+				op := r.run(b)
+				op() // a warm connection: the statements described or prepared
+				op = r.run(b)
+				b.trips.reset()
+				op()
+				got = append(got, b.trips.count())
+				if got[i] != want[mode][i] {
+					t.Errorf("%s: %s took %d round trips, want %d", mode, r.what, got[i], want[mode][i])
+				}
+			}
+			t.Logf("%s: %v round trips (%s)", mode, got, rowNames(rows, func(r row) string { return r.what }))
+		})
+	}
+}
+
+func rowNames[T any](rows []T, name func(T) string) string {
+	var names []string
+	for _, r := range rows {
+		names = append(names, name(r))
+	}
+	return strings.Join(names, "; ")
+}
+
+// table creates the table name (key text PRIMARY KEY) in the bundle's schema, once,
+// and returns its quoted name.
+func (b *countingBundle) table(t *testing.T, name string) string {
+	t.Helper()
+	table := pgx.Identifier{b.schema, name}.Sanitize()
+	if _, err := b.s.Pool().Exec(b.ctx, `CREATE TABLE IF NOT EXISTS `+table+` (key text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	return table
 }

@@ -70,7 +70,7 @@ func ExampleStep() {
 			http.Error(w, "internal error", http.StatusInternalServerError)
 			return
 		}
-		pch, err := chargeCard(idem.FromContext(ctx).ForeignKey("processor_charge"))
+		pch, err := chargeCard(idem.FromContext(ctx).DerivedKey("processor_charge"))
 		if err != nil {
 			http.Error(w, "the processor is unavailable; retry", http.StatusServiceUnavailable)
 			return

@@ -26,7 +26,7 @@ import (
 // A charge in Brandur Leach's order: a first step records the charge as pending
 // (before the card processor is called, so that a crash during the call leaves a
 // trace to resume from); the processor call, with the key
-// [idem.Handle.ForeignKey]("processor"); then [Store.InTx], which saves the processor's
+// [idem.Handle.DerivedKey]("processor"); then [Store.InTx], which saves the processor's
 // answer, completes the charge and completes the record.
 //
 //	pending, err := sqlite.Step(ctx, st, "charge_pending", func(ctx context.Context, tx *sql.Tx) (Pending, error) {

@@ -50,7 +50,7 @@ func resumeCharge(runs *atomic.Int64) idem.ResumeFunc {
 			return err
 		}
 		pch, err := idem.Step(ctx, "processor", func(ctx context.Context) (string, error) {
-			return "pch_" + h.ForeignKey("processor")[:8], nil
+			return "pch_" + h.DerivedKey("processor")[:8], nil
 		})
 		if err != nil {
 			return err
@@ -92,7 +92,7 @@ func testCompleterFinishes(t *testing.T, h Harness) {
 	if runs.Load() != 1 {
 		t.Fatalf("the resume function ran %d times, want once", runs.Load())
 	}
-	want := charge{ID: "ch_1/pch_" + idem.ForeignKey(dead.RecordID, "processor")[:8], Amount: 2000}
+	want := charge{ID: "ch_1/pch_" + derivedKey(dead, "processor")[:8], Amount: 2000}
 	rec := b.mustGet(clock.Now())
 	if rec.State != idemstore.StateCompleted || rec.ID != dead.RecordID {
 		t.Fatalf("record %v with id %q, want completed, keeping the id %q", rec.State, rec.ID, dead.RecordID)

@@ -2,8 +2,6 @@ package storetest
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,7 +29,6 @@ func init() {
 		testCase{"TakeoverResumesAfterTheLastCommittedStepWithItsResult", testTakeoverResumes},
 		testCase{"ReleasedOperationResumesWithoutRedoingItsSteps", testReleasedResumes},
 		testCase{"StepOfAHolderThatLostItsLeaseSavesNothing", testStepAfterLeaseLost},
-		testCase{"ForeignKeyIsStableAcrossTakeoversAndNewAfterExpiry", testForeignKey},
 		testCase{"TxStepCommitsItsWritesWithTheRecoveryPoint", testTxStepCommits},
 		testCase{"TxStepAfterATakeoverCommitsNothing", testTxStepAfterTakeover},
 		testCase{"TxStepErrorRollsBackItsWrites", testTxStepError},
@@ -336,7 +333,7 @@ func chargeSteps(runs *stepRuns, seenPoint *string) func(ctx context.Context) (c
 		}
 		pch, err := idem.Step(ctx, "processor", func(ctx context.Context) (string, error) {
 			runs.processor.Add(1)
-			return "pch_" + idem.FromContext(ctx).ForeignKey("processor")[:8], nil
+			return "pch_" + idem.FromContext(ctx).DerivedKey("processor")[:8], nil
 		})
 		if err != nil {
 			return charge{}, err
@@ -356,7 +353,7 @@ func testTakeoverResumes(t *testing.T, h Harness) {
 	if err != nil || replayed {
 		t.Fatalf("Do after the holder died = %+v, replayed %v, err %v; want it resumed", v, replayed, err)
 	}
-	wantID := "ch_1/pch_" + idem.ForeignKey(dead.RecordID, "processor")[:8]
+	wantID := "ch_1/pch_" + derivedKey(dead, "processor")[:8]
 	if point != "charge_pending" || runs.pending.Load() != 0 || runs.processor.Load() != 1 || v.ID != wantID {
 		t.Fatalf("resumed at %q: pending step ran %d times, processor %d, result %q; want resumed after charge_pending "+
 			"with its saved charge (0 runs), the processor called once, %q",
@@ -444,41 +441,6 @@ func testStepAfterLeaseLost(t *testing.T, h Harness) {
 	}
 	if hd.RecoveryPoint() != "" {
 		t.Errorf("the losing handle's recovery point = %q, want none", hd.RecoveryPoint())
-	}
-}
-
-func testForeignKey(t *testing.T, h Harness) {
-	b := setupSteps(t, h)
-	g, clock := b.guard()
-	dead := b.acquire(b.t0)
-	clock.Advance(lease + ms(1))
-	hd, _, err := g.Begin(b.ctx, b.call())
-	if err != nil || hd == nil {
-		t.Fatalf("Begin after the lease lapsed = %v, %v", hd, err)
-	}
-	sum := sha256.Sum256([]byte(dead.RecordID + "processor"))
-	if got, want := hd.ForeignKey("processor"), hex.EncodeToString(sum[:]); got != want || got != idem.ForeignKey(dead.RecordID, "processor") {
-		t.Fatalf("ForeignKey after a takeover = %q, want hex SHA-256(record id ‖ step) of the dead holder's record, %q", got, want)
-	}
-	if hd.ForeignKey("refund") == hd.ForeignKey("processor") {
-		t.Error("two steps have the same foreign key")
-	}
-	old := hd.ForeignKey("processor")
-	if err := hd.SetResult(charge{ID: "ch_1"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := hd.Complete(); err != nil {
-		t.Fatal(err)
-	}
-
-	clock.Advance(ttl) // the record expires: the key starts a new operation
-	fresh, _, err := g.Begin(b.ctx, b.call())
-	if err != nil || fresh == nil {
-		t.Fatalf("Begin after expiry = %v, %v", fresh, err)
-	}
-	defer fresh.Release()
-	if fresh.RecordID() == dead.RecordID || fresh.ForeignKey("processor") == old {
-		t.Fatalf("after expiry: record id %q, foreign key %q; want a new id and key", fresh.RecordID(), fresh.ForeignKey("processor"))
 	}
 }
 

@@ -147,7 +147,7 @@ func (b *bundle) claimParams(now time.Time) *idemstore.ClaimParams {
 		Key:         b.key,
 		Fingerprint: b.fp,
 		Token:       newToken(),
-		RecordID:    "rec-" + rand.Text(),
+		RecordID:    idemstore.NewRecordID(),
 		Lease:       lease,
 		TTL:         ttl,
 		Now:         now,

@@ -17,13 +17,13 @@ import (
 // The cases of unfinished operations (SPEC §13): a record in flight whose recovery
 // point advanced never expires and is never cleaned up until it is completed (its TTL
 // then counts from the completion) or an operator settles it; a retry after its TTL
-// resumes it with the same record id, so with the same foreign keys; the completer
+// resumes it with the same record id and the same derived keys; the completer
 // finishes it however old it is, never gives up on it, and says when it grows old.
 
 func init() {
 	register(
 		testCase{"UnfinishedOperationNeverExpiresAndItsTTLCountsFromTheCompletion", testUnfinishedNeverExpires},
-		testCase{"RetryAfterTheTTLResumesTheUnfinishedOperationWithItsForeignKeys", testRetryAfterTTLResumes},
+		testCase{"RetryAfterTheTTLResumesTheUnfinishedOperationWithItsDerivedKeys", testRetryAfterTTLResumes},
 		testCase{"CleanupNeverDeletesAnUnfinishedOperation", testCleanupKeepsUnfinished},
 		testCase{"CountUnfinishedCountsEveryUnfinishedOperationAndTheOldest", testCountUnfinished},
 		testCase{"UnknownPolicyPastTheTTLKeepsTheMarkedRecordATTL", testUnknownPastTTL},
@@ -81,10 +81,10 @@ func testRetryAfterTTLResumes(t *testing.T, h Harness) {
 	var runs stepRuns
 	var point string
 	v, replayed, err := idem.Do(b.ctx, g, b.call(), chargeSteps(&runs, &point))
-	wantID := "ch_1/pch_" + idem.ForeignKey(dead.RecordID, "processor")[:8]
+	wantID := "ch_1/pch_" + derivedKey(dead, "processor")[:8]
 	if err != nil || replayed || point != "charge_pending" || runs.pending.Load() != 0 || runs.processor.Load() != 1 || v.ID != wantID {
 		t.Fatalf("the retry a TTL late = %+v (replayed %v, err %v), resumed at %q, pending step run %d times, processor %d; "+
-			"want %q: resumed after charge_pending under the dead holder's record id, so its foreign key",
+			"want %q: resumed after charge_pending under the dead holder's record, so its derived key",
 			v, replayed, err, point, runs.pending.Load(), runs.processor.Load(), wantID)
 	}
 	again, replayed, err := idem.Do(b.ctx, g, b.call(), chargeSteps(&runs, &point))
@@ -234,9 +234,9 @@ func testCompleterPastTTL(t *testing.T, h Harness) {
 		t.Fatalf("pass that finished it = %+v, want no unfinished operation left", p)
 	}
 	rec := b.mustGet(clock.Now())
-	want := charge{ID: "ch_1/pch_" + idem.ForeignKey(dead.RecordID, "processor")[:8], Amount: 2000}
+	want := charge{ID: "ch_1/pch_" + derivedKey(dead, "processor")[:8], Amount: 2000}
 	if rec.State != idemstore.StateCompleted || rec.ID != dead.RecordID || !rec.ExpiresAt.Equal(clock.Now().Add(ttl)) || runs.Load() != 1 {
-		t.Fatalf("record %v, id %q, expiring %v after %d runs; want completed once as record %q with the dead holder's foreign key, "+
+		t.Fatalf("record %v, id %q, expiring %v after %d runs; want completed once as record %q with the dead holder's derived key, "+
 			"expiring a TTL after the completion (%v)", rec.State, rec.ID, rec.ExpiresAt, runs.Load(), dead.RecordID, clock.Now().Add(ttl))
 	}
 	var fnRuns atomic.Int64

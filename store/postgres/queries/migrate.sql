@@ -4,9 +4,12 @@
 -- Serialises migrations of one schema across processes; released at COMMIT/ROLLBACK.
 -- The key hashes the configured schema or, when none is configured, the first schema of
 -- the search_path, so that migrations of different schemas never wait for each other.
+-- It answers the server process's id: one that differs from the process id the
+-- connection was given at its start means a pooler stands in between (migrate.go).
 -- $1 configured schema ('' for the search_path).
-SELECT pg_advisory_xact_lock(hashtextextended(
-    'idem/postgres migrate ' || coalesce(nullif($1::text, ''), current_schema(), ''), 0));
+SELECT pg_backend_pid()
+FROM (SELECT pg_advisory_xact_lock(hashtextextended(
+    'idem/postgres migrate ' || coalesce(nullif($1::text, ''), current_schema(), ''), 0))) AS locked;
 
 -- name: MigrateSchemaExists
 -- $1 schema name.
