@@ -297,6 +297,18 @@ mounted on one route it runs that regime once more with a replay cache
 (` + "`Config.ReplayCacheSize`" + `), whose replays count as retries and must answer some of the
 cell's requests.
 
+**Sealed records** (SPEC §19) are a column of every cell that holds: mounted on one
+route, each HTTP cell runs once more with ` + "`Config.Seal`" + ` (a keyring of one
+` + "`base64key://`" + ` key on the cell's store; the second process has its own keyring, and so
+its own data key, of the same key and MAC secret), and so does every core cell that
+holds (` + "`GuardConfig.Seal`" + `), the whole promise above included, and then checks what the
+store holds: the record's response sealed (no header, no byte of the body in clear; the
+result of ` + "`Do`" + ` and ` + "`DoTx`" + ` too) under a keyed fingerprint that the request's plain
+SHA-256 is not; and, but on the memory store, another principal's response of the key
+copied onto the record in the store's own tables or values does not open there: 500
+` + "`record_unreadable`" + `, no execution, an ERROR naming the key. The proxy's "every option"
+cells seal their records too.
+
 `)
 	b.WriteString("## HTTP\n\n| store | helper | lease route | ClaimInHandler |\n|---|---|---|---|\n")
 	for _, s := range Stores {
@@ -350,7 +362,10 @@ completion and fence, in Go, SQL and Lua, the SPEC §7 helpers, gRPC, and idem p
 release-or-keep decisions) and runs this suite alone against each. Its last run: **41 of
 42 mutants killed (98%)**, the nine of idem proxy among them (since then, the 43rd, a lease
 route that never reads its key first, and the 44th, an InTx whose lazy BEGIN is left
-out so that the handler's first write commits on its own, are killed too), the whole run in about 6
+out so that the handler's first write commits on its own, are killed too, and so are the
+three of sealed records, issue 37: sealing skipped, the associated data dropped, plain
+fingerprints under a keyring: ` + "`scripts/mutants -run '^seal-'`" + `, 3 of 3 in 5m37s on a shared
+machine), the whole run in about 6
 minutes (` + "`scripts/mutants`" + `; the suite without -race, stopping at its first
 failure). The suite as it was before issue 28, whose cells checked one body, one
 principal, one 201 and a lease that never ran out, killed 8 of the first 30 of them

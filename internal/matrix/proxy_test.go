@@ -143,6 +143,8 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 		cfg.RequireKey, cfg.Routes = []string{"POST /v1/charges"}, []string{"POST /v1/"}
 		cfg.MaxBufferedBodies, cfg.UpstreamWaitLimit = 1<<20, 2*time.Minute
 		cfg.Hooks = &proxy.Hooks{UpstreamResponse: func(string, int, time.Duration) { hooked.Add(1) }}
+		// Sealed records (SPEC §19): the keyed scope of the cookie, sealed responses.
+		cfg.Idem.Seal, cfg.Idem.Fingerprint = keyring(t, e.store), idem.FingerprintJSONExcept("metadata")
 	}
 	p, err := proxy.New(cfg)
 	if err != nil {

@@ -49,8 +49,8 @@ var (
 	ProxyOnLapse = []string{"unknown", "take_over"}
 	// ProxyOptions: the proxy's defaults, or every option of its own set at once
 	// (--scope-cookie, --require-key and --route on the cell's path, --access-log,
-	// --max-buffered-bodies, --upstream-wait-limit, the metrics' hooks); none changes
-	// an outcome.
+	// --max-buffered-bodies, --upstream-wait-limit, the metrics' hooks, and sealed
+	// records: --encryption-key, --fingerprint-except); none changes an outcome.
 	ProxyOptions = []string{ProxyDefaults, ProxyEveryOption}
 	ProxyAnswers = []string{ProxyStored, ProxyStream, ProxyH2C, ProxyTooLarge, ProxyTrailers, ProxySlow, ProxyLostReply, ProxyBrokenBody}
 )
@@ -109,7 +109,8 @@ Each proxy cell sends the same requests (a retry and 16 concurrent duplicates) t
 an ` + "`idem proxy`" + ` in process, with its defaults or with every option of its own set
 (the principal from a cookie beside an analytics cookie that changes on every request,
 ` + "`--require-key`" + ` and ` + "`--route`" + ` on the cell's path, ` + "`--access-log`" + ` (a line per request, no key
-in it), ` + "`--max-buffered-bodies`" + `, ` + "`--upstream-wait-limit`" + `, the metrics' hooks), in front of a Go upstream that counts what it receives by
+in it), ` + "`--max-buffered-bodies`" + `, ` + "`--upstream-wait-limit`" + `, the metrics' hooks, and sealed records:
+` + "`--encryption-key`" + ` with ` + "`--fingerprint-except`" + `, SPEC §19), in front of a Go upstream that counts what it receives by
 the derived key, and holds it to its outcome. Not knowing is not failure: a key is
 released only when the request provably never reached the upstream, so every row keeps
 one effect per key:
