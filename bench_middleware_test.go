@@ -141,7 +141,16 @@ func BenchmarkBareHandler(b *testing.B) {
 // record on the Go heap, and a heap that grows with b.N would make the garbage
 // collector, not the middleware, dominate the figure. A real store keeps its records
 // elsewhere.
-func BenchmarkMiddlewareNewKey(b *testing.B) {
+func BenchmarkMiddlewareNewKey(b *testing.B) { benchmarkNewKey(b, nil) }
+
+// BenchmarkMiddlewareNewKeySealed is BenchmarkMiddlewareNewKey with sealed records
+// (Config.Seal, SPEC §19): the fingerprint keyed, the response sealed. Its difference
+// from BenchmarkMiddlewareNewKey is what sealing costs a new key:
+//
+//	go test -run '^$' -bench 'Middleware(NewKey|Replay)(Sealed)?$' -benchmem -count 6 .
+func BenchmarkMiddlewareNewKeySealed(b *testing.B) { benchmarkNewKey(b, sealedConfig(b)) }
+
+func benchmarkNewKey(b *testing.B, mod func(*idem.Config)) {
 	const newKeyBatch = 4096
 	keys := benchKeys(min(b.N, newKeyBatch))
 	q := newBenchRequest(b)
@@ -151,11 +160,24 @@ func BenchmarkMiddlewareNewKey(b *testing.B) {
 	for i := range b.N {
 		if i%newKeyBatch == 0 {
 			b.StopTimer()
-			h = benchMiddleware(nil)
+			h = benchMiddleware(mod)
 			b.StartTimer()
 		}
 		q.serve(b, h, keys[i%newKeyBatch])
 	}
+}
+
+// sealedConfig seals the records of a benchmark's middleware under a local key, with a
+// keyring opened on its store.
+func sealedConfig(b *testing.B) func(*idem.Config) {
+	key := newSealKey(b, 1)
+	return func(c *idem.Config) { c.Seal = openKeyring(b, c.Store, key) }
+}
+
+// BenchmarkMiddlewareReplaySealed is BenchmarkMiddlewareReplay with sealed records: the
+// replay opens the stored response.
+func BenchmarkMiddlewareReplaySealed(b *testing.B) {
+	benchmarkReplay(b, benchMiddleware(sealedConfig(b)))
 }
 
 // BenchmarkMiddlewareReplay is a retry answered from the store.

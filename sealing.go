@@ -429,9 +429,8 @@ func (h *Handle) open(ctx context.Context, rec *idemstore.Record) (*idemstore.Re
 		}
 		return openRecord(ctx, g.cfg.Seal, rec) // keyed in clear: refused
 	}
-	octx, cancel := context.WithTimeout(ctx, g.cfg.StoreTimeout)
-	defer cancel()
-	return openRecord(octx, g.cfg.Seal, rec)
+	// A data key met for the first time is unwrapped within seal.UnwrapTimeout.
+	return openRecord(ctx, g.cfg.Seal, rec)
 }
 
 // openFailed logs and reports a record of h's key that did not open, and returns the

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // KeyWrapper is a key-encryption key: it wraps and unwraps the Keyring's data keys and
@@ -59,6 +60,11 @@ type Binding struct {
 // (the backstop's table, which outlives the record it answered for). The scope and
 // key still bind.
 const AnyRecord = "*"
+
+// UnwrapTimeout bounds the key manager's unwrapping of a data key met for the first
+// time (Open's ctx may end it sooner): past it the value is not opened now, with an
+// error wrapping [ErrKeyUnavailable]. Data keys met before need no key manager.
+const UnwrapTimeout = 5 * time.Second
 
 // ErrUnreadable is matched by the error of [Keyring.Open] for a value that can never
 // be opened with this Keyring: sealed under a key that is not configured, altered,
@@ -141,6 +147,7 @@ const maxOpened = 4096
 type macState struct {
 	h   hash.Hash
 	buf [64]byte
+	sum [32]byte
 }
 
 // NewKeyring returns a Keyring that seals under keys[0] and opens under every key. It
@@ -279,49 +286,50 @@ func associatedData(p Purpose, b Binding, head []byte) []byte {
 	return append(ad, head...)
 }
 
-// envelope is a sealed value taken apart.
+// envelope is a sealed value taken apart (its fields alias the value).
 type envelope struct {
-	keyID    string
-	dataKey  string // key id and wrapped data key, as the header holds them: the cache's key
+	keyID    []byte
+	dataKey  []byte // key id and wrapped data key, as the header holds them: the cache's key
 	wrapped  []byte
-	recordID string
+	recordID []byte
 	head     []byte // everything before the ciphertext
 	nonce    []byte
 	sealed   []byte
 }
 
-func parse(v []byte) (*envelope, error) {
+func parse(v []byte) (e envelope, err error) {
 	if !Sealed(v) {
-		return nil, ErrNotSealed
+		return e, ErrNotSealed
 	}
-	malformed := &UnreadableError{Reason: "malformed"}
 	rest := v[len(magic):]
 	start := rest
 	if len(rest) < 1 || len(rest) < 1+int(rest[0]) {
-		return nil, malformed
+		return e, &UnreadableError{Reason: "malformed"}
 	}
-	e := &envelope{keyID: string(rest[1 : 1+rest[0]])}
+	e.keyID = rest[1 : 1+rest[0]]
 	rest = rest[1+rest[0]:]
+	malformed := func() (envelope, error) {
+		return envelope{}, &UnreadableError{KeyID: string(e.keyID), Reason: "malformed"}
+	}
 	if len(rest) < 2 {
-		return nil, malformed
+		return malformed()
 	}
 	n := int(binary.BigEndian.Uint16(rest))
 	if len(rest) < 2+n+1 {
-		return nil, malformed
+		return malformed()
 	}
 	e.wrapped = rest[2 : 2+n]
-	e.dataKey = string(start[:len(start)-len(rest)+2+n])
+	e.dataKey = start[:len(start)-len(rest)+2+n]
 	rest = rest[2+n:]
 	m := int(rest[0])
 	if len(rest) < 1+m+nonceSize {
-		return nil, malformed
+		return malformed()
 	}
-	e.recordID = string(rest[1 : 1+m])
+	e.recordID = rest[1 : 1+m]
 	rest = rest[1+m:]
 	e.nonce = rest[:nonceSize]
 	e.sealed = rest[nonceSize:]
 	e.head = v[:len(v)-len(e.sealed)]
-	malformed.KeyID = e.keyID
 	return e, nil
 }
 
@@ -332,7 +340,7 @@ func KeyIDOf(v []byte) string {
 	if err != nil {
 		return ""
 	}
-	return e.keyID
+	return string(e.keyID)
 }
 
 // Open opens a value sealed for the record b as purpose p. A value sealed for another
@@ -348,17 +356,17 @@ func (k *Keyring) Open(ctx context.Context, p Purpose, b Binding, v []byte) ([]b
 	}
 	switch {
 	case b.RecordID == AnyRecord:
-		b.RecordID = e.recordID
-	case e.recordID != b.RecordID:
-		return nil, &UnreadableError{KeyID: e.keyID, Reason: "sealed for another record"}
+		b.RecordID = string(e.recordID)
+	case string(e.recordID) != b.RecordID:
+		return nil, &UnreadableError{KeyID: string(e.keyID), Reason: "sealed for another record"}
 	}
-	aead, err := k.dataKey(ctx, e)
+	aead, err := k.dataKey(ctx, &e)
 	if err != nil {
 		return nil, err
 	}
 	plain, err := aead.Open(nil, e.nonce, e.sealed, associatedData(p, b, e.head))
 	if err != nil {
-		return nil, &UnreadableError{KeyID: e.keyID, Reason: "altered, or sealed for another record"}
+		return nil, &UnreadableError{KeyID: string(e.keyID), Reason: "altered, or sealed for another record"}
 	}
 	return plain, nil
 }
@@ -366,24 +374,27 @@ func (k *Keyring) Open(ctx context.Context, p Purpose, b Binding, v []byte) ([]b
 // dataKey returns the AEAD of e's data key, unwrapping it the first time.
 func (k *Keyring) dataKey(ctx context.Context, e *envelope) (cipher.AEAD, error) {
 	k.mu.RLock()
-	o, ok := k.opened[e.dataKey]
+	o, ok := k.opened[string(e.dataKey)]
 	k.mu.RUnlock()
 	if ok {
 		return o.aead, o.err
 	}
-	w := k.byID[e.keyID]
+	keyID := string(e.keyID)
+	w := k.byID[keyID]
 	if w == nil {
-		return nil, &UnreadableError{KeyID: e.keyID, Reason: "sealed under a key that is not configured (configured: " +
+		return nil, &UnreadableError{KeyID: keyID, Reason: "sealed under a key that is not configured (configured: " +
 			strings.Join(k.KeyIDs(), ", ") + ")"}
 	}
-	dek, err := w.Unwrap(ctx, e.wrapped)
+	uctx, cancel := context.WithTimeout(ctx, UnwrapTimeout)
+	dek, err := w.Unwrap(uctx, e.wrapped)
+	cancel()
 	switch {
 	case errors.Is(err, ErrKeyUnavailable):
-		return nil, fmt.Errorf("seal: unwrapping a data key under %s: %w", e.keyID, err)
+		return nil, fmt.Errorf("seal: unwrapping a data key under %s: %w", keyID, err)
 	case err != nil:
-		o.err = &UnreadableError{KeyID: e.keyID, Reason: "its data key does not unwrap", Err: err}
+		o.err = &UnreadableError{KeyID: keyID, Reason: "its data key does not unwrap", Err: err}
 	case len(dek) != 32:
-		o.err = &UnreadableError{KeyID: e.keyID, Reason: fmt.Sprintf("its data key unwraps to %d bytes, not 32", len(dek))}
+		o.err = &UnreadableError{KeyID: keyID, Reason: fmt.Sprintf("its data key unwraps to %d bytes, not 32", len(dek))}
 	default:
 		o.aead, o.err = newAEAD(dek)
 	}
@@ -391,7 +402,7 @@ func (k *Keyring) dataKey(ctx context.Context, e *envelope) (cipher.AEAD, error)
 	if len(k.opened) >= maxOpened {
 		clear(k.opened)
 	}
-	k.opened[e.dataKey] = o
+	k.opened[string(e.dataKey)] = o
 	k.mu.Unlock()
 	return o.aead, o.err
 }
@@ -407,8 +418,7 @@ func (k *Keyring) FingerprintSum(version int, sum [32]byte) [32]byte {
 	b := binary.AppendUvarint(m.buf[:0], uint64(version))
 	b = append(b, sum[:]...)
 	m.h.Write(b)
-	var out [32]byte
-	m.h.Sum(out[:0])
+	out := [32]byte(m.h.Sum(m.sum[:0]))
 	k.macs.Put(m)
 	return out
 }
