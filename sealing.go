@@ -253,15 +253,6 @@ func decodeResponse(b []byte) (*Response, error) {
 		b = b[n:]
 		return v, true
 	}
-	str := func() (string, bool) {
-		n, ok := next()
-		if !ok || n > uint64(len(b)) {
-			return "", false
-		}
-		s := string(b[:n])
-		b = b[n:]
-		return s, true
-	}
 	status, ok1 := next()
 	headers, ok2 := next()
 	if !ok1 || !ok2 || headers > uint64(len(b)) {
@@ -271,22 +262,57 @@ func decodeResponse(b []byte) (*Response, error) {
 	if headers > 0 {
 		resp.Header = make(map[string][]string, headers)
 	}
+	// One string holds every name and value, and one array every value: a response's
+	// headers are a handful. A first pass finds where they end.
+	rest, count := b, 0
 	for range headers {
-		name, ok := str()
-		nv, ok2 := next()
-		if !ok || !ok2 || nv > uint64(len(b)) {
+		var ok bool
+		if rest, ok = skipString(rest); !ok {
 			return nil, errMalformed
 		}
-		values := make([]string, nv)
-		for i := range values {
-			if values[i], ok = str(); !ok {
+		nv, n := binary.Uvarint(rest)
+		if n <= 0 || nv > uint64(len(rest)) {
+			return nil, errMalformed
+		}
+		rest = rest[n:]
+		for range nv {
+			if rest, ok = skipString(rest); !ok {
 				return nil, errMalformed
 			}
 		}
-		resp.Header[name] = values
+		count += int(nv)
 	}
+	all := string(b[:len(b)-len(rest)])
+	values := make([]string, 0, count)
+	at := 0
+	str := func() string {
+		n, k := binary.Uvarint(b[at:])
+		s := all[at+k : at+k+int(n)]
+		at += k + int(n)
+		return s
+	}
+	for range headers {
+		name := str()
+		nv, k := binary.Uvarint(b[at:])
+		at += k
+		first := len(values)
+		for range nv {
+			values = append(values, str())
+		}
+		resp.Header[name] = values[first:len(values):len(values)]
+	}
+	b = rest
 	resp.Body = b
 	return resp, nil
+}
+
+// skipString returns b after the length-prefixed string it starts with.
+func skipString(b []byte) ([]byte, bool) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)-k) {
+		return nil, false
+	}
+	return b[k+int(n):], true
 }
 
 // openResponse opens a response that sealResponse made for b.

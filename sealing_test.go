@@ -19,6 +19,7 @@ import (
 	"github.com/idem-go/idem/seal"
 	"github.com/idem-go/idem/seal/cloudkeys"
 	"github.com/idem-go/idem/store/memory"
+	"pgregory.net/rapid"
 )
 
 // sealKey is a local key made of b, as `--encryption-key base64key://…` opens it; it
@@ -367,4 +368,31 @@ func TestARouteThatKeepsOutcomesOnlyStoresNoBodyAndNeverRunsTwice(t *testing.T) 
 	if _, err := b.store.RecordGet(context.Background(), &idemstore.GetParams{Scope: "alice", Key: "key-0mint002", Now: newClock().Now()}); !errors.Is(err, idemstore.ErrNotFound) {
 		t.Errorf("a 503 on such a route left a record: %v", err)
 	}
+}
+
+func TestASealedResponseDecodesToWhatWasEncoded(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		resp := &idem.Response{Status: rapid.IntRange(100, 999).Draw(t, "status"), Body: rapid.SliceOf(rapid.Byte()).Draw(t, "body")}
+		names := rapid.SliceOfDistinct(rapid.StringN(1, 20, -1), rapid.ID[string]).Draw(t, "names")
+		if len(names) > 0 {
+			resp.Header = http.Header{}
+		}
+		for _, n := range names {
+			resp.Header[n] = rapid.SliceOfN(rapid.String(), 1, 3).Draw(t, "values")
+		}
+		got, err := idem.DecodeResponse(idem.EncodeResponse(resp))
+		if err != nil || !got.Equal(resp) {
+			t.Fatalf("decoded %+v, %v; want %+v", got, err, resp)
+		}
+	})
+}
+
+func FuzzDecodeResponseNeverPanics(f *testing.F) {
+	f.Add(idem.EncodeResponse(&idem.Response{Status: 201, Header: http.Header{"Location": {"/x"}}, Body: []byte("{}")}))
+	f.Add([]byte{1, 0xc9, 1, 5, 1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if resp, err := idem.DecodeResponse(b); err == nil && resp == nil {
+			t.Fatal("no response and no error")
+		}
+	})
 }

@@ -130,7 +130,7 @@ type Keyring struct {
 	// The MAC keys, derived from the MAC secret; nil without one.
 	fpKey, scopeKey []byte
 	secretID        string
-	macs            sync.Pool // of *macState, under fpKey
+	macs, scopeMACs sync.Pool // of *macState, under fpKey and scopeKey
 }
 
 type openedKey struct {
@@ -184,6 +184,7 @@ func NewKeyring(ctx context.Context, macSecret []byte, keys ...KeyWrapper) (*Key
 		}
 		k.secretID = secretID(macSecret)
 		k.macs.New = func() any { return &macState{h: hmac.New(sha256.New, k.fpKey)} }
+		k.scopeMACs.New = func() any { return &macState{h: hmac.New(sha256.New, k.scopeKey)} }
 	}
 	dek := make([]byte, 32)
 	_, _ = rand.Read(dek)
@@ -430,7 +431,11 @@ func (k *Keyring) Scope(principal string) string {
 	if k.scopeKey == nil {
 		panic("seal: Keyring.Scope on a Keyring without a MAC secret")
 	}
-	h := hmac.New(sha256.New, k.scopeKey)
-	h.Write([]byte(principal))
-	return hex.EncodeToString(h.Sum(nil))
+	m := k.scopeMACs.Get().(*macState)
+	m.h.Reset()
+	m.h.Write([]byte(principal))
+	var out [64]byte
+	hex.Encode(out[:], m.h.Sum(m.sum[:0]))
+	k.scopeMACs.Put(m)
+	return string(out[:])
 }
