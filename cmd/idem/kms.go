@@ -4,8 +4,8 @@ package main
 
 // The key managers' drivers of --encryption-key (SPEC §19): awskms://, gcpkms://,
 // azurekeyvault://, hashivault:// (base64key:// comes with seal/cloudkeys). They add
-// about 20 MB to the binary (docs/security.md); `go build -tags idem_nokms` leaves
-// them out, and then only base64key:// keys open.
+// about 16 MB to the binary (66 MB against 50; 11 MB stripped, -ldflags='-s -w');
+// `go build -tags idem_nokms` leaves them out, and then only base64key:// keys open.
 import (
 	_ "gocloud.dev/secrets/awskms"
 	_ "gocloud.dev/secrets/azurekeyvault"
