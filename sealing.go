@@ -264,7 +264,7 @@ func decodeResponse(b []byte) (*Response, error) {
 	}
 	// One string holds every name and value, and one array every value: a response's
 	// headers are a handful. A first pass finds where they end.
-	rest, count := b, 0
+	rest, nvalues := b, 0
 	for range headers {
 		var ok bool
 		if rest, ok = skipString(rest); !ok {
@@ -280,10 +280,10 @@ func decodeResponse(b []byte) (*Response, error) {
 				return nil, errMalformed
 			}
 		}
-		count += int(nv)
+		nvalues += int(nv)
 	}
 	all := string(b[:len(b)-len(rest)])
-	values := make([]string, 0, count)
+	values := make([]string, 0, nvalues)
 	at := 0
 	str := func() string {
 		n, k := binary.Uvarint(b[at:])
