@@ -150,6 +150,13 @@ func BenchmarkMiddlewareNewKeyWithoutBounds(b *testing.B) {
 	benchmarkNewKey(b, func(c *idem.Config) { c.MaxInFlightPerScope, c.MaxStoredBytesPerScope = -1, -1 })
 }
 
+// BenchmarkMiddlewareNewKeySealed is BenchmarkMiddlewareNewKey with sealed records
+// (Config.Seal, SPEC §19): the fingerprint keyed, the response sealed. Its difference
+// from BenchmarkMiddlewareNewKey is what sealing costs a new key:
+//
+//	go test -run '^$' -bench 'Middleware(NewKey|Replay)(Sealed)?$' -benchmem -count 6 .
+func BenchmarkMiddlewareNewKeySealed(b *testing.B) { benchmarkNewKey(b, sealedConfig(b)) }
+
 func benchmarkNewKey(b *testing.B, mod func(*idem.Config)) {
 	const newKeyBatch = 4096
 	keys := benchKeys(min(b.N, newKeyBatch))
@@ -165,6 +172,19 @@ func benchmarkNewKey(b *testing.B, mod func(*idem.Config)) {
 		}
 		q.serve(b, h, keys[i%newKeyBatch])
 	}
+}
+
+// sealedConfig seals the records of a benchmark's middleware under a local key, with a
+// keyring opened on its store.
+func sealedConfig(b *testing.B) func(*idem.Config) {
+	key := newSealKey(b, 1)
+	return func(c *idem.Config) { c.Seal = openKeyring(b, c.Store, key) }
+}
+
+// BenchmarkMiddlewareReplaySealed is BenchmarkMiddlewareReplay with sealed records: the
+// replay opens the stored response.
+func BenchmarkMiddlewareReplaySealed(b *testing.B) {
+	benchmarkReplay(b, benchMiddleware(sealedConfig(b)))
 }
 
 // BenchmarkMiddlewareReplay is a retry answered from the store.

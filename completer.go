@@ -415,7 +415,15 @@ func (c *Completer) attempt(ctx context.Context, h *Handle, rec *idemstore.Recor
 		_ = h.release()
 		return resumeSkipped
 	}
-	h.acquired(res.Record)
+	opened, err := h.open(ctx, res.Record)
+	if err != nil {
+		_ = h.release() // keeps the record, whose recovery point advanced
+		c.cfg.Logger.ErrorContext(ctx, "idem: the completer cannot open a sealed record; it is kept and never run again until its key is configured",
+			h.attrs(slog.String("operation", rec.Operation), slog.Any("error", err))...)
+		c.observe(ctx, h, rec, observe.ResumeFailed, start, err)
+		return c.failed(st, err)
+	}
+	h.acquired(opened)
 	h.start(ctx)
 	msg := "idem: resuming an operation whose holder's lease lapsed after a step committed"
 	if res.Released {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/observe"
+	"github.com/idem-go/idem/seal"
 )
 
 // Requirement says whether a request must, may or must not carry an Idempotency-Key.
@@ -165,8 +166,9 @@ type Config struct {
 	MaxResponseBytes int64
 
 	// StoredHeaders are response headers stored and replayed in addition to
-	// [DefaultStoredHeaders]. Set-Cookie, Date and hop-by-hop headers are refused.
-	// Defaults to none.
+	// [DefaultStoredHeaders]. Credentials (Authorization, Cookie, Set-Cookie,
+	// X-Api-Key, WWW-Authenticate…), Date and hop-by-hop headers are refused
+	// ([StoredHeaderError]). Defaults to none.
 	StoredHeaders []string
 
 	// StorePolicy says whether a response with status is stored (true) or releases the
@@ -230,6 +232,12 @@ type Config struct {
 	// QuotaWindow is the window of MaxStoredBytesPerScope. Defaults to
 	// [DefaultQuotaWindow].
 	QuotaWindow time.Duration
+	// Seal, when set, seals records (SPEC §19): the stored responses' status, headers
+	// and body, and the results steps save, are sealed above the store, bound to their
+	// record, and fingerprints are keyed; see [GuardConfig.Seal]. A record that cannot
+	// be opened is answered 500 record_unreadable and never executed again. Make it with
+	// [OpenKeyring] on Store. Defaults to nil: records are stored in clear.
+	Seal *seal.Keyring
 }
 
 // RouteOptions change the middleware's behaviour for the routes one
@@ -297,6 +305,14 @@ type RouteOptions struct {
 	// and panics when Name is empty or has a resume function already. Defaults to nil.
 	Resume ResumeFunc
 
+	// NoStoreBody keeps the outcome of these routes only (SPEC §19): a response that
+	// the store policy stores is recorded with its status alone, no header and no
+	// body, as one too large to store is (Response.NotStored), and the client still
+	// gets it whole. Repeats get 409 response_not_stored, and the operation is never
+	// executed again. For routes whose responses mint secrets (a card's token, an API
+	// key) that must exist in one place only. Defaults to false.
+	NoStoreBody bool
+
 	// OnLapse says what a request does that finds its key in flight with the holder's
 	// lease lapsed (SPEC §5.3, §13): take it over and run the handler again, resuming
 	// after its last committed step ([LapseTakeOver]), or answer 500 outcome_unknown,
@@ -348,6 +364,7 @@ func newConfig(c Config) (*config, *Guard) {
 		InFlightWait: c.InFlightWait, StoreTimeout: c.StoreTimeout, RetryAfter: c.RetryAfter,
 		ReplayCacheSize: c.ReplayCacheSize, Logger: c.Logger, Clock: c.Clock, Observer: c.Observer,
 		MaxInFlightPerScope: c.MaxInFlightPerScope, MaxStoredBytesPerScope: c.MaxStoredBytesPerScope, QuotaWindow: c.QuotaWindow,
+		Seal: c.Seal,
 	}, "Config")
 	c.TTL, c.Lease, c.Heartbeat = g.cfg.TTL, g.cfg.Lease, g.cfg.Heartbeat
 	c.StoreTimeout, c.RetryAfter, c.Logger = g.cfg.StoreTimeout, g.cfg.RetryAfter, g.cfg.Logger

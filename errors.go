@@ -25,6 +25,13 @@ var (
 	// gets this error (the middleware answers 500 outcome_unknown) until an operator
 	// resolves the key (SPEC §13). Retrying cannot help.
 	ErrOutcomeUnknown = errors.New("idem: the outcome of the operation with this idempotency key is unknown")
+	// ErrRecordUnreadable: the key's record is sealed and cannot be opened (SPEC §19):
+	// sealed under a key that is not configured, altered or moved in the store. The
+	// operation is never executed again for it, and nothing else is answered in its
+	// place: the middleware answers 500 record_unreadable, and an error log line names
+	// the key. Errors matching it are [*UnreadableError]s. Retrying cannot help until
+	// the key is configured again.
+	ErrRecordUnreadable = errors.New("idem: the key's record cannot be opened")
 	// ErrLeaseLost is the cause of an operation's context cancelled because its lease
 	// was lost, and the error of a fenced store call whose token no longer holds the
 	// record: [idemstore.ErrLeaseLost].

@@ -137,3 +137,9 @@ func ReplayCacheLen(m *Middleware) int {
 	}
 	return m.g.cache.len()
 }
+
+// EncodeResponse and DecodeResponse are what a sealed response holds, for tests.
+var (
+	EncodeResponse = encodeResponse
+	DecodeResponse = decodeResponse
+)

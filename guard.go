@@ -13,6 +13,7 @@ import (
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/logsummary"
 	"github.com/idem-go/idem/observe"
+	"github.com/idem-go/idem/seal"
 )
 
 // Guard runs operations at most once per (scope, key): the state machine of SPEC §5
@@ -128,6 +129,13 @@ type GuardConfig struct {
 	// QuotaWindow is the window of MaxStoredBytesPerScope: the counts start again at
 	// each window's start. Defaults to [DefaultQuotaWindow].
 	QuotaWindow time.Duration
+	// Seal, when set, seals records (SPEC §19): the stored responses' status, headers
+	// and body and the results steps save are sealed in the core, above the store,
+	// bound to their record, and every fingerprint stored is keyed (an HMAC). A record
+	// that cannot be opened fails closed with [ErrRecordUnreadable]. Make it with
+	// [OpenKeyring] on the same store (NewGuard panics on a keyring without a MAC
+	// secret). Defaults to nil: records are stored in clear.
+	Seal *seal.Keyring
 }
 
 // NewGuard returns a Guard for cfg. It panics with a message naming the field when cfg
@@ -161,6 +169,9 @@ func newGuard(c GuardConfig, name string) *Guard {
 		panic(fmt.Sprintf("idem: %s.Heartbeat (%v) must be shorter than %s.Lease (%v)", name, c.Heartbeat, name, c.Lease))
 	}
 	checkTTL(name+".TTL", c.TTL, name, c.Lease)
+	if c.Seal != nil && !c.Seal.Keyed() {
+		panic("idem: " + name + ".Seal keys no fingerprint (it was made without a MAC secret): make it with idem.OpenKeyring on the store")
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -283,7 +294,7 @@ func (g *Guard) Begin(ctx context.Context, c Call) (h *Handle, replay *Response,
 		panic("idem: Guard.Begin (or Do, DoTx) on a nil *Guard: build one with idem.NewGuard, or take a middleware's with Middleware.Guard")
 	}
 	switch {
-	case c.Scope == "":
+	case c.Scope == "" || c.Scope == keyringScope:
 		return nil, nil, ErrScopeRequired
 	case c.Key == "":
 		return nil, nil, ErrKeyRequired
@@ -296,7 +307,7 @@ func (g *Guard) Begin(ctx context.Context, c Call) (h *Handle, replay *Response,
 	}
 	h = &Handle{route: c.Name, operation: c.Name}
 	h.claim.OnLapse = c.OnLapse
-	h.init(g, ctx, c.Scope, c.Key, c.Fingerprint, g.callTTL(c.TTL, "Call.TTL"))
+	h.init(g, ctx, c.Scope, c.Key, g.keyed(c.Fingerprint), g.callTTL(c.TTL, "Call.TTL"))
 	if replay, err = g.cached(h); replay != nil || err != nil {
 		return nil, replay, err
 	}
@@ -425,6 +436,17 @@ func (g *Guard) claimFrom(ctx context.Context, h *Handle, first *idemstore.Claim
 			h.observeClaim(observe.OutcomeStoreError, waited, start, err)
 			return nil, g.storeError(ctx, h, "claim", err)
 		}
+		if res.Outcome == idemstore.ClaimAcquired || res.Outcome == idemstore.ClaimCompleted {
+			rec, err := h.open(ctx, res.Record)
+			if err != nil {
+				return nil, h.openFailed(ctx, err, res.Outcome == idemstore.ClaimAcquired, waited, start)
+			}
+			if rec != res.Record {
+				opened := *res
+				opened.Record = rec
+				res = &opened
+			}
+		}
 		switch res.Outcome {
 		case idemstore.ClaimAcquired:
 			o := observe.OutcomeAcquired
@@ -464,6 +486,11 @@ func (g *Guard) claimFrom(ctx context.Context, h *Handle, first *idemstore.Claim
 		}
 		waited = waited || g.cfg.InFlightWait > 0
 		rec, again, err := h.await(ctx, waitUntil, stopAt, &backoff)
+		if rec != nil && err == nil && h.claim.Fingerprint.Matches(rec.Fingerprint) {
+			if rec, err = h.open(ctx, rec); err != nil {
+				return nil, h.openFailed(ctx, err, false, waited, start)
+			}
+		}
 		switch {
 		case err != nil:
 			h.observeClaim(observe.OutcomeStoreError, waited, start, err)

@@ -63,6 +63,7 @@ type Handle struct {
 	responder Responder
 	response  *Response
 	params    *idemstore.CompleteParams // the completion, when store
+	stored    *Response                 // the response params store, in clear (params' is sealed under a keyring)
 	// failed records how the §7 helper's transaction failed.
 	failed error
 
@@ -374,6 +375,15 @@ func (h *Handle) decide(forTx bool) (*idemstore.CompleteParams, bool, error) {
 	}
 	h.store = store && resp != nil
 	if h.store {
+		h.stored = resp
+		if k := h.g.cfg.Seal; k != nil {
+			sealed, err := sealResponse(k, h.binding(), resp)
+			if err != nil {
+				// Not reachable: record ids are 32 hex digits.
+				panic("idem: sealing a response: " + err.Error())
+			}
+			resp = sealed
+		}
 		h.complete = idemstore.CompleteParams{
 			Scope: h.scope, Key: h.key, Token: h.claim.Token,
 			Response: resp, TTL: h.claim.TTL, Now: h.g.storeNow(),
@@ -476,10 +486,10 @@ func (h *Handle) finish() (ending, error) {
 	switch {
 	case completed: // a §7 transaction committed the record with the application's writes
 		h.mu.Lock()
-		params := h.params
+		params, stored := h.params, h.stored
 		h.mu.Unlock()
 		if params != nil {
-			h.cacheCompleted(params.Response)
+			h.cacheCompleted(stored)
 			h.storedQuota(params.Response)
 		}
 		expired := h.warnIfExpired()
@@ -514,7 +524,7 @@ func (h *Handle) finish() (ending, error) {
 	cancel()
 	switch {
 	case err == nil:
-		h.cacheCompleted(params.Response)
+		h.cacheCompleted(h.stored)
 		h.storedQuota(params.Response)
 		expired := h.warnIfExpired()
 		if h.observing() {

@@ -22,7 +22,7 @@ var (
 		"canonical.go", "cleaner.go", "completer.go", "cutoff.go", "defaults.go", "do.go",
 		"doc.go", "errors.go", "guard.go", "handle.go", "idem_aliases.go", "key.go",
 		"lease.go", "localkeys.go", "observer.go", "quota.go", "replaycache.go", "retryrate.go",
-		"step.go", "storectx.go",
+		"sealing.go", "step.go", "storectx.go",
 	}
 	httpFiles = []string{
 		"capture.go", "claim_in_handler.go", "config.go", "fingerprint.go", "middleware.go",
@@ -142,7 +142,7 @@ func TestTheCoreUsesNoAdapter(t *testing.T) {
 }
 
 // adapterPackage reports whether p is one of idem's adapters (or a store, or a tool):
-// the core may import only the contracts idemstore and observe, and internal helpers
+// the core may import only the contracts idemstore, observe and seal, and internal helpers
 // that import no adapter themselves.
 func adapterPackage(p string) bool {
 	const mod = "github.com/idem-go/idem/"
@@ -150,17 +150,17 @@ func adapterPackage(p string) bool {
 		return false
 	}
 	switch rest := strings.TrimPrefix(p, mod); rest {
-	case "idemstore", "observe", "internal/logsummary":
+	case "idemstore", "observe", "seal", "internal/logsummary":
 		return false
 	}
 	return true
 }
 
 // contractMembers returns the names of the fields and methods that the contracts
-// (idemstore, observe) declare: the core uses them on the contracts' types.
+// (idemstore, observe, seal) declare: the core uses them on the contracts' types.
 func contractMembers(t *testing.T, fset *token.FileSet) map[string]bool {
 	names := map[string]bool{}
-	for _, dir := range []string{"idemstore", "observe"} {
+	for _, dir := range []string{"idemstore", "observe", "seal"} {
 		paths, _ := filepath.Glob(filepath.Join(dir, "*.go"))
 		for _, path := range paths {
 			if strings.HasSuffix(path, "_test.go") {

@@ -70,6 +70,8 @@ type route struct {
 	local localKeys
 	// onLapse is RouteOptions.OnLapse (SPEC §5.3, §13).
 	onLapse LapsePolicy
+	// noStoreBody is RouteOptions.NoStoreBody (SPEC §19).
+	noStoreBody bool
 }
 
 // New returns a Middleware for cfg. It panics with a message naming the field when cfg
@@ -111,7 +113,7 @@ func (m *Middleware) Route(opts RouteOptions) func(http.Handler) http.Handler {
 		m.g.registerResume(opts.Name, opts.Resume, ttl, "RouteOptions.Resume")
 	}
 	rt := &route{m: m, requirement: opts.Requirement, ttl: ttl,
-		policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler, name: opts.Name, onLapse: opts.OnLapse,
+		policy: opts.StorePolicy, claimInHandler: opts.ClaimInHandler, name: opts.Name, onLapse: opts.OnLapse, noStoreBody: opts.NoStoreBody,
 		keyHeader: m.cfg.KeyHeader, fingerprint: opts.Fingerprint, errorWriter: opts.ErrorWriter}
 	if opts.KeyHeader != "" {
 		rt.keyHeader = canonicalKeyHeader("RouteOptions.KeyHeader", opts.KeyHeader)
@@ -204,7 +206,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		return
 	}
 	scope, err := m.cfg.Scope(r)
-	if err != nil || scope == "" {
+	if err != nil || scope == "" || scope == keyringScope {
 		x.writeError(CodeScopeRequired, "")
 		return
 	}
@@ -225,7 +227,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		return
 	}
 	defer putBody(x.body)
-	x.h.claim.Fingerprint = rt.fingerprint(r, *x.body)
+	x.h.claim.Fingerprint = m.g.keyed(rt.fingerprint(r, *x.body))
 	x.run(next)
 }
 
@@ -414,6 +416,8 @@ func (x *request) answer(resp *Response, err error) {
 		x.writeError(CodeResponseNotStored, "")
 	case errors.Is(err, ErrOutcomeUnknown):
 		x.writeError(CodeOutcomeUnknown, "")
+	case errors.Is(err, ErrRecordUnreadable):
+		x.writeError(CodeRecordUnreadable, "")
 	case errors.Is(err, ErrKeyInProgress):
 		x.writeError(CodeRequestInProgress, "")
 	case errors.Is(err, ErrQuotaExceeded):
@@ -485,7 +489,12 @@ func (x *request) refuseWrites() { x.capture.frozen, x.capture.answered = true, 
 // route's store policy (the Responder of the request's Handle).
 func (x *request) Response() (*Response, bool) {
 	resp := x.capture.freeze(x.rt.m.cfg.storedHeaders)
-	return resp, x.rt.policy(resp.Status)
+	store := x.rt.policy(resp.Status)
+	if store && x.rt.noStoreBody && !resp.NotStored {
+		// The outcome only: the client gets the capture as it is.
+		resp = &Response{Status: resp.Status, NotStored: true}
+	}
+	return resp, store
 }
 
 // finish ends the claim, then sends the response (SPEC §6, §7). The client never gets

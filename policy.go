@@ -37,6 +37,33 @@ var neverStored = []string{
 	"Upgrade", "Content-Length", "Idempotency-Key", "Idempotent-Replayed",
 }
 
+// credentialHeaders carry credentials, and are never stored (SPEC §19): a replay
+// would hand one to whoever retries the key, and the store would keep it in clear for
+// the record's life.
+var credentialHeaders = []string{
+	"Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie", "Set-Cookie2", "X-Api-Key",
+	"Www-Authenticate", "Authentication-Info", "Proxy-Authenticate", "Proxy-Authentication-Info",
+}
+
+// StoredHeaderError says why the response header name may not be stored and
+// replayed, or returns nil when it may: a credential (Authorization,
+// Proxy-Authorization, Cookie, Set-Cookie, Set-Cookie2, X-Api-Key, WWW-Authenticate,
+// Authentication-Info…; SPEC §19), Date, a hop-by-hop header, or one the middleware
+// sets itself (SPEC §6). [Config.StoredHeaders], `idem proxy --stored-header` and
+// `idem keys resolve --header` refuse such a header with this error.
+func StoredHeaderError(name string) error {
+	c := http.CanonicalHeaderKey(name)
+	switch {
+	case slices.Contains(credentialHeaders, c):
+		return fmt.Errorf("%s carries a credential, which is never stored with a response (SPEC §19): "+
+			"the store would keep it, and a replay would hand it to whoever retries the key", c)
+	case slices.Contains(neverStored, c):
+		return fmt.Errorf("%s is never stored with a response (SPEC §6): it belongs to one response or one connection, "+
+			"or the middleware sets it itself", c)
+	}
+	return nil
+}
+
 // storedHeaderSet builds the allow-list from the defaults and extra, panicking on a
 // header that must never be stored.
 func storedHeaderSet(extra []string) map[string]bool {
@@ -45,11 +72,10 @@ func storedHeaderSet(extra []string) map[string]bool {
 		set[http.CanonicalHeaderKey(h)] = true
 	}
 	for _, h := range extra {
-		c := http.CanonicalHeaderKey(h)
-		if slices.Contains(neverStored, c) {
-			panic(fmt.Sprintf("idem: Config.StoredHeaders must not contain %s", c))
+		if err := StoredHeaderError(h); err != nil {
+			panic("idem: Config.StoredHeaders: " + err.Error())
 		}
-		set[c] = true
+		set[http.CanonicalHeaderKey(h)] = true
 	}
 	return set
 }

@@ -90,6 +90,11 @@ const (
 	// was stored and nothing committed, so a retry executes afresh; the middleware
 	// logs the mistake at error level. SPEC §9 is silent on this case.
 	CodeInternalError = "internal_error"
+	// CodeRecordUnreadable (500): the key's record is sealed and cannot be opened: its
+	// key is not configured, or it was altered or moved in the store (SPEC §19). The
+	// operation is not executed again, and no other record's response is answered.
+	// Final: clients do not retry it.
+	CodeRecordUnreadable = "record_unreadable"
 
 	// DefaultProblemTypeBase is the base URI of the problem types of [ProfileIETF]:
 	// the type of an error is this base followed by its code, such as
@@ -119,6 +124,7 @@ var codes = map[string]codeInfo{
 	CodeQuotaExceeded:     {http.StatusTooManyRequests, "Quota exceeded", "Too many requests of this principal are in progress, or its stored responses reached their bound; retry later."},
 	CodeStoreUnavailable:  {http.StatusServiceUnavailable, "Idempotency store unavailable", "The idempotency store is unavailable; retry later."},
 	CodeInternalError:     {http.StatusInternalServerError, "Internal error", "The server could not complete this request; nothing was stored, and a retry executes it afresh."},
+	CodeRecordUnreadable:  {http.StatusInternalServerError, "Record unreadable", "The record of this idempotency key cannot be read; the request is not executed again. Contact support."},
 	CodeOutcomeUnknown:    {http.StatusInternalServerError, "Outcome unknown", "The outcome of the request with this idempotency key is unknown; it will not be executed again until it is resolved. Contact support."},
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/observe"
+	"github.com/idem-go/idem/seal"
 )
 
 // Resumable operations (SPEC §13). An operation that calls a foreign system (a card
@@ -36,8 +37,11 @@ type stepState struct {
 	// saved is raw decoded, when decoded.
 	saved   []savedStep
 	decoded bool
-	// prepared names the step PrepareStep readied last, for StepFailed's event.
-	prepared string
+	// prepared names the step PrepareStep readied last, for StepFailed's event, with
+	// its params and its results in clear.
+	prepared       string
+	preparedParams *idemstore.StepParams
+	preparedRaw    []byte
 }
 
 // savedStep is one committed step in the record's encoding of its steps.
@@ -195,11 +199,17 @@ func (h *Handle) PrepareStep(step string, result any) (*idemstore.StepParams, er
 		return nil, fmt.Errorf("idem: step %q: the results of the record's steps would take %d bytes, more than MaxStepResultsBytes (%d): save ids, not documents",
 			step, len(raw), MaxStepResultsBytes)
 	}
-	h.steps.prepared = step
-	return &idemstore.StepParams{
+	p := &idemstore.StepParams{
 		Scope: h.scope, Key: h.key, Token: h.claim.Token,
 		RecoveryPoint: step, Steps: raw, Operation: h.operation,
-	}, nil
+	}
+	if k := h.g.cfg.Seal; k != nil {
+		if p.Steps, err = k.Seal(seal.PurposeSteps, h.binding(), raw); err != nil {
+			return nil, err
+		}
+	}
+	h.steps.prepared, h.steps.preparedParams, h.steps.preparedRaw = step, p, raw
+	return p, nil
 }
 
 // checkStepName refuses a step name that is empty, too long, not UTF-8 or holds
@@ -220,7 +230,11 @@ func checkStepName(step string) error {
 // the record's recovery point is p's step, and its result is saved.
 func (h *Handle) StepCommitted(p *idemstore.StepParams) {
 	h.mu.Lock()
-	h.steps = stepState{point: p.RecoveryPoint, raw: p.Steps}
+	raw := p.Steps
+	if p == h.steps.preparedParams {
+		raw = h.steps.preparedRaw // in clear: p's are sealed under a keyring
+	}
+	h.steps = stepState{point: p.RecoveryPoint, raw: raw}
 	h.mu.Unlock()
 	h.observeStep(p.RecoveryPoint, observe.StepCommitted, nil)
 }

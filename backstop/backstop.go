@@ -406,12 +406,25 @@ func (b *Backstop) answer(w http.ResponseWriter, r *http.Request, h *idem.Handle
 		if err := json.Unmarshal(rw.header, &header); err != nil {
 			b.logger.WarnContext(r.Context(), "backstop: a kept response's headers do not decode; answering without them", slog.Any("error", err))
 		}
-		for name, values := range header {
+		// Under a keyring (idem.Config.Seal) the row keeps the response sealed, as the
+		// record does (SPEC §19).
+		resp, err := h.OpenStored(r.Context(), &idem.Response{Status: int(rw.status.Int64), Header: header, Body: rw.body})
+		switch {
+		case errors.Is(err, idem.ErrRecordUnreadable):
+			b.logger.ErrorContext(r.Context(), "backstop: a kept response cannot be opened; answering record_unreadable", slog.Any("error", err))
+			idem.WriteError(w, r, b.profile, idem.CodeRecordUnreadable, "")
+			return
+		case err != nil:
+			b.logger.WarnContext(r.Context(), "backstop: opening a kept response failed; answering 503", slog.Any("error", err))
+			idem.WriteError(w, r, b.profile, idem.CodeStoreUnavailable, "")
+			return
+		}
+		for name, values := range resp.Header {
 			w.Header()[name] = values
 		}
 		w.Header().Set("Idempotent-Replayed", "true")
-		w.WriteHeader(int(rw.status.Int64))
-		_, _ = w.Write(rw.body)
+		w.WriteHeader(resp.Status)
+		_, _ = w.Write(resp.Body)
 	}
 }
 

@@ -21,9 +21,12 @@ import (
 	"github.com/idem-go/idem/backstop"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testkit"
+	"github.com/idem-go/idem/seal"
+	"github.com/idem-go/idem/seal/cloudkeys"
 	"github.com/idem-go/idem/store/redis"
 	"github.com/idem-go/idem/store/redis/redistest"
 	"github.com/idem-go/idem/store/sqlite"
+	"github.com/idem-go/idem/store/storetest"
 )
 
 // ttl is the records' and rows' lifetime in these tests.
@@ -71,6 +74,12 @@ func openDB(t *testing.T, d backstop.Dialect) *sql.DB {
 
 func newApp(t *testing.T, d backstop.Dialect, respond bool) *app {
 	t.Helper()
+	return newAppWith(t, d, respond, false)
+}
+
+// newAppWith is newApp, sealing its records (idem.Config.Seal) when sealed.
+func newAppWith(t *testing.T, d backstop.Dialect, respond, sealed bool) *app {
+	t.Helper()
 	srv := redistest.StartServer(t)
 	store, err := redis.Open(t.Context(), srv.URL(), redis.Config{})
 	if err != nil {
@@ -84,7 +93,17 @@ func newApp(t *testing.T, d backstop.Dialect, respond bool) *app {
 	if err := a.bs.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	mw := idem.New(idem.Config{Store: store, TTL: ttl, Scope: func(*http.Request) (string, error) { return "user-1", nil }})
+	var ring *seal.Keyring
+	if sealed {
+		key, err := cloudkeys.Open(t.Context(), storetest.SealKeyURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ring, err = idem.OpenKeyring(t.Context(), store, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mw := idem.New(idem.Config{Store: store, TTL: ttl, Seal: ring, Scope: func(*http.Request) (string, error) { return "user-1", nil }})
 	a.handler = mw.Handler(http.HandlerFunc(a.createCharge))
 	return a
 }
@@ -420,6 +439,36 @@ func TestOnAClaimInHandlerRouteTheKeyIsClaimedFirst(t *testing.T) {
 			if first.Code != http.StatusCreated || retry.Code != http.StatusCreated || retry.Body.String() != first.Body.String() ||
 				retry.Header().Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("first %d %s, retry %d %s; want the 201 and its replay", first.Code, first.Body, retry.Code, retry.Body)
+			}
+			if n := a.charges(t); n != 1 {
+				t.Fatalf("%d charges, want 1", n)
+			}
+		})
+	}
+}
+
+func TestSealedTheRowKeepsNoPlaintextAndAnswersTheFirstResponse(t *testing.T) {
+	t.Parallel()
+	for _, d := range []backstop.Dialect{backstop.SQLite, backstop.Postgres} {
+		t.Run(d.String(), func(t *testing.T) {
+			t.Parallel()
+			a := newAppWith(t, d, true, true)
+			name := storetest.Secrets[0]
+			first := a.post("key-sealed-1", name, body)
+			if first.Code != http.StatusCreated || !strings.Contains(first.Body.String(), name) {
+				t.Fatalf("first POST = %d %s", first.Code, first.Body)
+			}
+			var header, kept []byte
+			if err := a.db.QueryRow(`SELECT header, body FROM `+backstop.DefaultTable).Scan(&header, &kept); err != nil {
+				t.Fatal(err)
+			}
+			if s := storetest.HoldsSecret(append(header, kept...), name, "application/json", "charge"); s != "" || !seal.Sealed(kept) {
+				t.Fatalf("the row holds %q (sealed: %v)", s, seal.Sealed(kept))
+			}
+			a.loseRecord(t, "key-sealed-1")
+			retry := a.post("key-sealed-1", "retry", body)
+			if retry.Code != http.StatusCreated || retry.Body.String() != first.Body.String() || retry.Header().Get("Content-Type") != "application/json" {
+				t.Fatalf("retry after Redis lost the record = %d %s %v, want the first response %s", retry.Code, retry.Body, retry.Header(), first.Body)
 			}
 			if n := a.charges(t); n != 1 {
 				t.Fatalf("%d charges, want 1", n)

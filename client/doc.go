@@ -10,7 +10,7 @@
 // other than 501, waiting Retry-After when the server sends it and an
 // exponential backoff with full jitter otherwise. Answers are classified by their
 // error code in both of idem's error profiles; final answers (key_reused,
-// response_not_stored, outcome_unknown, 400, 401, 403, 404, 422, …) are returned at
+// response_not_stored, outcome_unknown, record_unreadable, 400, 401, 403, 404, 422, …) are returned at
 // once.
 //
 // Retries are limited by [Transport.MaxAttempts] and by a [Budget], a token bucket

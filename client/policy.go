@@ -32,8 +32,8 @@ type RetryPolicy func(ctx context.Context, req *http.Request, resp *http.Respons
 //     not TLS certificate errors nor an unsupported URL scheme;
 //   - 409 request_in_progress, 429 (quota_exceeded only when its Retry-After is
 //     within [DefaultMaxRetryAfter]: a longer wait is the caller's to decide), and
-//     5xx other than 501 and outcome_unknown;
-//   - never key_reused, response_not_stored, outcome_unknown, nor any other status
+//     5xx other than 501, outcome_unknown and record_unreadable;
+//   - never key_reused, response_not_stored, outcome_unknown, record_unreadable, nor any other status
 //     (400, 401, 403, 404, 422, …).
 //
 // Answers are classified by their error code in both idem profiles ([ErrorCode]). A
@@ -97,7 +97,7 @@ func retryableResponse(resp *http.Response) bool {
 		return false
 	}
 	switch ErrorCode(resp) {
-	case "key_reused", "response_not_stored", "outcome_unknown":
+	case "key_reused", "response_not_stored", "outcome_unknown", "record_unreadable":
 		return false
 	case "request_in_progress":
 		return true

@@ -48,6 +48,7 @@ func TestDefaultRetryPolicyClassifiesIdemCodesInBothProfiles(t *testing.T) {
 		idem.CodeKeyReused:         false,
 		idem.CodeResponseNotStored: false,
 		idem.CodeOutcomeUnknown:    false, // a 500 that is final
+		idem.CodeRecordUnreadable:  false, // so is this one (SPEC §19)
 		idem.CodeKeyRequired:       false,
 		idem.CodeKeyInvalid:        false,
 		idem.CodeScopeRequired:     false,

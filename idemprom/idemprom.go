@@ -97,7 +97,7 @@ var (
 	outcomes = []observe.Outcome{observe.OutcomeAcquired, observe.OutcomeTookOver, observe.OutcomeResumed, observe.OutcomeReplayed,
 		observe.OutcomeReplayedFromCache, observe.OutcomeWaitedThenReplayed, observe.OutcomeNotStored,
 		observe.OutcomeKeyReused, observe.OutcomeInProgress, observe.OutcomeStoreError, observe.OutcomeUnknown,
-		observe.OutcomeQuotaExceeded}
+		observe.OutcomeQuotaExceeded, observe.OutcomeUnreadable}
 	results = []observe.CompletionResult{observe.CompletionStored, observe.CompletionNotStored,
 		observe.CompletionLeaseLost, observe.CompletionFailed}
 	releaseResults = []string{telemetry.ReleaseReleased, telemetry.ReleaseNotHeld, telemetry.ReleaseError}

@@ -20,14 +20,26 @@ const (
 // Records store the version they were fingerprinted with; see [Fingerprint.Matches].
 const FingerprintVersion = 1
 
+// KeyedVersionOffset is added to the version of a keyed fingerprint (SPEC §19): one
+// whose sum is an HMAC, under the MAC secret of a keyring, of the version and sum of a
+// fingerprint of that version (version 1001 keys version 1). Keyed and plain
+// fingerprints are of different versions, and so never compared: records fingerprinted
+// before a keyring was configured keep working until they expire (SPEC §4).
+const KeyedVersionOffset = 1000
+
 // Fingerprint identifies the parameters of a request (SPEC §4): a SHA-256 sum and the
-// version of the canonicalisation that produced it.
+// version of the canonicalisation that produced it, or with a keyring an HMAC of them
+// (a keyed fingerprint, [Fingerprint.Keyed]).
 type Fingerprint struct {
 	// Version is the fingerprint algorithm's version, [FingerprintVersion] for new ones.
 	Version int
-	// Sum is the SHA-256 of the canonical request.
+	// Sum is the SHA-256 of the canonical request (keyed: its HMAC).
 	Sum [32]byte
 }
+
+// Keyed reports whether f is a keyed fingerprint: its version is
+// [KeyedVersionOffset] or more.
+func (f Fingerprint) Keyed() bool { return f.Version >= KeyedVersionOffset }
 
 // Matches reports whether a request fingerprinted as f may be served by a record
 // fingerprinted as stored. Fingerprints of different versions cannot be compared; they

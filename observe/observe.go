@@ -105,6 +105,10 @@ const (
 	// calls under way, or bytes stored in the window); nothing was claimed (429
 	// quota_exceeded). Err is the idem.QuotaError naming the bound.
 	OutcomeQuotaExceeded Outcome = "quota_exceeded"
+	// OutcomeUnreadable: the key's record is sealed and cannot be opened (its key is
+	// not configured, or it was altered or moved in the store; SPEC §19): the caller
+	// gets record_unreadable, and the operation is never executed again.
+	OutcomeUnreadable Outcome = "record_unreadable"
 )
 
 // ClaimEvent is a claim's outcome (Observer.Claimed).
@@ -125,8 +129,8 @@ type ClaimEvent struct {
 	Waited bool
 	// Duration is the claim's time, store calls and waiting included.
 	Duration time.Duration
-	// Err is the store's error of OutcomeStoreError, or the bound of
-	// OutcomeQuotaExceeded.
+	// Err is the store's error of OutcomeStoreError, the bound of
+	// OutcomeQuotaExceeded, or why the record of OutcomeUnreadable does not open.
 	Err error
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/payments"
 	"github.com/idem-go/idem/internal/proxy"
+	"github.com/idem-go/idem/seal"
 )
 
 const keysUsage = `usage: idem keys <command> --store URL [flags]
@@ -73,6 +74,8 @@ type keysCommand struct {
 	store, scope, token string
 	json                bool
 	step                string // get --step
+	// keys open sealed records (get --body, resolve; SPEC §19).
+	keys keyURLs
 }
 
 func newKeysCommand(name, synopsis string) *keysCommand {
@@ -81,6 +84,7 @@ func newKeysCommand(name, synopsis string) *keysCommand {
 	c.fs.StringVar(&c.scope, "scope", "", "the records' `scope`: the principal, as the application's Config.Scope returns it")
 	c.fs.StringVar(&c.token, "token", "", "instead of --scope, a payments API bearer `token`, whose scope is its hex SHA-256 (prefer IDEM_TOKEN: a command line is visible to every user of the host)")
 	c.fs.BoolVar(&c.json, "json", false, "write JSON on stdout")
+	c.keys.register(c.fs)
 	return c
 }
 
@@ -103,7 +107,11 @@ func (c *keysCommand) target(required bool) (storeURL, string, error) {
 
 // withStore reports err, a mistake in the flags, as a usage error; otherwise it opens
 // the store at u, runs fn with its admin interface, and closes it.
-func (c *keysCommand) withStore(ctx context.Context, stderr io.Writer, u storeURL, err error, fn func(admin.Store) int) int {
+//
+// scope is the scope of --scope or --token: with --token and --encryption-key, the
+// payments API's scope keyed as `idem payments --encryption-key` keys it (SPEC §19),
+// which the store's MAC secret gives; fn gets it.
+func (c *keysCommand) withStore(ctx context.Context, stderr io.Writer, u storeURL, scope string, err error, fn func(as admin.Store, scope string) int) int {
 	if err != nil {
 		return usageError(stderr, c.fs, err.Error())
 	}
@@ -112,7 +120,19 @@ func (c *keysCommand) withStore(ctx context.Context, stderr io.Writer, u storeUR
 		return failure(stderr, c.fs.Name(), err)
 	}
 	defer st.close()
-	return fn(as)
+	if c.token != "" && len(c.keys.urls) > 0 {
+		keys, closeKeys, err := c.keys.open(ctx)
+		if err != nil {
+			return failure(stderr, c.fs.Name(), err)
+		}
+		defer closeKeys()
+		ring, err := idem.OpenKeyring(ctx, st.store, keys...)
+		if err != nil {
+			return failure(stderr, c.fs.Name(), fmt.Errorf("--encryption-key: %w", err))
+		}
+		scope = ring.Scope(scope)
+	}
+	return fn(as, scope)
 }
 
 // open opens the store at u and returns its admin interface.
@@ -161,7 +181,7 @@ func runKeysGet(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	c := newKeysCommand("get", keysGetSynopsis)
 	rawKey := c.fs.String("key", "", "the idempotency `key`, as the client sent it in Idempotency-Key (required, unless --upstream-key)")
 	upstreamKey := c.fs.String("upstream-key", "", "find the record by the `key` idem proxy derived from it for the upstream, instead of --key")
-	body := c.fs.Bool("body", false, "also show the stored response's headers and body")
+	body := c.fs.Bool("body", false, "also show the stored response's headers and body (of a sealed record: only with --encryption-key)")
 	c.fs.StringVar(&c.step, "step", "", "also show the derived key of the outside call made at `step` (SPEC §13), e.g. processor_charge")
 	if code, done := parse(c.fs, args, stdout, stderr); done {
 		return code
@@ -171,7 +191,7 @@ func runKeysGet(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		if err == nil && *rawKey != "" {
 			err = errors.New("--key and --upstream-key exclude each other")
 		}
-		return c.withStore(ctx, stderr, u, err, func(as admin.Store) int {
+		return c.withStore(ctx, stderr, u, scope, err, func(as admin.Store, scope string) int {
 			found, err := findByUpstreamKey(ctx, as, scope, *upstreamKey)
 			if err != nil {
 				return failure(stderr, c.fs.Name(), err)
@@ -184,7 +204,7 @@ func runKeysGet(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err == nil {
 		key, err = parseKey(*rawKey)
 	}
-	return c.withStore(ctx, stderr, u, err, func(as admin.Store) int {
+	return c.withStore(ctx, stderr, u, scope, err, func(as admin.Store, scope string) int {
 		return c.get(ctx, as, scope, key, *body, stdout, stderr)
 	})
 }
@@ -215,15 +235,35 @@ func findByUpstreamKey(ctx context.Context, as admin.Store, scope, key string) (
 func upstreamKeyOf(r *admin.Record) string { return r.DerivedKey(proxy.UpstreamKeyStep) }
 
 func (c *keysCommand) get(ctx context.Context, as admin.Store, scope, key string, body bool, stdout, stderr io.Writer) int {
-	res, err := as.RecordInspect(ctx, &admin.RecordInspectParams{Scope: scope, Key: key, Body: body})
+	// The body is read either way: whether it is sealed shows without --body.
+	res, err := as.RecordInspect(ctx, &admin.RecordInspectParams{Scope: scope, Key: key, Body: true})
 	if errors.Is(err, idemstore.ErrNotFound) {
 		return failure(stderr, c.fs.Name(), fmt.Errorf("no record of key %q in scope %s", key, showScope(scope)))
 	}
 	if err != nil {
 		return failure(stderr, c.fs.Name(), err)
 	}
+	sealed := idem.IsSealed(storeRecord(res.Record))
+	keyID := sealedKeyID(res.Record)
+	if !body {
+		res.Record.Header, res.Record.Body = nil, nil
+	}
+	if body && sealed {
+		ring, closeKeys, err := c.keys.opener(ctx)
+		if err != nil {
+			return failure(stderr, c.fs.Name(), err)
+		}
+		defer closeKeys()
+		if err := openShown(ctx, ring, res.Record); err != nil {
+			return failure(stderr, c.fs.Name(), err)
+		}
+		sealed = false
+	}
 	if c.json {
 		j := recordJSON(res.Record, res.Now, body)
+		if sealed {
+			j.SealedUnder = keyID
+		}
 		if c.step != "" {
 			j.DerivedKey = &stepKeyJSON{Step: c.step, Key: res.Record.DerivedKey(c.step)}
 		}
@@ -233,7 +273,18 @@ func (c *keysCommand) get(ctx context.Context, as admin.Store, scope, key string
 	if c.step != "" {
 		fmt.Fprintf(stdout, "derived key   %s (of the outside call at step %q)\n", res.Record.DerivedKey(c.step), c.step)
 	}
+	if sealed {
+		fmt.Fprintf(stdout, "sealed under key %s: its headers, body and steps show with --body --encryption-key\n", keyID)
+	}
 	return exitOK
+}
+
+// sealedKeyID is the id of the key a sealed record says it is sealed under.
+func sealedKeyID(r *admin.Record) string {
+	if id := seal.KeyIDOf(r.Body); id != "" {
+		return id
+	}
+	return seal.KeyIDOf(r.Steps)
 }
 
 const keysListSynopsis = `--store URL [--scope SCOPE | --token TOKEN]
@@ -276,7 +327,8 @@ func runKeysList(ctx context.Context, args []string, stdout, stderr io.Writer) i
 			err = fmt.Errorf("--after: %v", err)
 		}
 	}
-	return c.withStore(ctx, stderr, u, err, func(as admin.Store) int {
+	return c.withStore(ctx, stderr, u, scope, err, func(as admin.Store, scope string) int {
+		p.Scope = scope
 		return c.list(ctx, as, &p, stdout, stderr)
 	})
 }
@@ -356,7 +408,7 @@ func runKeysDelete(ctx context.Context, args []string, stdout, stderr io.Writer)
 	case !*all:
 		key, err = parseKey(*rawKey)
 	}
-	return c.withStore(ctx, stderr, u, err, func(as admin.Store) int {
+	return c.withStore(ctx, stderr, u, scope, err, func(as admin.Store, scope string) int {
 		return c.delete(ctx, as, scope, key, *all, deleteFlags{force: *force, abandon: *abandon}, stdout, stderr)
 	})
 }
@@ -562,6 +614,9 @@ type keyRecordJSON struct {
 	// Body is the body when it is UTF-8 text, BodyBase64 otherwise (--body only).
 	Body       *string `json:"body,omitempty"`
 	BodyBase64 []byte  `json:"body_base64,omitempty"`
+	// SealedUnder is the key a sealed record's content is sealed under (SPEC §19),
+	// when it was not opened (get without --body).
+	SealedUnder string `json:"sealed_under,omitempty"`
 }
 
 // stepKeyJSON is the derived key of one step (SPEC §13).
@@ -664,7 +719,10 @@ func writeRecord(w io.Writer, r *admin.Record, now time.Time, body bool) {
 	if r.RecoveryPoint != "" {
 		fmt.Fprintf(tw, "recovery point\t%s\n", r.RecoveryPoint)
 	}
-	if len(r.Steps) > 0 {
+	switch {
+	case seal.Sealed(r.Steps):
+		fmt.Fprintf(tw, "steps\tsealed\n")
+	case len(r.Steps) > 0:
 		fmt.Fprintf(tw, "steps\t%s\n", r.Steps)
 	}
 	tw.Flush()

@@ -55,7 +55,7 @@ func runKeysResolve(ctx context.Context, args []string, stdout, stderr io.Writer
 	body := c.fs.String("body", "", "the response's body `text`")
 	bodyFile := c.fs.String("body-file", "", "read the response's body from `PATH` ('-': stdin)")
 	var headers headerFlags
-	c.fs.Var(&headers, "header", "a stored response header, `'Name: value'` (repeatable)")
+	c.fs.Var(&headers, "header", "a stored response header, `'Name: value'` (repeatable; never a credential such as Authorization or Set-Cookie)")
 	if code, done := parse(c.fs, args, stdout, stderr); done {
 		return code
 	}
@@ -70,7 +70,7 @@ func runKeysResolve(ctx context.Context, args []string, stdout, stderr io.Writer
 		c.fs.Visit(func(f *flag.Flag) { bodySet = bodySet || f.Name == "body" })
 		resp, err = resolveResponse(*release, *status, *body, *bodyFile, headers, bodySet)
 	}
-	return c.withStore(ctx, stderr, u, err, func(as admin.Store) int {
+	return c.withStore(ctx, stderr, u, scope, err, func(as admin.Store, scope string) int {
 		return c.resolve(ctx, as, scope, key, resp, stdout, stderr)
 	})
 }
@@ -143,9 +143,8 @@ func (h *headerFlags) Set(s string) error {
 		return fmt.Errorf("want 'Name: value', got %q", s)
 	}
 	canonical := textproto.CanonicalMIMEHeaderKey(name)
-	switch canonical {
-	case "Set-Cookie", "Date", "Content-Length", "Connection", "Transfer-Encoding", "Idempotency-Key", "Idempotent-Replayed":
-		return fmt.Errorf("%s is never stored with a response", canonical)
+	if err := idem.StoredHeaderError(canonical); err != nil {
+		return err
 	}
 	*h = append(*h, header{canonical, strings.TrimSpace(value)})
 	return nil
@@ -169,7 +168,14 @@ type resolveJSON struct {
 }
 
 func (c *keysCommand) resolve(ctx context.Context, as admin.Store, scope, key string, resp *idem.Response, stdout, stderr io.Writer) int {
-	err := as.RecordResolve(ctx, &admin.RecordResolveParams{Scope: scope, Key: key, Response: resp})
+	stored := resp
+	if resp != nil {
+		var err error
+		if stored, err = c.sealResolution(ctx, as, scope, key, resp); err != nil {
+			return failure(stderr, c.fs.Name(), err)
+		}
+	}
+	err := as.RecordResolve(ctx, &admin.RecordResolveParams{Scope: scope, Key: key, Response: stored})
 	switch {
 	case errors.Is(err, idemstore.ErrNotFound):
 		return failure(stderr, c.fs.Name(), fmt.Errorf("no record of key %q in scope %s", key, showScope(scope)))
@@ -194,4 +200,23 @@ func (c *keysCommand) resolve(ctx context.Context, as admin.Store, scope, key st
 			key, showScope(scope), resp.Status, len(resp.Body))
 	}
 	return exitOK
+}
+
+// sealResolution returns resp as the record of (scope, key) must keep it: sealed for
+// it (SPEC §19) when it was made under a keyring (its fingerprint is keyed), which
+// needs --encryption-key, and as it is otherwise.
+func (c *keysCommand) sealResolution(ctx context.Context, as admin.Store, scope, key string, resp *idem.Response) (*idem.Response, error) {
+	res, err := as.RecordInspect(ctx, &admin.RecordInspectParams{Scope: scope, Key: key})
+	if err != nil || !res.Record.Fingerprint.Keyed() {
+		return resp, nil // RecordResolve says what is wrong
+	}
+	ring, closeKeys, err := c.keys.opener(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer closeKeys()
+	if ring == nil {
+		return nil, errors.New("the record was made by a process that seals records (SPEC §19): give --encryption-key, so that the response is sealed for it as its own would be")
+	}
+	return idem.SealResponse(ring, scope, key, res.Record.ID, resp)
 }

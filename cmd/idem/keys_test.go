@@ -383,6 +383,11 @@ func TestKeysBadFlagsAreOneLineErrors(t *testing.T) {
 		{[]string{"keys", "resolve", "--store", store, "--scope", "s", "--key", "key-1234", "--status", "201", "--body", "x", "--body-file", "f"}, "exclude each other"},
 		{[]string{"keys", "resolve", "--store", store, "--scope", "s", "--key", "key-1234", "--status", "201", "--header", "no colon"}, "Name: value"},
 		{[]string{"keys", "resolve", "--store", store, "--scope", "s", "--key", "key-1234", "--status", "201", "--header", "Set-Cookie: a=b"}, "never stored"},
+		{[]string{"keys", "resolve", "--store", store, "--scope", "s", "--key", "key-1234", "--status", "201", "--header", "Date: x"}, "never stored"},
+		{[]string{"keys", "resolve", "--store", store, "--scope", "s", "--key", "key-1234", "--status", "201", "--header", "Authorization: Bearer x"}, "carries a credential"},
+		{[]string{"keys", "resolve", "--store", store, "--scope", "s", "--key", "key-1234", "--status", "201", "--header", "x-api-key: k"}, "carries a credential"},
+		{[]string{"keys", "resolve", "--store", store, "--scope", "s", "--key", "key-1234", "--status", "201", "--header", "WWW-Authenticate: Basic"}, "carries a credential"},
+		{[]string{"keys", "resolve", "--store", store, "--scope", "s", "--key", "key-1234", "--status", "201", "--header", "Set-Cookie2: a"}, "carries a credential"},
 		{[]string{"keys", "resolve", "--store", store, "--key", "key-1234", "--release"}, "--scope or --token is required"},
 	} {
 		code, _, stderr := runCmd(t, tc.args...)

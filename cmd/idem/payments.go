@@ -15,6 +15,7 @@ import (
 	"github.com/idem-go/idem/client"
 	"github.com/idem-go/idem/internal/payments"
 	"github.com/idem-go/idem/observe"
+	"github.com/idem-go/idem/seal"
 )
 
 const paymentsSynopsis = `[--addr 127.0.0.1:8080] [--store URL] [--db URL] [--ttl 24h]
@@ -209,6 +210,16 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return failure(stderr, name, err)
 	}
 
+	var ring *seal.Keyring
+	if !f.disableIdempotency {
+		r, closeKeys, err := f.keyring(ctx, st.store, logger)
+		if err != nil {
+			return failure(stderr, name, err)
+		}
+		defer closeKeys()
+		ring = r
+	}
+
 	// Metrics cost nothing unless served: without --metrics-addr the middleware has
 	// no observer and the API no instrumentation.
 	var m *metrics
@@ -222,6 +233,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		ProcessorLatency: f.latency, ProcessorURL: f.processorURL, ProcessorClient: processorClient(f.processorTimeout, libLogger),
 		ChargeOnLapse: idem.LapsePolicy(f.chargeOnLapse), DisableIdempotency: f.disableIdempotency, Logger: libLogger,
 		ReplayCacheSize: f.replayCache, StoreTimeout: f.storeTimeout, DBReadTimeout: f.storeTimeout, Observer: observer,
+		Seal: ring,
 	})
 	apiHandler := api.Handler()
 	if m != nil {
@@ -250,6 +262,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if f.processorURL != "" {
 		listening = append(listening, "processor", redact(f.processorURL))
 	}
+	listening = append(listening, sealedAttrs(ring)...)
 	if metrics.ln != nil {
 		listening = append(listening, "metrics", metrics.ln.Addr().String())
 	}

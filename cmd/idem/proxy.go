@@ -113,6 +113,7 @@ type proxyFlags struct {
 	scopeCookie                               string
 	methods, requireKey, storedHeaders        listFlag
 	routes                                    listFlag
+	noStoreBody, fingerprintExcept            listFlag
 	onLapse                                   lapseFlag
 	inFlightWait                              time.Duration
 	maxBodyBytes, maxStoredBody               int64
@@ -154,7 +155,9 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.Int64Var(&f.maxBodyBytes, "max-body-bytes", idem.DefaultMaxBodyBytes, "largest request body of a protected request, in `bytes`: a larger one is refused 413 body_too_large (other requests are forwarded as they come)")
 	fs.Int64Var(&f.maxStoredBody, "max-stored-body", proxy.DefaultMaxStoredBody, "largest response body stored, in `bytes`: a larger one is passed through, and repeats of its key get 409 response_not_stored (an event stream is stored when it ends within it)")
 	fs.Int64Var(&f.maxBufferedBodies, "max-buffered-bodies", proxy.DefaultMaxBufferedBodies, "bound on the `bytes` of request bodies that protected requests hold at once, all connections together: a request whose body would pass it gets 503 proxy_busy with Retry-After")
-	fs.Var(&f.storedHeaders, "stored-header", "a response `header` stored and replayed besides Content-Type, Content-Encoding, Content-Language, Content-Disposition, Location, ETag, Last-Modified, Link, Cache-Control and Vary (repeatable; several comma-separated; never Set-Cookie, Date or hop-by-hop headers)")
+	fs.Var(&f.storedHeaders, "stored-header", "a response `header` stored and replayed besides Content-Type, Content-Encoding, Content-Language, Content-Disposition, Location, ETag, Last-Modified, Link, Cache-Control and Vary (repeatable; several comma-separated; never a credential (Authorization, Cookie, Set-Cookie, X-Api-Key, WWW-Authenticate…), Date or hop-by-hop headers)")
+	fs.Var(&f.noStoreBody, "no-store-body", "a route whose responses mint secrets (a card's token, an API key) and keep their outcome only, as a net/http ServeMux `pattern` such as 'POST /v1/api_keys': its response goes to the client and only its status is stored; a retry gets 409 response_not_stored and is never forwarded again (repeatable; several comma-separated)")
+	fs.Var(&f.fingerprintExcept, "fingerprint-except", "a JSON member of the request body left out of its fingerprint, by `name` (top-level), dotted path (card.number) or JSON Pointer (/card/number), so that card fields need not enter it; the rest of the body, the method, path and query still do (repeatable; several comma-separated)")
 	fs.DurationVar(&f.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "how long a client waits for the upstream's response headers: past it the client gets 504 upstream_timeout with Retry-After, and a protected request's exchange goes on (its record in flight) until the upstream answers, whose answer is stored for the retry, or --upstream-wait-limit passes")
 	fs.DurationVar(&f.upstreamWaitLimit, "upstream-wait-limit", proxy.DefaultUpstreamWaitLimit, "bound on a protected request's whole exchange with the upstream, its wait past --upstream-timeout included: past it the outcome is unknown (--on-lapse says what a retry gets)")
 	fs.DurationVar(&f.upstreamIdleTimeout, "upstream-idle-timeout", proxy.DefaultUpstreamIdleTimeout, "how long an idle connection to the upstream is kept; keep it below the upstream's keep-alive timeout (Node.js: 5s)")
@@ -199,9 +202,14 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		cfg.Idem.Observer = m.observer()
 		cfg.Hooks = m.proxyHooks()
 	}
+	ring, closeKeys, err := f.keyring(ctx, st.store, logger)
+	if err != nil {
+		return failure(stderr, name, err)
+	}
+	defer closeKeys()
 	// The access log's lines are at info level: they go to the command's logger, at
 	// --log-level (info by default), not the library's (warn unless debug).
-	cfg.Idem.Store, cfg.Logger, cfg.AccessLogger = st.store, libLogger, logger
+	cfg.Idem.Store, cfg.Idem.Seal, cfg.Logger, cfg.AccessLogger = st.store, ring, libLogger, logger
 	p, err := proxy.New(cfg)
 	if err != nil { // what Validate does not see: the middleware's own checks
 		return usageError(stderr, fs, proxyFlagNames.Replace(err.Error()))
@@ -225,6 +233,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if metricsL.ln != nil {
 		listening = append(listening, "metrics", metricsL.ln.Addr().String())
 	}
+	listening = append(listening, sealedAttrs(ring)...)
 	logger.Info("idem proxy listening", listening...)
 	return serve(ctx, name, apiL, metricsL, f.shutdownGrace+shutdownGrace, logger, stderr)
 }
@@ -239,6 +248,7 @@ var proxyFlagNames = strings.NewReplacer(
 	"proxy: Config.Methods", "--methods",
 	"proxy: Config.RequireKey", "--require-key",
 	"proxy: Config.Routes", "--route",
+	"proxy: Config.NoStoreBody", "--no-store-body",
 	"proxy: Config.ScopeCookie", "--scope-cookie",
 	"proxy: Config.HealthPath", "--health-path",
 	"proxy: Config.AuthURL", "--auth-url",
@@ -326,6 +336,14 @@ func (f *proxyFlags) validate() (storeURL, proxy.Config, error) {
 	if f.keyHeader == "" {
 		return store, cfg, errors.New("--key-header must not be empty")
 	}
+	cfg.NoStoreBody = f.noStoreBody.values
+	if len(f.fingerprintExcept.values) > 0 {
+		fp, err := fingerprintExcept(f.fingerprintExcept.values)
+		if err != nil {
+			return store, cfg, err
+		}
+		cfg.Idem.Fingerprint = fp
+	}
 	if err := cfg.Validate(); err != nil {
 		return store, cfg, errors.New(proxyFlagNames.Replace(err.Error()))
 	}
@@ -351,4 +369,15 @@ func (l *listFlag) Set(s string) error {
 		}
 	}
 	return nil
+}
+
+// fingerprintExcept is idem.FingerprintJSONExcept of --fingerprint-except's names, or
+// the error of a name it refuses.
+func fingerprintExcept(names []string) (fp idem.FingerprintFunc, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("--fingerprint-except: %s", strings.TrimPrefix(fmt.Sprint(v), "idem: FingerprintJSONExcept: "))
+		}
+	}()
+	return idem.FingerprintJSONExcept(names...), nil
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/seal"
 )
 
 // What `idem payments` and `idem proxy` share: the flags of their idempotency records
@@ -28,6 +30,8 @@ type recordFlags struct {
 	// Bounds on a stalled store (SPEC §9): each store call before the handler, and
 	// the migrations at start.
 	storeTimeout, migrateTimeout time.Duration
+	// keys seal the records (--encryption-key, SPEC §19).
+	keys keyURLs
 }
 
 // register adds the record flags to fs; storeTimeoutUsage and migrateTimeoutUsage
@@ -41,6 +45,16 @@ func (f *recordFlags) register(fs *flag.FlagSet, storeTimeoutUsage, migrateTimeo
 	fs.IntVar(&f.replayCache, "replay-cache", 0, "keep up to `N` completed responses in memory so that replays skip the store (idem.Config.ReplayCacheSize; 0, the default, is off: the library's default)")
 	fs.DurationVar(&f.storeTimeout, "store-timeout", idem.DefaultStoreTimeout, storeTimeoutUsage)
 	fs.DurationVar(&f.migrateTimeout, "migrate-timeout", defaultMigrateTimeout, migrateTimeoutUsage)
+	f.keys.register(fs)
+}
+
+// keyring opens --encryption-key and the store's keyring within --migrate-timeout (nil
+// without --encryption-key, after a WARN that records are stored in clear); close
+// closes the keys.
+func (f *recordFlags) keyring(ctx context.Context, store idemstore.Store, logger *slog.Logger) (ring *seal.Keyring, close func(), err error) {
+	ctx, cancel := context.WithTimeout(ctx, f.migrateTimeout)
+	defer cancel()
+	return f.keys.keyring(ctx, store, logger)
 }
 
 // validate parses --store and --profile and checks the other record flags; errors name

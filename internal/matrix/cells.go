@@ -312,6 +312,18 @@ mounted on one route it runs that regime once more with a replay cache
 (` + "`Config.ReplayCacheSize`" + `), whose replays count as retries and must answer some of the
 cell's requests.
 
+**Sealed records** (SPEC §19) are a column of every cell that holds: mounted on one
+route, each HTTP cell runs once more with ` + "`Config.Seal`" + ` (a keyring of one
+` + "`base64key://`" + ` key on the cell's store; the second process has its own keyring, and so
+its own data key, of the same key and MAC secret), and so does every core cell that
+holds (` + "`GuardConfig.Seal`" + `), the whole promise above included, and then checks what the
+store holds: the record's response sealed (no header, no byte of the body in clear; the
+result of ` + "`Do`" + ` and ` + "`DoTx`" + ` too) under a keyed fingerprint that the request's plain
+SHA-256 is not; and, but on the memory store, another principal's response of the key
+copied onto the record in the store's own tables or values does not open there: 500
+` + "`record_unreadable`" + `, no execution, an ERROR naming the key. The proxy's "every option"
+cells seal their records too.
+
 `)
 	b.WriteString("## HTTP\n\n| store | helper | lease route | ClaimInHandler |\n|---|---|---|---|\n")
 	for _, s := range Stores {
@@ -371,7 +383,8 @@ again (GetBody: a keyed GET's lost reply re-sent by Go's transport, an HTTP/2 re
 stream retried), a body-less keyed GET sent with no body object, an upstream's 504
 releasing the key, and the auth endpoint's refusal not passed on; the two proxy entries
 whose code issue 38 changed, an h2c offer passed on and the derived key under its
-canonical name, are still killed: ` + "`scripts/mutants -run 'proxy-'`" + `), the whole run in about 6
+canonical name, are still killed: ` + "`scripts/mutants -run 'proxy-'`" + `, and the three of sealed records, issue 37: sealing skipped, the associated data dropped, plain
+fingerprints under a keyring: ` + "`scripts/mutants -run '^seal-'`" + `), the whole run in about 6
 minutes (` + "`scripts/mutants`" + `; the suite without -race, stopping at its first
 failure). The suite as it was before issue 28, whose cells checked one body, one
 principal, one 201 and a lease that never ran out, killed 8 of the first 30 of them

@@ -24,7 +24,9 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/consume"
 	"github.com/idem-go/idem/grpcidem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testkit"
+	"github.com/idem-go/idem/seal"
 )
 
 // TestCoreCombinations runs every cell of the core table: Do, DoTx, the queue
@@ -39,8 +41,15 @@ func TestCoreCombinations(t *testing.T) {
 			}
 			t.Run(fmt.Sprintf("%s on %s is %s", a, s, want), func(t *testing.T) {
 				t.Parallel()
-				runCoreCell(t, a, s, want)
+				runCoreCell(t, a, s, want, false)
 			})
+			if want == ExactlyOnce {
+				// Sealed records (SPEC §19): the whole promise again under a keyring.
+				t.Run(fmt.Sprintf("%s on %s is %s, sealed", a, s, want), func(t *testing.T) {
+					t.Parallel()
+					runCoreCell(t, a, s, want, true)
+				})
+			}
 		}
 	}
 }
@@ -157,10 +166,14 @@ func transactional(adapter string) bool {
 	return adapter == DoTx || adapter == Consumer || adapter == GRPCTx
 }
 
-func runCoreCell(t *testing.T, adapter string, s Store, want Outcome) {
+func runCoreCell(t *testing.T, adapter string, s Store, want Outcome, sealed bool) {
 	c := &coreCell{t: t, adapter: adapter, e: openEnv(t, s), clock: testkit.NewClock(time.Now()), logs: &lockedBuffer{}}
 	logger := slog.New(slog.NewTextHandler(c.logs, nil))
-	g := idem.NewGuard(idem.GuardConfig{Store: c.e.store, Logger: logger, Clock: c.clock.Now})
+	gc := idem.GuardConfig{Store: c.e.store, Logger: logger, Clock: c.clock.Now}
+	if sealed {
+		gc.Seal = keyring(t, c.e.store)
+	}
+	g := idem.NewGuard(gc)
 	switch adapter {
 	case Do:
 		c.run = func(key string, v variant) result {
@@ -207,6 +220,13 @@ func runCoreCell(t *testing.T, adapter string, s Store, want Outcome) {
 	switch want {
 	case ExactlyOnce:
 		c.holdsExactlyOnce(seqKey, concKey, first, retry, conc)
+		if sealed && (adapter == Do || adapter == DoTx) {
+			rec, err := c.e.store.RecordGet(t.Context(), &idemstore.GetParams{Scope: "tenant-1", Key: seqKey, Now: c.clock.Now()})
+			if err != nil || rec.Response == nil || !seal.Sealed(rec.Response.Body) || strings.Contains(string(rec.Response.Body), first.value) ||
+				!rec.Fingerprint.Keyed() || rec.Fingerprint.Sum == call(seqKey, variant{}).Fingerprint.Sum {
+				t.Fatalf("the store holds %+v, %v; want the result sealed under a keyed fingerprint", rec, err)
+			}
+		}
 	case Loud:
 		c.failsLoudly(append([]result{first, retry}, conc...))
 	}

@@ -47,6 +47,10 @@ type env struct {
 	finish func(r *http.Request, o op) error
 	// charges counts the charges of key.
 	charges func(t *testing.T, key string) int
+	// move copies the stored response of (from, key) onto the record (onto, key), its
+	// body replaced by body, in the store's own tables or values, as someone who can
+	// write them would; nil for the memory store, which has none.
+	move func(t *testing.T, key, from, onto string, body []byte)
 	// respondRuns counts the runs of the Respond form's function, by key.
 	respondRuns counter
 	// tx, for the core cells: the store's InTx with a *sql.Tx or a pgx.Tx, the insert
@@ -131,6 +135,14 @@ func sqliteEnv(t *testing.T) *env {
 	}
 	const insert = `INSERT INTO charges (key, id) VALUES (?, ?)`
 	e := &env{store: st, insert: insert, sqlInTx: st.InTx, finish: sqlFinish(st.InTx, insert)}
+	e.move = func(t *testing.T, key, from, onto string, body []byte) {
+		mustExec(t, func() error {
+			_, err := st.DB().Exec(`UPDATE idem_records SET (response_status, response_headers, response_body) =
+				(SELECT response_status, response_headers, ?4 FROM idem_records WHERE scope = ?1 AND key = ?3)
+				WHERE scope = ?2 AND key = ?3`, from, onto, key, body)
+			return err
+		})
+	}
 	return e.onSQL(st.DB(), insert, st.Respond, leaseFormOf(st.InTx))
 }
 
@@ -234,6 +246,14 @@ func postgresEnv(t *testing.T, databaseSQL bool) *env {
 	}
 	const insert = `INSERT INTO charges (key, id) VALUES ($1, $2)`
 	e := &env{store: st, insert: insert, sqlInTx: st.InSQLTx, pgxInTx: st.InTx, charges: countIn(st.DB())}
+	e.move = func(t *testing.T, key, from, onto string, body []byte) {
+		mustExec(t, func() error {
+			_, err := pool.Exec(context.Background(), `UPDATE idem_records r SET (response_status, response_headers, response_body) =
+				(SELECT f.response_status, f.response_headers, $4::bytea FROM idem_records f WHERE f.scope = $1 AND f.key = $3)
+				WHERE r.scope = $2 AND r.key = $3`, []byte(from), []byte(onto), []byte(key), body)
+			return err
+		})
+	}
 	e.direct = func(ctx context.Context, key, id string) error {
 		_, err := pool.Exec(ctx, insert, key, id)
 		return err
@@ -315,6 +335,16 @@ func redisEnv(t *testing.T, st *redis.Store, onPostgres bool) *env {
 		t.Fatal(err)
 	}
 	e := &env{store: st}
+	e.move = func(t *testing.T, key, from, onto string, body []byte) {
+		mustExec(t, func() error {
+			ctx := context.Background()
+			v, err := st.Client().HMGet(ctx, st.RecordKey(from, key), "status", "hdr").Result()
+			if err != nil {
+				return err
+			}
+			return st.Client().HSet(ctx, st.RecordKey(onto, key), "status", v[0], "hdr", v[1], "body", body).Err()
+		})
+	}
 	return e.onSQL(db, insert, bs.Respond, bs.InTx)
 }
 
@@ -445,4 +475,12 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// mustExec fails t when exec does.
+func mustExec(t *testing.T, exec func() error) {
+	t.Helper()
+	if err := exec(); err != nil {
+		t.Fatal(err)
+	}
 }

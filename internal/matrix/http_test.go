@@ -1,6 +1,8 @@
 package matrix
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,9 +19,12 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/internal/testkit"
 	"github.com/idem-go/idem/observe"
+	"github.com/idem-go/idem/seal"
+	"github.com/idem-go/idem/seal/cloudkeys"
 )
 
 func init() { gin.SetMode(gin.ReleaseMode) }
@@ -83,6 +88,9 @@ func TestHTTPCombinations(t *testing.T) {
 								t.Run(name+", reading its key first, with a replay cache", func(t *testing.T) {
 									runHTTPCell(t, s, r, h, m, want, regime{readFirst: true, cache: true})
 								})
+								// Sealed records (SPEC §19): the whole promise again, under
+								// a keyring, and the records sealed at rest.
+								t.Run(name+", sealed", func(t *testing.T) { runHTTPCell(t, s, r, h, m, want, regime{sealed: true}) })
 							}
 						}
 					}
@@ -214,6 +222,8 @@ type httpCell struct {
 
 	// gates hold the requests that ask to stall (stallingAt).
 	gates testkit.Gates
+	// sealed: the cell's records are sealed (regime.sealed).
+	sealed bool
 }
 
 // regime is how a cell's route runs: with readFirst (a route that holds) the route is
@@ -222,7 +232,11 @@ type httpCell struct {
 // answer before it: 409 for a key in flight in the process, a replay from the cache):
 // the cell checks that regime, not the one of new keys. With cache the middleware keeps
 // a replay cache (Config.ReplayCacheSize).
-type regime struct{ readFirst, cache bool }
+//
+// With sealed the cell's two processes seal records under a keyring each, of one key
+// and the store's MAC secret (Config.Seal, SPEC §19), and the cell also checks what the
+// store holds (httpCell.sealedAtRest).
+type regime struct{ readFirst, cache, sealed bool }
 
 // runHTTPCell builds one cell and holds it to want.
 func runHTTPCell(t *testing.T, s Store, r Route, h Helper, m Mount, want Outcome, rg regime) {
@@ -254,6 +268,11 @@ func runHTTPCell(t *testing.T, s Store, r Route, h Helper, m Mount, want Outcome
 	}
 	cfg := idem.Config{Store: c.e.store, Scope: scope, Logger: slog.New(slog.NewTextHandler(c.logs, nil)),
 		Observer: observer, Clock: c.clock.Now, ReplayCacheSize: cacheSize(rg.cache)}
+	otherCfg := cfg
+	if rg.sealed {
+		cfg.Seal, otherCfg.Seal = keyring(t, c.e.store), keyring(t, c.e.store)
+		c.sealed = true
+	}
 	mw := idem.New(cfg)
 	opts := idem.RouteOptions{ClaimInHandler: r == ClaimInHandler}
 	refusal := func() (p any) {
@@ -272,7 +291,7 @@ func runHTTPCell(t *testing.T, s Store, r Route, h Helper, m Mount, want Outcome
 	}
 	c.srv = serve(t, c.handler)
 	// Another process on the same store: its own middleware, which knows no key.
-	c.other = serve(t, mount(m, idem.New(cfg), opts, c.e.handler(h, c.gates.Pass)))
+	c.other = serve(t, mount(m, idem.New(otherCfg), opts, c.e.handler(h, c.gates.Pass)))
 	readFirst := rg.readFirst
 	if readFirst {
 		warmUp(t, c.srv)
@@ -376,6 +395,70 @@ func (c *httpCell) holdsExactlyOnce(seqKey, concKey string, first, retry answer,
 	}
 	if strings.Contains(c.logs.String(), "level=ERROR") {
 		t.Fatalf("an error was logged by a combination that holds:\n%s", c.logs)
+	}
+	if c.sealed {
+		c.sealedAtRest(seqKey, first)
+	}
+}
+
+// keyring opens the matrix's key and a keyring on st: one process's.
+func keyring(t *testing.T, st idemstore.Store) *seal.Keyring {
+	t.Helper()
+	key, err := cloudkeys.Open(t.Context(), sealKeyURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring, err := idem.OpenKeyring(t.Context(), st, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ring
+}
+
+// sealKeyURL is the key the sealed cells seal under.
+const sealKeyURL = "base64key://AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+
+// sealedAtRest: the record of key, whose first answer is first, holds its response
+// sealed (no header, no byte of the body in clear) under a keyed fingerprint that the
+// request's plain SHA-256 is not; and the response of another principal's record of
+// the key, copied onto it in the store, does not open there: 500 record_unreadable, no
+// execution, an ERROR naming the key (SPEC §19).
+func (c *httpCell) sealedAtRest(key string, first answer) {
+	t := c.t
+	rec, err := c.e.store.RecordGet(t.Context(), &idemstore.GetParams{Scope: "Bearer sk_test_matrix", Key: key, Now: c.clock.Now()})
+	if err != nil {
+		t.Fatalf("reading the record: %v", err)
+	}
+	var id struct{ ID string }
+	_ = json.Unmarshal([]byte(first.body), &id)
+	if rec.Response == nil || !seal.Sealed(rec.Response.Body) || len(rec.Response.Header) != 0 || id.ID == "" ||
+		strings.Contains(string(rec.Response.Body), id.ID) {
+		t.Fatalf("the store holds the response %+v; want it sealed, without a header or its id %q in clear", rec.Response, id.ID)
+	}
+	req := httptest.NewRequest(http.MethodPost, "/v1/charges", nil)
+	req.Header.Set("Content-Type", "application/json")
+	plain := idem.FingerprintRequest(req, []byte(chargeBody))
+	if !rec.Fingerprint.Keyed() || rec.Fingerprint.Sum == plain.Sum {
+		t.Fatalf("the store holds the fingerprint v%d %x; want a keyed one, not the request's plain SHA-256", rec.Fingerprint.Version, rec.Fingerprint.Sum)
+	}
+	if c.e.move == nil {
+		return // the memory store has no tables to write behind its back
+	}
+	// Moved whole, and with the record id it names rewritten to the record's: only the
+	// associated data (the scope, key and record id) then tells it apart.
+	src, err := c.e.store.RecordGet(t.Context(), &idemstore.GetParams{Scope: "Bearer sk_test_other", Key: key, Now: c.clock.Now()})
+	if err != nil || !bytes.Contains(src.Response.Body, []byte(src.ID)) {
+		t.Fatalf("reading the other principal's record: %v", err)
+	}
+	c.e.move(t, key, "Bearer sk_test_other", "Bearer sk_test_matrix", bytes.Replace(src.Response.Body, []byte(src.ID), []byte(rec.ID), 1))
+	if a := post(t, c.srv.Client(), c.srv.URL, key); a.status != http.StatusInternalServerError || a.code != idem.CodeRecordUnreadable || a.replayed {
+		t.Fatalf("the key whose record holds another principal's sealed response was answered %v; want 500 record_unreadable", a)
+	}
+	if n := c.e.charges(t, key); n != 2 {
+		t.Fatalf("after the moved response, %d charges under the key, want 2: it ran again", n)
+	}
+	if logs := c.logs.String(); !strings.Contains(logs, "level=ERROR") || !strings.Contains(logs, "key_id=base64key:") {
+		t.Fatalf("no ERROR naming the key of the record that does not open:\n%s", logs)
 	}
 }
 

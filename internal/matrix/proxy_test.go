@@ -177,6 +177,8 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 		cfg.UpstreamWaitLimit = 2 * time.Minute
 		cfg.Idem.MaxInFlightPerScope, cfg.Idem.MaxStoredBytesPerScope, cfg.Idem.QuotaWindow = 64, 1<<20, time.Minute
 		cfg.Hooks = &proxy.Hooks{UpstreamResponse: func(string, int, time.Duration) { hooked.Add(1) }}
+		// Sealed records (SPEC §19): the keyed scope of the cookie, sealed responses.
+		cfg.Idem.Seal, cfg.Idem.Fingerprint = keyring(t, e.store), idem.FingerprintJSONExcept("metadata")
 	}
 	auth := options == ProxyForwardAuth
 	if auth {

@@ -61,8 +61,9 @@ var (
 	// ProxyOptions: the proxy's defaults, every option of its own set at once
 	// (--scope-cookie, --require-key and --route on the cell's path, --access-log,
 	// --max-buffered-bodies and its share per client, --min-upload-rate,
-	// --upstream-wait-limit, bounds per principal, the metrics' hooks), or forward
-	// authentication (--auth-url); none changes an outcome.
+	// --upstream-wait-limit, bounds per principal, the metrics' hooks, and sealed
+	// records: --encryption-key, --fingerprint-except), or forward authentication
+	// (--auth-url); none changes an outcome.
 	ProxyOptions = []string{ProxyDefaults, ProxyEveryOption, ProxyForwardAuth}
 	ProxyAnswers = []string{ProxyStored, ProxyStream, ProxyH2C, ProxyTooLarge, ProxyTrailers, ProxySlow, ProxyLostReply, ProxyBrokenBody,
 		ProxyGetLost, ProxyBodilessLost, ProxyH2Reset, ProxyGateway}
@@ -138,7 +139,8 @@ an ` + "`idem proxy`" + ` in process, with its defaults, with every option of it
 (the principal from a cookie beside an analytics cookie that changes on every request,
 ` + "`--require-key`" + ` and ` + "`--route`" + ` on the cell's path, ` + "`--access-log`" + ` (a line per request, no key
 in it), ` + "`--max-buffered-bodies`" + ` and its share per client, ` + "`--min-upload-rate`" + `,
-` + "`--upstream-wait-limit`" + `, the bounds per principal, the metrics' hooks), or with forward
+` + "`--upstream-wait-limit`" + `, the bounds per principal, the metrics' hooks, and sealed records:
+` + "`--encryption-key`" + ` with ` + "`--fingerprint-except`" + `, SPEC §19), or with forward
 authentication (` + "`--auth-url`" + `: an auth endpoint names the principal; a revoked token's
 retry then gets the endpoint's 401, never a replay), in front of a Go upstream that counts
 what it receives by the derived key, and holds it to its outcome. The cell's first

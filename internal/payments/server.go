@@ -13,6 +13,7 @@ import (
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/observe"
 	"github.com/idem-go/idem/store/postgres"
+	"github.com/idem-go/idem/seal"
 )
 
 // Defaults of [Config].
@@ -108,10 +109,15 @@ type Config struct {
 	// such as an idemprom.Metrics' observer. Defaults to nil (none).
 	Observer *observe.Observer
 
+	// Seal, when set, seals the idempotency records (idem.Config.Seal, SPEC §19) and
+	// keys their scope: the keyring's HMAC of the principal's hex SHA-256 (the charges
+	// and orders keep the plain one). Defaults to nil: records in clear.
+	Seal *seal.Keyring
+
 	// Middleware, when set, is used instead of building one from the fields above:
 	// tests pass an idem.Config of their own (an injected clock, say) through it.
 	// Defaults to idem.New with Store, Profile, TTL, Lease, Logger, ReplayCacheSize,
-	// StoreTimeout and Observer.
+	// StoreTimeout, Observer and Seal.
 	Middleware *idem.Middleware
 }
 
@@ -229,9 +235,21 @@ func (s *Server) routes() {
 	if !s.cfg.DisableIdempotency {
 		mw := s.cfg.Middleware
 		if mw == nil {
+			scope := scopeOf
+			if k := s.cfg.Seal; k != nil {
+				// The records' scope is keyed (SPEC §19): the hex SHA-256 of a guessable
+				// token could be recomputed; the charges keep the plain one.
+				scope = func(r *http.Request) (string, error) {
+					p, err := scopeOf(r)
+					if err != nil {
+						return "", err
+					}
+					return k.Scope(p), nil
+				}
+			}
 			mw = idem.New(idem.Config{
 				Store:   s.cfg.Store,
-				Scope:   scopeOf,
+				Scope:   scope,
 				Profile: s.cfg.Profile,
 				TTL:     s.cfg.TTL,
 				Lease:   s.cfg.Lease,
@@ -240,6 +258,7 @@ func (s *Server) routes() {
 				ReplayCacheSize: s.cfg.ReplayCacheSize,
 				StoreTimeout:    s.cfg.StoreTimeout,
 				Observer:        s.cfg.Observer,
+				Seal:            s.cfg.Seal,
 			})
 		}
 		s.mw = mw

@@ -23,6 +23,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/logsummary"
+	"github.com/idem-go/idem/seal"
 )
 
 // Defaults of [Config].
@@ -191,6 +192,12 @@ type Config struct {
 	// request is named by the first RequireKey or Routes pattern it matches, else by
 	// its method. Defaults to none.
 	Routes []string
+	// NoStoreBody are ServeMux patterns, matched as RequireKey's are, of routes that
+	// keep outcomes only (idem.RouteOptions.NoStoreBody, SPEC §19): a response to
+	// store is recorded by its status alone, and its repeats get 409
+	// response_not_stored, never a second execution. For routes whose responses mint
+	// secrets (a card's token, an API key). Defaults to none.
+	NoStoreBody []string
 
 	// UpstreamKeyHeader names the header that carries the derived key to the upstream
 	// (it replaces a header of that name that the client sent, such as the client's
@@ -345,6 +352,7 @@ type Proxy struct {
 	waitLimit         time.Duration
 	onLapse           idem.LapsePolicy
 	scopeCookie       string
+	seal              *seal.Keyring // Config.Idem.Seal: keys the scope
 	hooks             Hooks
 	budget            *bodyBudget
 	auth              *authenticator // nil without AuthURL
@@ -365,6 +373,10 @@ type Proxy struct {
 	requiredMux *http.ServeMux
 	named       map[string]http.Handler
 	namedMux    *http.ServeMux
+	// noStore holds, by route name, the twin of every protected route that keeps
+	// outcomes only, for the requests that noStoreMux matches (nil without NoStoreBody).
+	noStore    map[string]http.Handler
+	noStoreMux *http.ServeMux
 
 	// closing is set once Shutdown's grace ended; waiting holds the protected
 	// exchanges under way, so that Shutdown waits for them and then settles them, and
@@ -389,7 +401,7 @@ func New(cfg Config) (*Proxy, error) {
 		maxStored:       withDefault(cfg.MaxStoredBody, DefaultMaxStoredBody),
 		upstreamTimeout: withDefault(cfg.UpstreamTimeout, DefaultUpstreamTimeout),
 		waitLimit:       withDefault(cfg.UpstreamWaitLimit, DefaultUpstreamWaitLimit),
-		scopeCookie:     cfg.ScopeCookie,
+		scopeCookie:     cfg.ScopeCookie, seal: cfg.Idem.Seal,
 		budget: newBodyBudget(withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies),
 			withDefault(cfg.MaxBufferedBodiesPerClient, withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies)/4),
 			withDefault(cfg.Idem.MaxBodyBytes, idem.DefaultMaxBodyBytes), withDefault(cfg.MinUploadRate, DefaultMinUploadRate)),
@@ -458,6 +470,24 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.requiredMux, p.required = p.routes(mw, cfg.RequireKey, idem.KeyRequired)
 	p.namedMux, p.named = p.routes(mw, cfg.Routes, idem.KeyOptional)
+	if len(cfg.NoStoreBody) > 0 {
+		p.noStoreMux, p.noStore = http.NewServeMux(), map[string]http.Handler{}
+		for _, pattern := range cfg.NoStoreBody {
+			_ = handlePattern(p.noStoreMux, pattern) // Validate registered them once already
+		}
+		twin := func(name string, req idem.Requirement) {
+			p.noStore[name] = mw.Route(idem.RouteOptions{Name: name, Requirement: req, OnLapse: p.onLapse, NoStoreBody: true})(p.forward)
+		}
+		for m := range p.byMethod {
+			twin(m, idem.KeyOptional)
+		}
+		for _, pattern := range cfg.RequireKey {
+			twin(pattern, idem.KeyRequired)
+		}
+		for _, pattern := range cfg.Routes {
+			twin(pattern, idem.KeyOptional)
+		}
+	}
 	return p, nil
 }
 
@@ -538,7 +568,7 @@ func (c Config) Validate() error {
 	for _, list := range [...]struct {
 		field    string
 		patterns []string
-	}{{"Config.RequireKey", c.RequireKey}, {"Config.Routes", c.Routes}} {
+	}{{"Config.RequireKey", c.RequireKey}, {"Config.Routes", c.Routes}, {"Config.NoStoreBody", c.NoStoreBody}} {
 		mux, seen := http.NewServeMux(), map[string]bool{}
 		for _, pattern := range list.patterns {
 			if seen[pattern] {
@@ -871,6 +901,17 @@ func (p *Proxy) Route(r *http.Request) string {
 
 // route returns the handler of r and its route's name.
 func (p *Proxy) route(r *http.Request) (http.Handler, string) {
+	h, name := p.routeOf(r)
+	if p.noStoreMux != nil && p.noStore[name] != nil && r.Method != http.MethodTrace {
+		if _, ok := matchPattern(p.noStoreMux, r); ok {
+			return p.noStore[name], name // the same route, keeping its outcome only
+		}
+	}
+	return h, name
+}
+
+// routeOf is route without NoStoreBody.
+func (p *Proxy) routeOf(r *http.Request) (http.Handler, string) {
 	if pattern, ok := matchPattern(p.requiredMux, r); ok {
 		if r.Method == http.MethodTrace {
 			// Go's transport re-sends a TRACE by itself, and a TRACE must not carry
@@ -954,12 +995,12 @@ func connectionHas(h http.Header, token string) bool {
 func (p *Proxy) scope(r *http.Request) (string, error) {
 	if p.auth != nil {
 		if principal, ok := r.Context().Value(principalKey{}).(string); ok && principal != "" {
-			return hashScope(principal), nil
+			return p.hashScope(principal), nil
 		}
 		return "", errNoScope
 	}
 	if p.scopeCookie != "" {
-		return cookieScope(r, p.scopeCookie)
+		return cookieScope(r, p.scopeCookie, p.hashScope)
 	}
 	if p.scopeHeader == "" {
 		return SharedScope, nil
@@ -978,12 +1019,12 @@ func (p *Proxy) scope(r *http.Request) (string, error) {
 	if len(values) == 0 {
 		return "", errNoScope
 	}
-	return hashScope(strings.Join(values, "\n")), nil
+	return p.hashScope(strings.Join(values, "\n")), nil
 }
 
 // cookieScope is the scope of the one cookie named name: missing, empty or repeated,
 // there is none.
-func cookieScope(r *http.Request, name string) (string, error) {
+func cookieScope(r *http.Request, name string, hashScope func(string) string) (string, error) {
 	var value string
 	n := 0
 	for _, c := range r.CookiesNamed(name) {
@@ -997,8 +1038,13 @@ func cookieScope(r *http.Request, name string) (string, error) {
 }
 
 // hashScope is the scope of a principal, the one place a scope is made: its hex
-// SHA-256, so that no token is stored or logged.
-func hashScope(principal string) string {
+// SHA-256, or with a keyring (Config.Idem.Seal) its keyed hash (an HMAC, SPEC §19),
+// which nobody without the key recomputes from a guessed credential; so that no token
+// is stored or logged.
+func (p *Proxy) hashScope(principal string) string {
+	if k := p.seal; k != nil {
+		return k.Scope(principal)
+	}
 	sum := sha256.Sum256([]byte(principal))
 	return hex.EncodeToString(sum[:])
 }

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -127,8 +128,51 @@ func TestConformance(t *testing.T) {
 				s := schemas.store(t, postgres.Config{MaxConns: 4, Cleaner: cfg}, via)
 				return s, s.Cleaner()
 			},
+			Raw:          rawRows,
+			CopyResponse: copyResponse,
 		})
 	})
+}
+
+// copyResponse copies the response of (scope, from) onto (scope, onto), behind the
+// store's back.
+func copyResponse(t *testing.T, st idemstore.Store, scope, from, onto string) {
+	s := st.(schemaStore)
+	_, err := s.Pool().Exec(context.Background(), `UPDATE `+s.table("idem_records")+` r SET (response_status, response_headers, response_body) =
+		(SELECT f.response_status, f.response_headers, f.response_body FROM `+s.table("idem_records")+` f WHERE f.scope = $1 AND f.key = $2)
+		WHERE r.scope = $1 AND r.key = $3`, []byte(scope), []byte(from), []byte(onto))
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rawRows returns what the store holds: every row of its records' table, each column
+// as PostgreSQL sends it (binary values byte for byte) and as text.
+func rawRows(t *testing.T, st idemstore.Store) []byte {
+	t.Helper()
+	s := st.(schemaStore)
+	rows, err := s.Pool().Query(context.Background(), `SELECT t::text, t.* FROM `+s.table("idem_records")+` t`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var raw []byte
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vals {
+			raw = fmt.Append(raw, v, "\n")
+			if b, ok := v.([]byte); ok {
+				raw = append(raw, b...)
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return raw
 }
 
 // appTable is the conformance suite's §7 harness: an application table next to the

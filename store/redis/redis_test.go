@@ -100,9 +100,52 @@ func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // harness hands the conformance suite stores on the Redis at rawURL.
 func harness(rawURL string) storetest.Harness {
+	var prefixes sync.Map // *redis.Store -> its key prefix
 	return storetest.Harness{
-		NewStore: func(t *testing.T) idemstore.Store { return openStore(t, rawURL) },
+		NewStore: func(t *testing.T) idemstore.Store {
+			s, prefix := openStorePrefix(t, rawURL)
+			prefixes.Store(s, prefix)
+			return s
+		},
+		Raw: func(t *testing.T, st idemstore.Store) []byte {
+			prefix, _ := prefixes.Load(st)
+			return rawValues(t, st.(*redis.Store).Client(), prefix.(string))
+		},
+		CopyResponse: func(t *testing.T, st idemstore.Store, scope, from, onto string) {
+			s := st.(*redis.Store)
+			ctx := context.Background()
+			src := s.Client().HMGet(ctx, s.RecordKey(scope, from), "status", "hdr", "body").Val()
+			if err := s.Client().HSet(ctx, s.RecordKey(scope, onto), "status", src[0], "hdr", src[1], "body", src[2]).Err(); err != nil {
+				t.Fatal(err)
+			}
+		},
 	}
+}
+
+// rawValues returns what Redis holds under prefix: every key, and every field and
+// value of it, byte for byte.
+func rawValues(t *testing.T, c goredis.UniversalClient, prefix string) []byte {
+	t.Helper()
+	ctx := context.Background()
+	var raw []byte
+	for _, k := range scanPrefix(t, c, prefix) {
+		raw = append(raw, k...)
+		switch typ := c.Type(ctx, k).Val(); typ {
+		case "hash":
+			for f, v := range c.HGetAll(ctx, k).Val() {
+				raw = append(append(raw, f...), v...)
+			}
+		case "string":
+			raw = append(raw, c.Get(ctx, k).Val()...)
+		case "zset":
+			for _, m := range c.ZRange(ctx, k, 0, -1).Val() {
+				raw = append(raw, m...)
+			}
+		default:
+			t.Fatalf("key %s is a %s, which rawValues does not read", k, typ)
+		}
+	}
+	return raw
 }
 
 func TestConformance(t *testing.T) {

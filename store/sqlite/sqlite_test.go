@@ -3,6 +3,8 @@ package sqlite_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -43,7 +45,61 @@ func TestConformance(t *testing.T) {
 			s, _ := openStore(t, sqlite.Config{Cleaner: cfg})
 			return s, s.Cleaner()
 		},
+		Raw: rawSQLite,
+		CopyResponse: func(t *testing.T, st idemstore.Store, scope, from, onto string) {
+			_, err := st.(*sqlite.Store).DB().Exec(`UPDATE idem_records SET (response_status, response_headers, response_body) =
+				(SELECT response_status, response_headers, response_body FROM idem_records WHERE scope = ?1 AND key = ?2)
+				WHERE scope = ?1 AND key = ?3`, scope, from, onto)
+			if err != nil {
+				t.Fatal(err)
+			}
+		},
 	})
+}
+
+// rawSQLite returns what the store holds: its database file and write-ahead log, byte
+// for byte, and the rows of its records' table.
+func rawSQLite(t *testing.T, st idemstore.Store) []byte {
+	t.Helper()
+	db := st.(*sqlite.Store).DB()
+	var path string
+	if err := db.QueryRow(`SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&path); err != nil || path == "" {
+		t.Fatalf("the database's file: %q, %v", path, err)
+	}
+	var raw []byte
+	for _, f := range []string{path, path + "-wal"} {
+		b, err := os.ReadFile(f)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		raw = append(raw, b...)
+	}
+	rows, err := db.Query(`SELECT * FROM idem_records`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	for rows.Next() {
+		vals := make([]any, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vals {
+			raw = fmt.Append(raw, v, "\n")
+			if b, ok := v.([]byte); ok {
+				raw = append(raw, b...)
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return raw
 }
 
 func TestAdminConformance(t *testing.T) {

@@ -27,6 +27,18 @@ type Harness struct {
 	// with its own cleaner started with cfg, and that cleaner. The case
 	// StoreCleanerDeletesExpiredRecords skips with a log line when it is nil.
 	NewStoreWithCleaner func(t *testing.T, cfg idem.CleanerConfig) (idemstore.Store, *idem.Cleaner)
+
+	// Raw returns everything s holds, as it holds it: its database files and the rows
+	// of its tables (SQL stores), every value under its prefix (Redis). The sealed
+	// records' case (SPEC §19) looks there for the card number and token it sent; it
+	// skips with a log line when Raw is nil.
+	Raw func(t *testing.T, s idemstore.Store) []byte
+
+	// CopyResponse copies the stored response of (scope, from) onto the record
+	// (scope, onto), column by column or field by field, as someone who can write the
+	// database would. The sealed records' case checks that it does not open there; it
+	// skips with a log line when CopyResponse is nil.
+	CopyResponse func(t *testing.T, s idemstore.Store, scope, from, onto string)
 }
 
 // TxHarness runs a fenced completion inside a transaction of the store's own database,
