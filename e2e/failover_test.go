@@ -31,7 +31,7 @@ import (
 // promoted; the next round makes the dead primary's port a standby of the new one
 // (pg_basebackup -R) and does it again. Then every card must have been charged once.
 const (
-	// failoverRounds is how many failovers a run makes; IDEM_FAILOVER_ROUNDS sets
+	// failoverRounds is how many failovers a run makes; IDEM_TEST_FAILOVER_ROUNDS sets
 	// more, for a measurement (docs/operations.md).
 	failoverRounds = 2
 	// failoverClients is the client goroutines, each sending its operations one after
@@ -81,6 +81,9 @@ type failoverResult struct {
 func TestFailoverWithASynchronousStandbyChargesEachCardOnce(t *testing.T) {
 	t.Parallel()
 	r := runFailovers(t, true)
+	if !strings.Contains(r.paymentsW, "replication=synchronous") || strings.Contains(r.paymentsW, "level=WARN") {
+		t.Errorf("payments' start line does not say replication=synchronous, or it warned: %q", r.paymentsW)
+	}
 	if len(r.twice) > 0 || r.lost201 > 0 || len(r.lostRecords) > 0 {
 		t.Fatalf("with a synchronous standby, %d of %d cards charged twice, %d 201s lost, records lost %v:\n  %s",
 			len(r.twice), r.ops, r.lost201, r.lostRecords, strings.Join(r.twice, "\n  "))
@@ -98,6 +101,9 @@ func TestFailoverWithASynchronousStandbyChargesEachCardOnce(t *testing.T) {
 func TestFailoverWithAnAsynchronousStandbyChargesEachCardOnce(t *testing.T) {
 	t.Parallel()
 	r := runFailovers(t, false)
+	if !strings.Contains(r.paymentsW, "replication=asynchronous") {
+		t.Errorf("payments' start line does not say replication=asynchronous: %q", r.paymentsW)
+	}
 	if !strings.Contains(r.paymentsW, "asynchronously") {
 		t.Errorf("payments logged no WARN about the asynchronous standby at start; its replication line: %q", r.paymentsW)
 	}
@@ -115,7 +121,7 @@ func runFailovers(t *testing.T, synchronous bool) *failoverResult {
 		t.Skip("failover: a primary, a standby and several SIGKILLs; skipped in -short")
 	}
 	rounds := failoverRounds
-	if n, err := strconv.Atoi(os.Getenv("IDEM_FAILOVER_ROUNDS")); err == nil && n > 0 {
+	if n, err := strconv.Atoi(os.Getenv("IDEM_TEST_FAILOVER_ROUNDS")); err == nil && n > 0 {
 		rounds = n
 	}
 	a := &node{pgCluster: newPGCluster(t)}
@@ -297,18 +303,22 @@ func retryThroughFailover(c *client, base string, o *cardOp, res *failoverResult
 type settled struct{ id, state string }
 
 // settledRecords returns, by key, every record of the payments store on c that is
-// completed or has committed a step. A dead server is started on a port of its own for
-// the read, and stopped again.
-func (c *pgCluster) settledRecords() map[string]settled {
+// completed or has committed a step. A killed server is started on a port of its own
+// for the read, and stopped again.
+func (c *node) settledRecords() map[string]settled {
 	c.t.Helper()
 	port := c.port
-	dead := c.pgctlStatus() != nil
-	if dead {
+	if c.killed {
+		// Its postmaster.pid names a process that is gone, or a zombie nobody reaped
+		// yet, which the new postmaster would take for a server still running.
+		if err := os.Remove(filepath.Join(c.data(), "postmaster.pid")); err != nil && !os.IsNotExist(err) {
+			c.t.Fatal(err)
+		}
 		c.port = freePort(c.t)
 		c.start()
 		defer func() {
 			_, _ = c.pgctl("stop", "-m", "immediate")
-			c.port = port
+			c.port, c.killed = port, true
 		}()
 	}
 	ctx, conn := c.connect(30 * time.Second)
@@ -344,12 +354,6 @@ func (c *pgCluster) connect(d time.Duration) (context.Context, *pgx.Conn) {
 	}
 	c.t.Cleanup(func() { conn.Close(context.Background()); cancel() })
 	return ctx, conn
-}
-
-// pgctlStatus is nil when c's server runs.
-func (c *pgCluster) pgctlStatus() error {
-	_, err := c.pgctl("status")
-	return err
 }
 
 // chargedTwice returns, for each operation whose card (amount) the processor charged
@@ -431,7 +435,8 @@ func wantHealthzReplication(t *testing.T, pay *server, synchronous bool) {
 // streams from its primary through.
 type node struct {
 	*pgCluster
-	link *faultproxy.Proxy
+	link   *faultproxy.Proxy
+	killed bool // killAll killed its server, which no rebuild has replaced yet
 }
 
 // newStandbyOf makes a streaming standby of primary on a fresh port (pg_basebackup
@@ -474,6 +479,7 @@ func (c *node) basebackup(primary *node) {
 // rebuildAsStandbyOf makes c, whose server is dead, a standby of primary on its port.
 func (c *node) rebuildAsStandbyOf(primary *node) {
 	c.t.Helper()
+	c.killed = false
 	if err := os.RemoveAll(c.data()); err != nil {
 		c.t.Fatal(err)
 	}
@@ -529,8 +535,9 @@ func (c *pgCluster) promote() {
 
 // killAll SIGKILLs the cluster's postmaster and every process it started, as a host
 // that died: nothing is flushed or shut down.
-func (c *pgCluster) killAll() {
+func (c *node) killAll() {
 	c.t.Helper()
+	c.killed = true
 	b, err := os.ReadFile(filepath.Join(c.data(), "postmaster.pid"))
 	if err != nil {
 		c.t.Fatalf("reading postmaster.pid: %v", err)
