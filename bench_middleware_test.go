@@ -141,7 +141,16 @@ func BenchmarkBareHandler(b *testing.B) {
 // record on the Go heap, and a heap that grows with b.N would make the garbage
 // collector, not the middleware, dominate the figure. A real store keeps its records
 // elsewhere.
-func BenchmarkMiddlewareNewKey(b *testing.B) {
+func BenchmarkMiddlewareNewKey(b *testing.B) { benchmarkNewKey(b, nil) }
+
+// BenchmarkMiddlewareNewKeyWithoutBounds is BenchmarkMiddlewareNewKey without the
+// bounds per scope (SPEC §19), for what they cost side by side: run both in one
+// invocation, alternated (-bench 'MiddlewareNewKey', several times).
+func BenchmarkMiddlewareNewKeyWithoutBounds(b *testing.B) {
+	benchmarkNewKey(b, func(c *idem.Config) { c.MaxInFlightPerScope, c.MaxStoredBytesPerScope = -1, -1 })
+}
+
+func benchmarkNewKey(b *testing.B, mod func(*idem.Config)) {
 	const newKeyBatch = 4096
 	keys := benchKeys(min(b.N, newKeyBatch))
 	q := newBenchRequest(b)
@@ -151,7 +160,7 @@ func BenchmarkMiddlewareNewKey(b *testing.B) {
 	for i := range b.N {
 		if i%newKeyBatch == 0 {
 			b.StopTimer()
-			h = benchMiddleware(nil)
+			h = benchMiddleware(mod)
 			b.StartTimer()
 		}
 		q.serve(b, h, keys[i%newKeyBatch])

@@ -125,12 +125,32 @@ func (c *capture) WriteHeader(code int) {
 	}
 }
 
+// writeInformational sends a 1xx response with the handler's header as it is now,
+// then gives the client's header map back what it held, so that the 1xx's fields reach
+// the final response (and its record) only when the handler's header still has them
+// then: net/http leaves them in the map it wrote them from (RFC 8297), and a handler
+// that clears its header after a 103, as httputil.ReverseProxy does, would see them
+// sent on its final response but not stored.
 func (c *capture) writeInformational(code int) {
 	dst := c.w.Header()
+	saved := make(map[string][]string, len(c.header))
 	for k, v := range c.header {
+		old, had := dst[k]
+		if had {
+			saved[k] = old
+		} else {
+			saved[k] = nil
+		}
 		dst[k] = v
 	}
 	c.w.WriteHeader(code)
+	for k, old := range saved {
+		if old == nil {
+			delete(dst, k)
+		} else {
+			dst[k] = old
+		}
+	}
 }
 
 // Write buffers p, or passes it through once the capture switched to pass-through.

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -168,6 +169,39 @@ func TestInformationalResponsesPassThroughUnrecorded(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 201 || string(body) != "done" || len(infos) != 0 || resp.Header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("replay: %d %q, informational %v (must not be recorded)", resp.StatusCode, body, infos)
+	}
+}
+
+// A 1xx's header fields are the handler's header as it was then: a handler that clears
+// its header after a 103 (as httputil.ReverseProxy does) sends its final response
+// without them, and stores it so; one that keeps them sends and stores them with it.
+func TestInformationalHeadersReachTheFinalResponseOnlyAsTheHandlerKeepsThem(t *testing.T) {
+	t.Parallel()
+	for _, keep := range []bool{false, true} {
+		b := setup(t, nil)
+		srv := httptest.NewServer(b.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Link", "</style.css>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			if !keep {
+				clear(w.Header())
+			}
+			w.WriteHeader(201)
+		})))
+		k := fmt.Sprintf("%s-%v", key, keep)
+		for i := range 2 {
+			r, _ := http.NewRequest("POST", srv.URL+"/x", strings.NewReader("{}"))
+			r.Header.Set("Authorization", "Bearer alice")
+			r.Header.Set("Idempotency-Key", k)
+			resp, err := srv.Client().Do(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if got := resp.Header.Get("Link") != ""; got != keep || resp.StatusCode != 201 {
+				t.Errorf("keep %v, answer %d (replayed %q): status %d, Link present %v", keep, i+1, resp.Header.Get("Idempotent-Replayed"), resp.StatusCode, got)
+			}
+		}
+		srv.Close()
 	}
 }
 

@@ -20,9 +20,10 @@ import (
 // running again, so the function is usually the operation itself, minus what only a
 // request has: it takes its input from the first step's saved result.
 //
-// The function sets the result to store with [Handle.SetResponse] (or
-// [Handle.SetResult], for an operation run with [Do]) before it returns, or before the
-// store's SPEC §7 helper completes the record in its final transaction. When it
+// The function sets the result to store by ending, as the handler does, with [Finish]
+// (the response its function returns is the result), or with [Handle.SetResponse]
+// (or [Handle.SetResult], for an operation run with [Do]) before it returns, or
+// before the store's SPEC §7 helper completes the record in its final transaction. When it
 // returns nil the completer stores that result, so that the client's retry (or none)
 // finds the finished operation; when it returns an error (or panics, or sets no
 // result) the record is kept, its lease ended, and the completer tries again at a later
@@ -387,7 +388,7 @@ func (c *Completer) attempt(ctx context.Context, h *Handle, rec *idemstore.Recor
 	}
 	if fn == nil {
 		c.failed(st, errNoResumeFunction)
-		c.cfg.Logger.WarnContext(ctx, "idem: a record's holder died after a step committed, but its operation has no resume function here; "+
+		c.cfg.Logger.WarnContext(ctx, "idem: an unfinished operation (a step committed, no holder) has no resume function here; "+
 			"it waits for the client's retry or another process's completer, and this one looks again later "+
 			"(register one with Guard.RegisterResume or RouteOptions.Resume)",
 			h.attrs(slog.String("operation", rec.Operation), slog.String("recovery_point", rec.RecoveryPoint),
@@ -416,7 +417,11 @@ func (c *Completer) attempt(ctx context.Context, h *Handle, rec *idemstore.Recor
 	}
 	h.acquired(res.Record)
 	h.start(ctx)
-	c.cfg.Logger.InfoContext(ctx, "idem: resuming an operation whose holder died after a step committed",
+	msg := "idem: resuming an operation whose holder's lease lapsed after a step committed"
+	if res.Released {
+		msg = "idem: resuming an operation its holder released after a step committed"
+	}
+	c.cfg.Logger.InfoContext(ctx, msg,
 		h.attrs(slog.String("operation", rec.Operation), slog.String("recovery_point", res.Record.RecoveryPoint))...)
 	if err := c.run(fn, h); err != nil {
 		c.cfg.Logger.WarnContext(ctx, "idem: resuming an operation failed; the record is kept and tried again later",

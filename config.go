@@ -64,15 +64,17 @@ func DefaultMethods() map[string]Requirement {
 
 // Config configures a [Middleware]. Store and Scope are required; every other field
 // has a default. Store, TTL, Lease, Heartbeat, InFlightWait, StoreTimeout, RetryAfter,
-// ReplayCacheSize, Logger and Clock configure the [Guard] the middleware runs on, as
-// the fields of [GuardConfig] do.
+// ReplayCacheSize, Logger, Clock and the bounds per scope configure the [Guard] the
+// middleware runs on, as the fields of [GuardConfig] do.
 type Config struct {
 	// Store keeps the records. Required.
 	Store idemstore.Store
 
-	// Scope returns the authenticated principal of a request; records are identified
-	// by (scope, key), so nothing of one principal is ever replayed to another (SPEC
-	// §3). An empty scope or an error refuses a keyed request with 401 scope_required
+	// Scope returns the authenticated principal of a request, the caller (a user, an
+	// API key, a tenant): it is named for what it does to keys, which are scoped by it.
+	// Records are identified by (scope, key), so nothing of one principal is ever
+	// replayed to another, and the keys derived for outside calls differ between
+	// principals (SPEC §3, §13). An empty scope or an error refuses a keyed request with 401 scope_required
 	// without touching the store. It should return something stable and not secret,
 	// such as a user id or the hex SHA-256 of a bearer token. Required.
 	Scope func(r *http.Request) (string, error)
@@ -213,17 +215,35 @@ type Config struct {
 	// lost lease and store call (SPEC §15), labelled with the route's name
 	// ([RouteOptions.Name]). Defaults to nil, which costs nothing.
 	Observer *observe.Observer
+
+	// MaxInFlightPerScope bounds the keyed requests of one scope (principal) under way
+	// in this process at once: past it a keyed request gets 429 quota_exceeded with
+	// Retry-After, nothing claimed (SPEC §19); see [GuardConfig.MaxInFlightPerScope].
+	// Negative: no bound. Defaults to [DefaultMaxInFlightPerScope].
+	MaxInFlightPerScope int
+	// MaxStoredBytesPerScope bounds the bytes of responses one scope stores in this
+	// process per QuotaWindow: past it its new keys get 429 quota_exceeded with
+	// Retry-After (the rest of the window), nothing claimed, while its retries are
+	// still replayed; see [GuardConfig.MaxStoredBytesPerScope]. Negative: no bound.
+	// Defaults to [DefaultMaxStoredBytesPerScope].
+	MaxStoredBytesPerScope int64
+	// QuotaWindow is the window of MaxStoredBytesPerScope. Defaults to
+	// [DefaultQuotaWindow].
+	QuotaWindow time.Duration
 }
 
 // RouteOptions change the middleware's behaviour for the routes one
 // [Middleware.Route] wraps.
 type RouteOptions struct {
-	// Name names the routes' operation. The Observer's events carry it (a metric
-	// label, such as "charges.create"; there it defaults to the request's ServeMux
-	// pattern, http.Request's Pattern such as "POST /v1/charges", when it has one), and
-	// the record's steps keep it (SPEC §13), as [Call.Name] does, so that the
-	// [Completer] finds the operation's resume function; the pattern is never kept.
-	// Defaults to "".
+	// Name is the routes' operation's stable identifier, not only a label. It is two
+	// things: the Observer's route label (a metric label, such as "payouts.create";
+	// without a Name the label is the request's ServeMux pattern, http.Request's
+	// Pattern such as "POST /v1/payouts"), and, on a route with steps, the name the
+	// record keeps (SPEC §13), as [Call.Name] does, so that the [Completer] finds the
+	// resume function registered under it (Resume); the pattern is never kept. Keep it
+	// stable across deploys while any record of the route is unfinished: the
+	// unfinished records of a renamed route find no resume function (the completer
+	// logs each) until their clients retry. Required with Resume; defaults to "".
 	Name string
 	// Requirement overrides the method table for these routes. Defaults to
 	// [KeyByMethod].
@@ -327,6 +347,7 @@ func newConfig(c Config) (*config, *Guard) {
 		Store: c.Store, TTL: c.TTL, Lease: c.Lease, Heartbeat: c.Heartbeat,
 		InFlightWait: c.InFlightWait, StoreTimeout: c.StoreTimeout, RetryAfter: c.RetryAfter,
 		ReplayCacheSize: c.ReplayCacheSize, Logger: c.Logger, Clock: c.Clock, Observer: c.Observer,
+		MaxInFlightPerScope: c.MaxInFlightPerScope, MaxStoredBytesPerScope: c.MaxStoredBytesPerScope, QuotaWindow: c.QuotaWindow,
 	}, "Config")
 	c.TTL, c.Lease, c.Heartbeat = g.cfg.TTL, g.cfg.Lease, g.cfg.Heartbeat
 	c.StoreTimeout, c.RetryAfter, c.Logger = g.cfg.StoreTimeout, g.cfg.RetryAfter, g.cfg.Logger

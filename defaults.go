@@ -33,6 +33,16 @@ const (
 	// claim, each poll of an in-flight wait): a store that does not answer within it
 	// gets 503 store_unavailable, not a hung request (SPEC §9).
 	DefaultStoreTimeout = 5 * time.Second
+	// DefaultMaxInFlightPerScope bounds the keyed operations of one scope under way in
+	// one process at once (SPEC §19): far above what one client runs at once, far
+	// below a flood.
+	DefaultMaxInFlightPerScope = 256
+	// DefaultMaxStoredBytesPerScope bounds the bytes of results one scope stores in
+	// one process per DefaultQuotaWindow (SPEC §19): 256 MiB per 10 minutes, about
+	// 440 KB/s sustained, such as 100 results of 4 KB a second.
+	DefaultMaxStoredBytesPerScope = 256 << 20
+	// DefaultQuotaWindow is the window of MaxStoredBytesPerScope.
+	DefaultQuotaWindow = 10 * time.Minute
 	// MaxTTL is the longest TTL of any record (about 100 years): the longest that
 	// every store represents for a record created in the next century and a half
 	// (SQLite keeps expires_at as integer nanoseconds since 1970, which overflow in

@@ -42,8 +42,10 @@
 //
 // # Operators
 //
-// A [Completer] finishes, in the background, operations whose holder died after a
-// step, through the [ResumeFunc] their name registered ([Guard.RegisterResume]); a
+// A [Completer] finishes, in the background, operations whose holder died, or
+// answered an error, after a step, through the [ResumeFunc] their name registered
+// ([Guard.RegisterResume], [RouteOptions.Resume]), which ends with [Finish] as the
+// handler does; a
 // [Cleaner] deletes expired records from a store that does not expire them itself.
 //
 // # Errors

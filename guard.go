@@ -40,6 +40,10 @@ type Guard struct {
 
 	// cutOffs holds a token per running watch of a cut-off claim (cutoff.go).
 	cutOffs chan struct{}
+
+	// quota counts the calls and stored bytes of each scope (quota.go); nil without
+	// bounds.
+	quota *quotas
 }
 
 // testHooks let tests wait on events instead of sleeping.
@@ -106,6 +110,24 @@ type GuardConfig struct {
 	// Observer is told of every claim's outcome, completion, release, failed renewal,
 	// lost lease and store call (SPEC §15). Defaults to nil, which costs nothing.
 	Observer *observe.Observer
+
+	// MaxInFlightPerScope bounds the calls of one scope (principal) under way in this
+	// process at once, from their claim to their end, waiting duplicates included:
+	// past it a call gets a [*QuotaError] ([ErrQuotaExceeded]; the middleware answers
+	// 429 quota_exceeded with Retry-After), and nothing is claimed (SPEC §19). It is
+	// per process: N processes on one store let a scope have N times as many.
+	// Negative: no bound. Defaults to [DefaultMaxInFlightPerScope].
+	MaxInFlightPerScope int
+	// MaxStoredBytesPerScope bounds the bytes of results (bodies and stored header
+	// fields) one scope stores in this process per QuotaWindow: once its results of
+	// the window reach it, its new calls get a [*QuotaError] until the window ends,
+	// nothing claimed, while a repeat of a completed call is still replayed (one
+	// primary-key read). Per process, like MaxInFlightPerScope. Negative: no bound.
+	// Defaults to [DefaultMaxStoredBytesPerScope].
+	MaxStoredBytesPerScope int64
+	// QuotaWindow is the window of MaxStoredBytesPerScope: the counts start again at
+	// each window's start. Defaults to [DefaultQuotaWindow].
+	QuotaWindow time.Duration
 }
 
 // NewGuard returns a Guard for cfg. It panics with a message naming the field when cfg
@@ -126,6 +148,10 @@ func newGuard(c GuardConfig, name string) *Guard {
 	if c.ReplayCacheSize < 0 {
 		panic(fmt.Sprintf("idem: %s.ReplayCacheSize must not be negative, got %d", name, c.ReplayCacheSize))
 	}
+	nonNegative(name, "QuotaWindow", c.QuotaWindow)
+	setDefault(&c.MaxInFlightPerScope, DefaultMaxInFlightPerScope)
+	setDefault(&c.MaxStoredBytesPerScope, DefaultMaxStoredBytesPerScope)
+	setDefault(&c.QuotaWindow, DefaultQuotaWindow)
 	setDefault(&c.TTL, DefaultTTL)
 	setDefault(&c.Lease, DefaultLease)
 	setDefault(&c.Heartbeat, c.Lease/3)
@@ -145,6 +171,7 @@ func newGuard(c GuardConfig, name string) *Guard {
 	if c.ReplayCacheSize > 0 {
 		g.cache = newReplayCache(c.ReplayCacheSize)
 	}
+	g.quota = newQuotas(c)
 	return g
 }
 
@@ -216,12 +243,13 @@ type Call struct {
 	// TTL overrides GuardConfig.TTL for this record; like it, it must be longer than
 	// the lease and at most [MaxTTL] ([Guard.CheckTTL]). Defaults to GuardConfig.TTL.
 	TTL time.Duration
-	// Name names the operation, in the Observer's events (a metric label, such as
-	// "invoice.send": keep it to a small set of values) and in the record's steps
-	// (SPEC §13), which keep it so that the [Completer] finds the operation's resume
-	// function ([Guard.RegisterResume]) when its holder died after a step committed.
-	// Defaults to "": the record's steps are resumed only by a repeat of the call,
-	// never by the completer.
+	// Name is the operation's stable identifier, in the Observer's events (a metric
+	// label, such as "invoice.send": keep it to a small set of values) and in the
+	// record's steps (SPEC §13), which keep it so that the [Completer] finds the
+	// operation's resume function ([Guard.RegisterResume]) when its holder died, or
+	// released it, after a step committed: keep it stable across deploys while
+	// operations are unfinished. Defaults to "": the record's steps are resumed only
+	// by a repeat of the call, never by the completer.
 	Name string
 
 	// OnLapse says what a call does that finds the key in flight with its holder's
@@ -243,7 +271,8 @@ type Call struct {
 //     [ErrKeyInProgress] (executing elsewhere; with InFlightWait, after waiting),
 //     [ErrResponseNotStored] (completed, result not kept), a [*StoreError] matching
 //     [ErrStoreUnavailable] (the store failed or did not answer within StoreTimeout),
-//     [ErrScopeRequired] or [ErrKeyRequired].
+//     a [*QuotaError] matching [ErrQuotaExceeded] (the scope reached a bound of its
+//     own, SPEC §19: nothing claimed), [ErrScopeRequired] or [ErrKeyRequired].
 //
 // The operation's context, h.Context(), is a child of ctx: it ends when ctx does, and
 // with cause [ErrLeaseLost] when the lease is lost. Pass context.WithoutCancel(ctx) to
@@ -271,7 +300,11 @@ func (g *Guard) Begin(ctx context.Context, c Call) (h *Handle, replay *Response,
 	if replay, err = g.cached(h); replay != nil || err != nil {
 		return nil, replay, err
 	}
+	if replay, err = g.admit(ctx, h); replay != nil || err != nil {
+		return nil, replay, err
+	}
 	if replay, err = g.claim(ctx, h); replay != nil || err != nil {
+		h.leaveQuota()
 		return nil, replay, err
 	}
 	h.start(ctx)
@@ -396,6 +429,11 @@ func (g *Guard) claimFrom(ctx context.Context, h *Handle, first *idemstore.Claim
 		case idemstore.ClaimAcquired:
 			o := observe.OutcomeAcquired
 			switch {
+			case res.Released:
+				// Its holder answered (an error) after a step committed: nothing died.
+				o = observe.OutcomeResumed
+				g.cfg.Logger.InfoContext(ctx, "idem: resuming an operation its holder released after a step committed",
+					h.attrs(slog.String("recovery_point", res.Record.RecoveryPoint))...)
 			case res.TookOver && res.Record.RecoveryPoint != "":
 				o = observe.OutcomeTookOver
 				g.cfg.Logger.InfoContext(ctx, "idem: took over a key whose lease lapsed; resuming after its last committed step",

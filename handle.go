@@ -88,6 +88,9 @@ type Handle struct {
 	// transaction makes it (inTx; false once a helper claimed under a lease), and made
 	// by the transaction that last ran (claimedInTx).
 	inTx, claimedInTx bool
+	// quotaEntered: the call is counted against its scope's bounds (quota.go) until
+	// leaveQuota.
+	quotaEntered bool
 }
 
 // A Responder supplies, once, the result a [Handle] stores: the handle asks for it when
@@ -127,7 +130,8 @@ func (c *handleCtx) Value(key any) any {
 
 // FromContext returns the claim of the operation whose context is ctx, or nil when it
 // runs without one (a request without an idempotency key, or a route with the
-// middleware off).
+// middleware off). A handler on a route that requires a key (POST and PATCH by
+// default) always gets one: a request without a key is refused before it runs.
 func FromContext(ctx context.Context) *Handle {
 	h, _ := ctx.Value(handleKey{}).(*Handle)
 	return h
@@ -402,6 +406,7 @@ func (h *Handle) Complete() error {
 	if ok, err := h.end(); !ok {
 		return err
 	}
+	defer h.leaveQuota()
 	defer h.cancel(nil)
 	_, err := h.finish()
 	return err
@@ -420,6 +425,7 @@ func (h *Handle) Release() error {
 	if ok, err := h.end(); !ok {
 		return err
 	}
+	defer h.leaveQuota()
 	defer h.cancel(nil)
 	return h.abort()
 }
@@ -474,6 +480,7 @@ func (h *Handle) finish() (ending, error) {
 		h.mu.Unlock()
 		if params != nil {
 			h.cacheCompleted(params.Response)
+			h.storedQuota(params.Response)
 		}
 		expired := h.warnIfExpired()
 		if h.observing() {
@@ -508,6 +515,7 @@ func (h *Handle) finish() (ending, error) {
 	switch {
 	case err == nil:
 		h.cacheCompleted(params.Response)
+		h.storedQuota(params.Response)
 		expired := h.warnIfExpired()
 		if h.observing() {
 			h.observeCompletion(completionResult(params), false, expired, took, nil)

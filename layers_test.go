@@ -21,7 +21,7 @@ var (
 	coreFiles = []string{
 		"canonical.go", "cleaner.go", "completer.go", "cutoff.go", "defaults.go", "do.go",
 		"doc.go", "errors.go", "guard.go", "handle.go", "idem_aliases.go", "key.go",
-		"lease.go", "localkeys.go", "observer.go", "replaycache.go", "retryrate.go",
+		"lease.go", "localkeys.go", "observer.go", "quota.go", "replaycache.go", "retryrate.go",
 		"step.go", "storectx.go",
 	}
 	httpFiles = []string{

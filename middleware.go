@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +36,14 @@ import (
 // losing the lease), the client still gets the handler's response: its effects
 // happened, and a 503 would make the client retry and execute the operation again once
 // the lease lapses. The failure is logged at error level.
+//
+// The handler's context does not end when the client goes away (it disconnects, or
+// its own timeout fires): the operation runs to its outcome, which is stored, so that
+// the client's retry gets that outcome (409 request_in_progress while it still runs)
+// rather than half-done work to resume. It ends only when the lease is lost (cause
+// [ErrLeaseLost]). A handler has nothing to do about a departed client; it should
+// bound its outside calls (client.Transport's AttemptTimeout, a context deadline), so
+// that the operation ends in bounded time whoever waits for it.
 type Middleware struct {
 	cfg *config
 	g   *Guard
@@ -173,7 +182,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 	if q == KeyOff || (q == KeyOptional && len(values) == 0) {
 		if !safeMethod(r.Method) {
 			// Its SPEC §7 transactions run plain, on purpose (WithoutKey).
-			r = r.WithContext(WithoutKey(r.Context()))
+			r = r.WithContext(withoutKeyFor(r.Context(), w))
 		}
 		next.ServeHTTP(w, r)
 		return
@@ -352,6 +361,11 @@ func (x *request) run(next http.Handler) {
 		x.answer(resp, err)
 		return
 	}
+	if resp, err := g.admit(x.r.Context(), h); resp != nil || err != nil {
+		x.answer(resp, err)
+		return
+	}
+	defer h.leaveQuota()
 	if x.rt.claimInHandler {
 		x.runClaimingInHandler(next)
 		return
@@ -402,6 +416,12 @@ func (x *request) answer(resp *Response, err error) {
 		x.writeError(CodeOutcomeUnknown, "")
 	case errors.Is(err, ErrKeyInProgress):
 		x.writeError(CodeRequestInProgress, "")
+	case errors.Is(err, ErrQuotaExceeded):
+		var qerr *QuotaError
+		if errors.As(err, &qerr) {
+			x.w.Header().Set("Retry-After", strconv.FormatInt(int64(max((qerr.RetryAfter+time.Second-1)/time.Second, 1)), 10))
+		}
+		x.writeError(CodeQuotaExceeded, "")
 	default: // the guard logged the store's error (SPEC §9: fail closed)
 		x.writeError(CodeStoreUnavailable, "")
 	}

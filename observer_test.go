@@ -469,7 +469,8 @@ func TestObserverSeesStepsCommittedSavedFencedAndFailed(t *testing.T) {
 		"store:release", "released")
 	down.Store(false)
 	serve(h, req("POST", "/v1/charges", key, "{}"))
-	wantEvents(t, "the retry resumes", rec, "store:claim", "claimed:took_over", "step:charge_pending:saved",
+	// Its holder released it (nothing died): resumed, not took_over.
+	wantEvents(t, "the retry resumes", rec, "store:claim", "claimed:resumed", "step:charge_pending:saved",
 		"store:complete", "completed:stored")
 	for _, e := range rec.all() {
 		if e, ok := e.(observe.StepEvent); ok && (e.Route != "charges.create" || e.KeyHash == "" || e.Context == nil) {

@@ -71,6 +71,11 @@ const (
 	// CodeBodyUnreadable (400): reading the request body failed before it ended
 	// (typically the client went away). SPEC §9 is silent on this case; nothing is stored.
 	CodeBodyUnreadable = "body_unreadable"
+	// CodeQuotaExceeded (429 with Retry-After): the request's scope (principal)
+	// reached a bound of its own (SPEC §19): MaxInFlightPerScope keyed requests under
+	// way, or MaxStoredBytesPerScope bytes of responses stored in the window. Nothing
+	// was claimed; retry after Retry-After.
+	CodeQuotaExceeded = "quota_exceeded"
 	// CodeStoreUnavailable (503 with Retry-After): the store could not be reached, or
 	// the completion of the record did not commit. Retry later.
 	CodeStoreUnavailable = "store_unavailable"
@@ -111,6 +116,7 @@ var codes = map[string]codeInfo{
 	CodeResponseNotStored: {http.StatusConflict, "Response not stored", "The request with this idempotency key completed, but its response was not stored and cannot be replayed."},
 	CodeBodyTooLarge:      {http.StatusRequestEntityTooLarge, "Request body too large", "The request body is too large."},
 	CodeBodyUnreadable:    {http.StatusBadRequest, "Request body unreadable", "The request body could not be read."},
+	CodeQuotaExceeded:     {http.StatusTooManyRequests, "Quota exceeded", "Too many requests of this principal are in progress, or its stored responses reached their bound; retry later."},
 	CodeStoreUnavailable:  {http.StatusServiceUnavailable, "Idempotency store unavailable", "The idempotency store is unavailable; retry later."},
 	CodeInternalError:     {http.StatusInternalServerError, "Internal error", "The server could not complete this request; nothing was stored, and a retry executes it afresh."},
 	CodeOutcomeUnknown:    {http.StatusInternalServerError, "Outcome unknown", "The outcome of the request with this idempotency key is unknown; it will not be executed again until it is resolved. Contact support."},
@@ -131,7 +137,7 @@ func (p Profile) Status(code string) int {
 // retryable reports whether an answer with code asks the client to come back later,
 // which the middleware says with Retry-After.
 func retryable(code string) bool {
-	return code == CodeRequestInProgress || code == CodeStoreUnavailable
+	return code == CodeRequestInProgress || code == CodeStoreUnavailable || code == CodeQuotaExceeded
 }
 
 // Problem is an error response in either profile. Applications use it with

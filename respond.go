@@ -16,8 +16,10 @@ import (
 // and the mistakes those helpers refuse loudly rather than let pass.
 
 // withoutKey marks a context whose operations run without a key on purpose
-// (WithoutKey); it is the value of handleKey there.
-type withoutKey struct{}
+// (WithoutKey); it is the value of handleKey there. w is the request's
+// ResponseWriter when the middleware marked it (a request let through without a key),
+// where [Finish] writes its response.
+type withoutKey struct{ w http.ResponseWriter }
 
 // WithoutKey returns ctx marked as running no keyed operation on purpose: the store
 // packages' SPEC §7 helpers then run a plain transaction that completes no record,
@@ -29,6 +31,100 @@ type withoutKey struct{}
 // record.
 func WithoutKey(ctx context.Context) context.Context {
 	return context.WithValue(ctx, handleKey{}, withoutKey{})
+}
+
+// withoutKeyFor is WithoutKey for a request the middleware lets through without a
+// key, answered on w.
+func withoutKeyFor(ctx context.Context, w http.ResponseWriter) context.Context {
+	return context.WithValue(ctx, handleKey{}, withoutKey{w: w})
+}
+
+// Finish runs the last transaction of an operation, the one that answers, and makes
+// the response fn returns the operation's: it runs fn through inTx, the store's SPEC
+// §7 lease helper (store/sqlite's or store/postgres's InTx, store/postgres's InSQLTx,
+// backstop's InTx), and fn's writes, that response and the key's record commit
+// together, or none of them does. The response goes where the operation runs:
+//
+//   - in a handler behind the middleware, to the client: Finish writes it, and the
+//     handler writes nothing after it (Finish returned nil: the request is answered;
+//     an error: nothing committed and nothing was written, answer it yourself);
+//   - in a resume function ([RouteOptions.Resume], run by the [Completer]), to the
+//     record: the completer stores it for the client's retry;
+//   - on a request the middleware let through without a key (a route whose key is
+//     optional), to the client once the plain transaction committed.
+//
+// So a handler and its resume function share one function, the operation: its steps
+// (store/sqlite's Step, store/postgres's Step, [Step]), its outside calls with
+// [Handle.DerivedKey], and Finish at the end, whose function returns the response
+// ([JSONResponse]) in both. A response fn returns must have a status from 200 to 999;
+// one whose status releases the key (a 5xx, SPEC §6) commits fn's writes and releases
+// the key, keeping a record whose steps committed (SPEC §13).
+//
+// Finish returns fn's error, or inTx's ([ErrNoHandle] for a context that carries no
+// operation; [ErrLeaseLost] when the key was taken over, and then, as when the
+// transaction fails to commit, the middleware answers 503 store_unavailable in place
+// of the response; [ErrAnswered] on a [RouteOptions.ClaimInHandler] route whose key
+// was there already). It refuses a context marked [WithoutKey] by the application,
+// which has nowhere to deliver the response, before running anything. An operation
+// run with [Do] or [DoTx] returns its result instead.
+func Finish[Tx any](ctx context.Context, inTx func(ctx context.Context, fn func(ctx context.Context, tx Tx) error) error,
+	fn func(ctx context.Context, tx Tx) (*Response, error)) error {
+	var w http.ResponseWriter // a request without a key: answered after COMMIT
+	if v, ok := ctx.Value(handleKey{}).(withoutKey); ok {
+		if v.w == nil {
+			return errors.New("idem: Finish delivers its response to a request or a resume function; this context, marked idem.WithoutKey, has neither: use the store's InTx")
+		}
+		w = v.w
+	}
+	var resp *Response
+	err := inTx(ctx, func(ctx context.Context, tx Tx) error {
+		r, err := fn(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if err := checkResponse("Finish", r); err != nil {
+			return err
+		}
+		resp = r
+		if h := FromContext(ctx); h != nil {
+			return h.deliver(r)
+		}
+		return nil
+	})
+	if err == nil && w != nil {
+		writeResponse(w, resp)
+	}
+	return err
+}
+
+// deliver makes resp the operation's result, inside the transaction that completes
+// the record with it ([Finish]): behind the middleware it is written to the
+// request's capture, which the completion stores and the client gets; elsewhere (a
+// resume function) it is the handle's response.
+func (h *Handle) deliver(resp *Response) error {
+	x, ok := h.describer.(*request)
+	if !ok || !h.managed {
+		h.SetResponse(resp)
+		return nil
+	}
+	c := x.capture
+	if c.wroteHeader || c.passThrough {
+		return errors.New("idem: the handler wrote a response before Finish: return the response from Finish's function instead")
+	}
+	writeResponse(c, resp)
+	return nil
+}
+
+// checkResponse refuses a nil response or one whose status is not 200 to 999, as
+// returned by the function of the helper named by caller.
+func checkResponse(caller string, resp *Response) error {
+	if resp == nil {
+		return fmt.Errorf("idem: %s's function returned a nil response", caller)
+	}
+	if resp.Status < 200 || resp.Status > 999 {
+		return fmt.Errorf("idem: %s's function returned status %d; a response's status is 200 to 999", caller, resp.Status)
+	}
+	return nil
 }
 
 // TxHandle returns the claim that a SPEC §7 helper's transaction completes, for store
@@ -174,11 +270,8 @@ func (t *TxRecord) Claim() *idemstore.ClaimParams { return t.claim }
 // then records nothing. An error (resp is nil, or the handler wrote a response before
 // calling Respond) means: roll back and return it.
 func (t *TxRecord) Complete(resp *Response) (*idemstore.CompleteParams, error) {
-	if resp == nil {
-		return nil, errors.New("idem: Respond's function returned a nil response")
-	}
-	if resp.Status < 200 || resp.Status > 999 {
-		return nil, fmt.Errorf("idem: Respond's function returned status %d; a response's status is 200 to 999", resp.Status)
+	if err := checkResponse("Respond", resp); err != nil {
+		return nil, err
 	}
 	t.resp = resp
 	if t.h == nil {

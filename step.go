@@ -83,6 +83,14 @@ func (h *Handle) Operation() string { return h.operation }
 // handle without an acquired claim (a [RouteOptions.ClaimInHandler] route, whose
 // claim is not made yet; a nil *Handle, which [FromContext] returns on a request
 // without a key): a key derived from nothing would be the same for every operation.
+//
+// So idem.FromContext(ctx).DerivedKey(step) is safe where an operation always holds
+// a key: in a handler on a route that requires one (POST and PATCH do by default: a
+// request without a key gets 400 key_required before the handler runs) and in a
+// resume function. On a route where the key is optional, check FromContext for nil
+// first: a request without a key is an operation of its own, which no retry repeats,
+// and its outside call needs no key of ours (client.Transport adds a fresh one,
+// kept across its attempts, to a POST that has none).
 func (h *Handle) DerivedKey(step string) string {
 	if h == nil || h.claimed == nil {
 		panic("idem: Handle.DerivedKey needs an acquired claim: the handle is nil (a request without a key) or its claim is not made yet (a ClaimInHandler route)")

@@ -58,8 +58,8 @@ func TestAHandlerThatFailsAfterAStepIsResumedByTheRetry(t *testing.T) {
 		t.Fatalf("pending step ran %d times, processor %d, recovery points seen %q; want 1, 2, \",charge_pending\"",
 			pending.Load(), processor.Load(), points)
 	}
-	if !strings.Contains(b.logs.String(), "resuming after its last committed step") {
-		t.Errorf("the takeover at a recovery point was not logged:\n%s", b.logs)
+	if !strings.Contains(b.logs.String(), "resuming an operation its holder released after a step committed") {
+		t.Errorf("the resume of the released record was not logged:\n%s", b.logs)
 	}
 	w = serve(h, req("POST", "/v1/charges", key, `{"amount":1}`))
 	if w.Header().Get("Idempotent-Replayed") != "true" || w.Body.String() != "ch_1" {

@@ -23,7 +23,8 @@ const (
 )
 
 // ErrBudgetExhausted is wrapped by the error of a request whose retry the [Budget]
-// refused.
+// refused; the error's message names [Transport.Budget] and [NewBudget], which size
+// it.
 var ErrBudgetExhausted = errors.New("retry budget exhausted")
 
 // Budget is a token bucket that limits the retries of every request that shares it
@@ -32,6 +33,12 @@ var ErrBudgetExhausted = errors.New("retry budget exhausted")
 // floorPerSecond tokens a second; each retry withdraws one, and is refused when less
 // than one is left. So over any period retries are at most
 // ratio·requests + floorPerSecond·seconds + burst.
+//
+// A [Transport] takes a token for the retry of a failure (a 5xx, a 429, a timeout) and
+// of a broken connection after a request's first; waiting for a server that refuses
+// connections, or for a key in progress (409 request_in_progress), takes none (see
+// [Transport]: [Transport.MaxWait] bounds it). So a server restart spends at most one
+// token per request in flight beyond the first retry each, and none while it is down.
 //
 // The http.Transport's own re-sends of a request (see [Transport]) take a token
 // before they happen, as retries do, and do not happen when none is left. The few

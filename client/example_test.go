@@ -43,7 +43,8 @@ func ExampleNewClient() {
 }
 
 // A request of one's own, with its bearer token and context, through the retrying
-// client. When the server keeps failing, the error says how many attempts were made.
+// client. When the server keeps failing, the error says how many attempts were made
+// and which setting ended them.
 func ExampleRetryError() {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "0")
@@ -60,15 +61,20 @@ func ExampleRetryError() {
 	req.Header.Set("Authorization", "Bearer sk_test_1")
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.Do(req) // adds an Idempotency-Key and keeps it across the attempts
-	// err: Post "…/v1/charges": POST …/v1/charges giving up after 3 attempt(s): 503 Service Unavailable (store_unavailable)
+	// err: Post "…/v1/charges": POST …/v1/charges giving up after 3 attempt(s) in 2ms:
+	//      Transport.MaxAttempts (3) reached; last attempt: 503 Service Unavailable (store_unavailable)
 	var retryErr *client.RetryError
 	if errors.As(err, &retryErr) {
-		fmt.Println(strings.ReplaceAll(err.Error(), url, "…"))
+		var last *client.StatusError
+		errors.As(err, &last)
+		fmt.Println("limit:", retryErr.Limit)
 		fmt.Println("attempts:", retryErr.Attempts)
+		fmt.Println("last answer:", last)
 		return
 	}
 	defer resp.Body.Close()
 	// Output:
-	// Post "…/v1/charges": POST …/v1/charges giving up after 3 attempt(s): 503 Service Unavailable (store_unavailable)
+	// limit: Transport.MaxAttempts
 	// attempts: 3
+	// last answer: 503 Service Unavailable (store_unavailable)
 }

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // MaxErrorPeek is how many bytes of an error response [ErrorCode] reads to find its
@@ -29,7 +30,9 @@ type RetryPolicy func(ctx context.Context, req *http.Request, resp *http.Respons
 //   - connection errors, before or after the request was written (a reply lost after
 //     the server committed is replayed, since the key makes the retry a replay), but
 //     not TLS certificate errors nor an unsupported URL scheme;
-//   - 409 request_in_progress, 429, and 5xx other than 501 and outcome_unknown;
+//   - 409 request_in_progress, 429 (quota_exceeded only when its Retry-After is
+//     within [DefaultMaxRetryAfter]: a longer wait is the caller's to decide), and
+//     5xx other than 501 and outcome_unknown;
 //   - never key_reused, response_not_stored, outcome_unknown, nor any other status
 //     (400, 401, 403, 404, 422, …).
 //
@@ -90,13 +93,23 @@ func retryableError(err error) bool {
 // retryableResponse reports whether an answer asks to be retried (SPEC §9, §12).
 func retryableResponse(resp *http.Response) bool {
 	s := resp.StatusCode
-	if s != http.StatusConflict && s < 500 {
-		return s == http.StatusTooManyRequests
+	if s != http.StatusConflict && s != http.StatusTooManyRequests && s < 500 {
+		return false
 	}
 	switch ErrorCode(resp) {
 	case "key_reused", "response_not_stored", "outcome_unknown":
 		return false
 	case "request_in_progress":
+		return true
+	case "quota_exceeded":
+		// The principal reached a bound of its own (SPEC §19): a retry within the
+		// server's wait can only get the same answer, so one whose wait is longer
+		// than a retry would wait (the rest of a stored-bytes window) is the
+		// caller's to decide.
+		d, ok := retryAfter(resp, time.Now())
+		return !ok || d <= DefaultMaxRetryAfter
+	}
+	if s == http.StatusTooManyRequests {
 		return true
 	}
 	return s >= 500 && s <= 599 && s != http.StatusNotImplemented

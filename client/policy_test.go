@@ -44,6 +44,7 @@ func TestDefaultRetryPolicyClassifiesIdemCodesInBothProfiles(t *testing.T) {
 	retried := map[string]bool{
 		idem.CodeRequestInProgress: true,
 		idem.CodeStoreUnavailable:  true,
+		idem.CodeQuotaExceeded:     true, // without a Retry-After
 		idem.CodeKeyReused:         false,
 		idem.CodeResponseNotStored: false,
 		idem.CodeOutcomeUnknown:    false, // a 500 that is final
@@ -63,6 +64,25 @@ func TestDefaultRetryPolicyClassifiesIdemCodesInBothProfiles(t *testing.T) {
 			if got != want || err != nil {
 				t.Errorf("%v %d %s: retry = %v, %v; want %v", profile, resp.StatusCode, code, got, err, want)
 			}
+		}
+	}
+}
+
+// 429 quota_exceeded (a bound per principal, SPEC §19) is retried when its Retry-After
+// is within DefaultMaxRetryAfter; a longer wait (the rest of a stored-bytes window)
+// returns the answer to the caller rather than retry early and get it again.
+func TestDefaultRetryPolicyRetriesQuotaExceededOnlyWithinItsWait(t *testing.T) {
+	t.Parallel()
+	for retryAfter, want := range map[string]bool{"1": true, "30": true, "600": false} {
+		rec := httptest.NewRecorder()
+		rec.Header().Set("Retry-After", retryAfter)
+		idem.WriteError(rec, nil, idem.ProfileSeed, idem.CodeQuotaExceeded, "")
+		resp := rec.Result()
+		if resp.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("quota_exceeded is %d, want 429", resp.StatusCode)
+		}
+		if got, err := DefaultRetryPolicy(context.Background(), keyedPost(), resp, nil); got != want || err != nil {
+			t.Errorf("Retry-After %s: retry = %v, %v; want %v", retryAfter, got, err, want)
 		}
 	}
 }

@@ -3,14 +3,18 @@ package client
 import (
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem"
 )
 
 // attemptLog is what a test server saw of each attempt.
@@ -188,26 +192,33 @@ func TestKeylessPostIsRetriedOnlyWhenNeverSent(t *testing.T) {
 		addr := ln.Addr().String()
 		ln.Close() // nothing listens there now: every dial is refused
 		req, _ := http.NewRequest(http.MethodPost, "http://"+addr, strings.NewReader("{}"))
-		_, err = fastClient(&Transport{NewKey: noKey, MaxAttempts: 3}).Do(req)
+		// Refused attempts are waits, bounded by MaxWait, not by MaxAttempts.
+		const maxWait = 200 * time.Millisecond
+		backoff := func(int, *http.Response) time.Duration { return 10 * time.Millisecond }
+		_, err = fastClient(&Transport{NewKey: noKey, MaxAttempts: 1, MaxWait: maxWait, Backoff: backoff}).Do(req)
 		var re *RetryError
 		var op *net.OpError
-		if !errors.As(err, &re) || re.Attempts != 3 || !errors.As(err, &op) || op.Op != "dial" {
-			t.Fatalf("error %v, want 3 attempts ending with a dial error", err)
+		if !errors.As(err, &re) || re.Attempts < 3 || !errors.As(err, &op) || op.Op != "dial" || re.Limit != LimitMaxWait ||
+			re.Elapsed < maxWait || !strings.Contains(err.Error(), "refused connections for Transport.MaxWait (200ms)") {
+			t.Fatalf("error %v, want several refused attempts ending with a dial error at Transport.MaxWait", err)
 		}
 	})
 }
 
 // After MaxAttempts the Transport gives up with "giving up after N attempt(s)",
-// wrapping the last answer.
+// naming the setting, wrapping the last answer.
 func TestMaxAttemptsEndsRetries(t *testing.T) {
 	t.Parallel()
 	ts, seen := flakyServer(t, 100, http.StatusServiceUnavailable, http.StatusOK)
 	req, _ := http.NewRequest(http.MethodPut, ts.URL+"/v1/orders/ord_1", strings.NewReader("{}"))
 	_, err := fastClient(&Transport{MaxAttempts: 3}).Do(req)
-	want := "PUT " + ts.URL + "/v1/orders/ord_1 giving up after 3 attempt(s): 503 Service Unavailable"
+	prefix := "PUT " + ts.URL + "/v1/orders/ord_1 giving up after 3 attempt(s) in "
+	cause := ": Transport.MaxAttempts (3) reached; last attempt: 503 Service Unavailable"
 	var se *StatusError
-	if err == nil || !strings.Contains(err.Error(), want) || !errors.As(err, &se) || se.StatusCode != 503 || len(seen()) != 3 {
-		t.Fatalf("error %v after %d requests; want %q wrapping a StatusError", err, len(seen()), want)
+	var re *RetryError
+	if err == nil || !strings.Contains(err.Error(), prefix) || !strings.Contains(err.Error(), cause) || !errors.As(err, &se) ||
+		se.StatusCode != 503 || !errors.As(err, &re) || re.Limit != LimitMaxAttempts || len(seen()) != 3 {
+		t.Fatalf("error %v after %d requests; want %q…%q wrapping a StatusError", err, len(seen()), prefix, cause)
 	}
 }
 
@@ -312,5 +323,139 @@ func TestNewClientRejectsInvalidFields(t *testing.T) {
 			}()
 			NewClient(tr)
 		}()
+	}
+}
+
+// 409 request_in_progress is a wait, not a failure: with MaxAttempts 1 and an empty
+// budget, a request whose key stays in progress for five answers still gets its 201,
+// paced by Retry-After; MaxWait ends the wait, naming itself, when the key stays in
+// progress longer.
+func TestRequestInProgressWaitsWithoutAttemptsOrBudget(t *testing.T) {
+	t.Parallel()
+	inProgress := func(n int64) *httptest.Server {
+		var calls atomic.Int64
+		ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if calls.Add(1) <= n {
+				idem.WriteError(w, r, idem.ProfileSeed, idem.CodeRequestInProgress, "")
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		}))
+		t.Cleanup(ts.Close)
+		return ts
+	}
+	// Retry-After: 1 would make the test take seconds; MaxRetryAfter caps it.
+	limits := func() *Transport {
+		return &Transport{MaxAttempts: 1, Budget: newBudget(0, 0, 0, newFrozenClock().Now), MaxRetryAfter: 10 * time.Millisecond}
+	}
+	t.Run("the key is freed", func(t *testing.T) {
+		t.Parallel()
+		resp, err := fastClient(limits()).Do(chargeRequest(t, inProgress(5).URL, "{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated || Attempts(resp) != 6 {
+			t.Fatalf("%d after %d attempt(s), want 201 after 6", resp.StatusCode, Attempts(resp))
+		}
+	})
+	t.Run("the key stays in progress", func(t *testing.T) {
+		t.Parallel()
+		tr := limits()
+		tr.MaxWait = 100 * time.Millisecond
+		_, err := fastClient(tr).Do(chargeRequest(t, inProgress(1<<30).URL, "{}"))
+		var re *RetryError
+		if !errors.As(err, &re) || re.Limit != LimitMaxWait || !strings.Contains(err.Error(), "the key was still in progress for Transport.MaxWait (100ms)") {
+			t.Fatalf("error %v, want one naming Transport.MaxWait", err)
+		}
+	})
+}
+
+// AttemptTimeout bounds each attempt: a first attempt that hangs is abandoned after it
+// and retried with the same key, and the second attempt's answer is returned, its
+// body readable after RoundTrip returned (http.Client.Timeout would have ended the
+// whole request instead). A server that always hangs makes the request give up at
+// MaxAttempts with the attempt's timeout as the cause; a body that comes later than
+// the timeout is cut off.
+func TestAttemptTimeoutRetriesAHungAttempt(t *testing.T) {
+	t.Parallel()
+	const timeout = 200 * time.Millisecond
+	release := make(chan struct{})
+	var (
+		calls atomic.Int64
+		hang  atomic.Bool
+		keys  sync.Map
+	)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		keys.Store(r.Header.Get(HeaderKey), true)
+		switch {
+		case calls.Add(1) == 1 || hang.Load():
+			<-release
+		case r.URL.Path == "/slow-body":
+			w.WriteHeader(http.StatusCreated)
+			w.(http.Flusher).Flush()
+			select { // the body comes later than the attempt may take
+			case <-release:
+			case <-time.After(5 * timeout):
+			}
+			_, _ = io.WriteString(w, `{"object":"charge"}`)
+		default:
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, `{"object":"charge"}`)
+		}
+	}))
+	t.Cleanup(ts.Close)
+	t.Cleanup(func() { close(release) })
+	c := fastClient(&Transport{AttemptTimeout: timeout, MaxAttempts: 2})
+
+	resp, err := c.Do(chargeRequest(t, ts.URL, "{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	n := 0
+	keys.Range(func(any, any) bool { n++; return true })
+	if err != nil || string(body) != `{"object":"charge"}` || resp.StatusCode != http.StatusCreated || Attempts(resp) != 2 || n != 1 {
+		t.Fatalf("%d %q (%v) after %d attempt(s) with %d keys; want 201 and its body after 2, one key", resp.StatusCode, body, err, Attempts(resp), n)
+	}
+
+	req := chargeRequest(t, ts.URL, "{}")
+	req.URL.Path = "/slow-body"
+	resp, err = c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil {
+		t.Fatalf("read %q, want the body cut off by the attempt's timeout", body)
+	}
+
+	hang.Store(true)
+	_, err = c.Do(chargeRequest(t, ts.URL, "{}"))
+	var re *RetryError
+	if !errors.As(err, &re) || !errors.Is(err, ErrAttemptTimeout) || re.Limit != LimitMaxAttempts || re.Attempts != 2 ||
+		!strings.Contains(err.Error(), "the attempt outlived Transport.AttemptTimeout (200ms)") {
+		t.Fatalf("error %v, want 2 attempts that timed out", err)
+	}
+}
+
+// The budget's warning is one line however many requests it refuses: repeats within
+// 10 s are summarised.
+func TestBudgetWarningIsSummarised(t *testing.T) {
+	t.Parallel()
+	ts, _ := flakyServer(t, 1<<30, http.StatusServiceUnavailable, http.StatusOK)
+	var warnings atomic.Int64
+	logger := slog.New(countingHandler{msg: "client: retry budget exhausted; giving up on a request (raise Transport.Budget: client.NewBudget)", n: &warnings})
+	c := fastClient(&Transport{Budget: newBudget(0, 0, 0, newFrozenClock().Now), Logger: logger})
+	for range 20 {
+		_, err := c.Do(chargeRequest(t, ts.URL, "{}"))
+		if !errors.Is(err, ErrBudgetExhausted) {
+			t.Fatalf("error %v, want the budget exhausted", err)
+		}
+	}
+	if n := warnings.Load(); n != 1 {
+		t.Fatalf("%d warnings for 20 refused retries, want 1 (the rest summarised)", n)
 	}
 }

@@ -252,6 +252,7 @@ func (p *Processor[Tx]) Process(ctx context.Context, m Message, effect func(ctx 
 		return noResult{}, effectErr
 	})
 	var inProgress *idem.InProgressError
+	var quota *idem.QuotaError
 	switch {
 	case err == nil, errors.Is(err, idem.ErrResponseNotStored):
 		return Result{Action: Ack, Replayed: replayed || err != nil}
@@ -259,6 +260,12 @@ func (p *Processor[Tx]) Process(ctx context.Context, m Message, effect func(ctx 
 		return p.term(ctx, m, effectErr)
 	case ctx.Err() != nil:
 		return Result{Action: Nak, Err: context.Cause(ctx)}
+	case errors.As(err, &quota):
+		// The scope (the queue) reached a bound of its own (SPEC §19): nothing was
+		// claimed; the message comes back when the bound may let it through.
+		p.cfg.Logger.DebugContext(ctx, "consume: the scope reached a bound; the message is redelivered",
+			idHash(m), slog.String("limit", quota.Limit), slog.Duration("delay", quota.RetryAfter))
+		return Result{Action: Nak, Delay: quota.RetryAfter, Err: err}
 	case errors.As(err, &inProgress):
 		delay := p.cfg.InProgressDelay
 		if delay == 0 {

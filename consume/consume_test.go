@@ -125,6 +125,17 @@ func TestRepeatWhileInFlightIsNakedWithDelay(t *testing.T) {
 	wantResult(t, p.Process(t.Context(), m, b.invoice(m)), consume.Result{Action: consume.Nak, Delay: 5 * time.Second})
 }
 
+// A scope past its bound (SPEC §19) is naked with the bound's delay, nothing claimed.
+func TestAScopePastItsBoundIsNakedWithItsDelay(t *testing.T) {
+	b := setup(t, idem.GuardConfig{MaxStoredBytesPerScope: 1, QuotaWindow: time.Minute})
+	wantResult(t, b.process(msg("m-1", "x")), consume.Result{Action: consume.Ack})
+	res := b.process(msg("m-2", "y"))
+	if res.Action != consume.Nak || res.Delay <= 0 || res.Delay > time.Minute || !errors.Is(res.Err, idem.ErrQuotaExceeded) {
+		t.Fatalf("a message past the scope's stored bytes: %+v, want Nak with the rest of the window", res)
+	}
+	b.WantInvoices(1)
+}
+
 func TestMessageOfACrashedConsumerIsTakenOverWhenItsLeaseLapses(t *testing.T) {
 	b := setup(t, idem.GuardConfig{})
 	m := msg("m-1", "x")

@@ -11,8 +11,8 @@ import (
 	"unicode"
 )
 
-// The README's Go cannot drift from the API: every ```go block of the README and of
-// the library guide (goDocuments) is the whole of a Go file of the repository, or
+// The README's Go cannot drift from the API: every ```go block of the README, of the
+// library guide and of the foreign-effects guide (goDocuments) is the whole of a Go file of the repository, or
 // excerpts of one, and those files are compiled by the README's test command (the example modules by examples/examples_test.go, the
 // Example functions by their packages' tests, which also check their Output). The line
 // before a block names its source:
@@ -63,7 +63,7 @@ func TestReadmeGoIsCompiledCode(t *testing.T) {
 // goDocuments are the documents whose ```go blocks are compiled code, as paths from
 // the repository's root. Their <!-- file: --> and <!-- excerpt: --> paths are from
 // the root too.
-var goDocuments = []string{"README.md", "docs/library.md"}
+var goDocuments = []string{"README.md", "docs/library.md", "docs/foreign-effects.md"}
 
 // The README's go get line names the module, and its relative links lead to files.
 func TestReadmeNamesTheModuleAndLinksToFiles(t *testing.T) {

@@ -154,7 +154,7 @@ func TestMetricsUnderLoadCountWhatTheLoadToolCounted(t *testing.T) {
 			same("claims (every request is keyed)", sc.sum("idem_claims_total", "route", route), requests)
 			same("replays", sc.sum("idem_claims_total", "route", route, "outcome", "replayed|replayed_cache|waited_replayed"), replayed)
 			same("in-progress answers", sc.sum("idem_claims_total", "route", route, "outcome", "in_progress"), inProgress)
-			same("executions", sc.sum("idem_claims_total", "route", route, "outcome", "acquired|took_over"), executed)
+			same("executions", sc.sum("idem_claims_total", "route", route, "outcome", "acquired|took_over|resumed"), executed)
 			same("stored completions", sc.sum("idem_completions_total", "route", route, "result", "stored"), executed)
 			same("releases", sc.sum("idem_releases_total"), 0)
 			same("store errors", sc.sum("idem_store_errors_total"), 0)

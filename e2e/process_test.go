@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -63,6 +64,7 @@ type server struct {
 	args    []string // without --addr
 	addr    string   // host:port once listening
 	dir     string   // the working directory; "" for the test's
+	env     []string // more environment variables ("NAME=value")
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -129,6 +131,9 @@ func (s *server) launch(addr string) error {
 	}
 	cmd := exec.Command(bin, append([]string{s.command, "--addr", addr}, s.args...)...)
 	cmd.Dir = s.dir
+	if len(s.env) > 0 {
+		cmd.Env = append(os.Environ(), s.env...)
+	}
 	logs := &logBuffer{}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

@@ -34,15 +34,17 @@ func exampleModules(t *testing.T) []string {
 	for _, m := range mods {
 		names = append(names, filepath.Dir(m))
 	}
-	if want := []string{"chi", "echo", "fiber", "gin", "postgres", "postgres-sql", "redis", "sqlite"}; !slices.Equal(names, want) {
+	if want := []string{"chi", "echo", "fiber", "gin", "payouts", "postgres", "postgres-sql", "redis", "sqlite"}; !slices.Equal(names, want) {
 		t.Fatalf("example modules %q, want %q", names, want)
 	}
 	return names
 }
 
 // Every example is its own module: the README's quick starts (sqlite, postgres,
-// postgres-sql, redis) and the frameworks (chi, echo, fiber, gin). Its tests serve it
-// on a loopback port and send a duplicate POST, which must be replayed. They run here
+// postgres-sql, redis), the frameworks (chi, echo, fiber, gin) and the hard case
+// (payouts: a handler that calls a bank). Its tests serve it on a loopback port and
+// send a duplicate POST, which must be replayed; payouts' crash test builds the
+// program and SIGKILLs it under retrying clients (about 30 s). They run here
 // with the go command on a copy of the example outside the repository, renamed
 // example.com/NAME and requiring idem from this checkout, with the modules' go.sum as
 // committed (-mod=readonly) and no workspace: as a user who copies an example out

@@ -44,13 +44,16 @@
 //	no principal (scope_required)           UNAUTHENTICATED      ErrorInfo      401
 //	another request or method (key_reused)  FAILED_PRECONDITION  ErrorInfo      409
 //	in flight (request_in_progress)         ABORTED              + RetryInfo    409
+//	a bound per principal (quota_exceeded,  RESOURCE_EXHAUSTED   + RetryInfo    429
+//	  §19)
 //	completed, not stored                   FAILED_PRECONDITION  ErrorInfo      409
 //	  (response_not_stored)
 //	store failed or stalled, completion     UNAVAILABLE          + RetryInfo    503
 //	  lost (store_unavailable)
 //	outcome unknown (outcome_unknown, §13)  UNKNOWN              ErrorInfo      500
 //
-// ABORTED's RetryInfo carries the guard's RetryAfter; UNAVAILABLE's,
+// ABORTED's RetryInfo carries the guard's RetryAfter, RESOURCE_EXHAUSTED's the
+// bound's (idem.QuotaError.RetryAfter); UNAVAILABLE's,
 // [ServerConfig.RetryAfter]. FAILED_PRECONDITION is final: retrying cannot succeed.
 // outcome_unknown is the answer, stored until an operator resolves the key, of a call
 // that finds its key's holder dead under [MethodOptions.OnLapse] [idem.LapseUnknown]

@@ -308,6 +308,7 @@ func keyError(err error) error {
 // beginError is the status of a claim that did not acquire the key.
 func (s *server) beginError(err error) error {
 	var inProgress *idem.InProgressError
+	var quota *idem.QuotaError
 	switch {
 	case errors.Is(err, idem.ErrKeyReused):
 		return newStatus(codes.FailedPrecondition, idem.CodeKeyReused, "the idempotency key was already used with a different request or method", 0)
@@ -317,6 +318,8 @@ func (s *server) beginError(err error) error {
 		return newStatus(codes.Unknown, idem.CodeOutcomeUnknown, "the call with this idempotency key may or may not have taken effect; it will not be executed again until the key is resolved", 0)
 	case errors.As(err, &inProgress):
 		return newStatus(codes.Aborted, idem.CodeRequestInProgress, "a call with this idempotency key is in progress; retry later", inProgress.RetryAfter)
+	case errors.As(err, &quota):
+		return newStatus(codes.ResourceExhausted, idem.CodeQuotaExceeded, "this principal reached a bound of its own ("+quota.Limit+"); nothing was executed; retry later", quota.RetryAfter)
 	default: // the guard logged the store's error (SPEC §9: fail closed)
 		return s.unavailable()
 	}

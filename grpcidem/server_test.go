@@ -159,6 +159,35 @@ func TestADuplicateOfACallInFlightIsAbortedWithRetryInfo(t *testing.T) {
 	}
 }
 
+// A principal past a bound of its own (SPEC §19) is RESOURCE_EXHAUSTED quota_exceeded
+// with the bound's RetryInfo, never UNAVAILABLE: the store is fine.
+func TestAPrincipalPastItsBoundIsResourceExhausted(t *testing.T) {
+	t.Parallel()
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	b := setup(t, options{
+		guard: func(c *idem.GuardConfig) { c.MaxInFlightPerScope, c.RetryAfter = 1, 1500*time.Millisecond },
+		behave: func(ctx context.Context, req *testpb.ChargeRequest, n int64) (*testpb.Charge, error) {
+			if n == 1 {
+				close(entered)
+				<-proceed
+			}
+			return nil, nil
+		},
+	})
+	done := make(chan error, 1)
+	go func() { _, _, err := b.call(t, "alice", key1, chargeRequest()); done <- err }()
+	<-entered
+	_, _, err := b.call(t, "alice", "key-grpc-test-0002", chargeRequest())
+	wantStatus(t, err, codes.ResourceExhausted, idem.CodeQuotaExceeded)
+	if d, ok := grpcidem.RetryDelay(err); !ok || d != 1500*time.Millisecond {
+		t.Errorf("RetryInfo delay %v (%v), want the bound's 1.5s", d, ok)
+	}
+	close(proceed)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestKeyRequirementPerMethod(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{server: func(c *grpcidem.ServerConfig) {

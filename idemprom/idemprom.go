@@ -17,9 +17,11 @@
 // unnamed route has route="".
 //
 //	idem_claims_total{route, outcome}        counter: claims of a key, by outcome:
-//	    acquired, took_over (a lapsed lease; the operation runs again), replayed,
+//	    acquired, took_over (a lapsed lease: its holder died or stalled; the
+//	    operation runs again), resumed (a record its holder released after a step
+//	    committed, SPEC §13: the operation resumes; nothing died), replayed,
 //	    replayed_cache, waited_replayed, not_stored, key_reused, in_progress,
-//	    outcome_unknown (SPEC §13), store_error
+//	    outcome_unknown (SPEC §13), store_error, quota_exceeded (SPEC §19)
 //	idem_completions_total{route, result}    counter: ends of executed operations that
 //	    stored their result or failed to: stored, not_stored, lease_lost, failed
 //	idem_expired_completions_total{route}    counter: results stored after their TTL ran
@@ -52,7 +54,7 @@
 //	    canceled, error (an answer such as "lease lost" or "not found" is no failure)
 //
 // Replays are idem_claims_total with outcome replayed, replayed_cache or
-// waited_replayed; executions are acquired and took_over. A route's series start at
+// waited_replayed; executions are acquired, took_over and resumed. A route's series start at
 // zero when its first event arrives, so that rate() and increase() see every change.
 //
 // No key, body or token is ever a label value: the events carry none (SPEC §15).
@@ -92,9 +94,10 @@ type Config struct {
 
 // The known values of each label, whose series a route gets at zero.
 var (
-	outcomes = []observe.Outcome{observe.OutcomeAcquired, observe.OutcomeTookOver, observe.OutcomeReplayed,
+	outcomes = []observe.Outcome{observe.OutcomeAcquired, observe.OutcomeTookOver, observe.OutcomeResumed, observe.OutcomeReplayed,
 		observe.OutcomeReplayedFromCache, observe.OutcomeWaitedThenReplayed, observe.OutcomeNotStored,
-		observe.OutcomeKeyReused, observe.OutcomeInProgress, observe.OutcomeStoreError, observe.OutcomeUnknown}
+		observe.OutcomeKeyReused, observe.OutcomeInProgress, observe.OutcomeStoreError, observe.OutcomeUnknown,
+		observe.OutcomeQuotaExceeded}
 	results = []observe.CompletionResult{observe.CompletionStored, observe.CompletionNotStored,
 		observe.CompletionLeaseLost, observe.CompletionFailed}
 	releaseResults = []string{telemetry.ReleaseReleased, telemetry.ReleaseNotHeld, telemetry.ReleaseError}
@@ -144,7 +147,7 @@ func New(cfg Config) *Metrics {
 	}
 	m := &Metrics{
 		claims: counter("claims_total",
-			"Claims of an idempotency key by route and outcome: acquired and took_over execute the operation; replayed, replayed_cache and waited_replayed answer the stored result; not_stored, key_reused, in_progress, outcome_unknown and store_error answer an error.",
+			"Claims of an idempotency key by route and outcome: acquired, took_over (a lapsed lease) and resumed (a record released after a step) execute the operation; replayed, replayed_cache and waited_replayed answer the stored result; not_stored, key_reused, in_progress, outcome_unknown, store_error and quota_exceeded answer an error.",
 			"route", "outcome"),
 		completions: counter("completions_total",
 			"Ends of executed operations by route and result: stored, not_stored (streamed or too large), lease_lost (taken over: the result is not used), failed (the SPEC §7 transaction did not commit, or the store failed to record the result).",

@@ -175,8 +175,15 @@ type ClaimResult struct {
 	// Record is the record after the claim: the caller's own in-flight record when
 	// acquired, otherwise the existing record as found.
 	Record *Record
-	// TookOver is true when the claim acquired the key from a holder whose lease lapsed.
+	// TookOver is true when the claim acquired an in-flight record that had no live
+	// holder: its holder's lease lapsed, or (Released) its holder released it after a
+	// step committed.
 	TookOver bool
+	// Released is true, with TookOver, when the record had no holder because its
+	// holder released it after a step committed (its token was empty, its lease
+	// ended by the release, SPEC §13): the holder answered (an error), nothing died.
+	// False for a lapsed lease.
+	Released bool
 	// MarkedUnknown is true when this claim completed the record as outcome unknown
 	// (OnLapse [LapseUnknown]); the outcome is ClaimCompleted.
 	MarkedUnknown bool

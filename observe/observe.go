@@ -70,9 +70,15 @@ const (
 	// OutcomeAcquired: the key was absent or expired (or freed while waiting); the
 	// caller runs the operation.
 	OutcomeAcquired Outcome = "acquired"
-	// OutcomeTookOver: the key's holder let its lease lapse; the caller takes the key
-	// over and runs the operation again (SPEC §5.3).
+	// OutcomeTookOver: the key's holder let its lease lapse (it died or stalled); the
+	// caller takes the key over and runs the operation again, resuming after its last
+	// committed step (SPEC §5.3, §13).
 	OutcomeTookOver Outcome = "took_over"
+	// OutcomeResumed: the key's holder released it after one of its steps committed
+	// (it answered an error, such as a 503 for a processor that was down), which
+	// ends the lease and keeps the record; the caller takes the key and resumes the
+	// operation after its last committed step (SPEC §13). Nothing died.
+	OutcomeResumed Outcome = "resumed"
 	// OutcomeReplayed: the stored result, read from the store.
 	OutcomeReplayed Outcome = "replayed"
 	// OutcomeReplayedFromCache: the stored result, from the replay cache, without a
@@ -95,6 +101,10 @@ const (
 	// record answers outcome_unknown until an operator resolves it (SPEC §13). The
 	// claim that found the lease lapsed stored that answer.
 	OutcomeUnknown Outcome = "outcome_unknown"
+	// OutcomeQuotaExceeded: the call's scope reached a bound of its own (SPEC §19:
+	// calls under way, or bytes stored in the window); nothing was claimed (429
+	// quota_exceeded). Err is the idem.QuotaError naming the bound.
+	OutcomeQuotaExceeded Outcome = "quota_exceeded"
 )
 
 // ClaimEvent is a claim's outcome (Observer.Claimed).
@@ -115,7 +125,8 @@ type ClaimEvent struct {
 	Waited bool
 	// Duration is the claim's time, store calls and waiting included.
 	Duration time.Duration
-	// Err is the store's error of OutcomeStoreError.
+	// Err is the store's error of OutcomeStoreError, or the bound of
+	// OutcomeQuotaExceeded.
 	Err error
 }
 

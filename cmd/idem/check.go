@@ -17,7 +17,8 @@ const checkSynopsis = `--url URL [--url URL]... --body BODY [--method POST] [--h
                   [--body-alt BODY] [--body-invalid BODY] [--key-header Idempotency-Key]
                   [--concurrency 16] [--rounds 3] [--profile seed|ietf|stripe]
                   [--as-other 'Name: value']... [--between 'COMMAND'] [--timeout 10s]
-                  [--json] [--html FILE]
+                  [--only NAME,...] [--skip NAME,...] [--baseline FILE]
+                  [--json] [--html FILE] [--junit FILE] [--include-bodies]
 
 Checks from outside one endpoint's Idempotency-Key support against docs/spec.md, the
 seed's rules and the IETF draft (SPEC §18), and prints one line per check:
@@ -41,6 +42,11 @@ seed's rules and the IETF draft (SPEC §18), and prints one line per check:
                          succeeds: a rejection is not stored
   bad-keys               a missing, empty, 256-character or malformed key (a list, two
                          fields) is refused with 400, or keys are reported optional
+  keyless                two requests without a key, and two with an empty one,
+                         differing by body (--body-alt) and by principal
+                         (--as-other), are never one resource nor refused as a
+                         reuse: a server that takes a missing or empty key for one
+                         real key fails, and the verdict names the key form
   per-principal          with --as-other, another principal using the same key never
                          gets the first principal's response
   safe-methods           a GET of the URL with a key is answered as one without, and,
@@ -50,6 +56,26 @@ seed's rules and the IETF draft (SPEC §18), and prints one line per check:
                          runs once it is written (sh -c: restart or kill the server,
                          returning once it is back), then the retry of that key must
                          get a final answer within --timeout, not stay in flight
+
+Every FAIL names its causes, short stable words ("ran-twice",
+"empty-key-shared-across-bodies"), and the evidence that decided it. When the
+endpoint replays no completed key at all, the checks that need a replay to judge
+say so and are skipped instead of blaming another cause. Resources are counted by
+their id or Location, never by 2xx answers. A key in flight is asked again after
+its Retry-After (50 ms to 2 s), or without one after 100 ms doubling to 2 s, for at
+most --timeout; the report states it. The restart check, finding the key still in
+flight at --timeout, asks on for three times as long to tell a longer lease ("still
+in flight after --timeout (N s); the server's lease looks longer", with the
+--timeout to give) from a key that stays stuck.
+
+In CI: --only and --skip run or leave out checks by name (comma-separated or
+repeated). --baseline FILE takes a previous --json report: a failure whose causes it
+already holds is accepted (shown as such, exit status 0), a new one exits 1, as
+linters' baselines do. --junit FILE writes JUnit XML for the CI's test view (a
+failure per failed check; skips and accepted failures as skipped). Bodies are in
+the reports only with --include-bodies; otherwise a body is shown by its length
+and a SHA-256 prefix and a 2xx answer by the resource it names (error answers keep
+their one-line summary).
 
 Verdicts: PASS, the rule held. WARN, nothing was lost or leaked but a client should
 know (keys optional, a 409 without Retry-After, keys shared across principals, a
@@ -72,19 +98,21 @@ as application/json when it is JSON, else as a form. Header values are redacted 
 reports but for Content-Type and Accept (an Authorization value keeps its scheme and a
 short hash); an HTML body is summarised by its title and first text.
 
-Exit status: 0 when no check fails, 1 when one fails, 2 on a bad flag or when the
-endpoint cannot be checked (no answer, or --body with a fresh key is not answered
-2xx). --json's report carries the counts of each verdict and this exit status.`
+Exit status: 0 when no check fails (or only failures the --baseline accepts), 1
+when one fails, 2 on a bad flag, an unreadable --baseline, or when the endpoint
+cannot be checked (no answer, or --body with a fresh key is not answered 2xx).
+--json's report carries the counts of each verdict and this exit status.`
 
 // checkFlags are the flags of `idem check`.
 type checkFlags struct {
 	method, body, bodyAlt, bodyInvalid string
 	keyHeader, profile, html, between  string
-	urls                               urlsFlag
+	junit, baseline                    string
+	urls, only, skip                   urlsFlag
 	header, other                      headerFlag
 	concurrency, rounds                int
 	timeout                            time.Duration
-	json                               bool
+	json, includeBodies                bool
 }
 
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -104,8 +132,13 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&f.profile, "profile", string(check.ProfileSeed), "the `profile` whose answers count as right: seed (409 key_reused, 409 request_in_progress with Retry-After), ietf (422 for a changed body, 409 in flight) or stripe (400 idempotency_error for a changed body, 409 in flight)")
 	fs.Var(&f.other, "as-other", "a header of a second principal, `'Name: value'`, replacing the --header of that name in the per-principal check; repeat it for more (without it that check is skipped)")
 	fs.DurationVar(&f.timeout, "timeout", check.DefaultTimeout, "bound of one request, and of the retries of an in-flight answer (restart: of the wait for a final answer after --between; set it above the server's lease)")
+	fs.Var(&f.only, "only", "run only the checks `NAME,...` (comma-separated or repeated): "+strings.Join(check.Names(), ", "))
+	fs.Var(&f.skip, "skip", "leave out the checks `NAME,...` (comma-separated or repeated)")
+	fs.StringVar(&f.baseline, "baseline", "", "a previous --json report, `FILE`: the failures whose causes it holds are accepted (reported, exit status 0); only new failures exit 1")
 	fs.BoolVar(&f.json, "json", false, "write the report as JSON on stdout (the table goes to stderr)")
 	fs.StringVar(&f.html, "html", "", "also write the report as a self-contained HTML page to `FILE`, each check's evidence collapsible")
+	fs.StringVar(&f.junit, "junit", "", "also write the report as JUnit XML to `FILE`, a testcase per check, for the CI's test view")
+	fs.BoolVar(&f.includeBodies, "include-bodies", false, "put the request and response bodies in the reports (without it: their lengths and SHA-256 prefixes, and the resource a 2xx answer names)")
 	if code, done := parse(fs, args, stdout, stderr); done {
 		return code
 	}
@@ -113,9 +146,20 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return usageError(stderr, fs, err.Error())
 	}
+	var baseline *check.Baseline
+	if f.baseline != "" {
+		if baseline, err = readBaseline(f.baseline); err != nil {
+			return usageError(stderr, fs, "--baseline: "+err.Error())
+		}
+	}
 	rep, err := check.Run(ctx, cfg)
 	if err != nil {
 		return usageError(stderr, fs, err.Error())
+	}
+	if baseline != nil {
+		if err := rep.ApplyBaseline(baseline); err != nil {
+			return failure(stderr, name, err)
+		}
 	}
 	table := stdout
 	if f.json {
@@ -128,14 +172,26 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return failure(stderr, name, err)
 	}
 	if f.html != "" {
-		if err := writeHTML(f.html, rep); err != nil {
+		if err := writeFile(f.html, rep.WriteHTML); err != nil {
 			return failure(stderr, name, fmt.Errorf("--html: %w", err))
 		}
 	}
-	if rep.Failed() {
-		return exitFailure
+	if f.junit != "" {
+		if err := writeFile(f.junit, rep.WriteJUnit); err != nil {
+			return failure(stderr, name, fmt.Errorf("--junit: %w", err))
+		}
 	}
-	return exitOK
+	return rep.ExitStatus
+}
+
+// readBaseline reads a baseline from path.
+func readBaseline(path string) (*check.Baseline, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return check.ReadBaseline(f, path)
 }
 
 // config checks the flags and returns the checker's configuration; errors name the
@@ -172,10 +228,14 @@ func (f *checkFlags) config() (check.Config, error) {
 	if err != nil {
 		return cfg, fmt.Errorf("--profile: %w", err)
 	}
+	checks, err := check.Select(splitNames(f.only), splitNames(f.skip))
+	if err != nil {
+		return cfg, err
+	}
 	cfg = check.Config{
 		URL: f.urls[0], Instances: f.urls[1:], Method: f.method, KeyHeader: f.keyHeader,
 		Concurrency: f.concurrency, Rounds: f.rounds, Between: f.between,
-		Profile: profile, Timeout: f.timeout,
+		Profile: profile, Timeout: f.timeout, Checks: checks, IncludeBodies: f.includeBodies,
 	}
 	if cfg.Header, err = f.header.headers("--header"); err != nil {
 		return cfg, err
@@ -214,20 +274,33 @@ func readBody(flagName, v string) ([]byte, error) {
 	return b, nil
 }
 
-// writeHTML writes the report's page to path.
-func writeHTML(path string, rep *check.Report) error {
+// splitNames splits the values of a repeatable, comma-separated flag into names.
+func splitNames(values []string) []string {
+	var names []string
+	for _, v := range values {
+		for n := range strings.SplitSeq(v, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				names = append(names, n)
+			}
+		}
+	}
+	return names
+}
+
+// writeFile writes a report to path with write.
+func writeFile(path string, write func(io.Writer) error) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	if err := rep.WriteHTML(f); err != nil {
+	if err := write(f); err != nil {
 		f.Close()
 		return err
 	}
 	return f.Close()
 }
 
-// urlsFlag is the repeatable --url.
+// urlsFlag is a repeatable flag: --url, --only, --skip.
 type urlsFlag []string
 
 func (f *urlsFlag) String() string { return strings.Join(*f, " ") }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,8 +15,10 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/check"
 	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/store/memory"
 )
 
 // addrAttr finds the API's address in idem payments' start line.
@@ -76,8 +79,8 @@ func TestCheckPassesAgainstIdemPaymentsInBothProfiles(t *testing.T) {
 			}
 			// The first request's charge, one per round of duplicates, one after the
 			// rejected body, one of the other principal, safe-methods' write.
-			if !strings.Contains(stdout, "8 pass, 0 fail, 1 skip · ") || !strings.Contains(stdout, "created 7 resources") {
-				t.Errorf("the totals do not say 8 pass, 1 skip and 7 resources created:\n%s", stdout)
+			if !strings.Contains(stdout, "9 pass, 0 fail, 1 skip · ") || !strings.Contains(stdout, "created 7 resources") {
+				t.Errorf("the totals do not say 9 pass, 1 skip and 7 resources created:\n%s", stdout)
 			}
 			html, err := os.ReadFile(page)
 			if err != nil {
@@ -104,8 +107,8 @@ func TestCheckJSONGoesToStdoutAndTheTableToStderr(t *testing.T) {
 	if len(rep.Checks) != len(check.Checks()) || rep.Failed() || rep.Concurrency != 4 || rep.Rounds != 2 || rep.Created != 6 {
 		t.Errorf("JSON report: %d checks, failed %v, concurrency %d, %d rounds, created %d; want 4, 2 rounds and 6 created", len(rep.Checks), rep.Failed(), rep.Concurrency, rep.Rounds, rep.Created)
 	}
-	if c := rep.Counts; c[check.StatusPass] != 8 || c[check.StatusSkip] != 1 || c[check.StatusFail] != 0 || c[check.StatusWarn] != 0 || rep.ExitStatus != exitOK {
-		t.Errorf("JSON report: counts %v, exit_status %d; want 8 pass, 1 skip and 0", c, rep.ExitStatus)
+	if c := rep.Counts; c[check.StatusPass] != 9 || c[check.StatusSkip] != 1 || c[check.StatusFail] != 0 || c[check.StatusWarn] != 0 || rep.ExitStatus != exitOK {
+		t.Errorf("JSON report: counts %v, exit_status %d; want 9 pass, 1 skip and 0", c, rep.ExitStatus)
 	}
 	if !strings.Contains(stderr, "  PASS  replay ") || strings.Contains(stderr, "sk_test_check") {
 		t.Errorf("stderr is not the table, or shows a token:\n%s", stderr)
@@ -123,11 +126,11 @@ func TestCheckWarnsOfARefusalWithAnotherProfilesStatus(t *testing.T) {
 	}
 	for _, s := range []string{
 		"  WARN  changed-body           refused, with 409 key_reused, where profile ietf answers 422 (409 is profile seed's answer: --profile seed)",
-		"7 pass, 1 warn, 0 fail, 1 skip",
+		"8 pass, 1 warn, 0 fail, 1 skip",
 		"WARN changed-body: ",
 		"  the same key with --body-alt\n    → POST " + base + `/v1/charges  Idempotency-Key: `,
-		`{"amount": 1999, "currency": "usd"}`,
-		"    ← 409  Content-Type: application/json  {\"error\":{\"type\":\"idempotency_error\",\"code\":\"key_reused\"",
+		"[35 bytes sha256:", // the body, without --include-bodies
+		"    ← 409  Content-Type: application/json  key_reused  [",
 	} {
 		if !strings.Contains(stdout, s) {
 			t.Errorf("the report lacks %q:\n%s", s, stdout)
@@ -188,6 +191,9 @@ func TestCheckFlagErrorsAreOneLineWithExitStatus2(t *testing.T) {
 		{append([]string{"check", "--url", "http://h/x", "--body-alt", "@/nonexistent/alt.json"}, body...), "--body-alt"},
 		{append([]string{"check", "--url", "http://h/x", "--header", "Authorization Bearer sk_live_secret"}, body...), "--header (the 1st one): want 'Name: value'"},
 		{append([]string{"check", "--url", "http://h/x", "--as-other", "X: 1", "--as-other", ": 2"}, body...), "--as-other (the 2nd one)"},
+		{append([]string{"check", "--url", "http://h/x", "--only", "replay,keyles"}, body...), `--only: unknown check "keyles"; the checks are replay, concurrent-duplicates,`},
+		{append([]string{"check", "--url", "http://h/x", "--skip", "restart", "--skip", "bad_keys"}, body...), `--skip: unknown check "bad_keys"`},
+		{append([]string{"check", "--url", "http://127.0.0.1:1/v1/charges", "--baseline", "/nonexistent/baseline.json"}, body...), "--baseline: open /nonexistent/baseline.json"},
 		// An endpoint that cannot be reached cannot be checked.
 		{append([]string{"check", "--url", "http://127.0.0.1:1/v1/charges"}, body...), "endpoint cannot be checked: POST http://127.0.0.1:1/v1/charges"},
 	}
@@ -208,7 +214,7 @@ func TestCheckHelpDocumentsEveryFlagAndCheck(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
-	flags := []string{"url", "method", "body", "header", "body-alt", "body-invalid", "key-header", "concurrency", "rounds", "profile", "between", "as-other", "timeout", "json", "html"}
+	flags := []string{"url", "method", "body", "header", "body-alt", "body-invalid", "key-header", "concurrency", "rounds", "profile", "between", "as-other", "timeout", "only", "skip", "baseline", "json", "html", "junit", "include-bodies"}
 	for _, f := range flags {
 		if !strings.Contains(stdout, "\n  --"+f+" ") {
 			t.Errorf("idem check --help does not explain --%s:\n%s", f, stdout)
@@ -222,7 +228,7 @@ func TestCheckHelpDocumentsEveryFlagAndCheck(t *testing.T) {
 			t.Errorf("idem check --help does not explain the check %s", c.Name)
 		}
 	}
-	for _, s := range []string{"Exit status: 0", "seed", "ietf", "stripe", "@FILE", "IDEM_AS_OTHER", "PASS", "WARN", "FAIL", "SKIP", "refused, with 417", "--key-header"} {
+	for _, s := range []string{"Exit status: 0", "seed", "ietf", "stripe", "@FILE", "IDEM_AS_OTHER", "PASS", "WARN", "FAIL", "SKIP", "refused, with 417", "--key-header", "baseline", "JUnit", "100 ms doubling to 2 s", "the server's lease looks longer"} {
 		if !strings.Contains(stdout, s) {
 			t.Errorf("idem check --help does not mention %q", s)
 		}
@@ -285,5 +291,92 @@ func TestCheckPassesAgainstIdemProxy(t *testing.T) {
 	}
 	if n := strings.Count(stdout, "\n  PASS  "); n != len(check.Checks())-1 || !strings.Contains(stdout, "\n  SKIP  restart ") {
 		t.Errorf("%d checks passed, want %d and restart skipped:\n%s", n, len(check.Checks())-1, stdout)
+	}
+}
+
+// keysSharedAcrossPrincipals serves a charges API behind idem's middleware whose
+// scope is the same for every principal (per-principal fails); once getsNeedKeys is
+// set, a GET with a key is refused (safe-methods fails too).
+func keysSharedAcrossPrincipals(t *testing.T, getsNeedKeys *atomic.Bool) string {
+	var n atomic.Int64
+	mw := idem.New(idem.Config{
+		Store: memory.New(), Logger: slog.New(slog.DiscardHandler),
+		Scope: func(*http.Request) (string, error) { return "one scope for every principal", nil },
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/charges", mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var p struct{ Amount int }
+		if json.NewDecoder(r.Body).Decode(&p) != nil || p.Amount <= 0 {
+			http.Error(w, `{"error":{"code":"parameter_invalid"}}`, http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":"ch_%d","amount":%d}`, n.Add(1), p.Amount)
+	})))
+	mux.HandleFunc("GET /v1/charges", func(w http.ResponseWriter, r *http.Request) {
+		if getsNeedKeys.Load() && r.Header.Get("Idempotency-Key") != "" {
+			http.Error(w, "no keys on GET", http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(w, `{"count":%d}`, n.Load())
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A run whose failures the baseline holds exits 0 and says they were accepted (in
+// the table, the JSON and the JUnit file); a new failure exits 1 and is named.
+func TestCheckBaselineExitsZeroOnKnownFailuresAndOneOnANewOne(t *testing.T) {
+	t.Parallel()
+	var getsNeedKeys atomic.Bool
+	base := keysSharedAcrossPrincipals(t, &getsNeedKeys)
+	dir := t.TempDir()
+	baseline, junit := filepath.Join(dir, "baseline.json"), filepath.Join(dir, "report.xml")
+
+	code, stdout, _ := runCmd(t, checkArgs(base, "--json", "--skip", "concurrent-duplicates")...)
+	if code != exitFailure || !strings.Contains(stdout, `"per-principal"`) {
+		t.Fatalf("the first run: exit %d, want 1 (per-principal)", code)
+	}
+	if err := os.WriteFile(baseline, []byte(stdout), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	code, stdout, stderr := runCmd(t, checkArgs(base, "--baseline", baseline, "--junit", junit, "--skip", "concurrent-duplicates")...)
+	if code != exitOK {
+		t.Fatalf("a known failure: exit %d, want 0:\n%s%s", code, stdout, stderr)
+	}
+	for _, s := range []string{"  FAIL  per-principal      (accepted by the baseline) the other principal got the first principal's response",
+		"1 fail (1 accepted by the baseline)", "baseline " + baseline + ": 1 failure accepted (per-principal); no new failure"} {
+		if !strings.Contains(stdout, s) {
+			t.Errorf("the report lacks %q:\n%s", s, stdout)
+		}
+	}
+	xml, err := os.ReadFile(junit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(xml), `<testcase name="per-principal" classname="idem check"`) || !strings.Contains(string(xml), `<skipped message="accepted by the baseline: the other principal got`) || strings.Contains(string(xml), "<failure") {
+		t.Errorf("the JUnit file does not show the accepted failure as skipped:\n%s", xml)
+	}
+
+	getsNeedKeys.Store(true)
+	code, stdout, _ = runCmd(t, checkArgs(base, "--baseline", baseline, "--skip", "concurrent-duplicates")...)
+	if code != exitFailure || !strings.Contains(stdout, "1 failure accepted (per-principal); 1 new (safe-methods)") {
+		t.Errorf("a new failure: exit %d, want 1 naming safe-methods:\n%s", code, stdout)
+	}
+}
+
+func TestCheckOnlyRunsTheNamedChecks(t *testing.T) {
+	t.Parallel()
+	base := servePayments(t)
+	code, stdout, _ := runCmd(t, checkArgs(base, "--only", "keyless,replay", "--json")...)
+	var rep check.Report
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil || code != exitOK {
+		t.Fatalf("exit %d, %v", code, err)
+	}
+	if len(rep.Checks) != 2 || rep.Checks[0].Name != "replay" || rep.Checks[1].Name != "keyless" || rep.Checks[1].Status != check.StatusPass {
+		t.Errorf("--only keyless,replay ran %+v", rep.Checks)
 	}
 }

@@ -92,13 +92,13 @@ func redisURLWithTimeouts(raw string, timeout time.Duration) string {
 	return out
 }
 
-// urlQuery returns the query parameters of raw, or none when it does not parse (the
-// store's own parser reports that).
+// urlQuery returns the query parameters of raw, or those that parse (the store's own
+// parser reports the rest). It reads the query itself rather than through url.Parse,
+// which refuses a host part listing several hosts without a port each, as a
+// redis+sentinel:// URL may.
 func urlQuery(raw string) url.Values {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return url.Values{}
-	}
-	q, _ := url.ParseQuery(u.RawQuery)
+	_, query, _ := strings.Cut(raw, "?")
+	query, _, _ = strings.Cut(query, "#")
+	q, _ := url.ParseQuery(query)
 	return q
 }

@@ -38,6 +38,9 @@ func TestRedisURLsGetTimeoutsUnlessTheySetThem(t *testing.T) {
 		"redis://h:1/0?read_timeout=9s":                                 "redis://h:1/0?read_timeout=9s&dial_timeout=2s&write_timeout=2s",
 		"redis+cluster://n1:7000?addr=n2:7000":                          "redis+cluster://n1:7000?addr=n2:7000&dial_timeout=2s&read_timeout=2s&write_timeout=2s",
 		"rediss://h:1?dial_timeout=1s&read_timeout=1s&write_timeout=1s": "rediss://h:1?dial_timeout=1s&read_timeout=1s&write_timeout=1s",
+		// Sentinels without a port each, which url.Parse refuses: the URL's own
+		// read_timeout is still seen, and kept.
+		"redis+sentinel://s1,s2,[::1]/0?master=m&read_timeout=9s&wait_replicas=1": "redis+sentinel://s1,s2,[::1]/0?master=m&read_timeout=9s&wait_replicas=1&dial_timeout=2s&write_timeout=2s",
 	} {
 		got := redisURLWithTimeouts(in, 2*time.Second)
 		if got != want {

@@ -292,7 +292,7 @@ func checkHTTPURL(name, raw, form string) error {
 
 // storeFlag registers the required --store flag of migrate, purge and keys.
 func storeFlag(fs *flag.FlagSet) *string {
-	return fs.String("store", "", "idempotency store `URL` (required): sqlite:PATH, postgres://…, redis://…, redis+cluster://…")
+	return fs.String("store", "", "idempotency store `URL` (required): sqlite:PATH, postgres://…, redis://…, redis+cluster://…, redis+sentinel://…?master=NAME")
 }
 
 // requiredStore parses the value of a required --store flag; errors name the flag.

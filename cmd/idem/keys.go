@@ -77,7 +77,7 @@ type keysCommand struct {
 
 func newKeysCommand(name, synopsis string) *keysCommand {
 	c := &keysCommand{fs: newFlagSet("keys "+name, synopsis)}
-	c.fs.StringVar(&c.store, "store", "", "idempotency store `URL` (required): sqlite:PATH, postgres://…, redis://…, redis+cluster://…")
+	c.fs.StringVar(&c.store, "store", "", "idempotency store `URL` (required): sqlite:PATH, postgres://…, redis://…, redis+cluster://…, redis+sentinel://…?master=NAME")
 	c.fs.StringVar(&c.scope, "scope", "", "the records' `scope`: the principal, as the application's Config.Scope returns it")
 	c.fs.StringVar(&c.token, "token", "", "instead of --scope, a payments API bearer `token`, whose scope is its hex SHA-256 (prefer IDEM_TOKEN: a command line is visible to every user of the host)")
 	c.fs.BoolVar(&c.json, "json", false, "write JSON on stdout")
@@ -245,9 +245,9 @@ unfinished operations (SPEC §13): in flight after one of their steps committed 
 payments charge recorded pending before the card processor answered), with their
 operation, recovery point, age and lease. They never expire: the completer, or the
 client's retry, finishes them, or an operator settles them with 'idem keys resolve'.
---state outcome_unknown lists the completed records whose outcome is unknown (their
-holder died under the policy unknown, SPEC §13): the keys that wait for 'idem keys
-resolve'. Expired records that are not deleted yet are listed too, marked expired. When
+--state outcome_unknown lists the completed records whose outcome is unknown (a reply
+lost after the request was sent, or a holder that died, under the policy unknown, SPEC
+§13, §17): the keys that wait for 'idem keys resolve'. Expired records that are not deleted yet are listed too, marked expired. When
 more follow, the last line gives the --after cursor of the next page. Response bodies
 never show.
 
@@ -653,7 +653,7 @@ func writeRecord(w io.Writer, r *admin.Record, now time.Time, body bool) {
 	case r.NotStored:
 		fmt.Fprintf(tw, "response\tnot stored (the handler flushed, or the body was over the storage limit): duplicates get 409 response_not_stored\n")
 	case r.OutcomeUnknown:
-		fmt.Fprintf(tw, "response\toutcome unknown: its holder died under the policy unknown; requests get 500 outcome_unknown until 'idem keys resolve'\n")
+		fmt.Fprintf(tw, "response\toutcome unknown: the operation may or may not have happened: the request was sent and its reply lost (a reset, a timeout, a gateway's 502 or 504: idem proxy's warning with this key's hash says which), or its holder died (the policy unknown); requests get 500 outcome_unknown until 'idem keys resolve'\n")
 	default:
 		fmt.Fprintf(tw, "response\t%d, %d bytes\n", r.Status, r.BodySize)
 	}

@@ -197,6 +197,11 @@ func TestKeysResolveOnEveryStore(t *testing.T) {
 			if !strings.Contains(out, "outcome_unknown") || !strings.Contains(out, "idem keys resolve") {
 				t.Errorf("keys get of an outcome_unknown key says\n%s\nwant its state and what to do", out)
 			}
+			// A record settled unknown after a lost reply is one: the wording names it,
+			// not only a holder that died.
+			if !strings.Contains(out, "the request was sent and its reply lost") {
+				t.Errorf("keys get of an outcome_unknown key says\n%s\nwant what may have happened: a lost reply too", out)
+			}
 			if !strings.HasPrefix(url, "redis") {
 				out, _ = mustRun(t, exitOK, append([]string{"keys", "list", "--state", "outcome_unknown"}, a...)...)
 				if !strings.Contains(out, "key-lost") || strings.Contains(out, "key-done") || strings.Contains(out, "key-live") {

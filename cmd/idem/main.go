@@ -17,8 +17,9 @@
 //	idem version
 //
 // Store URLs are sqlite:PATH (or sqlite://PATH), postgres://…, postgresql://…,
-// redis://… and rediss://… (one Redis), and redis+cluster://… and rediss+cluster://…
-// (a Redis Cluster); with a Redis store, payments needs --db for its SQL data.
+// redis://… and rediss://… (one Redis), redis+cluster://… and rediss+cluster://…
+// (a Redis Cluster), and redis+sentinel://… and rediss+sentinel://… (the master that
+// Redis Sentinels watch); with a Redis store, payments needs --db for its SQL data.
 // Every subcommand explains its flags with --help. Every flag can also be set by an
 // environment variable, IDEM_<FLAG> (--lock-timeout: IDEM_LOCK_TIMEOUT); the flag wins.
 // A bad flag, variable or URL is a one-line error on stderr and exit status 2; a

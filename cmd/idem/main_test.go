@@ -57,8 +57,9 @@ func restOfLines(lines *bufio.Scanner) <-chan []string {
 	return rest
 }
 
-// postCharge creates a charge with key at the payments API at base, and wants 201.
-func postCharge(t *testing.T, base, key string) {
+// postCharge creates a charge with key at the payments API at base, wants 201, and
+// returns the answer's headers.
+func postCharge(t *testing.T, base, key string) http.Header {
 	t.Helper()
 	req, _ := http.NewRequest("POST", base+"/v1/charges", strings.NewReader(`{"amount": 2000, "currency": "usd"}`))
 	req.Header.Set("Authorization", "Bearer tok_test")
@@ -72,6 +73,7 @@ func postCharge(t *testing.T, base, key string) {
 	if resp.StatusCode != http.StatusCreated {
 		t.Fatalf("POST /v1/charges: %d", resp.StatusCode)
 	}
+	return resp.Header
 }
 
 // get returns the status and body of GET url.
@@ -206,7 +208,9 @@ func TestHelpExplainsEveryFlag(t *testing.T) {
 			"on-lapse", "in-flight-wait", "max-body-bytes", "max-stored-body", "stored-header", "upstream-timeout",
 			"upstream-idle-timeout", "health-path", "upstream-health-path", "ttl", "retention", "lock-timeout", "profile",
 			"replay-cache", "store-timeout", "migrate-timeout", "read-header-timeout", "read-timeout", "idle-timeout",
-			"max-header-bytes", "metrics-addr", "log-format", "log-level"},
+			"max-header-bytes", "metrics-addr", "log-format", "log-level", "access-log", "shutdown-grace", "auth-url", "auth-header",
+			"auth-principal-header", "auth-timeout", "max-buffered-bodies", "max-buffered-bodies-per-client", "client-address-header",
+			"min-upload-rate", "max-in-flight-per-principal", "max-stored-bytes-per-principal", "quota-window"},
 		"processor":   {"addr", "store", "latency", "fail-rate", "lost-reply-rate", "ttl", "lock-timeout", "store-timeout", "log-format", "log-level"},
 		"migrate":     {"store", "create"},
 		"purge":       {"store", "older-than"},
@@ -392,6 +396,11 @@ func TestParseStoreURL(t *testing.T) {
 		{raw: "redis://127.0.0.1:6379/0", kind: kindRedis},
 		{raw: "rediss://u:pw@cache:6380", kind: kindRedis, redacted: "rediss://u:xxxxx@cache:6380"},
 		{raw: "redis+cluster://n1:7000?addr=n2:7000", kind: kindRedis},
+		{raw: "redis+sentinel://s1:26379,s2:26379/0?master=orders", kind: kindRedis},
+		{raw: "rediss+sentinel://u:pw@s1:26379,s2:26379/0?master=orders&sentinel_password=pw2&wait_replicas=1", kind: kindRedis,
+			redacted: "rediss+sentinel://u:xxxxx@s1:26379,s2:26379/0?master=orders&sentinel_password=xxxxx&wait_replicas=1"},
+		{raw: "redis+sentinel://u:pw@s1,s2/0", err: "no master name"},
+		{raw: "redis+sentinel://u:pw@s1:26379/0?master=m&wait_replicas=lots", err: "wait_replicas"},
 		{raw: "sqlite:", err: "no path"},
 		{raw: "sqlite://", err: "no path"},
 		{raw: "idem.db", err: "no scheme"},
@@ -488,6 +497,9 @@ func TestNoPathPrintsAPasswordOfAStoreURL(t *testing.T) {
 			{[]string{"migrate", "--store", "redis://127.0.0.1:6379/0?password=secret"}, exitUsage},
 			{[]string{"migrate", "--store", "rediss+cluster://:secret@127.0.0.1:7000?addr=nonsense"}, exitUsage},
 			{[]string{"payments", "--store", "redis+cluster://:secret@127.0.0.1:abc", "--db", sqliteURL}, exitUsage},
+			{[]string{"migrate", "--store", "redis+sentinel://:secret@127.0.0.1:26379/0?sentinel_password=secret"}, exitUsage},
+			{[]string{"keys", "get", "--store", "rediss+sentinel://:secret@s1,s2:abc/0?master=m", "--scope", "s", "--key", "k"}, exitUsage},
+			{[]string{"payments", "--store", "redis+sentinel://:secret@s1/0?master=m&password=secret", "--db", sqliteURL}, exitUsage},
 			{[]string{"payments", "--store", "postgres://u:secret@127.0.0.1:5432/db?password=secret&pool_max_conns=x"}, exitUsage},
 			{[]string{"payments", "--store", "postgresql://u:secret@h/db?sslpassword=secret&pool_min_conns=y"}, exitUsage},
 			{[]string{"payments", "--store", sqliteURL, "--db", "postgres://u:secret@127.0.0.1:notaport/db"}, exitUsage},

@@ -49,7 +49,8 @@ func newMetrics() *metrics {
 }
 
 // proxyHooks feeds the metrics of idem proxy's upstream: its latency by route and
-// status code, pass-throughs by reason, and failed exchanges by outcome. They are
+// status code, pass-throughs by reason, failed exchanges by outcome, the proxy's own
+// re-sends by reason, and the auth endpoint's refusals by status. They are
 // registered on first use, so that idem payments does not export them.
 func (m *metrics) proxyHooks() *proxy.Hooks {
 	latency := prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -63,15 +64,25 @@ func (m *metrics) proxyHooks() *proxy.Hooks {
 	}, []string{"route", "reason"})
 	failed := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idem_proxy_upstream_failures_total",
-		Help: "Upstream exchanges that failed, by route and outcome: not_sent (the key released), unknown (the request was written; the record kept), timeout (the client got 504 and the proxy waited on).",
+		Help: "Upstream exchanges that failed, by route and outcome: not_sent (the key released), unknown (the request was written; the record kept), timeout (the client got 504 and the proxy waited on), gateway (the upstream answered 502 or 504; the record kept), resend_refused and resent (the HTTP transport tried to send a written request again: a defect; the record kept).",
 	}, []string{"route", "outcome"})
-	m.reg.MustRegister(latency, passThrough, failed)
+	resent := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idem_proxy_resends_total",
+		Help: "Protected requests the proxy sent once more by its own decision, by route and reason: not_written (nothing of the first attempt was written on a kept-alive connection that was closed).",
+	}, []string{"route", "reason"})
+	authRefused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idem_proxy_auth_refusals_total",
+		Help: "Keyed requests the auth endpoint (--auth-url) did not allow, by route and status (503: the endpoint could not be asked).",
+	}, []string{"route", "code"})
+	m.reg.MustRegister(latency, passThrough, failed, resent, authRefused)
 	return &proxy.Hooks{
 		UpstreamResponse: func(route string, status int, took time.Duration) {
 			latency.WithLabelValues(route, strconv.Itoa(status)).Observe(took.Seconds())
 		},
 		PassThrough:    func(route, reason string) { passThrough.WithLabelValues(route, reason).Inc() },
 		UpstreamFailed: func(route, outcome string) { failed.WithLabelValues(route, outcome).Inc() },
+		Resent:         func(route, reason string) { resent.WithLabelValues(route, reason).Inc() },
+		AuthRefused:    func(route string, status int) { authRefused.WithLabelValues(route, strconv.Itoa(status)).Inc() },
 	}
 }
 

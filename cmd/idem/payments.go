@@ -40,7 +40,11 @@ Store URLs: sqlite:PATH or sqlite://PATH (sqlite:///abs/path), postgres://… or
 postgresql://… (pgx's URL; pool_max_conns=N overrides the pool size),
 redis://[user:password@]host:port[/db] or rediss://… (TLS) for one Redis, and
 redis+cluster://host:port?addr=host:port&addr=… (rediss+cluster:// for TLS) for a
-Redis Cluster; go-redis options go in the query (dial_timeout=1s, max_retries=-1).
+Redis Cluster, and redis+sentinel://[user:password@]host:port,host:port…/db?master=NAME
+(rediss+sentinel:// for TLS; sentinel_password=… for the Sentinels' own) for the
+master that Sentinels watch; go-redis options go in the query (dial_timeout=1s,
+max_retries=-1), and wait_replicas=1 makes each claim wait for a replica's
+acknowledgement (docs/redis.md#sentinel).
 A Redis store needs --db, an SQL database for charges and orders, whose unique
 (principal, key) constraint keeps a charge single even when Redis loses a record
 (docs/redis.md). Pools: SQLite 8
@@ -120,8 +124,10 @@ const (
 
 // processorClient returns the http.Client of the calls to the card processor: the
 // client package's Transport (retries with backoff, Retry-After and a budget, the key
-// and body kept across attempts) over connections whose every attempt must be
-// answered within timeout.
+// and body kept across attempts) whose every attempt must be answered within timeout
+// (AttemptTimeout, and the dial and the response's headers too), and which waits for a
+// processor that refuses connections no longer than timeout (MaxWait), so that the
+// charge answers 503 processor_unavailable rather than hold its client.
 func processorClient(timeout time.Duration, logger *slog.Logger) *http.Client {
 	return client.NewClient(&client.Transport{
 		Base: &http.Transport{
@@ -131,8 +137,10 @@ func processorClient(timeout time.Duration, logger *slog.Logger) *http.Client {
 			MaxIdleConnsPerHost:   64,
 			IdleConnTimeout:       30 * time.Second,
 		},
-		MaxAttempts: processorAttempts,
-		Logger:      logger,
+		MaxAttempts:    processorAttempts,
+		AttemptTimeout: timeout,
+		MaxWait:        timeout,
+		Logger:         logger,
 	})
 }
 

@@ -23,30 +23,47 @@ const proxySynopsis = `--upstream URL [--addr 127.0.0.1:8081] [--store URL]
                   [--max-stored-body 1048576] [--stored-header NAME]...
                   [--scope-cookie NAME] [--route 'METHOD PATTERN']...
                   [--upstream-timeout 60s] [--upstream-wait-limit 10m]
-                  [--max-buffered-bodies 67108864] [--access-log] [--health-path /healthz]
+                  [--max-buffered-bodies 67108864] [--max-buffered-bodies-per-client N]
+                  [--client-address-header NAME] [--min-upload-rate 1024]
+                  [--auth-url URL] [--auth-header NAME]... [--auth-principal-header X-Principal]
+                  [--auth-timeout 5s] [--max-in-flight-per-principal 256]
+                  [--max-stored-bytes-per-principal 268435456] [--quota-window 10m]
+                  [--shutdown-grace 25s] [--access-log] [--health-path /healthz]
                   [--metrics-addr ADDR] ...
 
 Serves as a reverse proxy in front of an HTTP API written in any language, and gives it
 idempotency keys (SPEC §17): a POST or PATCH that carries an Idempotency-Key is claimed
 in the store before it is forwarded; the upstream's response is stored (SPEC §6: 2xx,
-3xx and most 4xx; 5xx and 400, 401, 403, 404, 408, 409, 413, 415, 422, 425, 429 release
+3xx and most 4xx; 5xx but 502 and 504, and 400, 401, 403, 404, 408, 409, 413, 415, 422, 425, 429 release
 the key) and replayed byte for byte with Idempotent-Replayed: true; a duplicate in
 flight gets 409 request_in_progress, the same key with another body 409 key_reused.
-Every other request, and every protocol upgrade (WebSocket), is forwarded untouched.
+Every other request, and a WebSocket upgrade on a route that does not require a key,
+is forwarded untouched.
 
 The upstream gets the request as sent (its Host, body and headers; X-Forwarded-For
 extended) with Idempotency-Key replaced by a key derived from the scope, the key and
 the request's fingerprint: the same for every proxy that takes the record over, and for
 the retry of a released or lost record, so that an upstream that deduplicates by it
-runs one request once. The scope of a key is the hex SHA-256 of the
---scope-header's value (or of the --scope-cookie); a keyed request without it, or with
-only empty values, gets 401 scope_required.
+runs one request once (a key the upstream's own 500 released is retried under the same
+derived key). The scope of a key is the hex SHA-256 of the --scope-header's value,
+normalised ('bearer  x' is 'Bearer x'), or of the --scope-cookie; a keyed request
+without it, with only empty values, or with a scheme alone ('Bearer'), gets 401
+scope_required. With --auth-url, an auth endpoint is asked about every keyed request
+first (nginx auth_request, Traefik ForwardAuth, Envoy ext_authz): its 2xx names the
+principal, whose hash is the scope; its refusal goes to the client as it is; an
+endpoint down or slow is 503 auth_unavailable, never a replay.
+
+Nothing below the proxy re-sends a protected request: Go's HTTP transport would
+re-send a keyed GET whose reply was lost on a kept-alive connection, and its HTTP/2
+client a stream reset after the upstream acted; the proxy sends each once.
 
 Not knowing is not failure: a key is released only when the request provably never
 reached the upstream (the connection could not be made, or failed before the request
 was written: 502 upstream_unavailable, and the retry executes once) or when the
 upstream answered a releasing status. Everything else keeps the record and its derived
 key:
+  - an upstream that answers 502 or 504 (a gateway in front of it lost or timed out
+    the reply): the client gets the answer, and the record is kept as below;
   - an upstream slower than --upstream-timeout: the client gets 504 upstream_timeout
     with Retry-After, and the proxy waits on (up to --upstream-wait-limit) and stores
     the answer; a retry meanwhile gets 409 request_in_progress, then the answer;
@@ -64,16 +81,28 @@ key:
 A WebSocket upgrade (a GET with Upgrade: websocket) is forwarded untouched; any other
 upgrade offer (h2c, as curl --http2 sends) is ignored and the request protected.
 --require-key patterns match the path's common variants too (letter case, a trailing
-slash, ;params, %2F), so that none sidesteps the key.
+slash, ;params, %2F, a format suffix such as .json), so that none sidesteps the key; a
+WebSocket offer on such a route is ignored (the request wants its key).
+
+One client cannot starve the rest: each principal, and each address, holds at most
+--max-buffered-bodies-per-client of the body budget, a body slower than
+--min-upload-rate is cut off (408), and a principal past --max-in-flight-per-principal
+or --max-stored-bytes-per-principal per --quota-window gets 429 quota_exceeded with
+Retry-After, nothing claimed. These bounds are per process.
 
 It migrates the store's schema on start, cleans expired records in the background,
 answers GET --health-path itself (200 when the store answers, and the upstream's
 --upstream-health-path when set), serves Prometheus metrics on --metrics-addr, and
-shuts down gracefully on SIGINT/SIGTERM, letting requests in flight finish for up to
---upstream-timeout plus 15 s (requests already answered 504 and waiting past it are
-settled as outcome unknown at once). --store takes sqlite:PATH (sqlite:idem.db by default, in the
+shuts down gracefully on SIGINT/SIGTERM, letting protected requests in flight finish
+for up to --shutdown-grace (25s), those already answered 504 that wait for a slow
+upstream included, so that a deploy stores their answers; what still waits then is
+settled as outcome unknown. --store takes sqlite:PATH (sqlite:idem.db by default, in the
 working directory; sqlite:/abs/path.db too), postgres://… or redis://…, as 'idem payments' does. Every flag can also be set by its
 environment variable; the flag wins. docs/proxy.md shows the sidecar setup.`
+
+// defaultShutdownGrace is --shutdown-grace's default: a few seconds under Kubernetes'
+// default terminationGracePeriodSeconds (30 s), after which the pod is SIGKILLed.
+const defaultShutdownGrace = 25 * time.Second
 
 // proxyFlags are the flags of `idem proxy`.
 type proxyFlags struct {
@@ -92,11 +121,21 @@ type proxyFlags struct {
 	upstreamWaitLimit                         time.Duration
 	healthPath, upstreamHealthPath            string
 	accessLog                                 bool
+	shutdownGrace                             time.Duration
+	authURL, authPrincipalHeader              string
+	authHeaders                               listFlag
+	authTimeout                               time.Duration
+	maxBufferedPerClient, minUploadRate       int64
+	clientAddressHeader                       string
+	maxInFlightPerPrincipal                   int
+	maxStoredBytesPerPrincipal                int64
+	quotaWindow                               time.Duration
 }
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	const name = "idem proxy"
-	f := proxyFlags{onLapse: lapseFlag(idem.LapseUnknown), methods: listFlag{values: proxy.DefaultMethods()}}
+	f := proxyFlags{onLapse: lapseFlag(idem.LapseUnknown), methods: listFlag{values: proxy.DefaultMethods()},
+		authHeaders: listFlag{values: proxy.DefaultAuthHeaders()}}
 	fs := newFlagSet("proxy", proxySynopsis)
 	f.serverFlags.register(fs, "127.0.0.1:8081")
 	f.recordFlags.register(fs,
@@ -119,7 +158,18 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&f.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "how long a client waits for the upstream's response headers: past it the client gets 504 upstream_timeout with Retry-After, and a protected request's exchange goes on (its record in flight) until the upstream answers, whose answer is stored for the retry, or --upstream-wait-limit passes")
 	fs.DurationVar(&f.upstreamWaitLimit, "upstream-wait-limit", proxy.DefaultUpstreamWaitLimit, "bound on a protected request's whole exchange with the upstream, its wait past --upstream-timeout included: past it the outcome is unknown (--on-lapse says what a retry gets)")
 	fs.DurationVar(&f.upstreamIdleTimeout, "upstream-idle-timeout", proxy.DefaultUpstreamIdleTimeout, "how long an idle connection to the upstream is kept; keep it below the upstream's keep-alive timeout (Node.js: 5s)")
-	fs.BoolVar(&f.accessLog, "access-log", false, "log one line per request at info level: method, route, status, outcome (forwarded, replayed, answered, not_sent, outcome_unknown, upstream_timeout), duration, bytes and the key's short hash")
+	fs.DurationVar(&f.shutdownGrace, "shutdown-grace", defaultShutdownGrace, "how long a shutdown (SIGTERM, SIGINT) lets protected requests under way finish, those answered 504 that wait for a slow upstream past --upstream-timeout included, so that their answers are stored: what is still waiting then is settled as outcome unknown. Keep it a few seconds under the orchestrator's kill timeout (Kubernetes: terminationGracePeriodSeconds, 30s)")
+	fs.StringVar(&f.authURL, "auth-url", "", "forward authentication endpoint (nginx auth_request, Traefik ForwardAuth, Envoy ext_authz): every keyed request's --auth-header fields go to this `URL` in a GET, with X-Forwarded-Method, -Uri, -Host, -Proto and -For, before anything is claimed, replayed or buffered; a 2xx names the principal in --auth-principal-header, which becomes the scope (--scope-header and --scope-cookie are then unused); any other answer goes to the client as it is; an endpoint down or slower than --auth-timeout gets 503 auth_unavailable (default: none)")
+	fs.Var(&f.authHeaders, "auth-header", "a request `header` sent to --auth-url (repeatable; several comma-separated; default Authorization,Cookie)")
+	fs.StringVar(&f.authPrincipalHeader, "auth-principal-header", proxy.DefaultAuthPrincipalHeader, "`header` of the auth endpoint's 2xx answer that names the principal")
+	fs.DurationVar(&f.authTimeout, "auth-timeout", proxy.DefaultAuthTimeout, "bound on each question to --auth-url, connecting included: past it the client gets 503 auth_unavailable with Retry-After")
+	fs.Int64Var(&f.maxBufferedPerClient, "max-buffered-bodies-per-client", 0, "bound on the `bytes` of request bodies one client holds at once within --max-buffered-bodies: a request is charged to its principal and, apart, to its address (--client-address-header), and past either share gets 503 proxy_busy (default: a quarter of --max-buffered-bodies)")
+	fs.StringVar(&f.clientAddressHeader, "client-address-header", "", "request `header` that carries the client's address, as a load balancer in front of the proxy sets it (X-Forwarded-For: its last address; X-Real-IP), for --max-buffered-bodies-per-client; only one that a trusted proxy sets (default: the connection's peer address)")
+	fs.Int64Var(&f.minUploadRate, "min-upload-rate", proxy.DefaultMinUploadRate, "least rate, in `bytes` per second over each 10 s, at which a protected request's body must arrive until it ends: a slower one is cut off with 408 upload_too_slow, nothing claimed (-1: no minimum)")
+	fs.IntVar(&f.maxInFlightPerPrincipal, "max-in-flight-per-principal", idem.DefaultMaxInFlightPerScope, "bound on the keyed `requests` of one principal under way in this process at once: past it 429 quota_exceeded with Retry-After, nothing claimed (-1: none; per process: N proxies allow N times as many)")
+	fs.Int64Var(&f.maxStoredBytesPerPrincipal, "max-stored-bytes-per-principal", idem.DefaultMaxStoredBytesPerScope, "bound on the `bytes` of responses one principal stores in this process per --quota-window: past it its new keys get 429 quota_exceeded with Retry-After (the rest of the window), nothing claimed, its retries still replayed (-1: none; per process)")
+	fs.DurationVar(&f.quotaWindow, "quota-window", idem.DefaultQuotaWindow, "the window of --max-stored-bytes-per-principal")
+	fs.BoolVar(&f.accessLog, "access-log", false, "log one line per request, at info level (shown at the default --log-level info): method, route, status, outcome (forwarded, replayed, answered, not_sent, outcome_unknown, upstream_timeout), duration, bytes and the key's short hash, never the key or a credential")
 	fs.StringVar(&f.healthPath, "health-path", "/healthz", "`path` the proxy answers itself on GET and HEAD: 200 when the store answers (and the upstream, with --upstream-health-path), 503 otherwise ('' forwards every path)")
 	fs.StringVar(&f.upstreamHealthPath, "upstream-health-path", "", "`path` of the upstream that --health-path also GETs, wanting 2xx or 3xx (default: the upstream is not checked)")
 	if code, done := parse(fs, args, stdout, stderr); done {
@@ -149,7 +199,9 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		cfg.Idem.Observer = m.observer()
 		cfg.Hooks = m.proxyHooks()
 	}
-	cfg.Idem.Store, cfg.Logger = st.store, libLogger
+	// The access log's lines are at info level: they go to the command's logger, at
+	// --log-level (info by default), not the library's (warn unless debug).
+	cfg.Idem.Store, cfg.Logger, cfg.AccessLogger = st.store, libLogger, logger
 	p, err := proxy.New(cfg)
 	if err != nil { // what Validate does not see: the middleware's own checks
 		return usageError(stderr, fs, proxyFlagNames.Replace(err.Error()))
@@ -164,8 +216,9 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	defer apiL.close()
 	defer metricsL.close()
-	// Requests answered 504 that wait past --upstream-timeout are settled at once.
-	apiL.srv.RegisterOnShutdown(p.Shutdown)
+	// Protected requests under way, those answered 504 that wait past
+	// --upstream-timeout included, get --shutdown-grace; then they are settled.
+	apiL.srv.RegisterOnShutdown(func() { p.Shutdown(f.shutdownGrace) })
 
 	listening := []any{"addr", apiL.ln.Addr().String(), "upstream", cfg.Upstream.String(), "store", storeURL.String(),
 		"on_lapse", idem.LapsePolicy(f.onLapse).String(), "profile", cfg.Idem.Profile.String()}
@@ -174,7 +227,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		listening = append(listening, "metrics", metricsL.ln.Addr().String())
 	}
 	logger.Info("idem proxy listening", listening...)
-	return serve(ctx, name, apiL, metricsL, shutdownGrace+f.upstreamTimeout, logger, stderr)
+	return serve(ctx, name, apiL, metricsL, f.shutdownGrace+shutdownGrace, logger, stderr)
 }
 
 // proxyFlagNames turns the fields that proxy.Config.Validate and idem.New name into
@@ -189,6 +242,10 @@ var proxyFlagNames = strings.NewReplacer(
 	"proxy: Config.Routes", "--route",
 	"proxy: Config.ScopeCookie", "--scope-cookie",
 	"proxy: Config.HealthPath", "--health-path",
+	"proxy: Config.AuthURL", "--auth-url",
+	"proxy: Config.AuthHeaders", "--auth-header",
+	"proxy: Config.AuthPrincipalHeader", "--auth-principal-header",
+	"proxy: Config.ClientAddressHeader", "--client-address-header",
 	"proxy: Config.UpstreamHealthPath", "--upstream-health-path",
 	"proxy: Config.Idem: ", "",
 )
@@ -222,10 +279,31 @@ func (f *proxyFlags) validate() (storeURL, proxy.Config, error) {
 		return store, proxy.Config{}, fmt.Errorf("--upstream-idle-timeout must be positive, got %v", f.upstreamIdleTimeout)
 	case f.upstreamWaitLimit < f.upstreamTimeout:
 		return store, proxy.Config{}, fmt.Errorf("--upstream-wait-limit (%v) must not be shorter than --upstream-timeout (%v)", f.upstreamWaitLimit, f.upstreamTimeout)
+	case f.authTimeout <= 0:
+		return store, proxy.Config{}, fmt.Errorf("--auth-timeout must be positive, got %v", f.authTimeout)
+	case f.maxBufferedPerClient < 0:
+		return store, proxy.Config{}, fmt.Errorf("--max-buffered-bodies-per-client must not be negative, got %d", f.maxBufferedPerClient)
+	case f.minUploadRate == 0:
+		return store, proxy.Config{}, errors.New("--min-upload-rate must be positive, or -1 for no minimum")
+	case f.maxInFlightPerPrincipal == 0 || f.maxStoredBytesPerPrincipal == 0:
+		return store, proxy.Config{}, errors.New("--max-in-flight-per-principal and --max-stored-bytes-per-principal must be positive, or -1 for no bound")
+	case f.quotaWindow <= 0:
+		return store, proxy.Config{}, fmt.Errorf("--quota-window must be positive, got %v", f.quotaWindow)
+	case f.authURL != "" && f.scopeCookie != "":
+		return store, proxy.Config{}, errors.New("--auth-url and --scope-cookie exclude each other: the auth endpoint names the principal")
+	case f.shutdownGrace < 0:
+		return store, proxy.Config{}, fmt.Errorf("--shutdown-grace must not be negative, got %v", f.shutdownGrace)
 	case f.maxBufferedBodies <= 0:
 		return store, proxy.Config{}, fmt.Errorf("--max-buffered-bodies must be positive, got %d", f.maxBufferedBodies)
 	case f.scopeCookie != "" && f.scopeHeader == "":
 		return store, proxy.Config{}, errors.New("--scope-cookie and --scope-header '' exclude each other: a cookie's principal, or one shared scope")
+	}
+	var authURL *url.URL
+	if f.authURL != "" {
+		if err := checkBaseURL("--auth-url", f.authURL, "the auth endpoint"); err != nil {
+			return store, proxy.Config{}, err
+		}
+		authURL, _ = url.Parse(f.authURL)
 	}
 	upstream, _ := url.Parse(f.upstream) // checkBaseURL parsed it
 	cfg := proxy.Config{
@@ -233,8 +311,11 @@ func (f *proxyFlags) validate() (storeURL, proxy.Config, error) {
 		Idem: idem.Config{
 			TTL: f.ttl, Lease: f.lease, Retention: f.retention, StoreTimeout: f.storeTimeout, InFlightWait: f.inFlightWait,
 			ReplayCacheSize: f.replayCache, Profile: profile, KeyHeader: f.keyHeader, MaxBodyBytes: f.maxBodyBytes,
-			StoredHeaders: f.storedHeaders.values,
+			StoredHeaders:       f.storedHeaders.values,
+			MaxInFlightPerScope: f.maxInFlightPerPrincipal, MaxStoredBytesPerScope: f.maxStoredBytesPerPrincipal, QuotaWindow: f.quotaWindow,
 		},
+		AuthURL: authURL, AuthHeaders: f.authHeaders.values, AuthPrincipalHeader: f.authPrincipalHeader, AuthTimeout: f.authTimeout,
+		MaxBufferedBodiesPerClient: f.maxBufferedPerClient, ClientAddressHeader: f.clientAddressHeader, MinUploadRate: f.minUploadRate,
 		ScopeHeader: f.scopeHeader, SharedScope: f.scopeHeader == "", ScopeCookie: f.scopeCookie,
 		Methods: f.methods.values, RequireKey: f.requireKey.values, Routes: f.routes.values,
 		UpstreamWaitLimit: f.upstreamWaitLimit, MaxBufferedBodies: f.maxBufferedBodies,

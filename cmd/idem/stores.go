@@ -74,6 +74,8 @@ func (u storeURL) connTimeout() time.Duration {
 //	                                one Redis server (rediss: over TLS)
 //	redis+cluster://host:port[?addr=host:port&addr=…], rediss+cluster://…
 //	                                a Redis Cluster (any reachable seed nodes)
+//	redis+sentinel://[user:password@]host:port[,host:port…][/db]?master=NAME, rediss+sentinel://…
+//	                                the master that Redis Sentinels watch
 //
 // Errors name the URL with its password redacted.
 func parseStoreURL(raw string) (storeURL, error) {
@@ -107,7 +109,7 @@ func parseStoreURL(raw string) (storeURL, error) {
 		_ = c.Close()
 		return storeURL{kind: kindRedis, raw: raw}, nil
 	}
-	return storeURL{}, fmt.Errorf("store URL %q has unsupported scheme %q (want sqlite:PATH, postgres://…, postgresql://…, redis://, rediss:// or redis+cluster://)", redact(raw), scheme)
+	return storeURL{}, fmt.Errorf("store URL %q has unsupported scheme %q (want sqlite:PATH, postgres://…, postgresql://…, redis://, rediss://, redis+cluster:// or redis+sentinel://)", redact(raw), scheme)
 }
 
 // sql reports whether the URL names a database that can also keep the payments data.

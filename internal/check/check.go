@@ -92,6 +92,14 @@ const (
 	DefaultTimeout = 10 * time.Second
 	// DefaultMethod is the method of the endpoint.
 	DefaultMethod = http.MethodPost
+	// DefaultPollInterval is the first wait before a key in flight is asked again
+	// when its answer has no Retry-After; each wait doubles, up to DefaultPollMax.
+	DefaultPollInterval = 100 * time.Millisecond
+	// DefaultPollMax bounds the wait between two requests of a key in flight, with or
+	// without Retry-After.
+	DefaultPollMax = 2 * time.Second
+	// minPoll is the shortest wait, whatever Retry-After says.
+	minPoll = 50 * time.Millisecond
 )
 
 // Config says what to check and how.
@@ -137,8 +145,22 @@ type Config struct {
 	Profile Profile
 	// Timeout bounds each request, and the retries of a key in flight; the restart
 	// check waits that long for a final answer after Between, so it must exceed the
-	// server's lease. Defaults to [DefaultTimeout].
+	// server's lease (past it, that check goes on asking for up to three times as
+	// long, only to tell a longer lease from a stuck key). Defaults to
+	// [DefaultTimeout].
 	Timeout time.Duration
+	// PollInterval is the first wait before a key in flight is asked again when its
+	// answer carries no Retry-After; each further wait doubles, up to PollMax.
+	// Defaults to [DefaultPollInterval].
+	PollInterval time.Duration
+	// PollMax bounds every wait between two requests of a key in flight: the doubled
+	// waits, and Retry-After (which is honoured from 50 ms up to PollMax). Defaults to
+	// [DefaultPollMax].
+	PollMax time.Duration
+	// IncludeBodies puts the request and response bodies (cut at 4 KiB) in the
+	// reports. Without it a body is shown by its length and a hash, and a 2xx answer
+	// by the resource it names: bodies may carry customers' data. Defaults to false.
+	IncludeBodies bool
 	// Client sends the requests. Defaults to a client that keeps Concurrency
 	// connections, follows no redirect and asks for no compression, with Timeout.
 	Client *http.Client
@@ -199,6 +221,15 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = DefaultTimeout
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.PollMax <= 0 {
+		c.PollMax = DefaultPollMax
+	}
+	if c.PollMax < c.PollInterval {
+		return fmt.Errorf("PollMax (%v) is shorter than PollInterval (%v)", c.PollMax, c.PollInterval)
 	}
 	if c.Header == nil {
 		c.Header = http.Header{}
@@ -267,8 +298,13 @@ type Result struct {
 	Status Status `json:"status"`
 	// Summary says in one line what decided it.
 	Summary string `json:"summary"`
-	// Created is how many resources the check's requests created (the fixture that
-	// several checks share is counted by the report, not here).
+	// Causes name what made a check fail, each a short stable word such as
+	// "ran-twice" or "empty-key-shared-across-bodies": a baseline accepts a failure
+	// whose causes it already holds. Empty unless Status is fail.
+	Causes []string `json:"causes,omitempty"`
+	// Created is how many resources were first named by the check's answers: distinct
+	// ids or Locations, not 2xx answers (the fixture that several checks share is
+	// counted by the report, not here).
 	Created int `json:"created"`
 	// Evidence are the requests and answers that decided it, in order.
 	Evidence []*Exchange `json:"evidence"`
@@ -295,24 +331,35 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep := &Report{
 		URL: redactURL(cfg.URL), Method: cfg.Method, KeyHeader: cfg.KeyHeader, Profile: cfg.Profile,
 		Draft: Draft, Concurrency: cfg.Concurrency, Rounds: cfg.Rounds, Started: start.UTC(),
-		Created: 1, // the fixture
+		Polling:       cfg.polling(),
+		IncludeBodies: cfg.IncludeBodies,
 	}
 	for _, u := range cfg.Instances {
 		rep.Instances = append(rep.Instances, redactURL(u))
 	}
 	for _, c := range cfg.Checks {
+		before, _ := e.counts()
+		began := time.Now()
 		var r Result
 		if e.naive != "" {
 			r = skip(nil, "not run: the endpoint ran a retry again as a new request (see the hint)")
 		} else {
 			r = c.run(ctx, e)
 		}
-		rep.Checks = append(rep.Checks, CheckReport{Name: c.Name, Doc: c.Doc, Rule: c.Rule(cfg.Profile), Result: r})
-		rep.Created += r.Created
+		after, _ := e.counts()
+		r.Created = after - before
+		rep.Checks = append(rep.Checks, CheckReport{Name: c.Name, Doc: c.Doc, Rule: c.Rule(cfg.Profile), Result: r, Duration: Millis(time.Since(began))})
 	}
 	rep.Hint = e.naive
 	rep.Requests = int(e.requests.Load())
+	rep.Created, rep.Unidentified = e.counts()
 	rep.Duration = Millis(time.Since(start))
 	rep.count()
 	return rep, nil
+}
+
+// polling says how a key in flight is asked again, for the report.
+func (c *Config) polling() string {
+	return fmt.Sprintf("after Retry-After (%v to %v), or without it after %v doubling to %v; at most --timeout (%v)",
+		minPoll, c.PollMax, c.PollInterval, c.PollMax, c.Timeout)
 }

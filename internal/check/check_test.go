@@ -285,6 +285,12 @@ func TestBodilessAnswersOfTwoPrincipalsAreAWarning(t *testing.T) {
 	if c := result(t, rep, "per-principal"); !strings.Contains(c.Summary, "whether it ran cannot be told") {
 		t.Errorf("per-principal: %q", c.Summary)
 	}
+	// 204s name no resource: they are not counted as resources, but reported apart.
+	var text bytes.Buffer
+	_ = rep.WriteText(&text)
+	if rep.Created != 0 || rep.Unidentified < 4 || !strings.Contains(text.String(), fmt.Sprintf("created 0 resources (and %d 2xx answers naming none: no id, no Location)", rep.Unidentified)) {
+		t.Errorf("created %d, unidentified %d; want 0 and at least 4, said in the totals:\n%s", rep.Created, rep.Unidentified, text.String())
+	}
 }
 
 func TestAnEndpointThatCannotBeCheckedIsAnError(t *testing.T) {
@@ -371,7 +377,7 @@ func TestTheReportsShowEveryCheckWithItsEvidence(t *testing.T) {
 			t.Errorf("table line %d %q, want %s's verdict", i, line, c.Name)
 		}
 	}
-	for _, s := range []string{"7 pass, 1 warn, 0 fail, 1 skip", "created 7 resources", "WARN changed-body:", "rule: §5.5", "the same key with --body-alt", "← 422  Content-Type: application/problem+json"} {
+	for _, s := range []string{"8 pass, 1 warn, 0 fail, 1 skip", "created 7 resources", "WARN changed-body:", "rule: §5.5", "the same key with --body-alt", "← 422  Content-Type: application/problem+json"} {
 		if !strings.Contains(text.String(), s) {
 			t.Errorf("the text report lacks %q:\n%s", s, text.String())
 		}
@@ -384,8 +390,8 @@ func TestTheReportsShowEveryCheckWithItsEvidence(t *testing.T) {
 	if len(decoded.Checks) != len(rep.Checks) || decoded.Created != 7 || decoded.Profile != check.ProfileSeed || decoded.Rounds != check.DefaultRounds {
 		t.Fatalf("JSON report %+v", decoded)
 	}
-	if c := decoded.Counts; len(c) != 4 || c[check.StatusPass] != 7 || c[check.StatusWarn] != 1 || c[check.StatusFail] != 0 || c[check.StatusSkip] != 1 || decoded.ExitStatus != 0 {
-		t.Errorf("JSON counts %v, exit status %d; want 7 pass, 1 warn, 0 fail, 1 skip and 0", c, decoded.ExitStatus)
+	if c := decoded.Counts; len(c) != 4 || c[check.StatusPass] != 8 || c[check.StatusWarn] != 1 || c[check.StatusFail] != 0 || c[check.StatusSkip] != 1 || decoded.ExitStatus != 0 {
+		t.Errorf("JSON counts %v, exit status %d; want 8 pass, 1 warn, 0 fail, 1 skip and 0", c, decoded.ExitStatus)
 	}
 	for _, c := range decoded.Checks {
 		if c.Status == check.StatusSkip {
@@ -531,7 +537,7 @@ func TestChecksThatWouldPassVacuouslyAreSkipped(t *testing.T) {
 	rep := run(t, cfg)
 	wantSays(t, rep, "replay", check.StatusFail, "the retry got 409 where the first request got 201")
 	for _, name := range []string{"errors-not-stored", "per-principal"} {
-		wantSays(t, rep, name, check.StatusSkip, "the endpoint did not replay the retry of the replay check", "proves nothing")
+		wantSays(t, rep, name, check.StatusSkip, "the endpoint replays no completed key (a retry of the first request got 409; see replay)", "proves nothing")
 	}
 	if rep.Hint != "" {
 		t.Errorf("hint %q: the retry did not run again", rep.Hint)

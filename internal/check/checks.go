@@ -7,12 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
-	"os/exec"
 	"slices"
 	"strings"
-	"sync"
-	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/client"
@@ -22,7 +18,7 @@ import (
 func Checks() []*Check {
 	return []*Check{
 		ReplayCheck, ConcurrencyCheck, ChangedBodyCheck, OtherRequestCheck, ErrorsNotStoredCheck,
-		BadKeysCheck, PerPrincipalCheck, SafeMethodsCheck, RestartCheck,
+		BadKeysCheck, KeylessCheck, PerPrincipalCheck, SafeMethodsCheck, RestartCheck,
 	}
 }
 
@@ -64,6 +60,7 @@ func runReplay(ctx context.Context, e *env) Result {
 		ev = append(ev, xs...)
 		retries = append(retries, xs[len(xs)-1])
 	}
+	e.setReplays(retries[0])
 	for i, retry := range retries {
 		where := ""
 		if len(e.urls) > 1 {
@@ -71,18 +68,15 @@ func runReplay(ctx context.Context, e *env) Result {
 		}
 		switch {
 		case retry.Response == nil:
-			return fail(ev, "the retry%s got %s", where, retry.describe())
+			return fail(ev, "no-answer", "the retry%s got %s", where, retry.describe())
 		case retry.ok() && !sameResource(first, retry):
-			r := fail(ev, "the retry%s got another resource (%s, first %s): the request ran twice", where, identity(retry), identity(first))
-			r.Created = 1
 			if i == 0 && !retry.replayed() {
 				e.naive = fmt.Sprintf("the endpoint ran a retry with the same %s again, as if it ignored the key: is --key-header %s the header it reads?", e.cfg.KeyHeader, e.cfg.KeyHeader)
 			}
-			return r
+			return fail(ev, "ran-twice", "the retry%s got another resource (%s, first %s): the request ran twice", where, identity(retry), identity(first))
 		case retry.status() != first.status():
-			return fail(ev, "the retry%s got %s where the first request got %s", where, retry.describe(), first.describe())
+			return fail(ev, "status-differs", "the retry%s got %s where the first request got %s", where, retry.describe(), first.describe())
 		}
-		e.replays = true
 	}
 	// Then what a replay of the first answer must carry, on each instance.
 	for i, retry := range retries {
@@ -91,11 +85,11 @@ func runReplay(ctx context.Context, e *env) Result {
 			where = fmt.Sprintf(" on instance %d", i+1)
 		}
 		if !bytes.Equal(retry.Response.raw, first.Response.raw) {
-			return fail(ev, "the retry%s got the same resource (%s) with another body: %s", where, identity(first), diffAt(first.Response.raw, retry.Response.raw))
+			return fail(ev, "body-differs", "the retry%s got the same resource (%s) with another body: %s", where, identity(first), e.diffAt(first.Response.raw, retry.Response.raw))
 		}
 		for _, h := range replayedHeaders {
 			if got, want := retry.Response.Header.Get(h), first.Response.Header.Get(h); got != want {
-				return fail(ev, "the retry%s got %s %q where the first answer had %q", where, h, got, want)
+				return fail(ev, strings.ToLower(h)+"-differs", "the retry%s got %s %q where the first answer had %q", where, h, got, want)
 			}
 		}
 	}
@@ -128,11 +122,10 @@ func runConcurrency(ctx context.Context, e *env) Result {
 		ev = append(ev, rr.exchanges...)
 		rounds = append(rounds, rr)
 	}
-	created, dup := 0, 0
+	dup := 0
 	var worst *roundResult
 	for i := range rounds {
 		rr := &rounds[i]
-		created += rr.created
 		if rr.status == StatusFail && worst == nil {
 			worst = rr
 		}
@@ -150,35 +143,35 @@ func runConcurrency(ctx context.Context, e *env) Result {
 		where = fmt.Sprintf(" across %d instances", len(e.urls))
 	}
 	if worst != nil {
-		// The failed round's exchanges first: the text report shows the first few.
-		ev = slices.Concat(worst.exchanges, slices.DeleteFunc(slices.Clone(ev), func(x *Exchange) bool { return slices.Contains(worst.exchanges, x) }))
-	}
-	var r Result
-	switch {
-	case dup > 0:
-		r = fail(ev, "%d of %s ran duplicates; round %d: %s", dup, roundsText, worst.round, worst.summary)
-	case worst != nil:
-		r = fail(ev, "round %d of %d: %s", worst.round, total, worst.summary)
-	default:
+		// A failure's evidence is the failed rounds' exchanges, the first failed
+		// round's first: the text report shows the first few.
+		ev = slices.Clone(worst.exchanges)
 		for _, rr := range rounds {
-			if rr.status == StatusWarn {
-				r = warn(ev, "round %d of %d: %s", rr.round, total, rr.summary)
-				r.Created = created
-				return r
+			if rr.status == StatusFail && rr.round != worst.round {
+				ev = append(ev, rr.exchanges...)
 			}
 		}
-		r = pass(ev, "%s of %d at once%s, one resource each (round %d: %s)", roundsText, n, where, total, rounds[total-1].tally)
 	}
-	r.Created = created
-	return r
+	switch {
+	case dup > 0:
+		return fail(ev, "duplicates-ran", "%d of %s ran duplicates; round %d: %s", dup, roundsText, worst.round, worst.summary)
+	case worst != nil:
+		return fail(ev, worst.cause, "round %d of %d: %s", worst.round, total, worst.summary)
+	}
+	for _, rr := range rounds {
+		if rr.status == StatusWarn {
+			return warn(ev, "round %d of %d: %s", rr.round, total, rr.summary)
+		}
+	}
+	return pass(ev, "%s of %d at once%s, one resource each (round %d: %s)", roundsText, n, where, total, rounds[total-1].tally)
 }
 
 // roundResult is what one burst of the concurrency check found.
 type roundResult struct {
 	round      int
 	status     Status
+	cause      string // of a failure
 	summary    string
-	created    int
 	duplicated bool   // the burst made more than one resource
 	tally      string // the burst's answers
 	exchanges  []*Exchange
@@ -223,9 +216,27 @@ func (e *env) concurrencyRound(ctx context.Context, round int) roundResult {
 		rr.status, rr.summary = s, fmt.Sprintf(format, args...)
 		return rr
 	}
-	rr.created = len(resources)
-	if afterNew && len(resources) > 0 {
-		rr.created++
+	failed := func(cause, format string, args ...any) roundResult {
+		rr.cause = cause
+		return set(StatusFail, format, args...)
+	}
+	// What the request afterwards got says something of this check only where a
+	// completed key is replayed at all; where none is, the replay check has said so,
+	// and a duplicate that came after the first request completed got what every
+	// retry gets there.
+	afterJudged := true
+	if afterNew || !last.ok() || len(wrong) > 0 {
+		afterJudged, _ = e.knowReplays(ctx)
+	}
+	late := 0
+	if !afterJudged {
+		wrong = slices.DeleteFunc(wrong, func(x *Exchange) bool {
+			if x.describe() == e.noReplay {
+				late++
+				return true
+			}
+			return false
+		})
 	}
 	switch {
 	case len(resources) > 1:
@@ -234,21 +245,25 @@ func (e *env) concurrencyRound(ctx context.Context, round int) roundResult {
 		if afterNew {
 			more = ", and the request afterwards made one more"
 		}
-		return set(StatusFail, "%d requests at once made %d resources (%s)%s: the duplicates ran more than once; answers: %s",
+		return failed("duplicates-ran", "%d requests at once made %d resources (%s)%s: the duplicates ran more than once; answers: %s",
 			n, len(resources), list(resources, 3), more, tally)
 	case len(wrong) > 0:
-		return set(StatusFail, "%s got %s: a duplicate gets the one resource (2xx) or an in-flight answer (%s); answers: %s",
+		return failed("unexpected-answer", "%s got %s: a duplicate gets the one resource (2xx) or an in-flight answer (%s); answers: %s",
 			wrong[0].Label, wrong[0].describe(), e.cfg.Profile.inFlightText(), tally)
-	case afterNew && len(resources) == 1:
-		return set(StatusFail, "the %d requests at once made one resource (%s), but the same key afterwards made another (%s): the key did not keep its answer; answers: %s",
+	case afterNew && len(resources) == 1 && afterJudged:
+		return failed("key-forgot-answer", "the %d requests at once made one resource (%s), but the same key afterwards made another (%s): the key did not keep its answer; answers: %s",
 			n, resources[0], identity(last), tally)
+	case len(resources) == 0 && !last.ok() && afterJudged:
+		return failed("never-ran", "no request with the key got a 2xx answer (afterwards: %s); answers: %s", last.describe(), tally)
 	case len(resources) == 0 && !last.ok():
-		return set(StatusFail, "no request with the key got a 2xx answer (afterwards: %s); answers: %s", last.describe(), tally)
+		return set(StatusWarn, "none of the %d requests at once got a 2xx answer (%s), and afterwards the key got %s, as every retry of a completed key does here (see replay): concurrency was not observed", n, tally, last.describe())
 	case burstOK == 0:
-		rr.created = 1
 		return set(StatusWarn, "none of the %d requests at once ran (%s); the key ran afterwards (%s): concurrency was not observed", n, tally, identity(last))
 	case noRetryAfter > 0 && e.cfg.Profile == ProfileSeed:
 		return set(StatusWarn, "one resource (%s), but %d in-flight 409s had no Retry-After (§5.2); answers: %s", resources[0], noRetryAfter, tally)
+	}
+	if afterNew || late > 0 {
+		return set(StatusPass, "one resource (%s): %s (the duplicates that came after it completed, and the request afterwards, got what every retry of a completed key gets here: see replay)", resources[0], tally)
 	}
 	return set(StatusPass, "one resource (%s): %s", resources[0], tally)
 }
@@ -294,31 +309,33 @@ func runChangedBody(ctx context.Context, e *env) Result {
 	ev := []*Exchange{e.fixture, x}
 	switch {
 	case x.Response == nil:
-		return fail(ev, "the changed body got %s", x.describe())
+		return fail(ev, "no-answer", "the changed body got %s", x.describe())
 	case x.ok() && sameResource(e.fixture, x):
-		return fail(ev, "the changed body got the first answer (%d, %s): the change was silently ignored", x.status(), identity(x))
+		return fail(ev, "changed-body-replayed", "the changed body got the first answer (%d, %s): the change was silently ignored", x.status(), identity(x))
 	case x.ok():
-		r := fail(ev, "the changed body ran under the used key (%d, another resource %s)", x.status(), identity(x))
-		r.Created = 1
-		return r
+		return fail(ev, "changed-body-ran", "the changed body ran under the used key (%d, another resource %s)", x.status(), identity(x))
 	case x.Response.Code == idem.CodeRequestInProgress:
-		return fail(ev, "the changed body got %s, long after the first request completed; want %d", x.describe(), want)
+		return fail(ev, "in-flight-after-completion", "the changed body got %s, long after the first request completed; want %d", x.describe(), want)
 	case x.status() != want && !refusal(x.status()):
-		return fail(ev, "the changed body got %s, not a refusal; want %d in profile %s", x.describe(), want, e.cfg.Profile)
+		return fail(ev, "not-refused", "the changed body got %s, not a refusal; want %d in profile %s", x.describe(), want, e.cfg.Profile)
+	}
+	refused := x.describe()
+	if x.status() != want {
+		refused = fmt.Sprintf("refused, with %s, where profile %s answers %d%s", x.describe(), e.cfg.Profile, want, e.cfg.Profile.otherProfile(x.status()))
+	}
+	// Whether the refusal kept the record shows only where a completed key is
+	// replayed at all.
+	if replays, probe := e.knowReplays(ctx); !replays {
+		return skip(append(ev, probe...), "%s; whether the refusal kept the key's record cannot be told: %s", refused, e.noReplayReason())
 	}
 	again := e.sendUntilFinal(ctx, request{label: "then the first body again", body: e.cfg.Body, keys: []string{e.fixtureKey}})
 	ev = append(ev, again...)
 	last := again[len(again)-1]
 	if !sameResource(e.fixture, last) {
-		r := fail(ev, "refused with %s, but then the first body got %s, not its first answer: the refusal changed the key's record", x.describe(), last.describe())
-		if last.ok() {
-			r.Created = 1
-		}
-		return r
+		return fail(ev, "record-changed", "refused with %s, but then the first body got %s, not its first answer, which a retry got before the refusal: the refusal changed the key's record", x.describe(), last.describe())
 	}
 	if x.status() != want {
-		return warn(ev, "refused, with %s, where profile %s answers %d%s; the first body still gets its first answer",
-			x.describe(), e.cfg.Profile, want, e.cfg.Profile.otherProfile(x.status()))
+		return warn(ev, "%s; the first body still gets its first answer", refused)
 	}
 	return pass(ev, "%s; the first body still gets its first answer", x.describe())
 }
@@ -365,46 +382,46 @@ func (e *env) otherRequests() []request {
 	query.RawQuery = q.Encode()
 	keys := []string{e.fixtureKey}
 	return []request{
-		{label: "the used key with another method (" + method + ")", method: method, body: body, keys: keys},
-		{label: "the used key with another path (" + path.Path + ")", body: e.cfg.Body, keys: keys, url: path.String()},
-		{label: "the used key with another query (idem-check=other added)", body: e.cfg.Body, keys: keys, url: query.String()},
+		{label: "the used key with another method (" + method + ")", method: method, body: body, keys: keys, variant: "method"},
+		{label: "the used key with another path (" + path.Path + ")", body: e.cfg.Body, keys: keys, url: path.String(), variant: "path"},
+		{label: "the used key with another query (idem-check=other added)", body: e.cfg.Body, keys: keys, url: query.String(), variant: "query"},
 	}
 }
 
 func runOtherRequest(ctx context.Context, e *env) Result {
 	ev := []*Exchange{e.fixture}
-	var fails, notes []string
-	created := 0
+	var fails, notes, causes []string
+	var decided []*Exchange // the answers the failures name
 	for _, r := range e.otherRequests() {
 		xs := e.sendUntilFinal(ctx, r)
 		ev = append(ev, xs...)
 		x := xs[len(xs)-1]
 		what := strings.TrimPrefix(r.label, "the used key with ")
 		switch {
-		case x.ok() && sameResource(e.fixture, x) && resourceID(x.Response.raw) == "" && !x.replayed():
+		case untellable(e.fixture, x):
 			notes = append(notes, fmt.Sprintf("%s: %d, the first answer's bytes without an id or a replay marker (whether it ran cannot be told)", what, x.status()))
 		case x.ok() && sameResource(e.fixture, x):
 			fails = append(fails, fmt.Sprintf("%s got the first answer (%d, %s)", what, x.status(), identity(x)))
+			causes, decided = append(causes, r.variant+"-replayed"), append(decided, x)
 		case x.ok() && x.replayed():
 			fails = append(fails, fmt.Sprintf("%s got a replay (%d, %s: true)", what, x.status(), HeaderReplayed))
+			causes, decided = append(causes, r.variant+"-replayed"), append(decided, x)
 		case x.ok():
-			created++
 			notes = append(notes, fmt.Sprintf("%s ran as a new request (%d)", what, x.status()))
 		default:
 			notes = append(notes, fmt.Sprintf("%s %s", what, x.describe()))
 		}
 	}
-	var res Result
 	switch {
 	case len(fails) > 0:
-		res = fail(ev, "%s: the key is not bound to the method, path and query", strings.Join(append(fails, notes...), "; "))
+		return failMany(append([]*Exchange{e.fixture}, decided...), causes, "%s: the key is not bound to the method, path and query", strings.Join(fails, "; "))
 	case slices.ContainsFunc(notes, func(n string) bool { return strings.Contains(n, "cannot be told") }):
-		res = warn(ev, "%s", strings.Join(notes, "; "))
-	default:
-		res = pass(ev, "never the first answer: %s", strings.Join(notes, "; "))
+		return warn(ev, "%s", strings.Join(notes, "; "))
 	}
-	res.Created = created
-	return res
+	if replays, probe := e.knowReplays(ctx); !replays {
+		return skip(append(ev, probe...), "never the first answer (%s), which proves nothing: %s", strings.Join(notes, "; "), e.noReplayReason())
+	}
+	return pass(ev, "never the first answer: %s", strings.Join(notes, "; "))
 }
 
 // ErrorsNotStoredCheck: a rejected request frees its key.
@@ -424,109 +441,28 @@ func runErrorsNotStored(ctx context.Context, e *env) Result {
 	ev := []*Exchange{bad}
 	switch {
 	case bad.Response == nil:
-		return fail(ev, "--body-invalid got %s", bad.describe())
+		return fail(ev, "no-answer", "--body-invalid got %s", bad.describe())
 	case bad.ok():
-		r := warn(ev, "--body-invalid was accepted (%d): give a body the endpoint rejects", bad.status())
-		r.Created = 1
-		return r
+		return warn(ev, "--body-invalid was accepted (%d): give a body the endpoint rejects", bad.status())
 	case idem.DefaultStorePolicy(bad.status()):
 		return skip(ev, "--body-invalid got %s, a final outcome that may be stored (§6): give a body the endpoint rejects with 400 or 422", bad.describe())
 	}
 	again := e.sendUntilFinal(ctx, request{label: "then --body with the same key", body: e.cfg.Body, keys: []string{key}})
 	ev = append(ev, again...)
 	good := again[len(again)-1]
+	if good.ok() {
+		if replays, probe := e.knowReplays(ctx); !replays {
+			return skip(append(ev, probe...), "--body-invalid %s, then --body %d with the same key, which proves nothing: %s", bad.describe(), good.status(), e.noReplayReason())
+		}
+		return pass(ev, "--body-invalid %s, then --body %d with the same key", bad.describe(), good.status())
+	}
 	switch {
-	case good.ok() && !e.replays:
-		r := skip(ev, "%s: --body-invalid %s, then --body %d with the same key proves nothing", notReplaying, bad.describe(), good.status())
-		r.Created = 1
-		return r
-	case good.ok():
-		r := pass(ev, "--body-invalid %s, then --body %d with the same key", bad.describe(), good.status())
-		r.Created = 1
-		return r
 	case good.Response != nil && good.status() == bad.status() && bytes.Equal(good.Response.raw, bad.Response.raw):
-		return fail(ev, "the key replays its rejection (%s) to a valid body: the rejected request was stored", bad.describe())
-	case good.Response != nil && (good.Response.Code == idem.CodeKeyReused || good.status() == e.cfg.Profile.keyReusedStatus() && good.status() != bad.status()):
-		return fail(ev, "--body-invalid got %s, then --body got %s with the same key: the key stays bound to the rejected body", bad.describe(), good.describe())
+		return fail(ev, "rejection-replayed", "the key replays its rejection (%s) to a valid body: the rejected request was stored", bad.describe())
+	case good.Response != nil && good.status() != bad.status() && (reuseAnswer(good) || good.status() == e.cfg.Profile.keyReusedStatus()):
+		return fail(ev, "key-bound-to-rejection", "--body-invalid got %s, then --body got %s with the same key: the key stays bound to the rejected body", bad.describe(), good.describe())
 	}
-	return fail(ev, "--body-invalid got %s, then --body got %s with the same key; want 2xx", bad.describe(), good.describe())
-}
-
-// notReplaying is the reason of a check skipped because the endpoint replayed
-// nothing: a fresh execution is then what every request gets.
-const notReplaying = "the endpoint did not replay the retry of the replay check, so it cannot be told from one that ignores keys"
-
-// BadKeysCheck: a missing or malformed key is refused, or keys are optional.
-var BadKeysCheck = &Check{
-	Name: "bad-keys",
-	Doc:  "a missing, empty, too long (256 characters) or malformed key is refused with 400, or keys are reported as optional",
-	rule: rules("§2, §3 (400 key_required, key_invalid: one field, 1 to 255 visible characters without \" , \\); IETF draft 2.1 and 2.7",
-		"", "Stripe (keys optional, at most 255 characters)"),
-	run: runBadKeys,
-}
-
-// keyCase is one request of the bad-keys check.
-type keyCase struct {
-	name string
-	keys []string
-}
-
-// keyCases are the keys the bad-keys check sends in profile p.
-func keyCases(p Profile) []keyCase {
-	long := strings.Repeat(strings.ReplaceAll(client.NewKey(), "-", ""), 8)[:256]
-	cases := []keyCase{
-		{"missing", nil},
-		{"empty", []string{""}},
-		{"256 characters", []string{long}},
-	}
-	if p != ProfileStripe {
-		cases = append(cases,
-			keyCase{"a list", []string{client.NewKey() + ", " + client.NewKey()}},
-			keyCase{"two fields", []string{client.NewKey(), client.NewKey()}})
-	}
-	return cases
-}
-
-func runBadKeys(ctx context.Context, e *env) Result {
-	var ev []*Exchange
-	var fails, warns, oks, names []string
-	created := 0
-	optional := false
-	for _, c := range keyCases(e.cfg.Profile) {
-		x := e.send(ctx, request{label: "key " + c.name, body: e.cfg.Body, keys: c.keys})
-		ev = append(ev, x)
-		s := x.status()
-		if x.ok() {
-			created++
-		}
-		switch {
-		case s == http.StatusBadRequest:
-			oks = append(oks, fmt.Sprintf("%s %s", c.name, x.describe()))
-			names = append(names, c.name)
-		case c.keys == nil && is2xx(s):
-			optional = true
-			warns = append(warns, fmt.Sprintf("missing %d (keys are optional)", s))
-		case is2xx(s) && optional:
-			warns = append(warns, fmt.Sprintf("%s %d (accepted: keys are optional)", c.name, s))
-		case is2xx(s):
-			fails = append(fails, fmt.Sprintf("%s %d (accepted, but keys are required)", c.name, s))
-		case s >= 400 && s < 500:
-			warns = append(warns, fmt.Sprintf("%s %s (400 expected)", c.name, x.describe()))
-		default:
-			fails = append(fails, fmt.Sprintf("%s %s", c.name, x.describe()))
-		}
-	}
-	var r Result
-	switch {
-	case len(fails) > 0:
-		r = fail(ev, "%s", strings.Join(append(append(fails, warns...), oks...), "; "))
-	case len(warns) > 0:
-		r = warn(ev, "%s", strings.Join(append(warns, oks...), "; "))
-	default:
-		r = pass(ev, "400 for each: %s", strings.Join(names, ", "))
-	}
-	r.Created = created
-	return r
+	return fail(ev, "valid-body-refused", "--body-invalid got %s, then --body got %s with the same key; want 2xx", bad.describe(), good.describe())
 }
 
 // PerPrincipalCheck: one principal's key never replays another's response.
@@ -546,30 +482,25 @@ func runPerPrincipal(ctx context.Context, e *env) Result {
 	s := x.status()
 	switch {
 	case x.Response == nil:
-		return fail(ev, "the other principal's request got %s", x.describe())
-	case x.ok() && sameResource(e.fixture, x) && resourceID(x.Response.raw) == "" && !x.replayed():
+		return fail(ev, "no-answer", "the other principal's request got %s", x.describe())
+	case untellable(e.fixture, x):
 		// An empty body, or one without an id, is the same for every execution.
 		return warn(ev, "the other principal's answer is the first principal's, byte for byte, without an id or a replay marker: whether it ran cannot be told")
 	case x.ok() && sameResource(e.fixture, x):
-		return fail(ev, "the other principal got the first principal's response (%s): keys are not scoped per principal", identity(x))
+		return fail(ev, "shared-across-principals", "the other principal got the first principal's response (%s): keys are not scoped per principal", identity(x))
 	case x.ok() && x.replayed():
-		r := fail(ev, "the other principal's first use of the key got a replay (%s: true)", HeaderReplayed)
-		r.Created = 1
-		return r
-	case x.ok() && !e.replays:
-		r := skip(ev, "%s: the other principal's request ran (%d, %s), which proves nothing", notReplaying, s, identity(x))
-		r.Created = 1
-		return r
+		return fail(ev, "replay-to-other-principal", "the other principal's first use of the key got a replay (%s: true)", HeaderReplayed)
 	case x.ok():
-		r := pass(ev, "the other principal's request ran as its own (%d, %s)", s, identity(x))
-		r.Created = 1
-		return r
+		if replays, probe := e.knowReplays(ctx); !replays {
+			return skip(append(ev, probe...), "the other principal's request ran (%d, %s), which proves nothing: %s", s, identity(x), e.noReplayReason())
+		}
+		return pass(ev, "the other principal's request ran as its own (%d, %s)", s, identity(x))
 	case s == http.StatusUnauthorized || s == http.StatusForbidden:
 		return warn(ev, "the other principal was refused (%s): do the --as-other headers authenticate?", x.describe())
 	case s >= 400 && s < 500:
 		return warn(ev, "the other principal's first use of the key was refused (%s): keys are shared across principals (nothing leaked)", x.describe())
 	}
-	return fail(ev, "the other principal's request got %s", x.describe())
+	return fail(ev, "server-error", "the other principal's request got %s", x.describe())
 }
 
 // SafeMethodsCheck: GET ignores the key.
@@ -596,103 +527,62 @@ func runSafeMethods(ctx context.Context, e *env) Result {
 	for _, x := range []*Exchange{keyed, again} {
 		switch {
 		case x.status() != plain.status():
-			return fail(ev, "%s got %s, without a key %s: a GET must ignore the key", x.Label, x.describe(), plain.describe())
+			return fail([]*Exchange{plain, x}, "get-differs", "%s got %s, without a key %s: a GET must ignore the key", x.Label, x.describe(), plain.describe())
 		case x.replayed():
-			return fail(ev, "%s was answered as a replay (%s: true)", x.Label, HeaderReplayed)
+			return fail(ev, "get-replayed", "%s was answered as a replay (%s: true)", x.Label, HeaderReplayed)
 		}
 	}
 	write := e.send(ctx, request{label: "a write: --body with a fresh key", body: e.cfg.Body, keys: []string{client.NewKey()}})
 	ev = append(ev, write)
-	created := 0
-	if write.ok() {
-		created = 1
-	}
 	plain2 := e.send(ctx, request{label: "after the write: GET without a key", method: http.MethodGet})
 	keyed2 := e.send(ctx, request{label: "after the write: GET with the first GET's key", method: http.MethodGet, keys: []string{key}})
 	ev = append(ev, plain2, keyed2)
-	var r Result
 	switch {
 	case plain2.Response == nil || keyed2.Response == nil:
-		r = fail(ev, "after the write, a GET got %s", cmp.Or(plain2.Error, keyed2.Error))
+		return fail(ev, "no-answer", "after the write, a GET got %s", cmp.Or(plain2.Error, keyed2.Error))
 	case !bytes.Equal(plain2.Response.raw, plain.Response.raw) && bytes.Equal(keyed2.Response.raw, keyed.Response.raw):
-		r = fail(ev, "after a write the GET with a used key got its first body again (%d, %d bytes) where the GET without a key got another (%d, %d bytes): keyed GETs are answered from a cache",
+		return fail(ev, "get-cached", "after a write the GET with a used key got its first body again (%d, %d bytes) where the GET without a key got another (%d, %d bytes): keyed GETs are answered from a cache",
 			keyed2.status(), len(keyed2.Response.raw), plain2.status(), len(plain2.Response.raw))
 	case keyed2.status() != plain2.status():
-		r = fail(ev, "after the write, the GET with a used key got %s, without a key %s", keyed2.describe(), plain2.describe())
+		return fail([]*Exchange{plain2, keyed2}, "get-differs", "after the write, the GET with a used key got %s, without a key %s", keyed2.describe(), plain2.describe())
 	case bytes.Equal(plain2.Response.raw, plain.Response.raw):
-		r = pass(ev, "GET %d with and without a key (the write did not change the GET's body, so a cache could not be told)", plain.status())
-	default:
-		r = pass(ev, "GET %d with and without a key, and a keyed GET sees a write", plain.status())
+		return pass(ev, "GET %d with and without a key (the write did not change the GET's body, so a cache could not be told)", plain.status())
 	}
-	r.Created = created
-	return r
-}
-
-// sendUntilFinal sends r, and sends it again while the answer says that the key's
-// first request is still running (request_in_progress, or an in-flight status with
-// Retry-After), waiting Retry-After (between 50 ms and 1 s) in between, for at most
-// the request timeout. It returns every exchange, the final one last.
-func (e *env) sendUntilFinal(ctx context.Context, r request) []*Exchange {
-	return e.sendWhile(ctx, r, e.inFlightRetry)
-}
-
-// sendWhile sends r, and sends it again while again says so of the answer, as
-// sendUntilFinal does.
-func (e *env) sendWhile(ctx context.Context, r request, again func(*Exchange) bool) []*Exchange {
-	deadline := time.Now().Add(e.cfg.Timeout)
-	label := r.label
-	var xs []*Exchange
-	for attempt := 2; ; attempt++ {
-		x := e.send(ctx, r)
-		xs = append(xs, x)
-		if !again(x) || time.Now().After(deadline) {
-			return xs
-		}
-		t := time.NewTimer(retryWait(x))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return xs
-		case <-t.C:
-		}
-		r.label = fmt.Sprintf("%s (attempt %d, after an in-flight answer)", label, attempt)
-	}
-}
-
-// inFlightRetry reports whether x asks for the same request later: 409
-// request_in_progress, or an in-flight status with Retry-After and no other code.
-func (e *env) inFlightRetry(x *Exchange) bool {
-	if x.Response == nil {
-		return false
-	}
-	if x.Response.Code == idem.CodeRequestInProgress {
-		return true
-	}
-	return x.Response.Code == "" && x.retryAfter() && e.cfg.Profile.inFlight(x.status())
-}
-
-// retryWait is the wait Retry-After asks for, between 50 ms and 1 s.
-func retryWait(x *Exchange) time.Duration {
-	var secs int
-	if _, err := fmt.Sscanf(x.Response.Header.Get("Retry-After"), "%d", &secs); err == nil {
-		return min(max(time.Duration(secs)*time.Second, 50*time.Millisecond), time.Second)
-	}
-	return 100 * time.Millisecond
+	return pass(ev, "GET %d with and without a key, and a keyed GET sees a write", plain.status())
 }
 
 // tallyAnswers counts answers by what they were, in the order of their statuses:
-// "1 × 201, 15 × 409 request_in_progress", replays apart; byInstance prefixes each
-// with the instance that answered ("instance 2: 8 × 201").
+// "1 × 201, 15 × 409 request_in_progress", replays apart; byInstance gives one tally
+// per instance, in the instances' order ("instance 1: 1 × 201, 7 × 409; instance 2:
+// 8 × 409").
 func tallyAnswers(xs []*Exchange, byInstance bool) string {
+	if !byInstance {
+		return tally(xs)
+	}
+	var instances []int
+	by := map[int][]*Exchange{}
+	for _, x := range xs {
+		if by[x.Instance] == nil {
+			instances = append(instances, x.Instance)
+		}
+		by[x.Instance] = append(by[x.Instance], x)
+	}
+	slices.Sort(instances)
+	parts := make([]string, len(instances))
+	for i, n := range instances {
+		parts[i] = fmt.Sprintf("instance %d: %s", n, tally(by[n]))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// tally counts answers by what they were, in the order of their descriptions.
+func tally(xs []*Exchange) string {
 	var order []string
 	count := map[string]int{}
 	for _, x := range xs {
 		d := x.describe()
 		if x.ok() && x.replayed() {
 			d += " replayed"
-		}
-		if byInstance {
-			d = fmt.Sprintf("instance %d: %s", x.Instance, d)
 		}
 		if count[d] == 0 {
 			order = append(order, d)
@@ -702,20 +592,20 @@ func tallyAnswers(xs []*Exchange, byInstance bool) string {
 	slices.Sort(order)
 	parts := make([]string, len(order))
 	for i, d := range order {
-		if inst, rest, ok := strings.Cut(d, ": "); byInstance && ok {
-			parts[i] = fmt.Sprintf("%s: %d × %s", inst, count[d], rest)
-			continue
-		}
 		parts[i] = fmt.Sprintf("%d × %s", count[d], d)
 	}
 	return strings.Join(parts, ", ")
 }
 
-// diffAt describes where two bodies first differ, with a few bytes around.
-func diffAt(a, b []byte) string {
+// diffAt describes where two bodies first differ: with IncludeBodies a few bytes
+// around, else their lengths and hashes.
+func (e *env) diffAt(a, b []byte) string {
 	i := 0
 	for i < len(a) && i < len(b) && a[i] == b[i] {
 		i++
+	}
+	if !e.cfg.IncludeBodies {
+		return fmt.Sprintf("from byte %d (%d bytes sha256:%s, then %d bytes sha256:%s; --include-bodies shows them)", i, len(a), bodyHash(a), len(b), bodyHash(b))
 	}
 	around := func(s []byte) string {
 		from, to := max(i-16, 0), min(i+24, len(s))
@@ -751,115 +641,19 @@ func warn(ev []*Exchange, format string, args ...any) Result {
 	return result(StatusWarn, ev, format, args...)
 }
 
-func fail(ev []*Exchange, format string, args ...any) Result {
-	return result(StatusFail, ev, format, args...)
+// fail is a failure for one cause, a short stable word naming it (see
+// [Result.Causes]).
+func fail(ev []*Exchange, cause, format string, args ...any) Result {
+	return failMany(ev, []string{cause}, format, args...)
+}
+
+// failMany is a failure for several causes.
+func failMany(ev []*Exchange, causes []string, format string, args ...any) Result {
+	r := result(StatusFail, ev, format, args...)
+	r.Causes = causes
+	return r
 }
 
 func skip(ev []*Exchange, format string, args ...any) Result {
 	return result(StatusSkip, ev, format, args...)
-}
-
-// RestartCheck: a key whose first request was cut off by a restart does not stay in
-// flight.
-var RestartCheck = &Check{
-	Name: "restart",
-	Doc:  "with --between, a key whose first request was cut off by the command (a restart, a kill) is answered within --timeout of it, not left in flight",
-	rule: rules("§5.3 (a claim held by a dead process is taken over once its lease expires); §5.2 (Retry-After says when to retry); IETF draft 2.6", "", ""),
-	run:  runRestart,
-}
-
-// hookMethod is the Method of the --between command's exchange, whose URL is the
-// command.
-const hookMethod = "sh -c"
-
-// hookOutput is how much of the --between command's output the evidence keeps.
-const hookOutput = 2 << 10
-
-func runRestart(ctx context.Context, e *env) Result {
-	if e.cfg.Between == "" {
-		return skip(nil, "no --between: give a command that restarts or kills the server between a request and its retry")
-	}
-	key := client.NewKey()
-	wrote := make(chan struct{})
-	var once sync.Once
-	written := func() { once.Do(func() { close(wrote) }) }
-	firstDone := make(chan *Exchange, 1)
-	go func() {
-		x := e.send(ctx, request{label: "first request with a fresh key, cut off by --between", body: e.cfg.Body, keys: []string{key}, wrote: written})
-		written()
-		firstDone <- x
-	}()
-	<-wrote
-	hook := e.runHook(ctx, key)
-	first := <-firstDone
-	ev := []*Exchange{first, hook}
-	if hook.Error != "" {
-		return skip(ev, "the --between command failed (%s): nothing to judge", hook.Error)
-	}
-	created := 0
-	if first.ok() {
-		created = 1
-	}
-	start := time.Now()
-	inFlight := func(x *Exchange) bool { return e.inFlightDuplicate(x) || e.inFlightRetry(x) }
-	retries := e.sendWhile(ctx, request{label: "the retry after --between: the same key and body", body: e.cfg.Body, keys: []string{key}}, inFlight)
-	ev = append(ev, retries...)
-	last := retries[len(retries)-1]
-	var r Result
-	switch {
-	case last.Response == nil:
-		r = fail(ev, "after --between the retry got %s", last.describe())
-	case inFlight(last):
-		r = fail(ev, "the key is still in flight %s after --between (%d answers, the last %s): a key cut off by a restart stays stuck",
-			time.Since(start).Round(100*time.Millisecond), len(retries), last.Outcome())
-	case last.ok() && first.ok() && sameResource(first, last):
-		r = pass(ev, "the first request finished before the command; its retry got its answer (%d)", last.status())
-	case last.ok() && first.ok():
-		created++
-		r = fail(ev, "the first request got %s, yet its retry after --between ran again (%s): the request ran twice", identity(first), identity(last))
-	case last.ok():
-		created++
-		r = pass(ev, "the first request got %s; after --between its retry got %d (%s) after %d answer(s)", first.describe(), last.status(), identity(last), len(retries))
-	default:
-		r = pass(ev, "the first request got %s; after --between its retry got a final answer, %s: the key is not stuck", first.describe(), last.describe())
-	}
-	r.Created = created
-	return r
-}
-
-// runHook runs the --between command with sh -c, IDEM_CHECK_URL and IDEM_CHECK_KEY
-// (the first request's key) in its environment, and returns it as an exchange of the
-// evidence: its output in the answer's body, its failure as the error.
-func (e *env) runHook(ctx context.Context, key string) *Exchange {
-	x := &Exchange{Label: "--between", Request: SentRequest{Method: hookMethod, URL: e.cfg.Between}}
-	ctx, cancel := context.WithTimeout(ctx, max(e.cfg.Timeout, time.Minute))
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "sh", "-c", e.cfg.Between)
-	cmd.Env = append(os.Environ(), "IDEM_CHECK_URL="+e.cfg.URL, "IDEM_CHECK_KEY="+key)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.WaitDelay = time.Second
-	start := time.Now()
-	err := cmd.Run()
-	x.Elapsed = Millis(time.Since(start))
-	b := out.Bytes()
-	if len(b) > hookOutput {
-		b = b[len(b)-hookOutput:]
-	}
-	status := 0
-	if err != nil {
-		x.Error = oneLine(err.Error())
-		if last := lastLine(b); last != "" {
-			x.Error += ": " + last
-		}
-		status = 1
-	}
-	x.Response = &Answer{Status: status, Body: string(b), raw: b}
-	return x
-}
-
-// lastLine returns the last non-empty line of b.
-func lastLine(b []byte) string {
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return oneLine(lines[len(lines)-1])
 }

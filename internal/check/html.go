@@ -23,7 +23,17 @@ var page = template.Must(template.New("report").Funcs(template.FuncMap{
 	"upper":   func(s Status) string { return strings.ToUpper(string(s)) },
 	"headers": sortedHeaders,
 	"open":    func(s Status) bool { return s == StatusFail || s == StatusWarn },
+	"body":    pageBody,
 }).Parse(pageHTML))
+
+// pageBody renders a body on the page: the body when the report has it (up to 4
+// KiB), else its length and hash.
+func pageBody(body, sum string, n int) string {
+	if body != "" {
+		return body
+	}
+	return shownText("", sum, n)
+}
 
 // headerLine is one header field as the page shows it.
 type headerLine struct{ Name, Value string }
@@ -63,23 +73,24 @@ pre { background: #f6f8fa; padding: .5em .7em; border-radius: 4px; overflow-x: a
 </head>
 <body>
 <h1>{{.Title}}</h1>
-<div class="meta">{{.Totals}} · started {{.Started.Format "2006-01-02 15:04:05 UTC"}} · {{.Rounds}} rounds of {{.Concurrency}} duplicates at once{{if .Instances}} · instances: {{.URL}}{{range .Instances}}, {{.}}{{end}}{{end}} · rules cite docs/spec.md (§N) and {{.Draft}}</div>
+<div class="meta">{{.Totals}} · started {{.Started.Format "2006-01-02 15:04:05 UTC"}} · {{.Rounds}} rounds of {{.Concurrency}} duplicates at once{{if .Instances}} · instances: {{.URL}}{{range .Instances}}, {{.}}{{end}}{{end}} · polling: {{.Polling}}{{with .Baseline}} · baseline {{.File}}: {{.Summary}}{{end}} · rules cite docs/spec.md (§N) and {{.Draft}}</div>
 {{if .Hint}}<p><strong>hint:</strong> {{.Hint}}</p>{{end}}
 {{range .Checks}}
-<details class="check"{{if open .Status}} open{{end}}><summary><span class="badge {{.Status}}">{{upper .Status}}</span><span class="name">{{.Name}}</span>{{.Summary}}</summary>
+<details class="check"{{if open .Status}} open{{end}}><summary><span class="badge {{.Status}}">{{upper .Status}}</span><span class="name">{{.Name}}</span>{{if .Accepted}}(accepted by the baseline) {{end}}{{.Summary}}</summary>
 <div>
-<p>{{.Doc}}<br><span class="rule">rule: {{.Rule}}</span>{{if .Created}}<br><span class="rule">created {{.Created}} resource(s)</span>{{end}}</p>
+<p>{{.Doc}}<br><span class="rule">rule: {{.Rule}}</span>{{if .Causes}}<br><span class="rule">causes: {{range $i, $c := .Causes}}{{if $i}}, {{end}}{{$c}}{{end}}</span>{{end}}{{if .Created}}<br><span class="rule">created {{.Created}} resource(s)</span>{{end}}</p>
 {{$many := gt (len .Evidence) 4}}{{range .Evidence}}
 <details class="x"{{if not $many}} open{{end}}>
 <summary>{{.Label}}: {{.Outcome}} <span class="rule">({{if .Instance}}instance {{.Instance}}, {{end}}{{.Elapsed}})</span></summary>
 <pre>{{.Request.Method}} {{.Request.URL}}
 {{range headers .Request.Header}}{{.Name}}: {{.Value}}
-{{end}}{{if .Request.Body}}
-{{.Request.Body}}{{end}}</pre>
+{{end}}{{with body .Request.Body .Request.BodySHA256 .Request.BodyBytes}}
+{{.}}{{end}}</pre>
 {{if .Response}}<pre>{{.Response.Status}}
 {{range headers .Response.Header}}{{.Name}}: {{.Value}}
-{{end}}{{if .Response.Body}}
-{{.Response.Body}}{{end}}</pre>{{else}}<pre>no answer: {{.Error}}</pre>{{end}}
+{{end}}{{with body .Response.Body .Response.BodySHA256 .Response.BodyBytes}}
+{{.}}{{end}}{{if .Resource}}
+(resource: {{.Resource}}){{end}}</pre>{{else}}<pre>no answer: {{.Error}}</pre>{{end}}
 </details>
 {{end}}
 </div>

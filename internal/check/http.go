@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -45,9 +46,54 @@ type env struct {
 	// first answer: without it, a fresh execution proves nothing in the checks that
 	// judge one.
 	replays bool
+	// replayKnown is set once replays is known: by the replay check, or by
+	// knowReplays when that check did not run (--only, --skip).
+	replayKnown bool
+	// noReplay, when nothing replays, says what the retry of the first request got
+	// instead ("422 {…}"), for the checks that then cannot judge.
+	noReplay string
 	// naive, set by the replay check, says why the endpoint looks as if it ignored the
 	// key; the checks after it are then skipped with that reason.
 	naive string
+	// keyless are the answers of the bad-keys check's requests without a key and with
+	// an empty one, by form ("missing", "empty"), which the keyless check reuses.
+	keyless map[string]*Exchange
+
+	mu sync.Mutex
+	// resources are the resources that the unsafe requests' 2xx answers named (an id
+	// or a Location), each once.
+	resources map[string]bool
+	// unidentified counts the 2xx answers to unsafe requests that named no resource
+	// and were not marked replayed.
+	unidentified int
+}
+
+// record counts the resource of x, a 2xx answer to an unsafe request: by its id or
+// its Location, once however many answers name it.
+func (e *env) record(x *Exchange) {
+	if safeMethod(x.Request.Method) || x.Request.Method == hookMethod || !x.ok() {
+		return
+	}
+	r := resourceOf(x)
+	x.Resource = r
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case r != "":
+		if e.resources == nil {
+			e.resources = map[string]bool{}
+		}
+		e.resources[r] = true
+	case !x.replayed():
+		e.unidentified++
+	}
+}
+
+// counts returns how many distinct resources and unidentified answers were seen.
+func (e *env) counts() (resources, unidentified int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.resources), e.unidentified
 }
 
 // prepare sends Body with a fresh key: the first request of the checks that need a
@@ -90,6 +136,9 @@ type request struct {
 	url string
 	// wrote, when set, is called once the request is written.
 	wrote func()
+	// variant names what the request changes (other-request: "method", "path",
+	// "query"), for the cause of a failure.
+	variant string
 }
 
 // Exchange is one request and its answer, as the report shows them.
@@ -105,6 +154,9 @@ type Exchange struct {
 	Response *Answer `json:"response,omitempty"`
 	// Error is why there was no answer.
 	Error string `json:"error,omitempty"`
+	// Resource is the resource a 2xx answer to an unsafe request named: "id ch_1",
+	// or "Location /v1/charges/ch_1" when the body has no id; "" when neither.
+	Resource string `json:"resource,omitempty"`
 	// Elapsed is how long the exchange took.
 	Elapsed Millis `json:"elapsed_ms"`
 }
@@ -117,8 +169,12 @@ type SentRequest struct {
 	// redacted but for Content-Type and Accept (a bearer token shows its scheme and
 	// a short hash, so that two principals can be told apart).
 	Header http.Header `json:"header"`
-	// Body is the body sent, cut at 4 KiB.
+	// Body is the body sent, cut at 4 KiB, with [Config.IncludeBodies] only.
 	Body string `json:"body,omitempty"`
+	// BodySHA256 is the start of the hex SHA-256 of the body sent (12 digits), and
+	// BodyBytes its length: what the reports show of a body without IncludeBodies.
+	BodySHA256 string `json:"body_sha256,omitempty"`
+	BodyBytes  int    `json:"body_bytes,omitempty"`
 }
 
 // Answer is a response as the report shows it.
@@ -126,8 +182,12 @@ type Answer struct {
 	Status int `json:"status"`
 	// Header are the response's headers, Set-Cookie redacted.
 	Header http.Header `json:"header"`
-	// Body is the body, cut at 4 KiB.
+	// Body is the body, cut at 4 KiB, with [Config.IncludeBodies] only.
 	Body string `json:"body,omitempty"`
+	// BodySHA256 is the start of the hex SHA-256 of the body (12 digits), and
+	// BodyBytes its length.
+	BodySHA256 string `json:"body_sha256,omitempty"`
+	BodyBytes  int    `json:"body_bytes,omitempty"`
 	// Code is the error code of an error body in idem's profiles (Stripe's shape or
 	// problem+json), if any.
 	Code string `json:"code,omitempty"`
@@ -176,7 +236,8 @@ func (e *env) newRequest(ctx context.Context, r request) (*Exchange, *http.Reque
 	if r.url != "" {
 		target = r.url
 	}
-	x := &Exchange{Label: r.label, Request: SentRequest{Method: method, URL: redactURL(target), Body: shown(r.body)}}
+	x := &Exchange{Label: r.label, Request: SentRequest{Method: method, URL: redactURL(target)}}
+	x.Request.Body, x.Request.BodySHA256, x.Request.BodyBytes = e.shownBody(r.body)
 	if len(e.urls) > 1 {
 		x.Instance = r.instance + 1
 	}
@@ -233,13 +294,32 @@ func (e *env) answer(x *Exchange, start time.Time, resp *http.Response, err erro
 		x.Error = "reading the body: " + oneLine(err.Error())
 		return x
 	}
-	a.Body = shown(a.raw)
+	a.Body, a.BodySHA256, a.BodyBytes = e.shownBody(a.raw)
 	a.Header = resp.Header.Clone()
 	if _, ok := a.Header["Set-Cookie"]; ok {
 		a.Header["Set-Cookie"] = []string{"[redacted]"}
 	}
 	x.Response = a
+	e.record(x)
 	return x
+}
+
+// shownBody returns what the reports show of a body: the body itself (cut at
+// shownBody bytes) with IncludeBodies only, its hash and its length.
+func (e *env) shownBody(b []byte) (body, sum string, n int) {
+	if len(b) == 0 {
+		return "", "", 0
+	}
+	if e.cfg.IncludeBodies {
+		body = shown(b)
+	}
+	return body, bodyHash(b), len(b)
+}
+
+// bodyHash is the start of the hex SHA-256 of b, 12 digits.
+func bodyHash(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:6])
 }
 
 // header returns the headers of a request, as the second principal when other.
@@ -389,18 +469,33 @@ func resourceID(body []byte) string {
 	return ""
 }
 
-// identity names the resource a 2xx answer is: "id ch_1" when the body has an id,
-// else "body sha256:…" of the bytes.
+// identity names the resource a 2xx answer is: its id when the body has one, else
+// its Location, else "body sha256:…" of the bytes.
 func identity(x *Exchange) string {
 	if id := resourceID(x.Response.raw); id != "" {
 		return id
 	}
-	sum := sha256.Sum256(x.Response.raw)
-	return "body sha256:" + hex.EncodeToString(sum[:6])
+	if loc := x.Response.Header.Get("Location"); loc != "" {
+		return "Location " + loc
+	}
+	return "body sha256:" + bodyHash(x.Response.raw)
 }
 
-// sameResource reports whether two 2xx answers are one resource: identical bodies, or
-// bodies with the same id.
+// resourceOf names the resource a 2xx answer created or replayed, by its id, else
+// its Location; "" when it has neither (such answers cannot be counted as
+// resources).
+func resourceOf(x *Exchange) string {
+	if id := resourceID(x.Response.raw); id != "" {
+		return "id " + id
+	}
+	if loc := x.Response.Header.Get("Location"); loc != "" {
+		return "Location " + loc
+	}
+	return ""
+}
+
+// sameResource reports whether two 2xx answers are one resource: identical bodies,
+// bodies with the same id, or the same Location.
 func sameResource(a, b *Exchange) bool {
 	if !a.ok() || !b.ok() {
 		return false
@@ -408,8 +503,15 @@ func sameResource(a, b *Exchange) bool {
 	if bytes.Equal(a.Response.raw, b.Response.raw) {
 		return true
 	}
-	id := resourceID(a.Response.raw)
-	return id != "" && id == resourceID(b.Response.raw)
+	r := resourceOf(a)
+	return r != "" && r == resourceOf(b)
+}
+
+// untellable reports whether a 2xx answer cannot be told from another execution's:
+// it is byte for byte the same as first's, yet names no resource and carries no
+// replay marker (an empty 204 is the same for every execution).
+func untellable(first, x *Exchange) bool {
+	return x.ok() && bytes.Equal(x.Response.raw, first.Response.raw) && resourceOf(x) == "" && !x.replayed()
 }
 
 // errNoNumber is AltBody's error for a body without a number to change.

@@ -31,14 +31,26 @@ type Report struct {
 	Duration Millis    `json:"duration_ms"`
 	// Requests is how many requests the checks sent.
 	Requests int `json:"requests"`
-	// Created is how many resources the requests created: the first request's, which
-	// several checks share, and those each check counted.
+	// Polling says how a key in flight was asked again (Retry-After, or a wait that
+	// doubles up to a bound).
+	Polling string `json:"polling"`
+	// IncludeBodies says whether the exchanges carry their bodies
+	// ([Config.IncludeBodies]); without it they carry their lengths and hashes.
+	IncludeBodies bool `json:"include_bodies"`
+	// Created is how many distinct resources the answers named, by id or Location:
+	// the first request's, which several checks share, and those each check saw
+	// first. A replay of a resource is not another.
 	Created int `json:"created"`
+	// Unidentified is how many 2xx answers to writes named no resource (no id, no
+	// Location) and were not marked replayed: they are not in Created.
+	Unidentified int `json:"unidentified,omitempty"`
 	// Counts are how many checks ended with each verdict, every verdict present.
 	Counts map[Status]int `json:"counts"`
 	// ExitStatus is the exit status of `idem check` for this report: 1 when a check
-	// failed, else 0.
+	// failed (but for the failures a baseline accepted), else 0.
 	ExitStatus int `json:"exit_status"`
+	// Baseline, when a baseline was applied, says which file and what it changed.
+	Baseline *BaselineResult `json:"baseline,omitempty"`
 	// Hint, when set, says why the endpoint looks as if it ignored the key (the
 	// checks after the replay check were then skipped).
 	Hint string `json:"hint,omitempty"`
@@ -53,7 +65,7 @@ func (r *Report) count() {
 		r.Counts[s] = r.Count(s)
 	}
 	r.ExitStatus = 0
-	if r.Failed() {
+	if r.NewFailures() > 0 {
 		r.ExitStatus = 1
 	}
 }
@@ -64,10 +76,27 @@ type CheckReport struct {
 	Doc  string `json:"doc"`
 	Rule string `json:"rule"`
 	Result
+	// Duration is how long the check took.
+	Duration Millis `json:"duration_ms"`
+	// Accepted says that the check failed with causes the baseline already held: the
+	// failure is known, and does not fail the run.
+	Accepted bool `json:"accepted_by_baseline,omitempty"`
 }
 
-// Failed reports whether a check failed.
+// Failed reports whether a check failed, accepted by a baseline or not.
 func (r *Report) Failed() bool { return r.Count(StatusFail) > 0 }
+
+// NewFailures returns how many checks failed that no baseline accepted: those that
+// make `idem check` exit 1.
+func (r *Report) NewFailures() int {
+	n := 0
+	for _, c := range r.Checks {
+		if c.Status == StatusFail && !c.Accepted {
+			n++
+		}
+	}
+	return n
+}
 
 // Count returns how many checks ended with s.
 func (r *Report) Count(s Status) int {
@@ -86,14 +115,26 @@ func (r *Report) Totals() string {
 	var parts []string
 	for _, s := range []Status{StatusPass, StatusWarn, StatusFail, StatusSkip} {
 		if n := r.Count(s); n > 0 || s == StatusFail {
-			parts = append(parts, fmt.Sprintf("%d %s", n, s))
+			part := fmt.Sprintf("%d %s", n, s)
+			if a := r.Count(StatusFail) - r.NewFailures(); s == StatusFail && a > 0 {
+				part += fmt.Sprintf(" (%d accepted by the baseline)", a)
+			}
+			parts = append(parts, part)
 		}
 	}
-	noun := "resources"
-	if r.Created == 1 {
-		noun = "resource"
+	created := fmt.Sprintf("created %d %s", r.Created, plural(r.Created, "resource", "resources"))
+	if r.Unidentified > 0 {
+		created += fmt.Sprintf(" (and %d 2xx %s naming none: no id, no Location)", r.Unidentified, plural(r.Unidentified, "answer", "answers"))
 	}
-	return fmt.Sprintf("%s · %d requests in %s · created %d %s", strings.Join(parts, ", "), r.Requests, r.Duration, r.Created, noun)
+	return fmt.Sprintf("%s · %d requests in %s · %s", strings.Join(parts, ", "), r.Requests, r.Duration, created)
+}
+
+// plural returns one when n is 1, else many.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // Title is the report's first line: "idem check: POST https://… (profile seed)".
@@ -117,10 +158,18 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(ew, "%s\n\n", r.Title())
 	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', 0)
 	for _, c := range r.Checks {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\n", strings.ToUpper(string(c.Status)), c.Name, c.Summary)
+		summary := c.Summary
+		if c.Accepted {
+			summary = "(accepted by the baseline) " + summary
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", strings.ToUpper(string(c.Status)), c.Name, summary)
 	}
 	tw.Flush()
 	fmt.Fprintf(ew, "\n%s\n", r.Totals())
+	fmt.Fprintf(ew, "polling: %s\n", r.Polling)
+	if b := r.Baseline; b != nil {
+		fmt.Fprintf(ew, "baseline %s: %s\n", b.File, b.Summary())
+	}
 	if r.Hint != "" {
 		fmt.Fprintf(ew, "\nhint: %s\n", r.Hint)
 	}
@@ -128,7 +177,14 @@ func (r *Report) WriteText(w io.Writer) error {
 		if c.Status != StatusFail && c.Status != StatusWarn {
 			continue
 		}
-		fmt.Fprintf(ew, "\n%s %s: %s\n  rule: %s\n", strings.ToUpper(string(c.Status)), c.Name, c.Doc, c.Rule)
+		known := ""
+		if c.Accepted {
+			known = " (accepted by the baseline)"
+		}
+		fmt.Fprintf(ew, "\n%s %s%s: %s\n  rule: %s\n", strings.ToUpper(string(c.Status)), c.Name, known, c.Doc, c.Rule)
+		if len(c.Causes) > 0 {
+			fmt.Fprintf(ew, "  causes: %s\n", strings.Join(c.Causes, ", "))
+		}
 		for i, x := range c.Evidence {
 			if i == textExchanges {
 				fmt.Fprintf(ew, "  … and %d more: --json or --html shows them all\n", len(c.Evidence)-i)
@@ -167,8 +223,8 @@ func writeExchange(w io.Writer, x *Exchange, keyHeader string) {
 	} else {
 		line += "  (no key)"
 	}
-	if req.Body != "" {
-		line += "  " + cut(req.Body, textBody)
+	if b := shownText(req.Body, req.BodySHA256, req.BodyBytes); b != "" {
+		line += "  " + b
 	}
 	if x.Instance > 0 {
 		line += fmt.Sprintf("  (instance %d)", x.Instance)
@@ -185,11 +241,29 @@ func writeExchange(w io.Writer, x *Exchange, keyHeader string) {
 			extra += fmt.Sprintf("  %s: %s", h, v)
 		}
 	}
-	body := cut(a.Body, textBody)
-	if !json.Valid(a.raw) && (strings.Contains(a.Header.Get("Content-Type"), "html") || looksHTML(a.raw)) {
+	body := shownText(a.Body, a.BodySHA256, a.BodyBytes)
+	switch {
+	case a.Body != "" && !json.Valid(a.raw) && (strings.Contains(a.Header.Get("Content-Type"), "html") || looksHTML(a.raw)):
 		body = fmt.Sprintf("[HTML, %d bytes] %s", len(a.raw), summary("text/html", a.raw))
+	case a.Body == "" && x.Resource != "":
+		body = x.Resource + "  " + body
+	case a.Body == "" && !is2xx(a.Status) && a.BodyBytes > 0:
+		// An error's words are the evidence: its one-line summary, never a 2xx body.
+		body = cut(strings.TrimPrefix(a.describe(), fmt.Sprint(a.Status)), textBody) + "  " + body
 	}
-	fmt.Fprintf(w, "    ← %d%s  %s  (%s)\n", a.Status, extra, body, x.Elapsed)
+	fmt.Fprintf(w, "    ← %d%s  %s  (%s)\n", a.Status, extra, strings.TrimSpace(body), x.Elapsed)
+}
+
+// shownText renders a body for one line: the body when the report has it, else its
+// length and hash ("[31 bytes sha256:9f86d081884c]").
+func shownText(body, sum string, n int) string {
+	switch {
+	case body != "":
+		return cut(body, textBody)
+	case n > 0:
+		return fmt.Sprintf("[%d bytes sha256:%s]", n, sum)
+	}
+	return ""
 }
 
 // cut shortens s to n bytes on one line.

@@ -2,8 +2,10 @@ package check_test
 
 import (
 	"bufio"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,7 +30,7 @@ func needNode(t *testing.T) {
 	if _, err := exec.LookPath("node"); err != nil {
 		testenv.Unavailable(t, "node is not on PATH, needed for the third-party libraries of %s: %v", nodeDir, err)
 	}
-	for _, pkg := range []string{"express", "express-idempotency", "express-idempotency-redis-adapter", "@nestjs/core", "@node-idempotency/nestjs"} {
+	for _, pkg := range []string{"express", "express-idempotency", "express-idempotency-redis-adapter", "@nestjs/core", "@node-idempotency/nestjs", "@aws-lambda-powertools/idempotency", "@redis/client"} {
 		if _, err := os.Stat(filepath.Join(nodeDir, "node_modules", pkg, "package.json")); err != nil {
 			testenv.Unavailable(t, "the npm package %s is not installed: run (cd internal/check/%s && npm ci)", pkg, nodeDir)
 		}
@@ -153,7 +155,10 @@ func TestExpressIdempotencyOnTwoInstances(t *testing.T) {
 	cfg.Instances = []string{expressServer(t)}
 	rep := run(t, cfg)
 	wantSays(t, rep, "replay", check.StatusFail, "the retry on instance 2 got another resource")
-	wantSays(t, rep, "concurrent-duplicates", check.StatusFail, "3 of 3 rounds ran duplicates", "instance 1: 1 × 201", "instance 2: 1 × 201")
+	wantSays(t, rep, "concurrent-duplicates", check.StatusFail, "3 of 3 rounds ran duplicates", "made 2 resources", "answers: instance 1: ", "; instance 2: ")
+	if c := result(t, rep, "concurrent-duplicates"); strings.Count(c.Summary, "instance 1: ") != 1 || strings.Count(c.Summary, "instance 2: ") != 1 {
+		t.Errorf("concurrent-duplicates: %q does not tally each instance once", c.Summary)
+	}
 	if rep.Hint != "" {
 		t.Errorf("hint %q: the first instance replays, so the key is not ignored", rep.Hint)
 	}
@@ -175,7 +180,8 @@ func TestExpressIdempotencyOnTwoInstances(t *testing.T) {
 // A server killed in the middle of a request and started again: on Redis both
 // libraries leave the key in flight, express-idempotency's adapter for its TTL of a
 // day and @node-idempotency's for cacheTTLMS, a day too (every retry 409): restart
-// fails. In memory the restart forgets the key and its retry runs, which passes.
+// fails, and having asked on for three times --timeout more, says the key stays
+// stuck. In memory the restart forgets the key and its retry runs, which passes.
 func TestNodeLibrariesOnRedisLeaveAKeyStuck(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -202,8 +208,8 @@ func TestNodeLibrariesOnRedisLeaveAKeyStuck(t *testing.T) {
 			cfg.Checks = []*check.Check{check.RestartCheck}
 			rep := run(t, cfg)
 			wantSays(t, rep, "restart", c.status, c.says)
-			if c.status == check.StatusFail && !rep.Failed() {
-				t.Error("the report did not fail")
+			if c.status == check.StatusFail && (!rep.Failed() || !slicesEqual(result(t, rep, "restart").Causes, "stuck")) {
+				t.Errorf("the report did not fail with the cause stuck: %v", result(t, rep, "restart").Causes)
 			}
 		})
 	}
@@ -399,20 +405,7 @@ func superviseServer(t *testing.T, program string, args ...string) (url, between
 // endpoint's URL.
 func fiberServer(t *testing.T) string {
 	t.Helper()
-	if testing.Short() && !testenv.CI() {
-		t.Skip("-short: testdata/fiber builds Fiber")
-	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		testenv.Unavailable(t, "the go command is not on PATH, needed to build testdata/fiber: %v", err)
-	}
-	exe := filepath.Join(t.TempDir(), "fiber")
-	build := exec.Command(goBin, "build", "-o", exe, ".")
-	build.Dir = "testdata/fiber"
-	build.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("(cd internal/check/testdata/fiber && go build) failed: %v\n%s", err, out)
-	}
+	exe := buildModule(t, "testdata/fiber")
 	return startServer(t, exe, "-addr", "127.0.0.1:0")
 }
 
@@ -455,4 +448,214 @@ func TestFiberIdempotencyMiddleware(t *testing.T) {
 	wantSays(t, rep, "errors-not-stored", check.StatusFail, "the key replays its rejection (400 parameter_invalid) to a valid body")
 	wantSays(t, rep, "bad-keys", check.StatusFail, "256 characters 500 invalid idempotency key")
 	wantSays(t, rep, "per-principal", check.StatusFail, "keys are not scoped per principal")
+}
+
+// verdicts are what a run must find: each check's status, and the causes of each
+// failure.
+type verdicts struct {
+	statuses map[string]check.Status // the checks that do not pass
+	causes   map[string][]string     // of each failure
+}
+
+// wantVerdicts fails t unless rep found v exactly.
+func wantVerdicts(t *testing.T, rep *check.Report, v verdicts) {
+	t.Helper()
+	want(t, rep, v.statuses)
+	for _, c := range rep.Checks {
+		if c.Status == check.StatusFail && !slicesEqual(c.Causes, v.causes[c.Name]...) {
+			t.Errorf("%s failed of %v (%s), want %v", c.Name, c.Causes, c.Summary, v.causes[c.Name])
+		}
+	}
+}
+
+// freshPrincipals returns config(url) with two principals no run used before: a
+// library that keeps what a principal's keyless requests did (for an hour, in Redis)
+// must be judged on what this run did.
+func freshPrincipals(url string) check.Config {
+	cfg := config(url)
+	cfg.Header = http.Header{"Authorization": {"Bearer sk_test_" + rand.Text()}}
+	cfg.Other = http.Header{"Authorization": {"Bearer sk_test_" + rand.Text()}}
+	return cfg
+}
+
+// powertoolsServers starts n processes of testdata/node/powertools.js with args on
+// the test Redis, as one deployment of one function (its name, the records' key
+// prefix, fresh for each call), and returns their charges endpoints' URLs.
+func powertoolsServers(t *testing.T, n int, args ...string) []string {
+	t.Helper()
+	needNode(t)
+	fn := "charges_" + rand.Text()[:12]
+	var urls []string
+	for range n {
+		urls = append(urls, startServer(t, "node", append([]string{nodeDir + "/powertools.js", "--port", "0", "--redis", testenv.RedisURL(t), "--function", fn}, args...)...))
+	}
+	return urls
+}
+
+// Powertools for AWS Lambda (TypeScript) 2.35.0's idempotency utility
+// (@aws-lambda-powertools/idempotency, CachePersistenceLayer on @redis/client), in
+// a function behind an emulated API Gateway (testdata/node/powertools.js), two
+// processes on one Redis as two concurrent Lambda environments; three runs of each
+// configuration find the same defects with the same causes, and nothing else:
+//   - every configuration stores a 4xx like a success: the --body-invalid's 400 is
+//     replayed to the valid body (errors-not-stored fails);
+//   - the key is hashed from what eventKeyJmesPath selects and nothing else, so a
+//     changed body (without payload validation) and another query get the first
+//     answer (changed-body, other-request fail); with the header alone, so does
+//     another principal (per-principal fails);
+//   - a key that selects null skips the utility, but anything else is hashed: with
+//     the header alone the empty key "" is one key for every principal and body;
+//     scoped ([authorization, key]) a missing key is [token, null], one key for
+//     each principal's keyless requests, and the empty one too (keyless fails,
+//     naming the key form);
+//   - with payloadValidationJmesPath, the completed record is written without the
+//     payload's hash (CachePersistenceLayer._updateRecord), so every retry of a
+//     completed key fails validation: 422 (replay fails), and the checks that need
+//     a replay say so instead of blaming the refusal or the principals (skip);
+//   - a duplicate in flight is IdempotencyAlreadyInProgressError, answered 409
+//     without Retry-After (concurrent-duplicates warns); keys are optional
+//     (bad-keys warns).
+//
+// The claim is a SET NX: duplicates across the two processes make one charge.
+func TestPowertoolsIdempotencyOnRedisAcrossTwoProcesses(t *testing.T) {
+	t.Parallel()
+	warns := func(more map[string]check.Status) map[string]check.Status {
+		m := map[string]check.Status{"concurrent-duplicates": check.StatusWarn, "bad-keys": check.StatusWarn}
+		for k, v := range more {
+			m[k] = v
+		}
+		return m
+	}
+	for _, c := range []struct {
+		config string
+		v      verdicts
+	}{
+		{"header", verdicts{
+			warns(map[string]check.Status{"changed-body": check.StatusFail, "other-request": check.StatusFail, "errors-not-stored": check.StatusFail, "keyless": check.StatusFail, "per-principal": check.StatusFail}),
+			map[string][]string{
+				"changed-body": {"changed-body-replayed"}, "other-request": {"query-replayed"}, "errors-not-stored": {"rejection-replayed"},
+				"keyless": {"empty-key-shared-across-bodies", "empty-key-shared-across-principals"}, "per-principal": {"shared-across-principals"},
+			},
+		}},
+		{"scoped", verdicts{
+			warns(map[string]check.Status{"changed-body": check.StatusFail, "other-request": check.StatusFail, "errors-not-stored": check.StatusFail, "keyless": check.StatusFail}),
+			map[string][]string{
+				"changed-body": {"changed-body-replayed"}, "other-request": {"query-replayed"}, "errors-not-stored": {"rejection-replayed"},
+				"keyless": {"missing-key-shared-across-bodies", "empty-key-shared-across-bodies"},
+			},
+		}},
+		{"validated", verdicts{
+			warns(map[string]check.Status{"replay": check.StatusFail, "errors-not-stored": check.StatusFail, "keyless": check.StatusFail,
+				"changed-body": check.StatusSkip, "other-request": check.StatusSkip, "per-principal": check.StatusSkip}),
+			map[string][]string{
+				"replay": {"status-differs"}, "errors-not-stored": {"key-bound-to-rejection"},
+				"keyless": {"missing-key-shared-across-bodies", "empty-key-shared-across-bodies"},
+			},
+		}},
+	} {
+		t.Run(c.config, func(t *testing.T) {
+			t.Parallel()
+			urls := powertoolsServers(t, 2, "--config", c.config)
+			for i := range 3 {
+				cfg := freshPrincipals(urls[0])
+				cfg.Instances = urls[1:]
+				rep := run(t, cfg)
+				wantVerdicts(t, rep, c.v)
+				if i == 0 && c.config == "validated" {
+					for _, name := range []string{"changed-body", "other-request", "per-principal"} {
+						wantSays(t, rep, name, check.StatusSkip, `the endpoint replays no completed key (a retry of the first request got 422 {"message":"Payload does not match stored record for this event key"}; see replay)`)
+					}
+				}
+				if t.Failed() {
+					t.Fatalf("run %d of 3", i+1)
+				}
+			}
+		})
+	}
+}
+
+// Powertools' in-flight record lasts as long as the Lambda's remaining time (here 8
+// s from the first request): a function killed mid-charge leaves its key in flight
+// until then, and the next retry takes it over and charges. With --timeout below that, restart fails for the
+// right cause, the lease, and says which --timeout to give; with --timeout above
+// it, restart passes.
+func TestPowertoolsLeaseLongerThanTimeoutIsNamed(t *testing.T) {
+	t.Parallel()
+	needNode(t)
+	url, between := superviseServer(t, "node", nodeDir+"/powertools.js", "--config", "scoped", "--redis", testenv.RedisURL(t),
+		"--function", "charges_"+rand.Text()[:12], "--work", "1000", "--lambda-timeout", "8000")
+	cfg := config(url)
+	cfg.Between = between
+	cfg.Timeout = 2 * time.Second
+	cfg.Checks = []*check.Check{check.RestartCheck}
+	rep := run(t, cfg)
+	wantSays(t, rep, "restart", check.StatusFail, "still in flight after --timeout (2 s); the server's lease looks longer: the key got a final answer, 201", "give --timeout ")
+	if c := result(t, rep, "restart"); !slicesEqual(c.Causes, "lease-longer-than-timeout") {
+		t.Errorf("restart failed of %v", c.Causes)
+	}
+	cfg.Timeout = 10 * time.Second
+	wantSays(t, run(t, cfg), "restart", check.StatusPass, "after --between its retry got 201")
+}
+
+// fiber2Servers builds testdata/fiber2 (its own module: Fiber v2.52.12's idempotency
+// middleware on gofiber/storage/redis v3.4.3) and starts n processes of it on the
+// test Redis, as replicas of one API; it returns their URLs.
+func fiber2Servers(t *testing.T, n int) []string {
+	t.Helper()
+	exe := buildModule(t, "testdata/fiber2")
+	var urls []string
+	for range n {
+		// A charge takes a second: a burst's requests reach both processes within it,
+		// however loaded the machine.
+		urls = append(urls, startServer(t, exe, "-addr", "127.0.0.1:0", "-redis", testenv.RedisURL(t), "-work", "1s"))
+	}
+	return urls
+}
+
+// Fiber v2.52.12's idempotency middleware (middleware/idempotency) with its records
+// in Redis (Config.Storage: gofiber/storage/redis v3.4.3), two processes on one
+// Redis, checked with --key-header X-Idempotency-Key: a run finds these defects with
+// these causes, and nothing else, and two more runs of concurrent-duplicates find
+// its race again:
+//   - its lock is a mutex of each process (Config.Lock defaults to
+//     NewMemoryLock): duplicates sent at once to both run once on each, two charges
+//     a burst (concurrent-duplicates fails, every round of every run);
+//   - the stored response is looked up by the key alone: a changed body, another
+//     method, path or query and another principal get the first answer
+//     (changed-body, other-request, per-principal fail);
+//   - a 400 returned by the handler is stored like any response (errors-not-stored
+//     fails);
+//   - a key that is not 36 characters long is KeyHeaderValidate's error, answered
+//     500 (bad-keys fails); a missing or empty key skips the middleware (keyless
+//     passes: each runs as itself).
+func TestFiberV2IdempotencyOnRedisAcrossTwoProcesses(t *testing.T) {
+	t.Parallel()
+	urls := fiber2Servers(t, 2)
+	v := verdicts{
+		map[string]check.Status{
+			"concurrent-duplicates": check.StatusFail, "changed-body": check.StatusFail, "other-request": check.StatusFail,
+			"errors-not-stored": check.StatusFail, "bad-keys": check.StatusFail, "per-principal": check.StatusFail,
+		},
+		map[string][]string{
+			"concurrent-duplicates": {"duplicates-ran"}, "changed-body": {"changed-body-replayed"},
+			"other-request": {"method-replayed", "path-replayed", "query-replayed"}, "errors-not-stored": {"rejection-replayed"},
+			"bad-keys": {"256-characters-server-error", "list-server-error"}, "per-principal": {"shared-across-principals"},
+		},
+	}
+	cfg := freshPrincipals(urls[0])
+	cfg.Instances = urls[1:]
+	cfg.KeyHeader = "X-Idempotency-Key"
+	rep := run(t, cfg)
+	wantVerdicts(t, rep, v)
+	wantSays(t, rep, "concurrent-duplicates", check.StatusFail, "3 of 3 rounds ran duplicates")
+	// The race, twice more (the other defects are the middleware's logic, the same
+	// in every run; each charge takes a second, so runs are dear).
+	for i := range 2 {
+		cfg.Checks = []*check.Check{check.ConcurrencyCheck}
+		rep := run(t, cfg)
+		wantSays(t, rep, "concurrent-duplicates", check.StatusFail, "3 of 3 rounds ran duplicates")
+		if c := result(t, rep, "concurrent-duplicates"); !slicesEqual(c.Causes, "duplicates-ran") {
+			t.Errorf("run %d of 3: concurrent-duplicates failed of %v", i+2, c.Causes)
+		}
+	}
 }

@@ -63,11 +63,15 @@ const (
 	PostgresSQL   Store = "PostgreSQL (database/sql)"
 	RedisSQLite   Store = "Redis + backstop on SQLite"
 	RedisPostgres Store = "Redis + backstop on PostgreSQL"
+	// RedisSentinel is Redis reached through Sentinel (a redis+sentinel:// URL: a
+	// master, a replica, three Sentinels) with claims that wait for the replica
+	// (wait_replicas=1): the failover client and WAIT's pipelines in every cell.
+	RedisSentinel Store = "Redis via Sentinel, wait_replicas=1, + backstop on SQLite"
 	Memory        Store = "memory"
 )
 
 // Stores are the stores of the HTTP cells, in the document's order.
-var Stores = []Store{SQLite, Postgres, PostgresSQL, RedisSQLite, RedisPostgres, Memory}
+var Stores = []Store{SQLite, Postgres, PostgresSQL, RedisSQLite, RedisPostgres, RedisSentinel, Memory}
 
 // Route is the route-kind axis.
 type Route string
@@ -84,12 +88,18 @@ var Routes = []Route{Lease, ClaimInHandler}
 // Helper is the helper axis: how the handler writes its effect and its response.
 type Helper string
 
-// The helpers: a store's two SPEC §7 helpers, and the two misuses.
+// The helpers: a store's two SPEC §7 helpers, idem.Finish over its lease form, and
+// the two misuses.
 const (
 	// Respond: the store's Respond form, which takes the response the function returns.
 	Respond Helper = "respond"
 	// InTx: the store's lease form; the handler writes its response inside it.
 	InTx Helper = "intx"
+	// Finish: idem.Finish over the store's lease form (InTx, InSQLTx), which takes the
+	// response the function returns, as a handler and its resume function share it
+	// (SPEC §13). Backstop's InTx takes the request, not a context: none there (Redis
+	// keeps no steps to resume).
+	Finish Helper = "finish"
 	// Direct: the handler writes with the database directly, then writes its response.
 	Direct Helper = "direct"
 	// Late: the lease form with the response written after it returned.
@@ -97,7 +107,7 @@ const (
 )
 
 // Helpers are the helpers, in the document's order.
-var Helpers = []Helper{Respond, InTx, Direct, Late}
+var Helpers = []Helper{Respond, InTx, Finish, Direct, Late}
 
 // Mount is the mounting axis: where the middleware goes.
 type Mount string
@@ -121,7 +131,7 @@ func HelperAPI(s Store, h Helper) string {
 		respond, inTx = "store.Respond", "store.InTx"
 	case PostgresSQL:
 		respond, inTx = "store.RespondSQL", "store.InSQLTx"
-	case RedisSQLite, RedisPostgres:
+	case RedisSQLite, RedisPostgres, RedisSentinel:
 		respond, inTx = "backstop.Respond", "backstop.InTx"
 	}
 	switch h {
@@ -129,6 +139,11 @@ func HelperAPI(s Store, h Helper) string {
 		return respond
 	case InTx:
 		return inTx
+	case Finish:
+		if !hasTransactions(s) {
+			return ""
+		}
+		return "idem.Finish with " + inTx
 	case Direct:
 		return "the database directly, then the response"
 	case Late:
@@ -350,7 +365,13 @@ completion and fence, in Go, SQL and Lua, the SPEC §7 helpers, gRPC, and idem p
 release-or-keep decisions) and runs this suite alone against each. Its last run: **41 of
 42 mutants killed (98%)**, the nine of idem proxy among them (since then, the 43rd, a lease
 route that never reads its key first, and the 44th, an InTx whose lazy BEGIN is left
-out so that the handler's first write commits on its own, are killed too), the whole run in about 6
+out so that the handler's first write commits on its own, are killed too, and so are
+issue 38's four, each by the matrix alone: a protected request's body re-readable
+again (GetBody: a keyed GET's lost reply re-sent by Go's transport, an HTTP/2 reset
+stream retried), a body-less keyed GET sent with no body object, an upstream's 504
+releasing the key, and the auth endpoint's refusal not passed on; the two proxy entries
+whose code issue 38 changed, an h2c offer passed on and the derived key under its
+canonical name, are still killed: ` + "`scripts/mutants -run 'proxy-'`" + `), the whole run in about 6
 minutes (` + "`scripts/mutants`" + `; the suite without -race, stopping at its first
 failure). The suite as it was before issue 28, whose cells checked one body, one
 principal, one 201 and a lease that never ran out, killed 8 of the first 30 of them
@@ -358,11 +379,16 @@ principal, one 201 and a lease that never ran out, killed 8 of the first 30 of t
 proxy, and go-mutesting mutate Go operators and statements in the module whose own tests
 they run, while this suite is a module of its own, and many of the bugs worth planting
 are in SQL files and Lua scripts; each entry here is a bug a user would lose something
-to, with the sentence that says what.) The survivor, and why no cell here sees it:
+to, with the sentence that says what.) The survivors, and why no cell here sees them:
 
 - ` + "`write-error-no-retry-after`" + `: ` + "`idem.WriteError`" + ` without ` + "`Retry-After`" + `. The middleware sets its
   own (a mutant of it is killed); only the backstop answers with ` + "`idem.WriteError`" + `'s 409
   and 503: the 409 on a path its own comment calls unreachable (a row and its response
   commit together), the 503 when the application's database fails, which no cell makes
   happen.
+- ` + "`redis-claim-runs-unreplicated`" + ` (the 45th, added with the Sentinel column and not yet in a
+  run's figures): with ` + "`wait_replicas`" + `, a claim that no replica acknowledged runs its handler.
+  The Sentinel column's replica always acknowledges; the store's own tests, which hold
+  replication back (` + "`TestClaimsThatWaitForAReplicaAreGivenBackWhenItDoesNotAcknowledge`" + `,
+  ` + "`TestHandlerNeverRunsOnAClaimNoReplicaAcknowledged`" + `, ` + "`TestSentinelFailover`" + `), kill it.
 `

@@ -25,6 +25,7 @@ import (
 	"github.com/idem-go/idem/store/memory"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/redis"
+	"github.com/idem-go/idem/store/redis/redistest"
 	"github.com/idem-go/idem/store/sqlite"
 )
 
@@ -41,6 +42,9 @@ type env struct {
 	// inTx runs o's insert through the store's lease form and calls inside, in its
 	// transaction, after the insert. Nil when the store has none.
 	inTx func(w http.ResponseWriter, r *http.Request, o op, inside func()) error
+	// finish answers o through idem.Finish over the store's lease form: its insert in
+	// the transaction, its response returned. Nil when the store has none.
+	finish func(r *http.Request, o op) error
 	// charges counts the charges of key.
 	charges func(t *testing.T, key string) int
 	// respondRuns counts the runs of the Respond form's function, by key.
@@ -101,9 +105,11 @@ func openEnv(t *testing.T, s Store) *env {
 	case Postgres, PostgresSQL:
 		return postgresEnv(t, s == PostgresSQL)
 	case RedisSQLite, RedisPostgres:
-		return redisEnv(t, s == RedisPostgres)
+		return redisEnv(t, openRedis(t, testenv.RedisURL(t)), s == RedisPostgres)
+	case RedisSentinel:
+		return redisEnv(t, openRedis(t, sentinelURL(t)), false)
 	case "Redis":
-		return &env{store: openRedis(t)}
+		return &env{store: openRedis(t, testenv.RedisURL(t))}
 	case Memory:
 		return memoryEnv()
 	}
@@ -124,7 +130,7 @@ func sqliteEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	const insert = `INSERT INTO charges (key, id) VALUES (?, ?)`
-	e := &env{store: st, insert: insert, sqlInTx: st.InTx}
+	e := &env{store: st, insert: insert, sqlInTx: st.InTx, finish: sqlFinish(st.InTx, insert)}
 	return e.onSQL(st.DB(), insert, st.Respond, leaseFormOf(st.InTx))
 }
 
@@ -171,6 +177,18 @@ func (e *env) onSQL(db *sql.DB, insert string, respond sqlRespondForm, inTx sqlL
 		})
 	}
 	return e
+}
+
+// sqlFinish answers o through idem.Finish over a database/sql lease form.
+func sqlFinish(inTx func(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error, insert string) func(r *http.Request, o op) error {
+	return func(r *http.Request, o op) error {
+		return idem.Finish(r.Context(), inTx, func(ctx context.Context, tx *sql.Tx) (*idem.Response, error) {
+			if err := sqlInsert(ctx, tx, insert, o); err != nil {
+				return nil, err
+			}
+			return o.response(), nil
+		})
+	}
 }
 
 // sqlInsert inserts o's charge in tx, unless o fails.
@@ -221,7 +239,18 @@ func postgresEnv(t *testing.T, databaseSQL bool) *env {
 		return err
 	}
 	if databaseSQL {
+		e.finish = sqlFinish(st.InSQLTx, insert)
 		return e.onSQL(st.DB(), insert, st.RespondSQL, leaseFormOf(st.InSQLTx))
+	}
+	e.finish = func(r *http.Request, o op) error {
+		return idem.Finish(r.Context(), st.InTx, func(ctx context.Context, tx pgx.Tx) (*idem.Response, error) {
+			if !o.fail {
+				if _, err := tx.Exec(ctx, insert, o.key, o.id); err != nil {
+					return nil, err
+				}
+			}
+			return o.response(), nil
+		})
 	}
 	e.respond = func(w http.ResponseWriter, r *http.Request, o op) error {
 		return st.Respond(w, r, func(b *pgx.Batch) (*idem.Response, error) {
@@ -246,9 +275,9 @@ func postgresEnv(t *testing.T, databaseSQL bool) *env {
 	return e
 }
 
-func openRedis(t *testing.T) *redis.Store {
+func openRedis(t *testing.T, url string) *redis.Store {
 	t.Helper()
-	st, err := redis.Open(t.Context(), testenv.RedisURL(t), redis.Config{KeyPrefix: testenv.Name("matrix:") + ":", Logger: slog.New(slog.DiscardHandler)})
+	st, err := redis.Open(t.Context(), url, redis.Config{KeyPrefix: testenv.Name("matrix:") + ":", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,8 +285,9 @@ func openRedis(t *testing.T) *redis.Store {
 	return st
 }
 
-func redisEnv(t *testing.T, onPostgres bool) *env {
-	st := openRedis(t)
+// redisEnv is the Redis store st beside an application database with the backstop's
+// table: SQLite, or PostgreSQL when onPostgres.
+func redisEnv(t *testing.T, st *redis.Store, onPostgres bool) *env {
 	var (
 		db      *sql.DB
 		dialect = backstop.SQLite
@@ -286,6 +316,34 @@ func redisEnv(t *testing.T, onPostgres bool) *env {
 	}
 	e := &env{store: st}
 	return e.onSQL(db, insert, bs.Respond, bs.InTx)
+}
+
+// The Sentinel deployment of the RedisSentinel column: started once, by the column's
+// test (useSentinel), and shared by its cells, each on a key prefix of its own.
+var (
+	sentinelMu  sync.Mutex
+	sentinelRaw string
+)
+
+// useSentinel starts the Sentinel deployment for the RedisSentinel cells that t (the
+// column's test) runs; it stops when t and its cells end.
+func useSentinel(t *testing.T) {
+	d := redistest.StartSentinel(t, redistest.SentinelOptions{})
+	sentinelMu.Lock()
+	defer sentinelMu.Unlock()
+	// A WAIT bound that a busy machine meets (the replica is local), below the
+	// client's read timeout and the middleware's StoreTimeout (5 s).
+	sentinelRaw = d.URL() + "&wait_replicas=1&wait_timeout=2s&read_timeout=4s"
+}
+
+// sentinelURL returns the URL of the deployment useSentinel started.
+func sentinelURL(t *testing.T) string {
+	sentinelMu.Lock()
+	defer sentinelMu.Unlock()
+	if sentinelRaw == "" {
+		t.Fatalf("no Sentinel deployment: the %q column's test starts it (useSentinel)", RedisSentinel)
+	}
+	return sentinelRaw
 }
 
 // memoryEnv is the in-memory store, its charges a map.
@@ -330,6 +388,8 @@ func (e *env) handler(h Helper, stall func(gate string)) http.HandlerFunc {
 			err = e.respond(w, r, o)
 		case InTx:
 			err = e.inTx(w, r, o, func() { o.write(w) })
+		case Finish:
+			err = e.finish(r, o)
 		case Late:
 			if err = e.inTx(w, r, o, func() {}); err == nil {
 				o.write(w) // too late: the transaction committed without it

@@ -59,6 +59,9 @@ func TestHTTPCombinations(t *testing.T) {
 	for _, s := range Stores {
 		t.Run(string(s), func(t *testing.T) {
 			t.Parallel()
+			if s == RedisSentinel {
+				useSentinel(t)
+			}
 			for _, r := range Routes {
 				for _, h := range Helpers {
 					for _, m := range Mounts {
@@ -365,7 +368,7 @@ func (c *httpCell) holdsExactlyOnce(seqKey, concKey string, first, retry answer,
 	}
 	// The SPEC §7 helpers of a store with transactions complete the record inside the
 	// application's transaction: no completion of the record of its own.
-	if hasTransactions(c.s) && (c.h == Respond || c.h == InTx) {
+	if hasTransactions(c.s) && (c.h == Respond || c.h == InTx || c.h == Finish) {
 		if n := c.completeCalls.Load(); n != 0 || c.storedApart.Load() != 0 || c.storedInTx.Load() == 0 {
 			t.Fatalf("%s completed %d records with a store call of their own (%d completions apart, %d inside the application's transaction); "+
 				"want every completion inside the transaction", HelperAPI(c.s, c.h), n, c.storedApart.Load(), c.storedInTx.Load())
@@ -434,7 +437,7 @@ func (c *httpCell) staleHolderCommitsNothing() {
 	}
 	proceed(takerGate)
 	taker := <-taken
-	backstopped := c.s == RedisSQLite || c.s == RedisPostgres
+	backstopped := strings.HasPrefix(HelperAPI(c.s, Respond), "backstop.")
 	if taker.status != http.StatusCreated || taker.replayed && !backstopped {
 		t.Fatalf("the duplicate that took the key over was answered %v; want it to execute, the stale holder having committed nothing", taker)
 	}
@@ -569,15 +572,15 @@ func sendTo(t *testing.T, srv *httptest.Server) (seqKey, concKey string, first, 
 }
 
 // sendDuplicatesTo is sendTo the server at url, through client.
-func sendDuplicatesTo(t *testing.T, client *http.Client, url string) (seqKey, concKey string, first, retry answer, conc []answer) {
+func sendDuplicatesTo(t *testing.T, client *http.Client, url string, opts ...reqOption) (seqKey, concKey string, first, retry answer, conc []answer) {
 	t.Helper()
 	seqKey, concKey = "seq-"+newID(), "conc-"+newID()
-	first = post(t, client, url, seqKey)
-	retry = post(t, client, url, seqKey)
+	first = post(t, client, url, seqKey, opts...)
+	retry = post(t, client, url, seqKey, opts...)
 	conc = make([]answer, duplicates)
 	var wg sync.WaitGroup
 	for i := range conc {
-		wg.Go(func() { conc[i] = post(t, client, url, concKey) })
+		wg.Go(func() { conc[i] = post(t, client, url, concKey, opts...) })
 	}
 	wg.Wait()
 	t.Logf("first %v; retry %v; concurrent %v", first, retry, conc)

@@ -1,6 +1,7 @@
 package matrix
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/h2fault"
 	"github.com/idem-go/idem/internal/proxy"
 )
 
@@ -42,10 +44,10 @@ func timeoutOf(kind string) time.Duration {
 }
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodGet {
+	key := r.Header.Get("Idempotency-Key") // derived by the proxy
+	if key == "" {
 		return // the cell's first request, which opens a kept-alive connection: no effect
 	}
-	key := r.Header.Get("Idempotency-Key") // derived by the proxy
 	u.mu.Lock()
 	u.deliveries[key]++
 	u.mu.Unlock()
@@ -66,7 +68,13 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Trailer", "X-Checksum")
 	case ProxySlow:
 		<-u.release
-	case ProxyLostReply, ProxyBrokenBody:
+	case ProxyGateway:
+		// The application acted; the gateway in front of it lost the reply.
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusGatewayTimeout)
+		fmt.Fprint(w, "<html>504 Gateway Time-out</html>")
+		return
+	case ProxyLostReply, ProxyBrokenBody, ProxyGetLost, ProxyBodilessLost:
 		conn, rw, err := http.NewResponseController(w).Hijack()
 		if err != nil {
 			return
@@ -136,13 +144,54 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 	cfg := proxy.Config{Upstream: u, Idem: idem.Config{Store: e.store},
 		TakeOverOnLapse: lapse == "take_over", MaxStoredBody: 128, UpstreamTimeout: timeoutOf(kind),
 		Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	counts := up.counts
+	if kind == ProxyH2Reset {
+		h2, err := h2fault.Start(h2fault.ResetAlways, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(h2.Close)
+		cfg.Upstream, _ = url.Parse(h2.URL)
+		cfg.UpstreamTLS = &tls.Config{RootCAs: h2.RootCAs}
+		counts = h2.Counts
+	}
+	// The requests of the cell: a POST with a body, or the transport faults' keyed GET
+	// and keyed POST without a body.
+	var opts []reqOption
+	switch kind {
+	case ProxyGetLost:
+		cfg.Methods = []string{"POST", "PATCH", "GET"}
+		opts = append(opts, withoutBody("GET"))
+	case ProxyBodilessLost:
+		opts = append(opts, withoutBody("POST"))
+	}
 	var hooked atomic.Int64
 	every := options == ProxyEveryOption
 	if every {
 		cfg.ScopeCookie, cfg.AccessLog = "session", true
 		cfg.RequireKey, cfg.Routes = []string{"POST /v1/charges"}, []string{"POST /v1/"}
-		cfg.MaxBufferedBodies, cfg.UpstreamWaitLimit = 1<<20, 2*time.Minute
+		if kind == ProxyGetLost {
+			cfg.RequireKey = append(cfg.RequireKey, "GET /v1/charges")
+		}
+		cfg.MaxBufferedBodies, cfg.MaxBufferedBodiesPerClient, cfg.MinUploadRate = 1<<20, 512<<10, 4<<10
+		cfg.UpstreamWaitLimit = 2 * time.Minute
+		cfg.Idem.MaxInFlightPerScope, cfg.Idem.MaxStoredBytesPerScope, cfg.Idem.QuotaWindow = 64, 1<<20, time.Minute
 		cfg.Hooks = &proxy.Hooks{UpstreamResponse: func(string, int, time.Duration) { hooked.Add(1) }}
+	}
+	auth := options == ProxyForwardAuth
+	if auth {
+		// The auth endpoint names the principal of the cell's token; another is
+		// revoked.
+		authSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Authorization") != "Bearer sk_test_matrix" {
+				w.Header().Set("WWW-Authenticate", "Bearer")
+				http.Error(w, `{"error":"revoked"}`, http.StatusUnauthorized)
+				return
+			}
+			w.Header().Set("X-Principal", "acct_matrix")
+		}))
+		t.Cleanup(authSrv.Close)
+		cfg.AuthURL, _ = url.Parse(authSrv.URL + "/auth")
 	}
 	p, err := proxy.New(cfg)
 	if err != nil {
@@ -172,17 +221,17 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 	t.Cleanup(release) // before the servers close (cleanups run last first): a held answer must end
 	client := srv.Client()
 	client.Transport.(*http.Transport).MaxIdleConnsPerHost = duplicates
-	// A GET first, forwarded untouched: the cell's requests then reach the upstream on
-	// a kept-alive connection, where Go's transport would re-send by itself a request it
-	// takes for replayable when the connection breaks after it was written.
-	if resp, err := client.Get(srv.URL + "/v1/charges"); err != nil {
+	// A keyless GET first, forwarded untouched: the cell's requests then reach the
+	// upstream on a kept-alive connection, where Go's transport would re-send by itself
+	// a request it takes for replayable when the connection breaks after it was written.
+	if resp, err := client.Get(srv.URL + "/v1/warm"); err != nil {
 		t.Fatal(err)
 	} else {
 		resp.Body.Close()
 	}
-	seqKey, concKey, first, retry, conc := sendDuplicatesTo(t, client, srv.URL)
+	seqKey, concKey, first, retry, conc := sendDuplicatesTo(t, client, srv.URL, opts...)
 	all := append([]answer{first, retry}, conc...)
-	keys, total := up.counts()
+	keys, total := counts()
 	for _, a := range all {
 		if a.replayed && a.status/100 != 2 {
 			t.Fatalf("an answer %v says it was replayed", a)
@@ -203,8 +252,26 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 		if strings.Contains(logs.String(), seqKey) || strings.Contains(logs.String(), "sk_test_matrix") {
 			t.Fatalf("a key or a token reached the logs:\n%s", logs)
 		}
-		if hooked.Load() == 0 && total > 0 && kind != ProxyLostReply {
+		if noReply := kind == ProxyLostReply || kind == ProxyGetLost || kind == ProxyBodilessLost || kind == ProxyH2Reset; hooked.Load() == 0 && total > 0 && !noReply {
 			t.Fatal("the hooks were told of no upstream response")
+		}
+	}
+
+	// Nothing below the proxy re-sends a protected request: the guard that would stop
+	// the transport's re-send (and log it) is never reached.
+	if strings.Contains(logs.String(), "tried to send a protected request again") || strings.Contains(logs.String(), "sent a protected request twice") {
+		t.Fatalf("the HTTP transport tried to re-send a protected request:\n%s", logs)
+	}
+	if auth {
+		// A revoked token's retry gets the auth endpoint's 401, never the replay, and
+		// reaches nothing.
+		before := total
+		revoked := post(t, client, srv.URL, seqKey, append(opts, func(r *http.Request) { r.Header.Set("Authorization", "Bearer sk_revoked") })...)
+		if revoked.status != http.StatusUnauthorized || revoked.replayed || !strings.Contains(revoked.body, "revoked") {
+			t.Fatalf("a revoked token's retry: %v, want the auth endpoint's 401", revoked)
+		}
+		if _, after := counts(); after != before {
+			t.Fatalf("a revoked token's retry reached the upstream: %d deliveries, then %d", before, after)
 		}
 	}
 
@@ -244,7 +311,7 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 				t.Fatalf("once the upstream answered: %v, want its 201 replayed", later)
 			}
 		}
-		if keys, total = up.counts(); total != 2 {
+		if keys, total = counts(); total != 2 {
 			t.Fatalf("the upstream got %d deliveries for two keys, want 2", total)
 		}
 	case Unknown:
@@ -260,8 +327,51 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 		if keys != 2 || total < 3 {
 			t.Fatalf("the upstream got %d deliveries under %d derived keys, want the retries re-forwarded under the two keys' own", total, keys)
 		}
+	case GatewayUnknown, GatewayReForwarded:
+		if first.status != http.StatusGatewayTimeout || first.code != "" || first.replayed {
+			t.Fatalf("first %v: want the gateway's 504 passed on", first)
+		}
+		if want == GatewayUnknown {
+			// The concurrent duplicates' one execution gets the 504 too.
+			wantEvery(t, "the retry", []answer{retry}, 0, idem.CodeOutcomeUnknown)
+			wantEvery(t, "the concurrent duplicates", conc, http.StatusGatewayTimeout, idem.CodeOutcomeUnknown, idem.CodeRequestInProgress)
+			if n := countStatus(conc, http.StatusGatewayTimeout); n != 1 {
+				t.Fatalf("%d concurrent duplicates got the gateway's 504, want the one execution's", n)
+			}
+			if total != 2 {
+				t.Fatalf("the upstream got %d deliveries for two keys, want 2", total)
+			}
+			break
+		}
+		for _, a := range append([]answer{retry}, conc...) {
+			if a.status != http.StatusGatewayTimeout && a.code != idem.CodeRequestInProgress {
+				t.Fatalf("a repeat %v: want the gateway's 504 (forwarded again) or an in-flight 409", a)
+			}
+		}
+		if keys != 2 || total < 3 {
+			t.Fatalf("the upstream got %d deliveries under %d derived keys, want the retries re-forwarded under the two keys' own", total, keys)
+		}
 	default:
 		t.Fatalf("no assertion for %v", want)
+	}
+}
+
+// countStatus is how many of answers have status.
+func countStatus(answers []answer, status int) int {
+	n := 0
+	for _, a := range answers {
+		if a.status == status {
+			n++
+		}
+	}
+	return n
+}
+
+// withoutBody makes a cell's request a keyed method request without a body.
+func withoutBody(method string) reqOption {
+	return func(r *http.Request) {
+		r.Method, r.Body, r.GetBody, r.ContentLength = method, http.NoBody, nil, 0
+		r.Header.Del("Content-Type")
 	}
 }
 

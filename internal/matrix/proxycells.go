@@ -26,20 +26,31 @@ const (
 	// the same derived key (one key at the upstream, which an upstream that
 	// deduplicates by it makes one effect); no answer is a success or a replay.
 	ReForwarded
+	// GatewayUnknown: the upstream answered 504 after acting (a gateway in front of it
+	// lost the reply): the first answer is that 504, passed on; every repeat is 500
+	// outcome_unknown (or an in-flight 409); one delivery.
+	GatewayUnknown
+	// GatewayReForwarded: the same under --on-lapse take_over: every repeat is
+	// forwarded again under the same derived key (and answered the gateway's 504).
+	GatewayReForwarded
 )
 
 var proxyMarks = map[Outcome]string{
-	NotStored:     "✓ once, not stored (409 response_not_stored)",
-	AnsweredLater: "✓ once: 504, then the stored answer",
-	Unknown:       "✓ once: outcome_unknown",
-	ReForwarded:   "✓ once per derived key: re-forwarded",
+	NotStored:          "✓ once, not stored (409 response_not_stored)",
+	AnsweredLater:      "✓ once: 504, then the stored answer",
+	Unknown:            "✓ once: outcome_unknown",
+	ReForwarded:        "✓ once per derived key: re-forwarded",
+	GatewayUnknown:     "✓ once: the 504, then outcome_unknown",
+	GatewayReForwarded: "✓ once per derived key: the 504, re-forwarded",
 }
 
 var proxyNames = map[Outcome]string{
-	NotStored:     "once, not stored",
-	AnsweredLater: "once, answered later",
-	Unknown:       "once, outcome unknown",
-	ReForwarded:   "re-forwarded under the same derived key",
+	NotStored:          "once, not stored",
+	AnsweredLater:      "once, answered later",
+	Unknown:            "once, outcome unknown",
+	ReForwarded:        "re-forwarded under the same derived key",
+	GatewayUnknown:     "once, the gateway's answer, then outcome unknown",
+	GatewayReForwarded: "the gateway's answer, re-forwarded under the same derived key",
 }
 
 // The proxy's axes (SPEC §17): its store, its policy for a holder whose outcome is
@@ -47,18 +58,21 @@ var proxyNames = map[Outcome]string{
 var (
 	ProxyStores  = []Store{SQLite, Postgres, "Redis"}
 	ProxyOnLapse = []string{"unknown", "take_over"}
-	// ProxyOptions: the proxy's defaults, or every option of its own set at once
+	// ProxyOptions: the proxy's defaults, every option of its own set at once
 	// (--scope-cookie, --require-key and --route on the cell's path, --access-log,
-	// --max-buffered-bodies, --upstream-wait-limit, the metrics' hooks); none changes
-	// an outcome.
-	ProxyOptions = []string{ProxyDefaults, ProxyEveryOption}
-	ProxyAnswers = []string{ProxyStored, ProxyStream, ProxyH2C, ProxyTooLarge, ProxyTrailers, ProxySlow, ProxyLostReply, ProxyBrokenBody}
+	// --max-buffered-bodies and its share per client, --min-upload-rate,
+	// --upstream-wait-limit, bounds per principal, the metrics' hooks), or forward
+	// authentication (--auth-url); none changes an outcome.
+	ProxyOptions = []string{ProxyDefaults, ProxyEveryOption, ProxyForwardAuth}
+	ProxyAnswers = []string{ProxyStored, ProxyStream, ProxyH2C, ProxyTooLarge, ProxyTrailers, ProxySlow, ProxyLostReply, ProxyBrokenBody,
+		ProxyGetLost, ProxyBodilessLost, ProxyH2Reset, ProxyGateway}
 )
 
 // The proxy's option sets.
 const (
 	ProxyDefaults    = "defaults"
 	ProxyEveryOption = "every option"
+	ProxyForwardAuth = "forward auth"
 )
 
 // The upstream's answers of the proxy cells.
@@ -71,6 +85,15 @@ const (
 	ProxySlow       = "201, slower than --upstream-timeout"
 	ProxyLostReply  = "no reply (the connection closed after the request)"
 	ProxyBrokenBody = "201, its body broken half way"
+	// The transport faults by which Go's HTTP clients re-send by themselves: the reply
+	// of a keyed GET, or of a keyed POST without a body, lost on a kept-alive
+	// connection; an HTTPS upstream speaking HTTP/2 that resets the stream
+	// (RST_STREAM PROTOCOL_ERROR) after acting, every time.
+	ProxyGetLost      = "a keyed GET, no reply on a reused connection"
+	ProxyBodilessLost = "a keyed POST without a body, no reply on a reused connection"
+	ProxyH2Reset      = "HTTP/2, the stream reset (PROTOCOL_ERROR) after acting"
+	// ProxyGateway: the upstream acts, and a gateway in front of it answers 504.
+	ProxyGateway = "504 from a gateway, after acting"
 )
 
 // ExpectProxy is the outcome of a proxy cell: the upstream's answer under the policy
@@ -81,11 +104,16 @@ func ExpectProxy(answer, lapse string) Outcome {
 		return NotStored
 	case ProxySlow:
 		return AnsweredLater
-	case ProxyLostReply, ProxyBrokenBody:
+	case ProxyLostReply, ProxyBrokenBody, ProxyGetLost, ProxyBodilessLost, ProxyH2Reset:
 		if lapse == "take_over" {
 			return ReForwarded
 		}
 		return Unknown
+	case ProxyGateway:
+		if lapse == "take_over" {
+			return GatewayReForwarded
+		}
+		return GatewayUnknown
 	}
 	return ExactlyOnce
 }
@@ -106,24 +134,34 @@ func writeProxyDocument(b *strings.Builder) {
 	}
 	b.WriteString(`
 Each proxy cell sends the same requests (a retry and 16 concurrent duplicates) through
-an ` + "`idem proxy`" + ` in process, with its defaults or with every option of its own set
+an ` + "`idem proxy`" + ` in process, with its defaults, with every option of its own set
 (the principal from a cookie beside an analytics cookie that changes on every request,
 ` + "`--require-key`" + ` and ` + "`--route`" + ` on the cell's path, ` + "`--access-log`" + ` (a line per request, no key
-in it), ` + "`--max-buffered-bodies`" + `, ` + "`--upstream-wait-limit`" + `, the metrics' hooks), in front of a Go upstream that counts what it receives by
-the derived key, and holds it to its outcome. Not knowing is not failure: a key is
-released only when the request provably never reached the upstream, so every row keeps
-one effect per key:
+in it), ` + "`--max-buffered-bodies`" + ` and its share per client, ` + "`--min-upload-rate`" + `,
+` + "`--upstream-wait-limit`" + `, the bounds per principal, the metrics' hooks), or with forward
+authentication (` + "`--auth-url`" + `: an auth endpoint names the principal; a revoked token's
+retry then gets the endpoint's 401, never a replay), in front of a Go upstream that counts
+what it receives by the derived key, and holds it to its outcome. The cell's first
+request, a keyless GET, opens a kept-alive connection to the upstream, on which Go's
+transport would re-send by itself a request it takes for replayable when the connection
+breaks after the request was written; no cell may see the proxy's guard stop such a
+re-send (it logs an error). Not knowing is not failure: a key is released only when the
+request provably never reached the upstream, so every row keeps one effect per key:
 
 - **✓ once, not stored**: the response passes through as it came (trailers included);
   the repeats get 409 ` + "`response_not_stored`" + `, never a second execution.
 - **✓ once: 504, then the stored answer**: the client gets 504 ` + "`upstream_timeout`" + ` with
   ` + "`Retry-After`" + `; the proxy waits on and stores the upstream's answer, which the retry
   gets, replayed.
-- **✓ once: outcome_unknown**: the request reached the upstream and its reply was lost;
-  every answer is 500 ` + "`outcome_unknown`" + ` until an operator resolves the key.
+- **✓ once: outcome_unknown**: the request reached the upstream and its reply was lost
+  (a reset, an EOF, a body broken, an HTTP/2 stream reset); every answer is 500
+  ` + "`outcome_unknown`" + ` until an operator resolves the key.
 - **✓ once per derived key: re-forwarded** (` + "`--on-lapse take_over`" + `): the client gets 502
   ` + "`upstream_reply_lost`" + `; its retry is forwarded again under the same derived key, for the
   upstream to deduplicate.
+- **✓ once: the 504, then outcome_unknown**: a gateway's 504 after the upstream acted is
+  passed on, and the record kept as for a lost reply (under ` + "`take_over`" + `, **the 504,
+  re-forwarded**).
 
 An event stream is stored when it ends within --max-stored-body and replayed; an h2c
 upgrade offer is ignored and the request protected. What a proxy killed mid-forward

@@ -198,8 +198,8 @@ func New(cfg Config) *Server {
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // Guard returns the guard of the API's idempotency middleware, for a Completer
-// (idem.NewCompleter) that finishes, in the background, charges whose holder died
-// after recording them pending (SPEC §13); nil with DisableIdempotency.
+// (idem.NewCompleter) that finishes, in the background, charges whose holder died, or
+// answered 503, after recording them pending (SPEC §13); nil with DisableIdempotency.
 func (s *Server) Guard() *idem.Guard {
 	if s.mw == nil {
 		return nil

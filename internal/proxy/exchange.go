@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"net/http/httptrace"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,15 @@ type exchange struct {
 
 	wrote atomic.Bool // the request's headers were written to the upstream
 
+	// What send (send.go) watches of a protected request: its body, the transport's
+	// attempts (GotConn) and writes (WroteHeaders), whether the last attempt's
+	// connection was a kept-alive one, whether an attempt after a write was stopped,
+	// and whether the proxy sent it once more itself (nothing was written).
+	body             []byte
+	attempts, writes atomic.Int32
+	reused, refused  atomic.Bool
+	resentOnce       bool
+
 	mu        sync.Mutex
 	headers   bool // the upstream's response headers came (ModifyResponse)
 	early     bool // the client was answered 504 (protected) before they came
@@ -98,7 +108,7 @@ func (x *exchange) forward() {
 		p.track(x)
 		defer p.untrack(x)
 	}
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { x.wrote.Store(true) }})
+	ctx = httptrace.WithClientTrace(ctx, x.trace())
 	ctx = context.WithValue(ctx, exchangeKey{}, x)
 	x.timer = time.AfterFunc(p.upstreamTimeout, x.headerTimeout)
 	defer func() {
@@ -190,6 +200,16 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		return nil
 	}
 	x.status = resp.StatusCode
+	if resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusGatewayTimeout {
+		// A gateway in front of the application lost or timed out its reply: the
+		// application may have acted. Not failure but unknown, as the proxy's own
+		// timeout: the client gets the answer, the record is kept (SPEC §17).
+		x.h.SetOutcomeUnknown()
+		p.upstreamFailedHook(x, "gateway")
+		note(x.r.Context(), x, "outcome_unknown")
+		p.logger.WarnContext(x.r.Context(), "idem proxy: the upstream answered "+strconv.Itoa(resp.StatusCode)+": a gateway in front of it lost or timed out the reply; the outcome is unknown and the record is kept",
+			x.attrs(slog.Int("status", resp.StatusCode), slog.String("on_lapse", p.onLapse.String()))...)
+	}
 	resp.Body = &watchedBody{ReadCloser: resp.Body, x: x}
 	switch {
 	case isEventStream(resp.Header.Get("Content-Type")):

@@ -1,9 +1,9 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -51,7 +51,22 @@ const (
 	DefaultUpstreamIdleTimeout = 4 * time.Second
 	// DefaultHealthTimeout bounds the checks of the health path.
 	DefaultHealthTimeout = 2 * time.Second
+	// DefaultAuthPrincipalHeader is the header of an auth endpoint's 2xx answer that
+	// names the principal.
+	DefaultAuthPrincipalHeader = "X-Principal"
+	// DefaultAuthTimeout bounds a question to the auth endpoint, connecting included.
+	DefaultAuthTimeout = 5 * time.Second
+	// DefaultMinUploadRate is the least a protected request's body must arrive at,
+	// in bytes per second over each UploadRateWindow, until it ends.
+	DefaultMinUploadRate = 1 << 10
+	// UploadRateWindow is the window over which MinUploadRate is measured: a body
+	// must bring MinUploadRate × 10 s every 10 s until it ends.
+	UploadRateWindow = 10 * time.Second
 )
+
+// DefaultAuthHeaders returns the request headers sent to the auth endpoint:
+// Authorization and Cookie. It returns a new slice each time.
+func DefaultAuthHeaders() []string { return []string{"Authorization", "Cookie"} }
 
 // SharedScope is the scope of every record when [Config.SharedScope] is set.
 const SharedScope = "shared"
@@ -78,6 +93,16 @@ const (
 	// retry is forwarded again under the same derived key. (Under the policy unknown
 	// the answer is 500 outcome_unknown.)
 	CodeUpstreamReplyLost = "upstream_reply_lost"
+	// CodeMethodNotAllowed (405): a TRACE on a route of RequireKey, which the proxy
+	// does not forward (Go's transport would re-send it by itself).
+	CodeMethodNotAllowed = "method_not_allowed"
+	// CodeAuthUnavailable (503, Retry-After): the auth endpoint (Config.AuthURL) could
+	// not be reached, did not answer within Config.AuthTimeout, or allowed the request
+	// without naming its principal. Nothing was claimed, replayed or forwarded.
+	CodeAuthUnavailable = "auth_unavailable"
+	// CodeUploadTooSlow (408, Connection: close): a protected request's body arrived
+	// slower than Config.MinUploadRate; nothing was claimed or forwarded.
+	CodeUploadTooSlow = "upload_too_slow"
 	// CodeProxyBusy (503, Retry-After): the request bodies the proxy holds at once
 	// reached Config.MaxBufferedBodies; nothing was claimed or forwarded.
 	CodeProxyBusy = "proxy_busy"
@@ -115,8 +140,39 @@ type Config struct {
 	ScopeCookie string
 	// SharedScope puts every record in one scope, [SharedScope], and ignores
 	// ScopeHeader: for an upstream without principals, or one whose clients cannot
-	// see each other's keys anyway. Defaults to false.
+	// see each other's keys anyway. The bounds per principal of Idem
+	// (MaxInFlightPerScope, MaxStoredBytesPerScope) are then off, since they would
+	// bound every client together; the share of the body budget is per address.
+	// Defaults to false.
 	SharedScope bool
+
+	// AuthURL, when set, is the forward authentication endpoint (nginx auth_request,
+	// Traefik ForwardAuth, Envoy ext_authz): every keyed request of a protected route
+	// is asked about, in a GET carrying its AuthHeaders and X-Forwarded-Method, -Uri,
+	// -Host, -Proto and -For, before anything is claimed, replayed or buffered. A 2xx
+	// answer names the principal in AuthPrincipalHeader, whose hex SHA-256 is the
+	// scope (ScopeHeader, ScopeCookie and SharedScope are then unused); any other
+	// answer goes to the client as it is (status, body up to 64 KiB, and its
+	// Content-Type, Content-Language, WWW-Authenticate, Location, Set-Cookie,
+	// Retry-After and Cache-Control); an endpoint that fails, or is slower than
+	// AuthTimeout, gets the client 503 auth_unavailable with Retry-After. Revoked
+	// credentials then get no replays, and a rotated credential keeps its principal's
+	// keys. Requests without a key are not asked about: the upstream authenticates
+	// them. Defaults to nil (no forward authentication).
+	AuthURL *url.URL
+	// AuthHeaders are the request headers sent to the auth endpoint. Defaults to
+	// [DefaultAuthHeaders] (Authorization, Cookie).
+	AuthHeaders []string
+	// AuthPrincipalHeader is the header of the auth endpoint's 2xx answer that names
+	// the principal; a 2xx without it is 503 auth_unavailable (logged at error level).
+	// Defaults to [DefaultAuthPrincipalHeader] (X-Principal).
+	AuthPrincipalHeader string
+	// AuthTimeout bounds each question to the auth endpoint, connecting included.
+	// Defaults to [DefaultAuthTimeout].
+	AuthTimeout time.Duration
+	// AuthTransport sends the questions to the auth endpoint. Defaults to an
+	// http.Transport dialling within AuthTimeout.
+	AuthTransport http.RoundTripper
 
 	// Methods are the methods whose requests are protected when they carry a key; a
 	// request of another method, or without a key, is forwarded untouched. An empty,
@@ -177,10 +233,35 @@ type Config struct {
 	// would pass it gets 503 proxy_busy with Retry-After, claiming nothing. Defaults to
 	// [DefaultMaxBufferedBodies].
 	MaxBufferedBodies int64
+	// MaxBufferedBodiesPerClient bounds the bytes of request bodies one client holds
+	// at once, within MaxBufferedBodies: a client is a principal (the scope: the auth
+	// endpoint's principal, the scope header's or cookie's value) and, apart, an
+	// address (ClientAddressHeader, or the connection's peer), and a request is
+	// charged to both; past either share it gets 503 proxy_busy, so that a flood from
+	// one principal or one source leaves the others served. Behind a load balancer
+	// every request comes from its address: set ClientAddressHeader, or raise this.
+	// Defaults to a quarter of MaxBufferedBodies.
+	MaxBufferedBodiesPerClient int64
+	// ClientAddressHeader names the request header that carries the client's address,
+	// as a load balancer in front of the proxy sets it: X-Forwarded-For (its last
+	// address, the one the nearest proxy added) or a header of one address such as
+	// X-Real-IP. Only the address a trusted proxy sets may be used: a client can send
+	// any header. Defaults to "" (the connection's peer address).
+	ClientAddressHeader string
+	// MinUploadRate is the least rate, in bytes per second over each
+	// [UploadRateWindow] (10 s), at which a protected request's body must arrive
+	// until it ends: a slower one is cut off with 408 upload_too_slow (Connection:
+	// close), nothing claimed, and its bytes leave the budget. Negative: no minimum.
+	// Defaults to [DefaultMinUploadRate] (1 KiB/s: 10 KiB every 10 s).
+	MinUploadRate int64
 	// UpstreamIdleTimeout is how long an idle connection to the upstream is kept for
 	// the next request; keep it below the upstream's own keep-alive timeout. Defaults
 	// to [DefaultUpstreamIdleTimeout].
 	UpstreamIdleTimeout time.Duration
+	// UpstreamTLS configures TLS to an https upstream (its roots, a client
+	// certificate) for the default Transport. Defaults to nil: the system's roots
+	// (which SSL_CERT_FILE and SSL_CERT_DIR extend).
+	UpstreamTLS *tls.Config
 	// Transport sends the requests to the upstream. Defaults to an http.Transport with
 	// UpstreamWaitLimit as its ResponseHeaderTimeout, UpstreamIdleTimeout, up to 256
 	// idle connections, no compression of its own and no proxy from the environment.
@@ -193,11 +274,15 @@ type Config struct {
 	// metrics. Defaults to nil.
 	Hooks *Hooks
 
-	// AccessLog logs one line per request at info level to Logger (never summarised):
-	// method, route, status, outcome (forwarded, replayed, answered by idem, not_sent,
-	// outcome_unknown, upstream_timeout), duration, bytes and the key's short hash.
-	// Defaults to false.
+	// AccessLog logs one line per request at info level to AccessLogger (never
+	// summarised): method, route, status, outcome (forwarded, replayed, answered by
+	// idem, not_sent, outcome_unknown, upstream_timeout), duration, bytes and the
+	// key's short hash. Defaults to false.
 	AccessLog bool
+	// AccessLogger receives the access log's lines, at info level: give it a logger
+	// that shows info when Logger shows only warnings (as `idem proxy` does at its
+	// default --log-level info). Defaults to Logger.
+	AccessLogger *slog.Logger
 
 	// HealthPath, when set, is a path the proxy answers itself on GET and HEAD instead
 	// of forwarding it: 200 when the store answers (and the upstream, with
@@ -228,9 +313,19 @@ type Hooks struct {
 	// "too_large" (completed as response_not_stored).
 	PassThrough func(route, reason string)
 	// UpstreamFailed is told of an upstream exchange that failed: "not_sent" (the key
-	// is released), "unknown" (the request was written: the record is kept) or
-	// "timeout" (the client got 504 and the proxy waits on).
+	// is released), "unknown" (the request was written: the record is kept),
+	// "timeout" (the client got 504 and the proxy waits on), "gateway" (the upstream
+	// answered 502 or 504: the record is kept), or, for a defect below the proxy,
+	// "resend_refused" (the transport tried to send a written request again and was
+	// stopped) or "resent" (it did: both keep the record, outcome unknown).
 	UpstreamFailed func(route, outcome string)
+	// AuthRefused is told of a keyed request the auth endpoint did not allow: its
+	// status (503 when the endpoint could not be asked).
+	AuthRefused func(route string, status int)
+	// Resent is told of a protected request the proxy sent once more by its own
+	// decision: "not_written" (nothing of it was written on a kept-alive connection
+	// that turned out to be closed).
+	Resent func(route, reason string)
 }
 
 // Proxy is an http.Handler that forwards requests to the upstream, protecting keyed
@@ -251,8 +346,10 @@ type Proxy struct {
 	onLapse           idem.LapsePolicy
 	scopeCookie       string
 	hooks             Hooks
-	budget            bodyBudget
-	access            *slog.Logger // the access log; nil without AccessLog
+	budget            *bodyBudget
+	auth              *authenticator // nil without AuthURL
+	clientAddrHeader  string         // canonical; "" for the peer's address
+	access            *slog.Logger   // the access log; nil without AccessLog
 	healthPath        string
 	upstreamHealth    string
 	logger            *slog.Logger
@@ -269,11 +366,13 @@ type Proxy struct {
 	named       map[string]http.Handler
 	namedMux    *http.ServeMux
 
-	// closing is set by Shutdown; waiting holds the protected exchanges under way, so
-	// that Shutdown settles those that wait past UpstreamTimeout.
+	// closing is set once Shutdown's grace ended; waiting holds the protected
+	// exchanges under way, so that Shutdown waits for them and then settles them, and
+	// idle is closed (and replaced) whenever none is left.
 	closing   atomic.Bool
 	waitingMu sync.Mutex
 	waiting   map[*exchange]struct{}
+	idle      chan struct{}
 }
 
 // New returns a Proxy for cfg, or the error of [Config.Validate], or of idem.New's
@@ -291,9 +390,11 @@ func New(cfg Config) (*Proxy, error) {
 		upstreamTimeout: withDefault(cfg.UpstreamTimeout, DefaultUpstreamTimeout),
 		waitLimit:       withDefault(cfg.UpstreamWaitLimit, DefaultUpstreamWaitLimit),
 		scopeCookie:     cfg.ScopeCookie,
-		budget: bodyBudget{limit: withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies),
-			maxBody: withDefault(cfg.Idem.MaxBodyBytes, idem.DefaultMaxBodyBytes)},
-		byMethod: map[string]http.Handler{}, waiting: map[*exchange]struct{}{}}
+		budget: newBodyBudget(withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies),
+			withDefault(cfg.MaxBufferedBodiesPerClient, withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies)/4),
+			withDefault(cfg.Idem.MaxBodyBytes, idem.DefaultMaxBodyBytes), withDefault(cfg.MinUploadRate, DefaultMinUploadRate)),
+		auth:     newAuthenticator(cfg),
+		byMethod: map[string]http.Handler{}, waiting: map[*exchange]struct{}{}, idle: make(chan struct{})}
 	if cfg.Hooks != nil {
 		p.hooks = *cfg.Hooks
 	}
@@ -301,7 +402,10 @@ func New(cfg Config) (*Proxy, error) {
 		p.logger = slog.Default()
 	}
 	if cfg.AccessLog {
-		p.access = p.logger
+		p.access = cfg.AccessLogger
+		if p.access == nil {
+			p.access = p.logger
+		}
 	}
 	// A failing upstream fails every request alike: one line and a count per interval,
 	// as the middleware's own lines.
@@ -313,13 +417,16 @@ func New(cfg Config) (*Proxy, error) {
 	if !cfg.OmitUpstreamKey {
 		p.upstreamKeyHeader, _ = headerName("", cfg.UpstreamKeyHeader, DefaultUpstreamKeyHeader)
 	}
+	if cfg.ClientAddressHeader != "" {
+		p.clientAddrHeader, _ = headerName("", cfg.ClientAddressHeader, "")
+	}
 	p.transport = cfg.Transport
 	if p.transport == nil {
-		p.transport = newTransport(p.upstreamTimeout, p.waitLimit, withDefault(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout))
+		p.transport = newTransport(p.upstreamTimeout, p.waitLimit, withDefault(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout), cfg.UpstreamTLS)
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
-		Transport:      p.transport,
+		Transport:      onceTransport{p},
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.upstreamFailed,
 		// ReverseProxy's own log lines (a failed copy of a body) go to the logger.
@@ -327,6 +434,11 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.forward = http.HandlerFunc(p.serveForward)
 
+	if cfg.SharedScope && cfg.AuthURL == nil {
+		// Every client is the one shared scope: bounds per principal would bound the
+		// whole proxy.
+		cfg.Idem.MaxInFlightPerScope, cfg.Idem.MaxStoredBytesPerScope = -1, -1
+	}
 	mw, err := newMiddleware(cfg.Idem, p)
 	if err != nil {
 		return nil, err
@@ -384,6 +496,12 @@ func (c Config) Validate() error {
 			withDefault(c.UpstreamWaitLimit, DefaultUpstreamWaitLimit), withDefault(c.UpstreamTimeout, DefaultUpstreamTimeout))
 	case c.MaxBufferedBodies < 0:
 		return fmt.Errorf("proxy: Config.MaxBufferedBodies must not be negative, got %d", c.MaxBufferedBodies)
+	case c.MaxBufferedBodiesPerClient < 0:
+		return fmt.Errorf("proxy: Config.MaxBufferedBodiesPerClient must not be negative, got %d", c.MaxBufferedBodiesPerClient)
+	case c.AuthTimeout < 0:
+		return fmt.Errorf("proxy: Config.AuthTimeout must not be negative, got %v", c.AuthTimeout)
+	case c.AuthURL != nil && ((c.AuthURL.Scheme != "http" && c.AuthURL.Scheme != "https") || c.AuthURL.Host == "" || c.AuthURL.User != nil || c.AuthURL.Fragment != ""):
+		return fmt.Errorf("proxy: Config.AuthURL %q: want http://host:port/path or https://host/path, without a user or a fragment", c.AuthURL.Redacted())
 	case c.ScopeCookie != "" && c.SharedScope:
 		return errors.New("proxy: Config.ScopeCookie and Config.SharedScope exclude each other")
 	case c.ScopeCookie != "" && !validCookieName(c.ScopeCookie):
@@ -397,14 +515,24 @@ func (c Config) Validate() error {
 		{"Config.Idem.KeyHeader", c.Idem.KeyHeader, idem.DefaultKeyHeader},
 		{"Config.ScopeHeader", c.ScopeHeader, DefaultScopeHeader},
 		{"Config.UpstreamKeyHeader", c.UpstreamKeyHeader, DefaultUpstreamKeyHeader},
+		{"Config.AuthPrincipalHeader", c.AuthPrincipalHeader, DefaultAuthPrincipalHeader},
+		{"Config.ClientAddressHeader", c.ClientAddressHeader, "X-Forwarded-For"},
 	} {
 		if _, err := headerName(h.field, h.name, h.def); err != nil {
 			return err
 		}
 	}
+	for _, h := range c.AuthHeaders {
+		if _, err := headerName("Config.AuthHeaders", h, "-"); err != nil || h == "" {
+			return fmt.Errorf("proxy: Config.AuthHeaders: %q is not a header name", h)
+		}
+	}
 	for _, m := range c.Methods {
 		if m == "" || strings.ContainsFunc(m, func(r rune) bool { return r <= ' ' || r >= 0x7f }) {
 			return fmt.Errorf("proxy: Config.Methods: %q is not a method", m)
+		}
+		if strings.EqualFold(m, http.MethodTrace) || strings.EqualFold(m, http.MethodConnect) {
+			return fmt.Errorf("proxy: Config.Methods: %s cannot be protected (it has no effect to protect, and Go's HTTP client re-sends a TRACE by itself)", strings.ToUpper(m))
 		}
 	}
 	for _, list := range [...]struct {
@@ -542,7 +670,28 @@ func pathVariants(u *url.URL) []string {
 			add(strings.TrimRight(v, "/"))
 		}
 	}
+	for _, v := range slices.Clone(variants) {
+		if trimmed, ok := trimFormat(v); ok {
+			add(trimmed)
+		}
+	}
 	return variants
+}
+
+// trimFormat returns path without the format suffix of its last segment
+// ("/v1/charges.json": "/v1/charges"), which Rails, Django REST framework and others
+// route to the same action as the path without it: a dot and 1 to 10 letters or digits
+// ending a segment that has something before the dot.
+func trimFormat(path string) (string, bool) {
+	seg := path[strings.LastIndexByte(path, '/')+1:]
+	dot := strings.LastIndexByte(seg, '.')
+	ext := seg[dot+1:]
+	if dot <= 0 || len(ext) == 0 || len(ext) > 10 || strings.ContainsFunc(ext, func(r rune) bool {
+		return (r < 'a' || r > 'z') && (r < '0' || r > '9')
+	}) {
+		return "", false
+	}
+	return path[:len(path)-len(seg)+dot], true
 }
 
 // checkUpstream refuses an upstream URL that is not http(s) with a host, or that has a
@@ -571,13 +720,15 @@ func headerName(field, name, def string) (string, error) {
 	return http.CanonicalHeaderKey(name), nil
 }
 
-// newTransport is the default Transport: every request goes to one host, so many
-// idle connections are kept for it, never longer than idle; the upstream's response
+// newTransport is the default Transport: a connection is dialled within timeout (at
+// least a second, a SYN's retransmission; at most 10 s); every request goes to one
+// host, so many idle connections are kept for it, never longer than idle; the upstream's response
 // headers must come within waitLimit (the exchange answers the client at timeout);
 // the body is passed on as the upstream encoded it.
-func newTransport(timeout, waitLimit, idle time.Duration) *http.Transport {
+func newTransport(timeout, waitLimit, idle time.Duration, tlsConfig *tls.Config) *http.Transport {
 	return &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: min(timeout, 10*time.Second), KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:       tlsConfig,
+		DialContext:           (&net.Dialer{Timeout: min(max(timeout, time.Second), 10*time.Second), KeepAlive: 30 * time.Second}).DialContext,
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          256,
 		MaxIdleConnsPerHost:   256,
@@ -596,8 +747,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.health(w, r)
 		return
 	}
-	ignoreUpgradeOffer(r)
 	h, route := p.route(r)
+	if route != routeUpgrade {
+		ignoreUpgradeOffer(r)
+	}
 	if p.access != nil {
 		p.logAccess(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(h, route, w, r) }), w, r, route)
 		return
@@ -614,16 +767,49 @@ func (p *Proxy) serve(h http.Handler, route string, w http.ResponseWriter, r *ht
 			p.logger.WarnContext(r.Context(), "idem proxy: a WebSocket upgrade carries an idempotency key; it is forwarded without idempotency (an upgraded connection has no response to store)",
 				"method", r.Method, "path", r.URL.Path)
 		}
-	case route != routePassThrough && len(r.Header[p.keyHeader]) > 0:
-		// A protected request's body is held until its exchange ends: bound them all.
-		release, ok := p.budget.buffer(r)
+	case route == routePassThrough && len(r.Header[p.keyHeader]) > 0 && !safeMethod(r.Method):
+		// A client that sends a key expects it honoured: a keyed PUT or DELETE (any
+		// method with effects that --methods does not protect) is forwarded without
+		// idempotency, and said once per interval.
+		p.logger.WarnContext(r.Context(), "idem proxy: a "+r.Method+" request carries an idempotency key, but its method is not protected (--methods, --require-key); it is forwarded without idempotency",
+			"method", r.Method, "path", r.URL.Path)
+	case route != routePassThrough && len(r.Header[p.keyHeader]) > 0 && r.Method != http.MethodTrace:
+		// Who is asking, before anything is claimed, replayed or buffered: the auth
+		// endpoint's principal, or the scope header's (a keyed request without one is
+		// refused here, before its body is read).
+		if p.auth != nil {
+			if r = p.authorize(w, r); r == nil {
+				return
+			}
+		}
+		scope, err := p.scope(r)
+		if err != nil {
+			w.Header()[p.keyHeader] = slices.Clone(r.Header[p.keyHeader])
+			p.mw.WriteError(w, r, idem.CodeScopeRequired, "")
+			return
+		}
+		// A protected request's body is held until its exchange ends: bound them all,
+		// and each client's share (its principal's, its address's).
+		owners := []string{"address " + p.clientAddress(r)}
+		if p.auth != nil || p.scopeHeader != "" || p.scopeCookie != "" {
+			owners = append(owners, "principal "+scope) // not the one scope every client shares
+		}
+		release, ok, slow := p.budget.buffer(http.NewResponseController(w), r, owners...)
 		defer release()
 		if hb, held := r.Body.(*heldBody); held {
 			r = r.WithContext(context.WithValue(r.Context(), heldBodyKey{}, hb))
 		}
-		if !ok {
-			p.logger.WarnContext(r.Context(), "idem proxy: the request bodies held at once reached the limit (MaxBufferedBodies, --max-buffered-bodies); answering 503",
-				"method", r.Method, "path", r.URL.Path, "max_buffered_bodies", p.budget.limit)
+		switch {
+		case slow:
+			p.logger.WarnContext(r.Context(), "idem proxy: a request body arrived slower than the minimum upload rate (--min-upload-rate); answering 408",
+				"method", r.Method, "path", r.URL.Path, "min_upload_rate", p.budget.minRate)
+			w.Header().Set("Connection", "close")
+			idem.WriteProblem(w, r, p.profile, &idem.Problem{Status: http.StatusRequestTimeout, Code: CodeUploadTooSlow, Type: "api_error",
+				Detail: "The request body arrived too slowly; nothing was executed."})
+			return
+		case !ok:
+			p.logger.WarnContext(r.Context(), "idem proxy: the request bodies held at once reached the limit of all clients (--max-buffered-bodies) or of this client (--max-buffered-bodies-per-client); answering 503",
+				"method", r.Method, "path", r.URL.Path, "max_buffered_bodies", p.budget.limit, "per_client", p.budget.perClient)
 			w.Header().Set("Retry-After", "1")
 			w.Header().Set("Connection", "close")
 			idem.WriteProblem(w, r, p.profile, &idem.Problem{Status: http.StatusServiceUnavailable, Code: CodeProxyBusy, Type: "api_error",
@@ -632,6 +818,36 @@ func (p *Proxy) serve(h http.Handler, route string, w http.ResponseWriter, r *ht
 		}
 	}
 	h.ServeHTTP(w, r)
+}
+
+// clientAddress is the address a client's requests are charged to: the
+// ClientAddressHeader's (X-Forwarded-For: its last address), or the connection's peer.
+func (p *Proxy) clientAddress(r *http.Request) string {
+	if p.clientAddrHeader != "" {
+		if v := r.Header.Values(p.clientAddrHeader); len(v) > 0 {
+			last := v[len(v)-1]
+			if i := strings.LastIndexByte(last, ','); i >= 0 {
+				last = last[i+1:]
+			}
+			if a := strings.TrimSpace(last); a != "" {
+				return a
+			}
+		}
+	}
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
+}
+
+// safeMethod reports whether method is safe (RFC 9110 §9.2.1): a keyed request of it
+// that passes through unprotected is not worth a warning.
+func safeMethod(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
 }
 
 // Names of the routes that are not a pattern of RequireKey or Routes, or a protected
@@ -655,13 +871,20 @@ func (p *Proxy) Route(r *http.Request) string {
 
 // route returns the handler of r and its route's name.
 func (p *Proxy) route(r *http.Request) (http.Handler, string) {
+	if pattern, ok := matchPattern(p.requiredMux, r); ok {
+		if r.Method == http.MethodTrace {
+			// Go's transport re-sends a TRACE by itself, and a TRACE must not carry
+			// the body object that stops it (send.go): it is not forwarded.
+			return http.HandlerFunc(p.refuseTrace), pattern
+		}
+		// A route that requires a key has no WebSocket endpoint to bypass it: an
+		// upgrade offer there is ignored, and the request wants its key.
+		return p.required[pattern], pattern
+	}
 	if isWebSocketUpgrade(r) {
 		// An upgraded connection has no response to store: it is forwarded as is,
 		// claiming nothing (the middleware's capture refuses Hijack).
 		return p.forward, routeUpgrade
-	}
-	if pattern, ok := matchPattern(p.requiredMux, r); ok {
-		return p.required[pattern], pattern
 	}
 	h, ok := p.byMethod[r.Method]
 	if !ok {
@@ -673,19 +896,26 @@ func (p *Proxy) route(r *http.Request) (http.Handler, string) {
 	return h, r.Method
 }
 
+// refuseTrace answers a TRACE on a route that requires a key: 405, nothing forwarded.
+func (p *Proxy) refuseTrace(w http.ResponseWriter, r *http.Request) {
+	idem.WriteProblem(w, r, p.profile, &idem.Problem{Status: http.StatusMethodNotAllowed, Code: CodeMethodNotAllowed, Type: "api_error",
+		Detail: "TRACE is not forwarded on a route that requires an idempotency key."})
+}
+
 // isWebSocketUpgrade reports whether r can switch protocols here: a GET asking for
-// WebSocket (its Connection header lists "upgrade", as ReverseProxy decides). Nothing
-// else bypasses the middleware.
+// WebSocket (its Connection header lists "upgrade", as ReverseProxy decides) on a
+// route that does not require a key. Nothing else bypasses the middleware.
 func isWebSocketUpgrade(r *http.Request) bool {
 	return r.Method == http.MethodGet && connectionHas(r.Header, "upgrade") && strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
 }
 
-// ignoreUpgradeOffer removes from r any upgrade offer that is not a WebSocket GET's:
-// an h2c offer (Upgrade: h2c, HTTP2-Settings, which curl --http2 adds to every http://
-// request) is ignored, as Go's own server ignores it, so that the request is protected
+// ignoreUpgradeOffer removes from r the upgrade offer of a request that is not
+// forwarded as an upgrade: an h2c offer (Upgrade: h2c, HTTP2-Settings, which curl
+// --http2 adds to every http:// request), or a WebSocket offer on a route that requires
+// a key, is ignored, as Go's own server ignores h2c, so that the request is protected
 // like any other and the upstream is not asked to switch either.
 func ignoreUpgradeOffer(r *http.Request) {
-	if isWebSocketUpgrade(r) || (r.Header.Get("Upgrade") == "" && !connectionHas(r.Header, "upgrade")) {
+	if r.Header.Get("Upgrade") == "" && !connectionHas(r.Header, "upgrade") {
 		return
 	}
 	r.Header.Del("Upgrade")
@@ -717,20 +947,38 @@ func connectionHas(h http.Header, token string) bool {
 	return false
 }
 
-// scope is the middleware's Scope: the hex SHA-256 of the scope cookie's value, or of
-// the scope header's values. A header whose every value is empty is missing.
+// scope is the middleware's Scope: the hex SHA-256 of the principal the auth endpoint
+// named, of the scope cookie's value, or of the scope header's values, normalised
+// (normalizeCredential). A header whose every value is empty, or a credential without
+// a token ("Bearer" alone), is missing.
 func (p *Proxy) scope(r *http.Request) (string, error) {
+	if p.auth != nil {
+		if principal, ok := r.Context().Value(principalKey{}).(string); ok && principal != "" {
+			return hashScope(principal), nil
+		}
+		return "", errNoScope
+	}
 	if p.scopeCookie != "" {
 		return cookieScope(r, p.scopeCookie)
 	}
 	if p.scopeHeader == "" {
 		return SharedScope, nil
 	}
-	v := r.Header[p.scopeHeader]
-	if !slices.ContainsFunc(v, func(s string) bool { return strings.TrimSpace(s) != "" }) {
+	var values []string
+	for _, v := range r.Header[p.scopeHeader] {
+		if strings.TrimSpace(v) == "" {
+			continue
+		}
+		n, ok := normalizeCredential(v)
+		if !ok {
+			return "", errNoScope
+		}
+		values = append(values, n)
+	}
+	if len(values) == 0 {
 		return "", errNoScope
 	}
-	return hashScope(strings.Join(v, "\n")), nil
+	return hashScope(strings.Join(values, "\n")), nil
 }
 
 // cookieScope is the scope of the one cookie named name: missing, empty or repeated,
@@ -748,6 +996,8 @@ func cookieScope(r *http.Request, name string) (string, error) {
 	return hashScope(value), nil
 }
 
+// hashScope is the scope of a principal, the one place a scope is made: its hex
+// SHA-256, so that no token is stored or logged.
 func hashScope(principal string) string {
 	sum := sha256.Sum256([]byte(principal))
 	return hex.EncodeToString(sum[:])
@@ -787,7 +1037,7 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	if h == nil {
 		return
 	}
-	if pr.Out.Body != nil {
+	if x := exchangeOf(pr.In.Context()); x != nil && pr.Out.Body != nil {
 		// The body the budget read, not the middleware's pooled copy (heldBody).
 		hb, _ := pr.In.Context().Value(heldBodyKey{}).(*heldBody)
 		body, ok := []byte(nil), false
@@ -799,17 +1049,17 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 			// body it could not read whole): a private copy, read now.
 			body, _ = io.ReadAll(pr.Out.Body)
 		}
-		pr.Out.Body = io.NopCloser(bytes.NewReader(body))
-		pr.Out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		// Each attempt gets its own reader of it, and never GetBody (send.go).
+		x.body = body
 	}
+	pr.Out.Body, pr.Out.GetBody = nil, nil
 	// A protected request must never be re-sent by the transport once written. But
 	// http.Transport takes a request with an Idempotency-Key or X-Idempotency-Key
-	// header for replayable, and re-sends it by itself when a kept-alive connection
-	// breaks after the request was written (its own safe retry, of a request nothing
-	// of which was written, stays). So the client's key fields are dropped, and the
-	// derived key goes under its name in lower case, which the transport does not
-	// see as that header and every server reads as it (field names are
-	// case-insensitive, RFC 9110 §5.1).
+	// header for replayable (a body-less POST too), and re-sends it by itself when a
+	// kept-alive connection breaks after the request was written (send.go). So the
+	// client's key fields are dropped, and the derived key goes under its name in
+	// lower case, which the transport does not see as that header and every server
+	// reads as it (field names are case-insensitive, RFC 9110 §5.1).
 	delete(out, "Idempotency-Key")
 	delete(out, "X-Idempotency-Key")
 	delete(out, p.keyHeader)
@@ -833,6 +1083,15 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 //     answered 504 already.
 func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error) {
 	x := exchangeOf(r.Context())
+	if x != nil {
+		// No early 504 from now on: the timer must not answer the client while this
+		// goroutine writes the failure's answer (to the client, or, once it was
+		// answered early, to the capture only: what the record gets).
+		x.mu.Lock()
+		x.headers = true
+		x.mu.Unlock()
+		x.timer.Stop()
+	}
 	level := slog.LevelWarn
 	if r.Context().Err() != nil && (x == nil || x.leaseLost()) {
 		// The client went away, or the lease was lost (which the middleware answers
@@ -883,23 +1142,44 @@ func (p *Proxy) track(x *exchange) {
 func (p *Proxy) untrack(x *exchange) {
 	p.waitingMu.Lock()
 	delete(p.waiting, x)
+	if len(p.waiting) == 0 {
+		close(p.idle)
+		p.idle = make(chan struct{})
+	}
 	p.waitingMu.Unlock()
 }
 
-// Shutdown settles the exchanges that wait for the upstream past UpstreamTimeout
-// (their clients got 504): their outcome is unknown, and their records are kept for
-// the lapse policy. Exchanges still within UpstreamTimeout finish as usual (when
-// their timeout passes first, they are settled in the same way). Call it when the
-// server begins to shut down (http.Server.RegisterOnShutdown), before waiting for the
-// handlers to return.
-func (p *Proxy) Shutdown() {
+// Shutdown ends the proxy's protected exchanges within grace, for a server that
+// begins to shut down (call it from http.Server.RegisterOnShutdown, before waiting for
+// the handlers to return): the exchanges under way, those whose clients got 504 and
+// that wait for the upstream's answer past UpstreamTimeout included, go on for up to
+// grace, so that a deploy lets slow upstreams answer and their answers be stored; what
+// is still under way then is cancelled and settled as a lost reply is (its outcome
+// unknown, its record kept for the lapse policy; a request never written is
+// released). It returns once it settled them, or at once when none was left. Grace 0
+// settles them at once.
+func (p *Proxy) Shutdown(grace time.Duration) {
+	deadline := time.Now().Add(grace)
+	for time.Now().Before(deadline) {
+		p.waitingMu.Lock()
+		n := len(p.waiting)
+		idle := p.idle
+		p.waitingMu.Unlock()
+		if n == 0 {
+			return
+		}
+		t := time.NewTimer(time.Until(deadline))
+		select {
+		case <-idle:
+		case <-t.C:
+		}
+		t.Stop()
+	}
 	p.closing.Store(true)
 	p.waitingMu.Lock()
 	defer p.waitingMu.Unlock()
 	for x := range p.waiting {
-		if x.waitingInBackground() {
-			x.cancel(errShutdown)
-		}
+		x.cancel(errShutdown)
 	}
 }
 

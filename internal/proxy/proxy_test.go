@@ -40,6 +40,7 @@ import (
 //	/v1/sse             an event stream: "first", then, once release is closed, "second"
 //	/v1/big?size=N      N bytes with a Content-Length (&chunked=1: without)
 //	/v1/trailer         a body and a trailer
+//	/v1/early           103 Early Hints with a Link header, then 201 without it
 //	/v1/slow            answers once release is closed
 //	/v1/drop            closes the connection without answering
 //	/v1/broken          201 with a Content-Length of 100, then closes after 10 bytes
@@ -63,6 +64,12 @@ func newUpstream(t *testing.T) *upstream {
 	t.Cleanup(u.srv.Close)
 	t.Cleanup(u.unblock) // before Close: a held handler must end
 	return u
+}
+
+// srvURL is the upstream's base URL.
+func (u *upstream) srvURL() *url.URL {
+	v, _ := url.Parse(u.srv.URL)
+	return v
 }
 
 // unblock closes release, once.
@@ -145,6 +152,14 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write(echo())
 		http.NewResponseController(w).Flush() // chunked: net/http sends trailers only then
 		w.Header().Set(http.TrailerPrefix+"X-Sum", "def")
+	case "/v1/early":
+		// 103 Early Hints with a Link, then a 201 without it.
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Del("Link")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(echo())
 	case "/v1/slow":
 		<-u.release
 		w.Header().Set("Content-Type", "application/json")
@@ -605,7 +620,7 @@ func TestTheUpstreamsStatusesAreStoredOrReleasedAsSection6Says(t *testing.T) {
 		stored bool
 	}{
 		{200, true}, {201, true}, {302, true}, {402, true}, {404, false}, {409, false},
-		{422, false}, {429, false}, {400, false}, {500, false}, {502, false}, {503, false},
+		{422, false}, {429, false}, {400, false}, {500, false}, {503, false},
 	} {
 		path := "/v1/echo?status=" + strconv.Itoa(tc.status)
 		key := "key-status-" + strconv.Itoa(tc.status)
@@ -621,6 +636,43 @@ func TestTheUpstreamsStatusesAreStoredOrReleasedAsSection6Says(t *testing.T) {
 		}
 		if !tc.stored && (executions != 2 || retry.replayed()) {
 			t.Errorf("status %d releases the key: %d executions, retry replayed=%v", tc.status, executions, retry.replayed())
+		}
+	}
+}
+
+// A 502 or 504 from the upstream is what a gateway in front of the application answers
+// when it lost or timed out the application's reply: the upstream may have acted, so the
+// record is kept, as for the proxy's own timeout (SPEC §17). The client gets the
+// answer; a retry gets outcome_unknown, or under take_over is forwarded again under the
+// same derived key.
+func TestAnUpstreams502Or504IsUnknownNotFailure(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{502, 504} {
+		for _, takeOver := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%d take_over=%v", status, takeOver), func(t *testing.T) {
+				t.Parallel()
+				hooked := &hookCounts{}
+				b := setup(t, func(c *proxy.Config) { c.TakeOverOnLapse, c.Hooks = takeOver, hooked.hooks() })
+				path := "/v1/echo?status=" + strconv.Itoa(status)
+				first := b.send("POST", path, key1, "tok_a", `{}`)
+				if first.status != status || first.replayed() {
+					t.Fatalf("first: %d %s, want the upstream's %d", first.status, first.body, status)
+				}
+				firstKey, _ := b.up.last()
+				retry := b.send("POST", path, key1, "tok_a", `{}`)
+				switch {
+				case !takeOver && (retry.code() != "outcome_unknown" || b.up.count("/v1/echo") != 1):
+					t.Fatalf("retry: %d %s after %d deliveries, want outcome_unknown and one delivery", retry.status, retry.body, b.up.count("/v1/echo"))
+				case takeOver && b.up.count("/v1/echo") != 2:
+					t.Fatalf("retry: %d %s after %d deliveries, want it forwarded again", retry.status, retry.body, b.up.count("/v1/echo"))
+				}
+				if again, _ := b.up.last(); takeOver && again.Get("Idempotency-Key") != firstKey.Get("Idempotency-Key") {
+					t.Fatalf("the retry's derived key %q is not the first's %q", again.Get("Idempotency-Key"), firstKey.Get("Idempotency-Key"))
+				}
+				if want := b.up.count("/v1/echo"); hooked.get("gateway") != want {
+					t.Fatalf("Hooks.UpstreamFailed told of %d gateway answers, want %d", hooked.get("gateway"), want)
+				}
+			})
 		}
 	}
 }
@@ -854,10 +906,38 @@ func TestAnUpstreamPastTheWaitLimitOrAShutdownIsOutcomeUnknown(t *testing.T) {
 	if first := s.send("POST", "/v1/slow", key1, "tok_a", `{}`); first.status != http.StatusGatewayTimeout {
 		t.Fatalf("first: %d %s, want 504", first.status, first.body)
 	}
-	s.proxy.Shutdown()
+	s.proxy.Shutdown(0)
 	waitUnknown(t, s, "tok_a", key1)
 	if n := b.up.count("/v1/slow") + s.up.count("/v1/slow"); n != 2 {
 		t.Fatalf("the upstreams ran %d times, want once each", n)
+	}
+}
+
+// A shutdown lets an upstream that is slower than UpstreamTimeout answer within its
+// grace: the answer is stored, the retry replays it, nothing is left unknown.
+func TestAShutdownWaitsForASlowUpstreamWithinItsGrace(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *proxy.Config) { c.UpstreamTimeout = 50 * time.Millisecond })
+	if first := b.send("POST", "/v1/slow", key1, "tok_a", `{}`); first.status != http.StatusGatewayTimeout {
+		t.Fatalf("first: %d %s, want 504", first.status, first.body)
+	}
+	done := make(chan struct{})
+	go func() {
+		b.proxy.Shutdown(time.Minute)
+		close(done)
+	}()
+	b.up.unblock()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Shutdown did not return once the upstream answered")
+	}
+	rec := waitCompleted(t, b, "tok_a", key1)
+	if rec.Response == nil || rec.Response.OutcomeUnknown || rec.Response.Status != http.StatusCreated {
+		t.Fatalf("the record after the shutdown: %+v, want the upstream's 201 stored", rec.Response)
+	}
+	if got := b.send("POST", "/v1/slow", key1, "tok_a", `{}`); got.status != http.StatusCreated || !got.replayed() {
+		t.Fatalf("the retry: %d %s, want the 201 replayed", got.status, got.body)
 	}
 }
 

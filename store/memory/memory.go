@@ -78,6 +78,7 @@ func (s *Store) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*ide
 	case idemstore.DecideTakeOver:
 		// The record id, created_at and fingerprint stay: it is the same operation,
 		// resumed by a new holder.
+		res.Released = rec.Token == ""
 		rec.Token = p.Token
 		rec.LeaseEnd = t.Add(p.Lease)
 		rec.ExpiresAt = idemstore.InFlightExpiresAt(rec.CreatedAt, p.TTL, rec.LeaseEnd)

@@ -26,8 +26,11 @@ type Config struct {
 	// Schema is the schema holding everything Migrate creates: the idem_records and
 	// idem_migrations tables, their indexes, and the functions idem_fence, idem_claim,
 	// idem_claim_v2, idem_claim_v3 and idem_stop (so a schema of idem's own is removed
-	// whole with DROP SCHEMA … CASCADE). Migrate creates it when it does not exist.
-	// Defaults to "", which means the connection's search_path (normally public).
+	// whole with DROP SCHEMA … CASCADE). Migrate creates it when it does not exist. It
+	// names idem's objects only: the connection's search_path is left as it is, so the
+	// application's own statements (in Step, InTx, Respond) find its tables as they
+	// always do, and name a schema themselves where they need one. Defaults to "", which
+	// means the connection's search_path (normally public).
 	Schema string
 
 	// MaxConns is the size of the pool that [Open] creates; [NewFromPool] ignores it.

@@ -102,8 +102,13 @@ func (s *Store) takeOver(ctx context.Context, p *idemstore.ClaimParams, oldToken
 	if err != nil {
 		return nil, err
 	}
-	s.logger.DebugContext(ctx, "postgres: took over a key whose lease lapsed", "key_prefix", keyPrefix(p.Key))
-	return &idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: rec, TookOver: true, Now: now}, nil
+	released := oldToken == ""
+	if released {
+		s.logger.DebugContext(ctx, "postgres: claimed a key its holder released after a step committed", "key_prefix", keyPrefix(p.Key))
+	} else {
+		s.logger.DebugContext(ctx, "postgres: took over a key whose lease lapsed", "key_prefix", keyPrefix(p.Key))
+	}
+	return &idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: rec, TookOver: true, Released: released, Now: now}, nil
 }
 
 // markUnknown completes an in-flight record whose lease lapsed as outcome unknown

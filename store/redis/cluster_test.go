@@ -40,6 +40,10 @@ func TestCluster(t *testing.T) {
 	t.Run("DurabilityIsCheckedOnEveryMaster", func(t *testing.T) {
 		testDurabilityIsCheckedOnEveryMaster(t, cluster)
 	})
+	t.Run("ConformanceWaitingForReplicas", func(t *testing.T) {
+		// WAIT goes to each key's master in the claim's pipeline.
+		storetest.Run(t, harness(cluster.URL()+"&wait_replicas=1&read_timeout=10s&wait_timeout="+ackTimeout.String()))
+	})
 	t.Run("ClaimsResumeAfterMasterIsKilledAndReplicaTakesOver", func(t *testing.T) {
 		testClaimsResumeAfterFailover(t, cluster)
 	})
@@ -68,12 +72,14 @@ func testRecordsSpreadOverEveryMaster(t *testing.T, cluster *redistest.Cluster) 
 func testDurabilityIsCheckedOnEveryMaster(t *testing.T, cluster *redistest.Cluster) {
 	s := openStore(t, cluster.URL())
 	ws := s.CheckDurability(t.Context())
-	if len(ws) != 1 || !strings.Contains(ws[0], "persistence is off") {
-		t.Fatalf("CheckDurability = %q, want one persistence warning", ws)
+	if len(ws) != 2 || !strings.Contains(ws[0], "persistence is off") || !strings.Contains(ws[1], "replicates asynchronously") {
+		t.Fatalf("CheckDurability = %q, want a persistence warning and a replication warning", ws)
 	}
-	// Merged into one warning that names the three masters.
-	if n := strings.Count(ws[0], "127.0.0.1:"); n != 3 {
-		t.Fatalf("the warning names %d nodes, want the 3 masters: %s", n, ws[0])
+	// Each merged into one warning that names the three masters.
+	for _, w := range ws {
+		if n := strings.Count(w, "127.0.0.1:"); n != 3 {
+			t.Fatalf("the warning names %d nodes, want the 3 masters: %s", n, w)
+		}
 	}
 }
 

@@ -1,12 +1,17 @@
-// Package redis is an [idemstore.Store] in Redis, built on go-redis v9: a single server or a
-// Redis Cluster, shared by any number of processes on any hosts (SPEC §14).
+// Package redis is an [idemstore.Store] in Redis, built on go-redis v9: a single server, a
+// master that Redis Sentinels watch, or a Redis Cluster, shared by any number of processes
+// on any hosts (SPEC §14).
 //
 //	s, err := redis.Open(ctx, "redis://127.0.0.1:6379/0", redis.Config{})
 //
-// Store URLs ([NewClient]): redis://[user:password@]host:port[/db], rediss://… (TLS),
-// and for a Redis Cluster redis+cluster://host:port?addr=host2:port2&addr=… (or
+// Store URLs ([NewClient]): redis://[user:password@]host:port[/db], rediss://… (TLS);
+// for a Redis Cluster redis+cluster://host:port?addr=host2:port2&addr=… (or
 // rediss+cluster://…), which is go-redis's cluster URL with "+cluster" added to the
-// scheme.
+// scheme; and for Sentinel redis+sentinel://[user:password@]s1:port,s2:port/db?master=NAME
+// (or rediss+sentinel://…), which opens go-redis's failover client. Any of them may add
+// wait_replicas=N (Config.WaitReplicas): each claim then waits for N replicas'
+// acknowledgement (Redis WAIT) before its handler runs, and one that is not acknowledged
+// in time is given back and fails with [ErrNotReplicated] (503).
 //
 // # How records are kept
 //
@@ -38,7 +43,9 @@
 // maxmemory-policy other than noeviction, and an asynchronous replica failover can each
 // lose records, and a retry of a lost record's request executes again; a failover also
 // cancels handlers whose lease renewals fail and may let a retry execute while the old
-// holder still runs. [Open] logs a warning for each risky setting it can read
+// holder still runs. Claims that wait for a replica (Config.WaitReplicas) keep every claim
+// whose handler ran through a failover; a completion that had not replicated can still be
+// lost. [Open] logs a warning for each risky setting it can read
 // ([Store.CheckDurability]). Operations that must not run twice need a backstop in the
 // database that holds their effects: a unique (scope, key) row written in the
 // transaction of their writes. Package backstop (github.com/idem-go/idem/backstop)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -11,11 +12,15 @@ import (
 )
 
 // CheckDurability reads appendonly, appendfsync, save and maxmemory-policy from Redis
-// (from every master of a cluster) and returns one plain warning for each setting under
-// which Redis can lose or evict acknowledged records, saying what that means for
-// idempotency: a retry of a request whose record was lost executes the operation again.
+// (from every master of a cluster), and its replication (INFO replication), and returns
+// one plain warning for each setting under which Redis can lose or evict acknowledged
+// records, saying what that means for idempotency: a retry of a request whose record
+// was lost executes the operation again. A master with replicas gets one when claims do
+// not wait for them (Config.WaitReplicas is 0: a failover can lose the last records),
+// and one when fewer replicas are connected than claims wait for (every claim fails).
 // It returns nil when Redis keeps every acknowledged write (appendonly yes, appendfsync
-// always, maxmemory-policy noeviction). When Redis refuses CONFIG GET, as managed
+// always, maxmemory-policy noeviction, and no replica to fail over to, or claims that
+// wait for one). When Redis refuses CONFIG GET, as managed
 // services do, it returns a single "durability unknown" warning. It never changes the
 // configuration, and its warnings are advice, not errors.
 //
@@ -39,6 +44,7 @@ func (s *Store) CheckDurability(ctx context.Context) []string {
 	}
 	check := func(ctx context.Context, c goredis.Cmdable, node string) error {
 		add(node, nodeDurability(ctx, c))
+		add(node, replicationWarnings(ctx, c, s.cfg.WaitReplicas))
 		return nil
 	}
 	if cc, ok := s.client.(*goredis.ClusterClient); ok {
@@ -49,7 +55,7 @@ func (s *Store) CheckDurability(ctx context.Context) []string {
 			add("cluster", []string{unknownWarning(err)})
 		}
 	} else {
-		_ = check(ctx, s.client, nodeName(s.client))
+		_ = check(ctx, s.client, s.nodeName())
 	}
 	out := make([]string, 0, len(order))
 	for _, w := range order {
@@ -60,9 +66,16 @@ func (s *Store) CheckDurability(ctx context.Context) []string {
 	return out
 }
 
-func nodeName(c goredis.UniversalClient) string {
-	if cl, ok := c.(*goredis.Client); ok {
-		return cl.Options().Addr
+// nodeName names the server of a single-server or Sentinel client in warnings.
+func (s *Store) nodeName() string {
+	if s.node != "" {
+		return s.node
+	}
+	if cl, ok := s.client.(*goredis.Client); ok {
+		if addr := cl.Options().Addr; addr != "FailoverClient" { // go-redis's name for a Sentinel client
+			return addr
+		}
+		return "the Sentinels' master"
 	}
 	return "redis"
 }
@@ -104,4 +117,28 @@ func durabilityWarnings(conf map[string]string) []string {
 
 func unknownWarning(err error) string {
 	return fmt.Sprintf("durability unknown: CONFIG GET failed (%v); managed services often refuse it. idem cannot check that Redis persists every acknowledged record (appendonly yes, appendfsync always) and never evicts one (maxmemory-policy noeviction); without those, a restart, failover or eviction loses records and a retry of such a request executes it again", err)
+}
+
+// replicationWarnings returns the warnings about one server's replication for claims
+// that wait for wait replicas: a master whose replicas a failover could promote before
+// they have the last records, a master with fewer connected replicas than claims wait
+// for, and a replica, which refuses writes. A server that does not answer INFO gets
+// none: the durability check says what it could not read.
+func replicationWarnings(ctx context.Context, c goredis.Cmdable, wait int) []string {
+	info, err := c.Info(ctx, "replication").Result()
+	if err != nil {
+		return nil
+	}
+	if role := infoField(info, "role"); role != "master" {
+		return []string{fmt.Sprintf("replication: this server is a replica (role:%s), which refuses writes, so every claim fails; point the store URL at the master, or at the Sentinels (redis+sentinel://)", role)}
+	}
+	replicas, _ := strconv.Atoi(infoField(info, "connected_slaves"))
+	switch {
+	case wait == 0 && replicas > 0:
+		return []string{"replication: this master has replicas, and Redis replicates asynchronously: a failover (Sentinel, a cluster, a managed service) can promote a replica that lacks the records the master acknowledged last, and a retry of such a request executes it again; " +
+			"set wait_replicas=1 (Config.WaitReplicas) so that a claim waits for a replica before its handler runs, and keep a database backstop (docs/redis.md#sentinel)"}
+	case replicas < wait:
+		return []string{fmt.Sprintf("replication: claims wait for %d replica(s) (wait_replicas) but this master has %d connected: every claim fails (503) until enough replicas connect and acknowledge it", wait, replicas)}
+	}
+	return nil
 }

@@ -22,6 +22,8 @@ const (
 	DefaultKeyPrefix = "idem:"
 	// DefaultTTLMargin is the default Config.TTLMargin.
 	DefaultTTLMargin = time.Minute
+	// DefaultWaitTimeout is the default Config.WaitTimeout.
+	DefaultWaitTimeout = 100 * time.Millisecond
 )
 
 // Config configures a [Store]. The zero value is ready to use.
@@ -39,6 +41,27 @@ type Config struct {
 	// TTL only reclaims memory, and the margin keeps a slightly early eviction from
 	// deciding anything. Defaults to [DefaultTTLMargin].
 	TTLMargin time.Duration
+
+	// WaitReplicas is how many replicas must acknowledge a claim (Redis WAIT, sent in
+	// the claim's pipeline) before it is granted and its handler runs. Redis replicates
+	// asynchronously, so without it a failover can lose a claim the master granted,
+	// and a retry then executes again beside, or after, the first execution. A claim
+	// that fewer replicas acknowledge within WaitTimeout is given back (a fresh record
+	// is deleted; a record taken over keeps its history, its lease ended) and fails with
+	// [ErrNotReplicated]: nothing runs, and the middleware answers 503 with
+	// Retry-After. A renewal that is not acknowledged fails the same way, so the holder
+	// does not count on the longer lease. A completion waits too, so that the response
+	// is on a replica before the client gets it; one that is not acknowledged still
+	// stands (the operation ran) and is logged at Warn. The store URL's
+	// wait_replicas parameter sets it. docs/redis.md#sentinel measures the cost.
+	// Defaults to 0: nothing waits.
+	WaitReplicas int
+
+	// WaitTimeout bounds each WAIT when WaitReplicas is set. It must be shorter than
+	// the client's read timeout, which bounds WAIT's reply. The store URL's
+	// wait_timeout parameter sets it. Defaults to [DefaultWaitTimeout] when
+	// WaitReplicas is set.
+	WaitTimeout time.Duration
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -57,7 +80,54 @@ func (c Config) withDefaults() (Config, error) {
 	if c.TTLMargin == 0 {
 		c.TTLMargin = DefaultTTLMargin
 	}
+	switch {
+	case c.WaitReplicas < 0:
+		return c, fmt.Errorf("redis store: Config.WaitReplicas must not be negative, got %d", c.WaitReplicas)
+	case c.WaitTimeout < 0:
+		return c, fmt.Errorf("redis store: Config.WaitTimeout must not be negative, got %v", c.WaitTimeout)
+	case c.WaitTimeout > 0 && c.WaitReplicas == 0:
+		return c, fmt.Errorf("redis store: Config.WaitTimeout (wait_timeout) is %v but WaitReplicas (wait_replicas) is 0, so nothing waits; set both", c.WaitTimeout)
+	case c.WaitReplicas > 0 && c.WaitTimeout == 0:
+		c.WaitTimeout = DefaultWaitTimeout
+	}
 	return c, nil
+}
+
+// withURL returns c with the settings of the store URL u, which must not contradict
+// what c sets itself.
+func (c Config) withURL(u urlConfig) (Config, error) {
+	if u.hasWaitReplicas {
+		if c.WaitReplicas != 0 && c.WaitReplicas != u.waitReplicas {
+			return c, fmt.Errorf("redis store: Config.WaitReplicas is %d but the URL says %s=%d", c.WaitReplicas, ParamWaitReplicas, u.waitReplicas)
+		}
+		c.WaitReplicas = u.waitReplicas
+	}
+	if u.hasWaitTimeout {
+		if c.WaitTimeout != 0 && c.WaitTimeout != u.waitTimeout {
+			return c, fmt.Errorf("redis store: Config.WaitTimeout is %v but the URL says %s=%v", c.WaitTimeout, ParamWaitTimeout, u.waitTimeout)
+		}
+		c.WaitTimeout = u.waitTimeout
+	}
+	return c, nil
+}
+
+// checkWaitTimeout refuses a WaitTimeout that the client's read timeout would cut
+// short: WAIT's reply would then be a timeout, and every claim would fail.
+func (c Config) checkWaitTimeout(client goredis.UniversalClient) error {
+	if c.WaitReplicas == 0 {
+		return nil
+	}
+	var read time.Duration
+	switch cl := client.(type) {
+	case *goredis.Client:
+		read = cl.Options().ReadTimeout
+	case *goredis.ClusterClient:
+		read = cl.Options().ReadTimeout
+	}
+	if read > 0 && c.WaitTimeout >= read {
+		return fmt.Errorf("redis store: Config.WaitTimeout (wait_timeout) %v must be shorter than the client's read timeout (read_timeout) %v, which bounds WAIT's reply", c.WaitTimeout, read)
+	}
+	return nil
 }
 
 // Store is an [idemstore.Store] in Redis: a single server or a Redis Cluster. It is safe for
@@ -65,7 +135,8 @@ func (c Config) withDefaults() (Config, error) {
 type Store struct {
 	client goredis.UniversalClient
 	cfg    Config
-	owned  bool // Close closes the client (Open made it)
+	owned  bool   // Close closes the client (Open made it)
+	node   string // names a server its client cannot name (a Sentinel URL's master)
 }
 
 var _ idemstore.Store = (*Store)(nil)
@@ -75,8 +146,12 @@ var _ idemstore.Store = (*Store)(nil)
 // scripts need), and logs the warnings of [Store.CheckDurability] once, at Warn level,
 // through cfg.Logger. Close the store when done.
 func Open(ctx context.Context, rawURL string, cfg Config) (*Store, error) {
-	client, err := NewClient(rawURL)
+	client, fromURL, err := newClient(rawURL)
 	if err != nil {
+		return nil, err
+	}
+	if cfg, err = cfg.withURL(fromURL); err != nil {
+		client.Close()
 		return nil, err
 	}
 	s, err := NewFromClient(client, cfg)
@@ -84,7 +159,7 @@ func Open(ctx context.Context, rawURL string, cfg Config) (*Store, error) {
 		client.Close()
 		return nil, err
 	}
-	s.owned = true
+	s.owned, s.node = true, fromURL.node
 	if err := s.ping(ctx); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("redis store: %s does not answer: %w", redactURL(rawURL), err)
@@ -106,6 +181,9 @@ func Open(ctx context.Context, rawURL string, cfg Config) (*Store, error) {
 func NewFromClient(client goredis.UniversalClient, cfg Config) (*Store, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
+		return nil, err
+	}
+	if err := cfg.checkWaitTimeout(client); err != nil {
 		return nil, err
 	}
 	return &Store{client: client, cfg: cfg}, nil
@@ -168,8 +246,13 @@ func (s *Store) RecordKey(scope, key string) string {
 
 // RecordClaim claims (Scope, Key) in one Lua script that makes
 // [idemstore.ClaimParams.Decide]'s decision with Redis's clock (or params.Now).
+//
+// With Config.WaitReplicas set, a claim that acquires the key (afresh, again, or by a
+// takeover) is granted only once that many replicas acknowledged it; otherwise it is
+// given back and fails with [ErrNotReplicated].
 func (s *Store) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*idemstore.ClaimResult, error) {
-	res, err := claimScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)},
+	key := s.RecordKey(p.Scope, p.Key)
+	res, acks, err := s.run(ctx, claimScript, key,
 		nowArg(p.Now),
 		strconv.Itoa(p.Fingerprint.Version),
 		hex.EncodeToString(p.Fingerprint.Sum[:]),
@@ -180,15 +263,23 @@ func (s *Store) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*ide
 		s.cfg.TTLMargin.Milliseconds(),
 		scopeDigest(p.Scope),
 		boolArg(p.OnLapse == idemstore.LapseUnknown),
-	).Slice()
+	)
+	reply, err := sliceReply(res, err)
 	if goredis.IsOOMError(err) {
 		return s.claimAtMaxmemory(ctx, p, err)
 	}
 	if err != nil {
 		return nil, s.interpretError(err)
 	}
-	outcome, now, fields, err := decodeReply(res)
+	outcome, now, fields, err := decodeReply(reply)
 	if err != nil {
+		return nil, err
+	}
+	if acks < int64(s.cfg.WaitReplicas) && (outcome == "acquired" || outcome == "acquired_again" || outcome == "took_over") {
+		err := s.notReplicated("the claim", acks)
+		if gbErr := s.giveBack(ctx, key, outcome, p); gbErr != nil {
+			err = fmt.Errorf("%w; %v", err, gbErr)
+		}
 		return nil, err
 	}
 	out := &idemstore.ClaimResult{Now: now}
@@ -259,13 +350,15 @@ func (s *Store) claimAtMaxmemory(ctx context.Context, p *idemstore.ClaimParams, 
 }
 
 // RecordComplete stores the response and completes the record, fenced by token and
-// state in one script.
+// state in one script. With Config.WaitReplicas set, it waits for the replicas'
+// acknowledgement too; a completion they do not acknowledge in time still stands, and
+// is logged at Warn.
 func (s *Store) RecordComplete(ctx context.Context, p *idemstore.CompleteParams) error {
 	resp := p.Response
 	if resp == nil {
 		return errors.New("redis store: idemstore.CompleteParams.Response is nil")
 	}
-	n, err := completeScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)},
+	res, acks, err := s.run(ctx, completeScript, s.RecordKey(p.Scope, p.Key),
 		nowArg(p.Now),
 		p.Token,
 		p.TTL.Microseconds(),
@@ -274,12 +367,21 @@ func (s *Store) RecordComplete(ctx context.Context, p *idemstore.CompleteParams)
 		encodeHeader(resp.Header),
 		resp.Body,
 		boolArg(resp.NotStored),
-	).Int()
+	)
+	n, err := intReply(res, err)
 	if err != nil {
 		return s.interpretError(err)
 	}
 	if n != 1 {
 		return idemstore.ErrLeaseLost
+	}
+	if acks < int64(s.cfg.WaitReplicas) {
+		// The operation ran and its response is stored on the master: failing the
+		// call would not undo either. A failover before it replicates leaves the
+		// record in flight on the new master, and a retry after the lease executes
+		// again (a backstop in the database answers it instead).
+		s.cfg.Logger.WarnContext(ctx, "redis store: a completion was stored on the master, but "+s.notReplicated("it", acks).Error()+
+			"; a retry after the lease would then execute again unless a database backstop answers it")
 	}
 	return nil
 }
@@ -296,21 +398,27 @@ func (s *Store) RecordRelease(ctx context.Context, p *idemstore.ReleaseParams) e
 	return nil
 }
 
-// RecordRenew extends the lease, fenced by token and state in one script.
+// RecordRenew extends the lease, fenced by token and state in one script. With
+// Config.WaitReplicas set, a renewal that fewer replicas acknowledge fails with
+// [ErrNotReplicated], so that the holder keeps counting on its old lease end.
 func (s *Store) RecordRenew(ctx context.Context, p *idemstore.RenewParams) (time.Time, error) {
-	v, err := renewScript.Run(ctx, s.client, []string{s.RecordKey(p.Scope, p.Key)},
+	res, acks, err := s.run(ctx, renewScript, s.RecordKey(p.Scope, p.Key),
 		nowArg(p.Now),
 		p.Token,
 		p.Lease.Microseconds(),
 		p.TTL.Microseconds(),
 		s.cfg.TTLMargin.Milliseconds(),
-	).Result()
+	)
 	if err != nil {
 		return time.Time{}, s.interpretError(err)
 	}
-	str, ok := v.(string)
+	str, ok := res.Val().(string)
 	if !ok {
 		return time.Time{}, idemstore.ErrLeaseLost
+	}
+	if acks < int64(s.cfg.WaitReplicas) {
+		// The holder keeps its old lease end: a failover could bring that one back.
+		return time.Time{}, s.notReplicated("the renewal", acks)
 	}
 	return parseMicros(str)
 }
@@ -382,7 +490,9 @@ func (s *Store) RecordCountUnfinished(context.Context, *idemstore.CountUnfinishe
 // minute, so after a master dies it would keep sending that master's slots to a dead
 // address until the next refresh. Any error that is not a Redis reply (a refused
 // connection, a timeout) therefore asks it to refresh now; refreshes coalesce, and
-// once a replica is promoted the next one routes its slots there.
+// once a replica is promoted the next one routes its slots there. So does a MOVED or
+// ASK reply, which only a pipeline sent to a key's master itself (Config.WaitReplicas)
+// gets, since the cluster client follows redirections on its own.
 func (s *Store) interpretError(err error) error {
 	switch {
 	case err == nil:
@@ -391,7 +501,7 @@ func (s *Store) interpretError(err error) error {
 		return idemstore.ErrNotFound
 	}
 	var reply goredis.Error
-	if cc, ok := s.client.(*goredis.ClusterClient); ok && !errors.As(err, &reply) {
+	if cc, ok := s.client.(*goredis.ClusterClient); ok && (!errors.As(err, &reply) || isRedirect(err)) {
 		cc.ReloadState(context.Background())
 	}
 	return fmt.Errorf("redis store: %w", err)
@@ -409,4 +519,11 @@ func boolArg(b bool) string {
 		return "1"
 	}
 	return "0"
+}
+
+// isRedirect reports whether err is a cluster's MOVED or ASK reply.
+func isRedirect(err error) bool {
+	_, moved := goredis.IsMovedError(err)
+	_, ask := goredis.IsAskError(err)
+	return moved || ask
 }

@@ -31,7 +31,7 @@ func (s *Store) checkVersion(ctx context.Context) error {
 			return check(ctx, c, c.Options().Addr)
 		})
 	}
-	return check(ctx, s.client, nodeName(s.client))
+	return check(ctx, s.client, s.nodeName())
 }
 
 // versionError returns an error when version (redis_version) is older than 7.0.

@@ -221,10 +221,11 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idemstore.ClaimParams, t time.T
 			// Impossible under the write lock; never report a claim we did not make.
 			return nil, fmt.Errorf("take over changed %d records, want 1", n)
 		}
+		released := rec.Token == ""
 		rec.Token = p.Token
 		rec.LeaseEnd = leaseEnd.UTC()
 		rec.ExpiresAt = idemstore.InFlightExpiresAt(rec.CreatedAt, p.TTL, leaseEnd).UTC()
-		return &idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: rec, TookOver: true, Now: t}, nil
+		return &idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: rec, TookOver: true, Released: released, Now: t}, nil
 	case idemstore.DecideUnknown:
 		n, err := execRows(ctx, tx, queryRecordMarkUnknown, sql.Named("scope", p.Scope), sql.Named("key", p.Key),
 			sql.Named("old_token", rec.Token), sql.Named("ttl", int64(p.TTL)), sql.Named("now", nanos(t)))

@@ -26,8 +26,15 @@ import (
 // A charge in Brandur Leach's order: a first step records the charge as pending
 // (before the card processor is called, so that a crash during the call leaves a
 // trace to resume from); the processor call, with the key
-// [idem.Handle.DerivedKey]("processor"); then [Store.InTx], which saves the processor's
-// answer, completes the charge and completes the record.
+// [idem.Handle.DerivedKey]("processor_charge"); then [idem.Finish] over [Store.InTx],
+// which saves the processor's answer, completes the charge and completes the record
+// with the response its function returns, in the handler and in the route's resume
+// function alike.
+//
+// step is an identifier, like the route's name ([idem.RouteOptions.Name]) and the
+// derived key's step: the record keeps it, and a resumed operation finds its saved
+// result by it. Keep step names stable across deploys while operations are
+// unfinished: a renamed step runs again on resume.
 //
 //	pending, err := sqlite.Step(ctx, st, "charge_pending", func(ctx context.Context, tx *sql.Tx) (Pending, error) {
 //		return insertPendingCharge(ctx, tx, in)

@@ -150,8 +150,8 @@ func (b *bundle) takeOver(first *idemstore.ClaimParams, now time.Time) *idemstor
 	b.t.Helper()
 	p := b.claimParams(now)
 	res := b.claimWant(p, idemstore.ClaimAcquired)
-	if !res.TookOver {
-		b.t.Fatal("claim of a lapsed lease: TookOver = false, want true")
+	if !res.TookOver || res.Released {
+		b.t.Fatalf("claim of a lapsed lease: TookOver %v, Released %v; want a takeover, not of a released record", res.TookOver, res.Released)
 	}
 	want := inFlightRecord(first)
 	want.Token = p.Token

@@ -217,9 +217,9 @@ func testReleaseKeepsAdvanced(t *testing.T, h Harness) {
 	// lapsed.
 	retry := b.claimParams(releasedAt)
 	res := b.claimWant(retry, idemstore.ClaimAcquired)
-	if !res.TookOver || res.Record.RecoveryPoint != "charge_pending" || res.Record.ID != p.RecordID {
-		t.Fatalf("claim after the release: TookOver %v, recovery point %q, id %q; want a takeover at charge_pending of record %q",
-			res.TookOver, res.Record.RecoveryPoint, res.Record.ID, p.RecordID)
+	if !res.TookOver || !res.Released || res.Record.RecoveryPoint != "charge_pending" || res.Record.ID != p.RecordID {
+		t.Fatalf("claim after the release: TookOver %v, Released %v, recovery point %q, id %q; want a takeover of the released record at charge_pending of record %q",
+			res.TookOver, res.Released, res.Record.RecoveryPoint, res.Record.ID, p.RecordID)
 	}
 	b.complete(retry.Token, sampleResponse(), b.at(2*time.Second))
 }

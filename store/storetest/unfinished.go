@@ -52,7 +52,7 @@ func testUnfinishedNeverExpires(t *testing.T, h Harness) {
 	// The next claim takes it over, keeping its id and steps: not a fresh claim.
 	taker := b.claimParams(late)
 	res := b.claimWant(taker, idemstore.ClaimAcquired)
-	if !res.TookOver || res.Record.ID != dead.RecordID || res.Record.RecoveryPoint != "charge_pending" ||
+	if !res.TookOver || res.Released || res.Record.ID != dead.RecordID || res.Record.RecoveryPoint != "charge_pending" ||
 		string(res.Record.Steps) != string(stepsOf("charge_pending", charge{ID: "ch_1", Amount: 2000})) {
 		t.Fatalf("claim past the TTL: took over %v, id %q, at %q, steps %s; want the unfinished record taken over with its steps",
 			res.TookOver, res.Record.ID, res.Record.RecoveryPoint, res.Record.Steps)

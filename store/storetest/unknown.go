@@ -79,9 +79,9 @@ func testUnknownReleased(t *testing.T, h Harness) {
 	}
 	// Its holder stopped, knowing where it was: the operation resumes.
 	res := b.claimWant(b.unknownParams(b.at(time.Second)), idemstore.ClaimAcquired)
-	if !res.TookOver || res.MarkedUnknown || res.Record.RecoveryPoint != "charge_pending" {
-		t.Fatalf("claim under the policy unknown of a released record: TookOver %v, MarkedUnknown %v, at %q; want a takeover at charge_pending",
-			res.TookOver, res.MarkedUnknown, res.Record.RecoveryPoint)
+	if !res.TookOver || !res.Released || res.MarkedUnknown || res.Record.RecoveryPoint != "charge_pending" {
+		t.Fatalf("claim under the policy unknown of a released record: TookOver %v, Released %v, MarkedUnknown %v, at %q; want a takeover of the released record at charge_pending",
+			res.TookOver, res.Released, res.MarkedUnknown, res.Record.RecoveryPoint)
 	}
 }
 

@@ -2,9 +2,14 @@
 """A small charges API with hand-written Idempotency-Key support, as a team without idem
 writes it, for the tests of `idem check` (internal/check). Standard library only.
 
-    python3 server.py [--port 0] [--bug NAME] [--work 0.5]
+    python3 server.py [--port 0] [--bug NAME] [--work 0.5] [--state FILE] [--lease S]
 
-It prints "listening on 127.0.0.1:PORT" once it accepts connections.
+It prints "listening on 127.0.0.1:PORT" once it accepts connections, and "handling KEY"
+when the charge of a request with that key starts.
+
+With --state FILE the records are kept in FILE, so that they outlive the process (a
+restart); an in-flight record is then taken over by a retry once it is --lease seconds
+old (a dead holder's lease), as idem does.
 
 POST /v1/charges {"amount": N, "currency": "usd"} with Authorization: Bearer <token>
 (each token a principal) and an Idempotency-Key creates a charge (201), taking --work
@@ -34,13 +39,15 @@ stored bytes, a changed body is 409 key_reused, a rejected body frees its key.
 import argparse
 import hashlib
 import json
+import os
 import secrets
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 BUGS = ["none", "race", "replay-differs", "changed-body-replayed", "stores-errors", "global-keys",
-        "accepts-bad-keys", "keys-on-get", "optional-keys", "no-retry-after", "key-not-bound", "caches-get"]
+        "accepts-bad-keys", "keys-on-get", "optional-keys", "no-retry-after", "key-not-bound", "caches-get",
+        "keyless-shared", "empty-key-shared", "no-replay"]
 
 # Visible ASCII without '"', ',' and '\\', as idem's SPEC §3 allows in a key.
 KEY_CHARS = set(chr(c) for c in range(0x21, 0x7F)) - set('",\\')
@@ -50,6 +57,29 @@ RECORDS = {}  # record key -> {"fp", "state", "status", "body"}
 GETS = {}  # caches-get: (principal, key) -> the first answer of a keyed GET
 CHARGES = {}  # principal -> [charge]
 ARGS = None
+
+
+def save():
+    """Writes RECORDS to --state, when given (called with LOCK held)."""
+    if not ARGS.state:
+        return
+    recs = [{"rk": list(rk) if isinstance(rk, tuple) else rk, **{k: (v.decode() if isinstance(v, bytes) else v) for k, v in rec.items()}}
+            for rk, rec in RECORDS.items()]
+    with open(ARGS.state + ".tmp", "w") as f:
+        json.dump(recs, f)
+    os.replace(ARGS.state + ".tmp", ARGS.state)
+
+
+def load():
+    """Reads RECORDS from --state, when it exists."""
+    if not ARGS.state or not os.path.exists(ARGS.state):
+        return
+    with open(ARGS.state) as f:
+        for rec in json.load(f):
+            rk = rec.pop("rk")
+            if "body" in rec:
+                rec["body"] = rec["body"].encode()
+            RECORDS[tuple(rk) if isinstance(rk, list) else rk] = rec
 
 
 def encode(obj):
@@ -140,7 +170,12 @@ class Handler(BaseHTTPRequestHandler):
         if scope is None:
             return self.error(401, "unauthenticated")
         keys = self.headers.get_all("Idempotency-Key") or []
-        if not keys and ARGS.bug == "optional-keys":
+        fp = hashlib.sha256(body).hexdigest()
+        if not keys and ARGS.bug == "keyless-shared":
+            return self.claim((scope, None), fp, scope, body)
+        if keys == [""] and ARGS.bug == "empty-key-shared":
+            return self.claim("", fp, scope, body, compare=False)
+        if not keys and ARGS.bug in ("optional-keys", "empty-key-shared"):
             return self.create(scope, body, None)
         if not keys:
             return self.error(400, "key_required")
@@ -149,14 +184,19 @@ class Handler(BaseHTTPRequestHandler):
         if bad and ARGS.bug != "accepts-bad-keys":
             return self.error(400, "key_invalid")
         rk = key if ARGS.bug == "global-keys" else (scope, key)
-        fp = hashlib.sha256(body).hexdigest()
+        self.claim(rk, fp, scope, body)
 
+    def claim(self, rk, fp, scope, body, compare=True):
+        """Claims record key rk and runs the charge, or answers from its record."""
         with LOCK:
             rec = RECORDS.get(rk)
+            if rec is not None and rec["state"] == "in_flight" and ARGS.state and time.time() - rec["claimed"] > ARGS.lease:
+                rec = None  # the holder's lease ran out: take the key over
             if rec is None and ARGS.bug != "race":
-                RECORDS[rk] = {"fp": fp, "state": "in_flight"}  # the atomic claim
+                RECORDS[rk] = {"fp": fp, "state": "in_flight", "claimed": time.time()}  # the atomic claim
+                save()
         if rec is not None:
-            return self.answer_existing(rec, fp)
+            return self.answer_existing(rec, fp if compare else rec["fp"])
         self.create(scope, body, rk)
 
     def create(self, scope, body, rk):
@@ -172,8 +212,11 @@ class Handler(BaseHTTPRequestHandler):
                     RECORDS[rk] = {"fp": fp, "state": "completed", "status": 400, "body": answer}
                 else:
                     RECORDS.pop(rk, None)  # a 400 frees the key
+                save()
             return self.send(400, answer)
 
+        if rk is not None:
+            print("handling %s" % (self.headers.get("Idempotency-Key") or ""), flush=True)
         time.sleep(ARGS.work)  # the card processor
         charge = {"id": "ch_" + secrets.token_hex(8), "object": "charge", "amount": params["amount"],
                   "currency": params["currency"], "created": int(time.time())}
@@ -182,6 +225,7 @@ class Handler(BaseHTTPRequestHandler):
             CHARGES.setdefault(scope, []).append(charge)
             if rk is not None:
                 RECORDS[rk] = {"fp": fp, "state": "completed", "status": 201, "body": answer}
+                save()
         self.send(201, answer)
 
     def answer_existing(self, rec, fp):
@@ -189,6 +233,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.error(409, "key_reused")
         if rec["state"] == "in_flight":
             return self.error(409, "request_in_progress", {} if ARGS.bug == "no-retry-after" else {"Retry-After": "1"})
+        if ARGS.bug == "no-replay":
+            return self.error(422, "payload_mismatch")
         body = rec["body"]
         if ARGS.bug == "replay-differs":
             obj = json.loads(body)
@@ -203,7 +249,10 @@ def main():
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--bug", choices=BUGS, default="none")
     p.add_argument("--work", type=float, default=0.5)
+    p.add_argument("--state", default="")
+    p.add_argument("--lease", type=float, default=30)
     ARGS = p.parse_args()
+    load()
     ThreadingHTTPServer.request_queue_size = 64  # the duplicates connect at once
     srv = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
     print("listening on 127.0.0.1:%d" % srv.server_address[1], flush=True)

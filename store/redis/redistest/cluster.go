@@ -92,24 +92,7 @@ func (c *Cluster) Running() []*Server {
 // replica's link to its master is up (so that it can take over). It polls CLUSTER
 // INFO, since a cluster signals convergence no other way.
 func (c *Cluster) WaitOK(ctx context.Context) error {
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	var last error
-	for {
-		// Each poll has its own deadline, so that the error reported is the cluster's
-		// last real state rather than ctx's expiry.
-		pctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		last = c.healthy(pctx)
-		cancel()
-		if last == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("redistest: cluster did not converge: %w", last)
-		case <-tick.C:
-		}
-	}
+	return poll(ctx, "cluster did not converge", c.healthy)
 }
 
 func (c *Cluster) healthy(ctx context.Context) error {
@@ -152,14 +135,7 @@ func replicaLinkUp(ctx context.Context, addr string, live map[string]bool) error
 	if err != nil {
 		return fmt.Errorf("%s: INFO replication: %w", addr, err)
 	}
-	field := func(name string) string {
-		for _, line := range strings.Split(info, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-				return v
-			}
-		}
-		return ""
-	}
+	field := func(name string) string { return infoValue(info, name) }
 	master := net.JoinHostPort(field("master_host"), field("master_port"))
 	if live[master] && field("master_link_status") != "up" {
 		return fmt.Errorf("replica %s has not synced with master %s", addr, master)

@@ -1,8 +1,9 @@
 // Package redistest starts private redis-server processes for tests: a single server
-// that a test may stop, kill and restart on the same port ([StartServer]), and a Redis
-// Cluster of three masters with one replica each ([StartCluster]). Servers listen on
-// free loopback ports, keep nothing on disk (save "", appendonly no) and are killed at
-// the test's cleanup.
+// that a test may stop, kill and restart on the same port ([StartServer]), a Redis
+// Cluster of three masters with one replica each ([StartCluster]), and a master with
+// one replica watched by three Sentinels ([StartSentinel]). Servers listen on free
+// loopback ports, keep nothing on disk (save "", appendonly no) and are killed at the
+// test's cleanup.
 //
 // Where redis-server or redis-cli is absent, the helpers skip the test with a message,
 // or fail it under CI=true ([testenv.Unavailable]).
@@ -21,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -33,6 +36,13 @@ type Server struct {
 	port int
 	dir  string
 	args []string
+	// sentinel, when set, is the configuration file of a Sentinel: the server runs
+	// `redis-server <file> --sentinel` instead of as a data server.
+	sentinel string
+	// password is the requirepass of args, if any.
+	password string
+	// tls, when set, makes the server listen over TLS only.
+	tls *TLS
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -46,7 +56,18 @@ type Server struct {
 func StartServer(t testing.TB, args ...string) *Server {
 	t.Helper()
 	RequireBinaries(t)
-	s := &Server{t: t, dir: t.TempDir(), args: args}
+	return startServer(t, &Server{t: t, dir: t.TempDir(), args: args})
+}
+
+// startServer starts s, which has its test, directory and arguments set, on a free
+// port.
+func startServer(t testing.TB, s *Server) *Server {
+	t.Helper()
+	for i, a := range s.args {
+		if a == "--requirepass" && i+1 < len(s.args) {
+			s.password = s.args[i+1]
+		}
+	}
 	t.Cleanup(s.Kill)
 	var err error
 	// Another process may take the free port before redis-server binds it: try again
@@ -75,11 +96,27 @@ func RequireBinaries(t testing.TB) {
 // Addr returns the server's host:port.
 func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
 
+// Client returns a new client of the server (with its requirepass), which the caller
+// closes. It does not retry, and dials for at most a second.
+func (s *Server) Client() *goredis.Client {
+	o := &goredis.Options{Addr: s.Addr(), Password: s.password, MaxRetries: -1, DialTimeout: time.Second}
+	if s.tls != nil {
+		o.TLSConfig = s.tls.ClientConfig()
+	}
+	return goredis.NewClient(o)
+}
+
 // Port returns the server's port.
 func (s *Server) Port() int { return s.port }
 
-// URL returns the server's redis:// URL.
-func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
+// URL returns the server's redis:// URL (rediss:// over TLS, which needs
+// skip_verify=true or a client that trusts the test's authority).
+func (s *Server) URL() string {
+	if s.tls != nil {
+		return "rediss://" + s.Addr() + "/0"
+	}
+	return "redis://" + s.Addr() + "/0"
+}
 
 // Kill stops the server with SIGKILL, as a crash would, and waits for it to exit. It
 // does nothing when the server is not running.
@@ -114,16 +151,28 @@ func (s *Server) start() error {
 	if s.cmd != nil {
 		return fmt.Errorf("redistest: server on %s is already running", s.Addr())
 	}
-	args := append([]string{
+	args := []string{
 		"--port", strconv.Itoa(s.port),
+	}
+	if s.tls != nil {
+		args = append([]string{"--port", "0", "--tls-port", strconv.Itoa(s.port)}, s.tls.args()...)
+	}
+	args = append(args,
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
-		"--save", "",
-		"--appendonly", "no",
 		"--daemonize", "no",
 		"--logfile", "",
-	}, s.args...)
-	cmd := exec.Command("redis-server", args...)
+	)
+	// redis-server logs this line once it listens: a signal, not a guess. A Sentinel
+	// logs its master's name once it monitors it, after it listens.
+	ready := "Ready to accept connections"
+	if s.sentinel != "" {
+		args = append([]string{s.sentinel, "--sentinel"}, args...)
+		ready = "+monitor master"
+	} else {
+		args = append(args, "--save", "", "--appendonly", "no")
+	}
+	cmd := exec.Command("redis-server", append(args, s.args...)...)
 	cmd.SysProcAttr = procAttr()
 	// An io.Pipe rather than StdoutPipe: Wait then waits for the copy to finish.
 	pr, pw := io.Pipe()
@@ -133,12 +182,20 @@ func (s *Server) start() error {
 	}
 	s.cmd, s.pipe = cmd, pw
 	s.out = newLogTail(pr)
-	// redis-server logs this line once it listens: a signal, not a guess.
-	if err := s.out.wait("Ready to accept connections", readyTimeout); err != nil {
+	if err := s.out.wait(ready, readyTimeout); err != nil {
 		s.stopLocked()
 		return fmt.Errorf("redistest: redis-server on port %d: %w; its log:\n%s", s.port, err, s.out.String())
 	}
 	return nil
+}
+
+// waitLog waits until the running server has logged a line containing substr, since
+// it started (or in the next timeout).
+func (s *Server) waitLog(substr string, timeout time.Duration) error {
+	s.mu.Lock()
+	out := s.out
+	s.mu.Unlock()
+	return out.wait(substr, timeout)
 }
 
 // FreePort returns a loopback port that is free, and whose cluster bus port
@@ -196,6 +253,11 @@ func newLogTail(r io.Reader) *logTail {
 func (l *logTail) wait(substr string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	// A line logged before anyone waited is in the buffer, and may have been dropped
+	// from the channel.
+	if strings.Contains(l.String(), substr) {
+		return nil
+	}
 	for {
 		select {
 		case line, ok := <-l.lines:
