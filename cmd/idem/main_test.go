@@ -358,7 +358,7 @@ func TestMigrateAndPurgeReportWhatTheyDid(t *testing.T) {
 	}
 }
 
-var listeningLine = regexp.MustCompile(`^level=INFO msg="idem payments listening" addr=(127\.0\.0\.1:\d+) store=(\S+) db=(\S+) profile=seed idempotency=on$`)
+var listeningLine = regexp.MustCompile(`^level=INFO msg="idem payments listening" addr=(127\.0\.0\.1:\d+) store=(\S+) db=(\S+) profile=seed idempotency=on( replication=[a-z]+( pooler=true)?)?$`)
 
 func TestPaymentsLogsOneLineServesAndStopsGracefully(t *testing.T) {
 	t.Parallel()

@@ -263,6 +263,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		listening = append(listening, "processor", redact(f.processorURL))
 	}
 	listening = append(listening, sealedAttrs(ring)...)
+	listening = append(listening, st.startAttrs(ctx)...)
 	if metrics.ln != nil {
 		listening = append(listening, "metrics", metrics.ln.Addr().String())
 	}

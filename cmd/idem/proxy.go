@@ -230,6 +230,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 	listening := []any{"addr", apiL.ln.Addr().String(), "upstream", cfg.Upstream.String(), "store", storeURL.String(),
 		"on_lapse", idem.LapsePolicy(f.onLapse).String(), "profile", cfg.Idem.Profile.String()}
+	listening = append(listening, st.startAttrs(ctx)...)
 	if metricsL.ln != nil {
 		listening = append(listening, "metrics", metricsL.ln.Addr().String())
 	}

@@ -135,6 +135,25 @@ type openedStore struct {
 	close  func()
 }
 
+// startAttrs are what the start line says of the store: on PostgreSQL, what a failover
+// of its database may lose (replication: synchronous, asynchronous, none or unknown;
+// the store's migration logged a WARN already when it is asynchronous), and whether a
+// connection pooler stands in between.
+func (o *openedStore) startAttrs(ctx context.Context) []any {
+	if o.pg == nil {
+		return nil
+	}
+	r, err := o.pg.Replication(ctx)
+	if err != nil {
+		return []any{"replication", postgres.ReplicationUnknown}
+	}
+	attrs := []any{"replication", r.Mode}
+	if r.Pooler {
+		attrs = append(attrs, "pooler", true)
+	}
+	return attrs
+}
+
 // openStore opens the idempotency store at u. It does not migrate it. An SQL store
 // runs its background cleaner with cleaner until it is closed; nil starts none (the
 // one-shot commands: migrate, purge, keys). With existing, an SQLite file that does

@@ -81,8 +81,8 @@ func Bouncer(t testing.TB, dbURL string, poolSize int) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	// PgBouncer refuses to run as root: run it as the postgres OS user, which must
-	// read its files.
+	// PgBouncer refuses to run as root: run it as the postgres OS user (its process's
+	// credentials), which must read its files.
 	var runAs *user.User
 	if os.Geteuid() == 0 {
 		if runAs, err = user.Lookup("postgres"); err != nil {
@@ -136,10 +136,14 @@ log_disconnections = 0
 func startBouncer(t testing.TB, bin, ini string, runAs *user.User) error {
 	t.Helper()
 	cmd := osexec.Command(bin, ini)
+	// Killed with the test binary, should it die without its cleanups (a test's
+	// timeout): a bouncer left behind holds server connections.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if runAs != nil {
-		cmd = osexec.Command("runuser", "-u", runAs.Username, "--", bin, ini)
+		uid, _ := strconv.Atoi(runAs.Uid)
+		gid, _ := strconv.Atoi(runAs.Gid)
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return err
