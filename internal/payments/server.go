@@ -12,8 +12,8 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/observe"
-	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/seal"
+	"github.com/idem-go/idem/store/postgres"
 )
 
 // Defaults of [Config].
