@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -17,13 +18,26 @@ type CleanerConfig struct {
 	// Interval is the pause between passes, jittered by ±10% so that the cleaners of
 	// several processes drift apart. Defaults to [DefaultCleanerInterval].
 	Interval time.Duration
-	// BatchSize bounds how many records one delete removes, so that no statement
-	// holds locks for long and request traffic is never blocked. Defaults to
-	// [DefaultCleanerBatchSize].
+	// BatchSize is how many records the first delete of a pass may remove; later
+	// batches are sized by the time they take (BatchTarget), between 1 and 64 times
+	// BatchSize, and a Cleaner remembers the size from one pass to the next. Defaults
+	// to [DefaultCleanerBatchSize].
 	BatchSize int
+	// BatchTarget is how long one batch should take, so that no batch holds its locks
+	// for long whatever the store's speed and size (issue 41: at 10 million records a
+	// batch of fixed size took up to 28 s). A batch that took longer makes the next
+	// one smaller in proportion; a full one that took less than half of it makes the
+	// next one twice as large. A store that walks its records to find the expired
+	// ones (PostgreSQL) also stops each batch's walk after BatchTarget
+	// ([idemstore.DeleteExpiredParams].MaxDuration). Defaults to
+	// [DefaultCleanerBatchTarget].
+	BatchTarget time.Duration
 	// Retention keeps records this long after they expire (SPEC §8). Defaults to 0.
 	Retention time.Duration
-	// BatchTimeout bounds each batch delete. Defaults to [DefaultCleanerBatchTimeout].
+	// BatchTimeout bounds each batch delete: one that runs out of it is cancelled
+	// (what it deleted rolls back) and the next is a quarter of its size; a pass
+	// fails only when a batch of one record runs out of it. Defaults to
+	// [DefaultCleanerBatchTimeout].
 	BatchTimeout time.Duration
 	// BatchPause is the pause between two batches of one pass, so that requests
 	// meet the store between them: a backlog of millions of expired records (a
@@ -48,6 +62,9 @@ type Cleaner struct {
 	store  idemstore.Store
 	cfg    CleanerConfig
 	passes chan int
+
+	mu   sync.Mutex // held by a pass
+	size batchSizer
 }
 
 // Validate reports the first field of cfg that [NewCleaner] refuses: a negative
@@ -60,7 +77,7 @@ func (cfg CleanerConfig) Validate() error {
 	for _, f := range []struct {
 		name string
 		d    time.Duration
-	}{{"Interval", cfg.Interval}, {"Retention", cfg.Retention}, {"BatchTimeout", cfg.BatchTimeout}} {
+	}{{"Interval", cfg.Interval}, {"Retention", cfg.Retention}, {"BatchTimeout", cfg.BatchTimeout}, {"BatchTarget", cfg.BatchTarget}} {
 		if f.d < 0 {
 			return fmt.Errorf("idem: CleanerConfig.%s must not be negative, got %v", f.name, f.d)
 		}
@@ -87,10 +104,13 @@ func NewCleaner(store idemstore.Store, cfg CleanerConfig) *Cleaner {
 	setDefault(&cfg.Interval, DefaultCleanerInterval)
 	setDefault(&cfg.BatchSize, DefaultCleanerBatchSize)
 	setDefault(&cfg.BatchTimeout, DefaultCleanerBatchTimeout)
+	setDefault(&cfg.BatchTarget, DefaultCleanerBatchTarget)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Cleaner{store: store, cfg: cfg, passes: make(chan int, 16)}
+	c := &Cleaner{store: store, cfg: cfg, passes: make(chan int, 16)}
+	c.size = batchSizer{n: cfg.BatchSize, max: 64 * cfg.BatchSize, target: cfg.BatchTarget}
+	return c
 }
 
 // Passes receives, after every pass of [Cleaner.Run], how many records it deleted, so
@@ -172,22 +192,36 @@ func signal[T any](ch chan T, v T) {
 }
 
 // Pass deletes expired records, one batch after another (BatchPause apart), until a
-// batch comes back short (or ctx ends or a batch fails), and returns how many it
-// deleted. `idem purge` runs one pass with the retention it is given.
+// batch finds nothing more to delete (or ctx ends or a batch fails), and returns how
+// many it deleted. A batch finds nothing more when it deleted nothing, or fewer than
+// it could in less than half its BatchTarget: it was not cut short by its time. Each
+// batch is sized by the time the one before it took (BatchTarget).
 func (c *Cleaner) Pass(ctx context.Context) (deleted int, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for ctx.Err() == nil {
 		start := time.Now()
-		n, err := c.batch(ctx)
+		limit := c.size.n
+		n, err := c.batch(ctx, limit)
+		took := time.Since(start)
 		deleted += n
-		if err != nil {
+		switch {
+		case err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && limit > 1:
+			// Ran out of BatchTimeout: what it deleted rolled back; a smaller one next.
+			c.size.timedOut()
+			c.cfg.Logger.DebugContext(ctx, "idem: a cleaner batch ran out of its timeout; shrinking the batches",
+				slog.Int("batch_size", limit), slog.Int("next_batch_size", c.size.n), slog.Duration("timeout", c.cfg.BatchTimeout))
+		case err != nil:
 			return deleted, err
-		}
-		if n < c.cfg.BatchSize {
-			return deleted, nil
+		default:
+			c.size.took(limit, n, took)
+			if n == 0 || (n < limit && took < c.cfg.BatchTarget/2) {
+				return deleted, nil
+			}
 		}
 		pause := c.cfg.BatchPause
 		if pause == 0 {
-			pause = time.Since(start)
+			pause = took
 		}
 		t := time.NewTimer(pause)
 		select {
@@ -199,15 +233,39 @@ func (c *Cleaner) Pass(ctx context.Context) (deleted int, err error) {
 	return deleted, ctx.Err()
 }
 
-func (c *Cleaner) batch(ctx context.Context) (int, error) {
+func (c *Cleaner) batch(ctx context.Context, limit int) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.BatchTimeout)
 	defer cancel()
-	p := &idemstore.DeleteExpiredParams{Retention: c.cfg.Retention, Limit: c.cfg.BatchSize}
+	p := &idemstore.DeleteExpiredParams{Retention: c.cfg.Retention, Limit: limit, MaxDuration: c.cfg.BatchTarget}
 	if c.cfg.Clock != nil {
 		p.Now = c.cfg.Clock()
 	}
 	return c.store.RecordDeleteExpired(ctx, p)
 }
+
+// batchSizer sizes a Cleaner's batches by the time they take, as River's job cleaner
+// does: smaller when a batch ran long, larger when a full one was quick, between 1 and
+// max records.
+type batchSizer struct {
+	n, max int
+	target time.Duration
+}
+
+// took adapts the size after a batch of limit records deleted n in d.
+func (b *batchSizer) took(limit, n int, d time.Duration) {
+	switch {
+	case d > b.target:
+		// In proportion, but at least halved: the time a batch takes grows with
+		// what it deletes.
+		next := int(int64(limit) * int64(b.target) / int64(d))
+		b.n = max(1, min(next, limit/2))
+	case n == limit && d < b.target/2:
+		b.n = min(b.max, 2*limit)
+	}
+}
+
+// timedOut shrinks the size after a batch that ran out of its timeout.
+func (b *batchSizer) timedOut() { b.n = max(1, b.n/4) }
 
 // jitter is d ±10%, so that the background passes of several processes drift apart.
 func jitter(d time.Duration) time.Duration { return d - d/10 + rand.N(d/5+1) }

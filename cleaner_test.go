@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -59,8 +61,8 @@ func TestCleanerDeletesOnlyExpiredRecordsInBatches(t *testing.T) {
 	}
 	cancel()
 	<-done
-	if got := st.deletes.Load(); got != 3 {
-		t.Errorf("%d batches, want 3 (2+2+1)", got)
+	if got := st.deletes.Load(); got != 2 {
+		t.Errorf("%d batches, want 2 (2, then 4, twice as large after a quick full batch, which found the last 3)", got)
 	}
 	if got := st.Len(); got != 3 {
 		t.Errorf("%d records left, want the 2 live and the 1 leased", got)
@@ -68,18 +70,19 @@ func TestCleanerDeletesOnlyExpiredRecordsInBatches(t *testing.T) {
 }
 
 // A pass pauses between its batches, so that requests meet the store between them: two
-// pauses of BatchPause between three batches, none after the last (short) one.
+// pauses of BatchPause between three batches (2, 4 and 8 records), none after the last
+// (short) one.
 func TestCleanerPausesBetweenBatches(t *testing.T) {
 	t.Parallel()
 	st := memory.New()
 	clk := newClock()
-	seedRecords(t, st, clk.Now(), "expired", 5, time.Hour, time.Second, true)
+	seedRecords(t, st, clk.Now(), "expired", 7, time.Hour, time.Second, true)
 	clk.Advance(2 * time.Hour)
 	const pause = 40 * time.Millisecond
 	c := idem.NewCleaner(st, idem.CleanerConfig{BatchSize: 2, BatchPause: pause, Clock: clk.Now})
 	start := time.Now()
-	if n, err := c.Pass(context.Background()); n != 5 || err != nil {
-		t.Fatalf("pass deleted %d, %v; want 5", n, err)
+	if n, err := c.Pass(context.Background()); n != 7 || err != nil {
+		t.Fatalf("pass deleted %d, %v; want 7", n, err)
 	}
 	if took := time.Since(start); took < 2*pause {
 		t.Fatalf("the pass took %v, want at least two pauses of %v between its three batches", took, pause)
@@ -208,4 +211,105 @@ func TestCleanerConfigValidateNamesTheNegativeField(t *testing.T) {
 	if err := (idem.CleanerConfig{}).Validate(); err != nil {
 		t.Errorf("the zero config: %v", err)
 	}
+}
+
+// timedStore is a memory store whose batch deletes take perRecord for each record of
+// their limit (as a real store's time grows with what a batch deletes), or, for a
+// limit above hangAbove (when set), run until their context ends; it records each
+// batch's limit and MaxDuration.
+type timedStore struct {
+	*memory.Store
+	perRecord time.Duration
+	hangAbove int
+	mu        sync.Mutex
+	limits    []int
+	maxDur    []time.Duration
+}
+
+func (s *timedStore) RecordDeleteExpired(ctx context.Context, p *idemstore.DeleteExpiredParams) (int, error) {
+	s.mu.Lock()
+	s.limits = append(s.limits, p.Limit)
+	s.maxDur = append(s.maxDur, p.MaxDuration)
+	s.mu.Unlock()
+	if s.hangAbove > 0 && p.Limit > s.hangAbove {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}
+	time.Sleep(time.Duration(p.Limit) * s.perRecord)
+	return s.Store.RecordDeleteExpired(ctx, p)
+}
+
+// A batch that took longer than BatchTarget makes the next one smaller in proportion
+// (at least halved); a full one that took less than half of it makes the next twice as
+// large, up to 64 times BatchSize. Each batch tells the store its BatchTarget, the
+// bound of a walk (MaxDuration).
+func TestCleanerSizesBatchesByTheTimeTheyTake(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	// Slow: 1 ms a record, a target of 20 ms; the first batch of 100 takes 100 ms.
+	slow := &timedStore{Store: memory.New(), perRecord: time.Millisecond}
+	seedRecords(t, slow, clk.Now(), "slow", 150, time.Hour, time.Second, true)
+	// Quick: a batch takes no time.
+	quick := &timedStore{Store: memory.New()}
+	seedRecords(t, quick, clk.Now(), "quick", 300, time.Hour, time.Second, true)
+	clk.Advance(2 * time.Hour)
+
+	c := idem.NewCleaner(slow, idem.CleanerConfig{BatchSize: 100, BatchTarget: 20 * time.Millisecond, BatchPause: time.Microsecond, Clock: clk.Now})
+	if n, err := c.Pass(t.Context()); n != 150 || err != nil {
+		t.Fatalf("slow pass deleted %d, %v; want 150", n, err)
+	}
+	if len(slow.limits) < 3 || slow.limits[0] != 100 || slow.limits[1] > 20 {
+		t.Fatalf("batch limits %v: want 100 first, then at most 20 (100 × 20 ms / the first batch's ≥ 100 ms)", slow.limits)
+	}
+	for i, l := range slow.limits[1:] {
+		if l > 40 {
+			t.Errorf("batch %d of %d records, whose time (≥ %v) is past twice the target: limits %v", i+2, l, time.Duration(l)*time.Millisecond, slow.limits)
+		}
+	}
+	for _, d := range slow.maxDur {
+		if d != 20*time.Millisecond {
+			t.Fatalf("batches told the store MaxDuration %v, want the BatchTarget (20ms)", slow.maxDur)
+		}
+	}
+
+	c = idem.NewCleaner(quick, idem.CleanerConfig{BatchSize: 1, BatchPause: time.Microsecond, Clock: clk.Now})
+	if n, err := c.Pass(t.Context()); n != 300 || err != nil {
+		t.Fatalf("quick pass deleted %d, %v; want 300", n, err)
+	}
+	want := []int{1, 2, 4, 8, 16, 32, 64, 64, 64, 64}
+	if !slices.Equal(quick.limits, want) {
+		t.Fatalf("batch limits %v, want %v: twice as large after each quick full batch, up to 64 × BatchSize", quick.limits, want)
+	}
+}
+
+// A batch that runs out of BatchTimeout is cancelled (a store rolls back what it
+// deleted) and the next is a quarter of its size; the pass goes on.
+func TestCleanerShrinksABatchThatRunsOutOfItsTimeout(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	st := &timedStore{Store: memory.New(), hangAbove: 10}
+	seedRecords(t, st, clk.Now(), "e", 30, time.Hour, time.Second, true)
+	clk.Advance(2 * time.Hour)
+	c := idem.NewCleaner(st, idem.CleanerConfig{BatchSize: 100, BatchTimeout: 20 * time.Millisecond, BatchPause: time.Microsecond, Clock: clk.Now,
+		Logger: slog.New(slog.DiscardHandler)})
+	if n, err := c.Pass(t.Context()); n != 30 || err != nil {
+		t.Fatalf("pass deleted %d, %v; want all 30", n, err)
+	}
+	if got := st.limits[:3]; !slices.Equal(got, []int{100, 25, 6}) {
+		t.Fatalf("batch limits %v, want 100, 25 (a quarter after the timeout), 6 (again)", st.limits)
+	}
+	// A batch of one record that runs out of its timeout fails the pass.
+	hang := &hangingStore{Store: memory.New()}
+	c = idem.NewCleaner(hang, idem.CleanerConfig{BatchSize: 1, BatchTimeout: 5 * time.Millisecond, Clock: clk.Now})
+	if _, err := c.Pass(t.Context()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("pass whose one-record batch runs out of its timeout = %v, want context.DeadlineExceeded", err)
+	}
+}
+
+// hangingStore's batch deletes run until their context ends.
+type hangingStore struct{ *memory.Store }
+
+func (s *hangingStore) RecordDeleteExpired(ctx context.Context, _ *idemstore.DeleteExpiredParams) (int, error) {
+	<-ctx.Done()
+	return 0, ctx.Err()
 }

@@ -59,8 +59,11 @@ const (
 	DefaultCleanerInterval = time.Minute
 	// DefaultCleanerBatchSize bounds how many records one delete removes.
 	DefaultCleanerBatchSize = 1000
-	// DefaultCleanerBatchTimeout bounds one batch delete.
-	DefaultCleanerBatchTimeout = 30 * time.Second
+	// DefaultCleanerBatchTimeout bounds one batch delete: past it the batch is
+	// cancelled and the next one is smaller, so that no batch holds its locks longer.
+	DefaultCleanerBatchTimeout = time.Second
+	// DefaultCleanerBatchTarget is how long one batch of the cleaner should take.
+	DefaultCleanerBatchTarget = 200 * time.Millisecond
 
 	// — of [CompleterConfig] —
 

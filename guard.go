@@ -545,6 +545,7 @@ const (
 func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*idemstore.ClaimResult, error) {
 	g := h.g
 	h.newClaim()
+	h.claim.LikelyNew, h.likelyNew = h.likelyNew, false
 	deadline := callDeadlineFrom(h.claimStartedReal, g.cfg.StoreTimeout, stopAt)
 	start := h.storeCallStart()
 	var res *idemstore.ClaimResult

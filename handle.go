@@ -34,7 +34,10 @@ type Handle struct {
 	// the guard's), and the record it returned when acquired.
 	claim            idemstore.ClaimParams
 	claimStartedReal time.Time
-	claimed          *idemstore.Record
+	// likelyNew is the hint of the next claim (idemstore.ClaimParams.LikelyNew), set
+	// by a route that expects its key to be new and spent by that claim.
+	likelyNew bool
+	claimed   *idemstore.Record
 	// firstCall is the context of the first claim, the only store call of most
 	// calls; later calls make their own.
 	firstCall callCtx

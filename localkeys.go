@@ -80,3 +80,20 @@ func (l *localKeys) remember(k cacheKey) {
 	l.next = (l.next + 1) % localRecentKeys
 	l.recent[k] = struct{}{}
 }
+
+// recorded reports whether k was recorded here, or found recorded, lately: a lease
+// route's hint that a request of k is a retry (so that its claim reads the key rather
+// than trying the insert of a new key first: idemstore.ClaimParams.LikelyNew).
+func (l *localKeys) recorded(k cacheKey) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.recent[k]
+	return ok
+}
+
+// note remembers k as recorded here.
+func (l *localKeys) note(k cacheKey) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.remember(k)
+}

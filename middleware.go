@@ -66,7 +66,9 @@ type route struct {
 	// read their key before the handler.
 	claimInHandler bool
 	retries        retryRate
-	// local is what this process knows of a ClaimInHandler route's keys (localkeys.go).
+	// local is what this process knows of a route's keys (localkeys.go): on a
+	// ClaimInHandler route, which keys run and were recorded here; on a lease route,
+	// which were recorded here.
 	local localKeys
 	// onLapse is RouteOptions.OnLapse (SPEC §5.3, §13).
 	onLapse LapsePolicy
@@ -395,6 +397,12 @@ func (x *request) runLease(next http.Handler) {
 		}
 		first, found = res, ok
 	}
+	// A key that the read did not find, or that a route of new keys did not read, is
+	// most likely new, unless this process recorded it lately: the store may claim it
+	// by its insert alone.
+	k := cacheKey{h.scope, h.key}
+	h.likelyNew = !found && !rt.local.recorded(k)
+	defer rt.local.note(k)
 	resp, err := g.claimFrom(ctx, h, first)
 	var storeErr *StoreError
 	rt.retries.observe(found || resp != nil || h.tookOver || (err != nil && !errors.As(err, &storeErr)))

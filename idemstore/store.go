@@ -143,6 +143,12 @@ type ClaimParams struct {
 	OnLapse LapsePolicy
 	// Now, when non-zero, replaces the store's clock (tests only).
 	Now time.Time
+	// LikelyNew is a hint: the caller expects no record of the key (the route's
+	// requests seldom find one, or a read of the key just found none), so a store may
+	// try the cheapest claim of a new key first (on PostgreSQL, a plain INSERT that
+	// answers only the store's time) and fall back to its usual claim when the key is
+	// there. It never changes the answer; a store may ignore it.
+	LikelyNew bool
 }
 
 // ClaimOutcome is the answer of [Store.RecordClaim].
@@ -298,6 +304,13 @@ type DeleteExpiredParams struct {
 	Retention time.Duration
 	// Limit bounds how many records one call deletes.
 	Limit int
+	// MaxDuration, when non-zero, bounds how long a store that walks its records to
+	// find the expired ones (PostgreSQL, which keeps no index of expiry: issue 41)
+	// walks in one call: it stops by then and answers what it deleted, and the next
+	// call walks on from there. Zero: the walk goes on until Limit records are
+	// deleted or the whole table was walked. Stores that read an index of expiry
+	// ignore it.
+	MaxDuration time.Duration
 	// Now, when non-zero, replaces the store's clock (tests only).
 	Now time.Time
 }

@@ -1,5 +1,19 @@
 package postgres
 
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// MigrateTo applies the migrations up to version only: a schema as a previous version
+// left it, for the upgrade tests.
+func (s *Store) MigrateTo(ctx context.Context, version int) error {
+	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		return s.migrateTx(ctx, tx, version)
+	})
+}
+
 // KeyLock is the advisory lock (pg_advisory_xact_lock(class, id)) that a ClaimInHandler
 // claim of (scope, key) holds until its transaction ends, for tests that stand in for
 // a concurrent claim.

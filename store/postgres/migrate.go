@@ -9,8 +9,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 //go:embed migrations/*.up.sql
@@ -64,9 +66,23 @@ func mustLoadMigrations() []migration {
 // what a failover of the database may lose ([Store.Replication]): one INFO line, and a
 // WARN when standbys replicate asynchronously.
 func (s *Store) Migrate(ctx context.Context) error {
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		return s.migrateTx(ctx, tx)
-	})
+	var err error
+	for attempt := range migrateAttempts {
+		err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			return s.migrateTx(ctx, tx, 0)
+		})
+		if !isLockNotAvailable(err) || attempt == migrateAttempts-1 {
+			break
+		}
+		// A migration that takes a table's lock (0010) waited for it past its
+		// lock_timeout behind a long statement: nothing was applied; again.
+		s.logger.InfoContext(ctx, "postgres: a migration waited too long for a lock; retrying", "attempt", attempt+1, "error", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("postgres: migrate: %w", ctx.Err())
+		case <-time.After(time.Duration(attempt+1) * time.Second):
+		}
+	}
 	switch {
 	case errors.Is(err, ErrModeUnsafeBehindPooler):
 		return err
@@ -77,7 +93,18 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
-func (s *Store) migrateTx(ctx context.Context, tx pgx.Tx) error {
+// migrateAttempts bounds how often Migrate runs again after a migration's lock_timeout.
+const migrateAttempts = 5
+
+// isLockNotAvailable reports whether err is PostgreSQL's lock_not_available (55P03):
+// a lock_timeout ran out.
+func isLockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// migrateTx applies the migrations not yet applied, up to version upTo (0: all).
+func (s *Store) migrateTx(ctx context.Context, tx pgx.Tx, upTo int) error {
 	var pid uint32
 	if err := tx.QueryRow(ctx, s.q.migrateLock, s.schema).Scan(&pid); err != nil {
 		return err
@@ -100,7 +127,7 @@ func (s *Store) migrateTx(ctx context.Context, tx pgx.Tx) error {
 		return err
 	}
 	for _, m := range migrations {
-		if slices.Contains(applied, int32(m.version)) {
+		if slices.Contains(applied, int32(m.version)) || (upTo > 0 && m.version > upTo) {
 			continue
 		}
 		if _, err := tx.Exec(ctx, strings.ReplaceAll(m.sql, "{{schema}}", s.q.schemaPrefix)); err != nil {

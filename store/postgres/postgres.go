@@ -113,6 +113,8 @@ type Store struct {
 	// Config.DisableCleaner.
 	cleaner     *idem.Cleaner
 	stopCleaner func()
+	// walk is where the cleaner's walk of the table stands (RecordDeleteExpired).
+	walk walk
 	// sqlDB is DB's *sql.DB on the pool, made once on first use (sqltx.go).
 	sqlOnce sync.Once
 	sqlDB   *sql.DB

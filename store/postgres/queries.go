@@ -58,6 +58,7 @@ type queries struct {
 	schemaPrefix string
 
 	recordClaim           string
+	recordClaimNew        string
 	recordClaimExpired    string
 	recordTakeOver        string
 	recordMarkUnknown     string
@@ -121,6 +122,7 @@ func newQueries(schema string) *queries {
 	return &queries{
 		schemaPrefix:          prefix,
 		recordClaim:           q("RecordClaim"),
+		recordClaimNew:        q("RecordClaimNew"),
 		recordClaimExpired:    q("RecordClaimExpired"),
 		recordTakeOver:        q("RecordTakeOver"),
 		recordMarkUnknown:     q("RecordMarkUnknown"),

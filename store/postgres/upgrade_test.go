@@ -90,5 +90,5 @@ func TestAProcessOfThePreviousVersionClaimsBesideAMigratedSchema(t *testing.T) {
 // why).
 func TestMigrationsAfter0005OnlyAdd(t *testing.T) {
 	t.Parallel()
-	testkit.MigrationsOnlyAdd(t, "migrations", 5, 8) // 0008 drops an index no process names (its header says why)
+	testkit.MigrationsOnlyAdd(t, "migrations", 5, 8, 10) // 0008 and 0010 drop indexes no process names (their headers say why)
 }

@@ -48,6 +48,31 @@ FROM {{schema}}idem_claim_v3($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 WHERE NOT EXISTS (SELECT 1 FROM {{schema}}idem_records WHERE scope = $1 AND key = $2)
   AND {{durable_claim}};
 
+-- name: RecordClaimNew
+-- RecordClaim for a key the caller expects to be new (idemstore.ClaimParams.LikelyNew:
+-- the route's requests seldom find their key recorded, or a read of the key just found
+-- nothing): a plain INSERT of the in-flight record, which answers only the store's
+-- time, where RecordClaim reads the key twice, calls idem_claim_v3 and returns the
+-- whole record (issue 41: what a new key costs PostgreSQL). The caller knows every
+-- other column: it sent them. A key that is there after all (a retry, a duplicate, an
+-- expired record) fails the insert with unique_violation (23505), after waiting for a
+-- concurrent claim's transaction to end; the caller then runs RecordClaim, which
+-- reads it. The statement runs in its own implicit transaction, so the failed insert
+-- leaves nothing behind but a dead row version.
+-- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 token,
+-- $7 lease (µs), $8 ttl (µs), $9 injected now (NULL: the store's clock), $10 async commit.
+INSERT INTO {{schema}}idem_records
+    (scope, key, id, fingerprint_version, fingerprint, state, lock_token, lease_end,
+     created_at, expires_at)
+SELECT $1::bytea, $2::bytea, $3::text, $4::integer, $5::bytea, 'in_flight', $6::text,
+       clock.now + $7::bigint * interval '1 microsecond',
+       clock.now,
+       greatest(clock.now + $8::bigint * interval '1 microsecond',
+                clock.now + $7::bigint * interval '1 microsecond')
+FROM (SELECT coalesce($9::timestamptz, clock_timestamp()) AS now) AS clock
+WHERE {{durable_claim}}
+RETURNING created_at;
+
 -- name: RecordClaimExpired
 -- Claims an expired record afresh (SPEC §5.1, §8): new id, created_at, fingerprint,
 -- token and lease; the old response is dropped. The WHERE re-checks expiry with the
@@ -294,30 +319,40 @@ FROM {{schema}}idem_records r
 WHERE r.scope = $1 AND r.key = $2;
 
 -- name: RecordDeleteExpired
--- Deletes one bounded batch of records that expired more than the retention ago, never an
--- in-flight record whose lease is live (SPEC §8) nor an unfinished operation's (in
--- flight, its recovery point advanced: SPEC §13). SKIP LOCKED keeps the cleaner out of
--- the way of requests (and of other cleaners); the DELETE re-checks the condition so a
--- record claimed afresh meanwhile survives. Unfinished records whose expires_at passed
--- are read along the index and skipped by every batch: there are few of them, or
--- idem_unfinished_operations alerts.
--- $1 retention (µs), $2 limit, $3 injected now.
+-- One step of the cleaner's walk of the table (SPEC §8): deletes the records of pages
+-- [$1, $2) that expired more than the retention ago, at most $5 of them, never an
+-- in-flight record whose lease is live nor an unfinished operation's (in flight, its
+-- recovery point advanced: SPEC §13). The table keeps no index of expiry (migration
+-- 0010: a new key's claim writes one index entry fewer); the cleaner walks its pages
+-- in disk order instead, a range at a time, each read by a TID range scan. SKIP LOCKED
+-- keeps the cleaner out of the way of requests (and of other cleaners); the DELETE
+-- re-checks the condition on the rows it locked. Answers how many it deleted, the
+-- page of the last row it locked (NULL when none: where the next step starts when
+-- this one stopped at its limit), and the table's pages now.
+-- $1 first page, $2 page after the last, $3 retention (µs), $4 injected now, $5 limit,
+-- $6 the table's name (with its quoted schema).
 WITH clock AS MATERIALIZED (
-    SELECT coalesce($3::timestamptz, clock_timestamp()) AS now
+    SELECT coalesce($4::timestamptz, clock_timestamp()) AS now
 ), doomed AS (
-    SELECT r.scope, r.key
+    SELECT r.ctid
     FROM {{schema}}idem_records r, clock
-    WHERE r.expires_at < clock.now - $1::bigint * interval '1 microsecond'
+    WHERE r.ctid >= format('(%s,0)', $1::bigint)::tid
+      AND r.ctid < format('(%s,0)', $2::bigint)::tid
+      AND r.expires_at < clock.now - $3::bigint * interval '1 microsecond'
       AND NOT (r.state = 'in_flight' AND (r.lease_end > clock.now OR r.recovery_point IS NOT NULL))
-    ORDER BY r.expires_at
-    LIMIT $2
+    LIMIT $5
     FOR UPDATE OF r SKIP LOCKED
+), deleted AS (
+    DELETE FROM {{schema}}idem_records AS r
+    USING clock
+    WHERE r.ctid = ANY (ARRAY(SELECT ctid FROM doomed))
+      AND r.expires_at < clock.now - $3::bigint * interval '1 microsecond'
+      AND NOT (r.state = 'in_flight' AND (r.lease_end > clock.now OR r.recovery_point IS NOT NULL))
+    RETURNING 1
 )
-DELETE FROM {{schema}}idem_records AS r
-USING doomed, clock
-WHERE r.scope = doomed.scope AND r.key = doomed.key
-  AND r.expires_at < clock.now - $1::bigint * interval '1 microsecond'
-  AND NOT (r.state = 'in_flight' AND (r.lease_end > clock.now OR r.recovery_point IS NOT NULL));
+SELECT (SELECT count(*) FROM deleted),
+       (SELECT max((ctid::text::point)[0])::bigint FROM doomed),
+       pg_relation_size($6::text::regclass) / current_setting('block_size')::bigint;
 
 -- name: RecordCountUnfinished
 -- The unfinished operations (SPEC §13: in flight, recovery point advanced, lease live or
