@@ -238,7 +238,7 @@ func (s *scaleStore) sizes(ctx context.Context) (sizes, error) {
 	var z sizes
 	if s.pg != nil {
 		err := s.pg.Pool().QueryRow(ctx, `SELECT pg_relation_size('idem_records'), pg_relation_size('idem_records_pkey'),
-			pg_relation_size('idem_records_expires_at_idx'), pg_indexes_size('idem_records'),
+			coalesce(pg_relation_size(to_regclass('idem_records_expires_at_idx')), 0), pg_indexes_size('idem_records'),
 			coalesce((SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE oid = 'idem_records'::regclass AND reltoastrelid <> 0), 0),
 			pg_total_relation_size('idem_records'),
 			coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'idem_records'::regclass), 0)`).
