@@ -16,7 +16,12 @@
 // not wait for the WAL flush, see Durable claims); a replay and an
 // in-flight duplicate cost one; a takeover two (the full table is in the package's source, queries.go, and
 // roundtrip_test.go counts each row on the wire).
-// Statements run at READ COMMITTED and a replay writes nothing.
+// Statements run at READ COMMITTED and a replay writes nothing. A key the caller
+// expects to be new (idemstore.ClaimParams.LikelyNew: a lease route that mostly sees
+// new keys, or whose read of the key just found none) is claimed by a plain INSERT that
+// answers only the store's time; a key that is there after all fails that insert
+// (unique_violation) and is read by the usual claim statement: one round trip more for
+// a retry that the route did not expect.
 //
 // [Store.Respond] and [Store.InTx] run a handler's own writes and the record's
 // completion in one transaction (SPEC §7): either both commit or neither does, and the
@@ -137,7 +142,9 @@
 // [Open] and [NewFromPool] start the store's cleaner, which deletes expired records in
 // batches until [Store.Close] (Config.Cleaner; Config.DisableCleaner for short-lived
 // tools): an application has nothing to start for SPEC §8, and the cleaners of several
-// processes skip each other's rows. Operations that run as steps (SPEC §13, [Step]) and
+// processes skip each other's rows. The table keeps no index of expiry (migration 0010):
+// [Store.RecordDeleteExpired] walks it in disk order, a range of pages per short
+// transaction, from where the last call stopped. Operations that run as steps (SPEC §13, [Step]) and
 // whose client may give up need an idem.Completer, which the application starts on its
 // guard: idem.NewCompleter(mw.Guard(), …).Run(ctx).
 package postgres
