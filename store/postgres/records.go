@@ -395,7 +395,7 @@ type walk struct {
 // that (issue 41: a batch of the index-ordered delete took up to 28 s at 10 million
 // records).
 const (
-	walkRangeTarget  = 50 * time.Millisecond
+	walkRangeTarget  = 10 * time.Millisecond
 	walkRangeTimeout = time.Second
 	walkMinPages     = 1
 	walkMaxPages     = 1 << 16

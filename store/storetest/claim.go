@@ -36,11 +36,18 @@ func testClaimOfAbsentKeyAcquires(t *testing.T, h Harness) {
 }
 
 func testExactlyOneOfConcurrentClaims(t *testing.T, h Harness) {
+	exactlyOneOfConcurrentClaims(t, h, func(int, *idemstore.ClaimParams) {})
+}
+
+// exactlyOneOfConcurrentClaims races 100 claims of one absent key, each readied by
+// ready, and requires exactly one acquired, every other in flight under its token.
+func exactlyOneOfConcurrentClaims(t *testing.T, h Harness, ready func(i int, p *idemstore.ClaimParams)) {
 	b := setup(t, h)
 	const n = 100
 	params := make([]*idemstore.ClaimParams, n)
 	for i := range params {
 		params[i] = b.claimParams(b.t0)
+		ready(i, params[i])
 	}
 	results := b.claimConcurrently(params)
 

@@ -133,29 +133,6 @@ func testLikelyNewRecorded(t *testing.T, h Harness) {
 }
 
 func testLikelyNewConcurrent(t *testing.T, h Harness) {
-	b := setup(t, h)
-	const n = 100
-	params := make([]*idemstore.ClaimParams, n)
-	for i := range params {
-		params[i] = b.claimParams(b.t0)
-		params[i].LikelyNew = i%2 == 0 // half with the hint, half without
-	}
-	results := b.claimConcurrently(params)
-	winner := -1
-	for i, res := range results {
-		switch res.Outcome {
-		case idemstore.ClaimAcquired:
-			if winner >= 0 {
-				t.Fatalf("claims %d and %d both acquired the key", winner, i)
-			}
-			winner = i
-		case idemstore.ClaimInFlight:
-		default:
-			t.Errorf("claim %d = %v, want acquired or in_flight", i, res.Outcome)
-		}
-	}
-	if winner < 0 {
-		t.Fatal("none of the concurrent claims acquired the key")
-	}
-	b.wantRecord("record after the race", b.mustGet(b.t0), inFlightRecord(params[winner]))
+	// Half with the hint, half without.
+	exactlyOneOfConcurrentClaims(t, h, func(i int, p *idemstore.ClaimParams) { p.LikelyNew = i%2 == 0 })
 }
