@@ -52,7 +52,7 @@ func TestCleanerDeletesOnlyExpiredRecordsInBatches(t *testing.T) {
 	seedRecords(t, st, start, "leased", 1, time.Hour, 4*time.Hour, false) // in flight, lease outlives the ttl
 	clk.Advance(2 * time.Hour)
 
-	c := idem.NewCleaner(st, idem.CleanerConfig{BatchSize: 2, Clock: clk.Now})
+	c := idem.NewCleaner(st, idem.CleanerConfig{BatchSize: 2, BatchTarget: time.Hour, Clock: clk.Now})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { c.Run(ctx); close(done) }()
@@ -79,7 +79,7 @@ func TestCleanerPausesBetweenBatches(t *testing.T) {
 	seedRecords(t, st, clk.Now(), "expired", 7, time.Hour, time.Second, true)
 	clk.Advance(2 * time.Hour)
 	const pause = 40 * time.Millisecond
-	c := idem.NewCleaner(st, idem.CleanerConfig{BatchSize: 2, BatchPause: pause, Clock: clk.Now})
+	c := idem.NewCleaner(st, idem.CleanerConfig{BatchSize: 2, BatchPause: pause, BatchTarget: time.Hour, Clock: clk.Now})
 	start := time.Now()
 	if n, err := c.Pass(context.Background()); n != 7 || err != nil {
 		t.Fatalf("pass deleted %d, %v; want 7", n, err)
@@ -272,7 +272,7 @@ func TestCleanerSizesBatchesByTheTimeTheyTake(t *testing.T) {
 		}
 	}
 
-	c = idem.NewCleaner(quick, idem.CleanerConfig{BatchSize: 1, BatchPause: time.Microsecond, Clock: clk.Now})
+	c = idem.NewCleaner(quick, idem.CleanerConfig{BatchSize: 1, BatchPause: time.Microsecond, BatchTarget: time.Hour, Clock: clk.Now})
 	if n, err := c.Pass(t.Context()); n != 300 || err != nil {
 		t.Fatalf("quick pass deleted %d, %v; want 300", n, err)
 	}
@@ -290,7 +290,7 @@ func TestCleanerShrinksABatchThatRunsOutOfItsTimeout(t *testing.T) {
 	st := &timedStore{Store: memory.New(), hangAbove: 10}
 	seedRecords(t, st, clk.Now(), "e", 30, time.Hour, time.Second, true)
 	clk.Advance(2 * time.Hour)
-	c := idem.NewCleaner(st, idem.CleanerConfig{BatchSize: 100, BatchTimeout: 20 * time.Millisecond, BatchPause: time.Microsecond, Clock: clk.Now,
+	c := idem.NewCleaner(st, idem.CleanerConfig{BatchSize: 100, BatchTimeout: 20 * time.Millisecond, BatchPause: time.Microsecond, BatchTarget: time.Hour, Clock: clk.Now,
 		Logger: slog.New(slog.DiscardHandler)})
 	if n, err := c.Pass(t.Context()); n != 30 || err != nil {
 		t.Fatalf("pass deleted %d, %v; want all 30", n, err)
