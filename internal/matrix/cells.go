@@ -384,7 +384,9 @@ stream retried), a body-less keyed GET sent with no body object, an upstream's 5
 releasing the key, and the auth endpoint's refusal not passed on; the two proxy entries
 whose code issue 38 changed, an h2c offer passed on and the derived key under its
 canonical name, are still killed: ` + "`scripts/mutants -run 'proxy-'`" + `, and the three of sealed records, issue 37: sealing skipped, the associated data dropped, plain
-fingerprints under a keyring: ` + "`scripts/mutants -run '^seal-'`" + `), the whole run in about 6
+fingerprints under a keyring: ` + "`scripts/mutants -run '^seal-'`" + `; and the two of issue 41's claim
+of a key expected new, its fallback to the usual claim dropped and its durable commit
+skipped, each killed by a retry that another process serves: ` + "`scripts/mutants -run 'likely-new'`" + `), the whole run in about 6
 minutes (` + "`scripts/mutants`" + `; the suite without -race, stopping at its first
 failure). The suite as it was before issue 28, whose cells checked one body, one
 principal, one 201 and a lease that never ran out, killed 8 of the first 30 of them
