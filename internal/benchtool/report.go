@@ -202,16 +202,19 @@ func reportCleanup(w io.Writer, runs []cleanupRun) {
 `+"`benchtool cleanup`"+` fills an empty store with expired records and live ones, measures
 requests (half replays of live records, half new keys, 8 workers) before, while and after
 the cleaner deletes every expired record, batch after batch as a pass of
-`+"`idem.Cleaner`"+` does, and the table's size before, after, and after VACUUM.
+`+"`idem.Cleaner`"+` does, and the table's size before, after, and after VACUUM. Each
+period's p50 and p99 are those of all its requests; requests are timed in windows of 5 s,
+and the worst window is the one of the highest p99.
 
-| store | expired | deleted/s | cleaner s | longest batch ms | p50 / p99 ms before | p50 / p99 ms during | p50 / p99 ms after | heap MB before → after → vacuumed | indexes MB before → after → vacuumed | dead rows after |
-|---|---|---|---|---|---|---|---|---|---|---|
+| store | expired | deleted/s | cleaner s | longest batch ms | p50 / p99 ms before | p50 / p99 ms during | p50 / p99 ms after | p99 during / before | worst window p99 ms before · during · after | heap MB before → after → vacuumed | indexes MB before → after → vacuumed | dead rows after |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
 `)
 	for _, r := range runs {
 		name := map[string]string{"postgres": "PostgreSQL", "sqlite": "SQLite"}[r.Store]
-		fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f | %.2f / %.2f | %.2f / %.2f | %.2f / %.2f | %s → %s → %s | %s → %s → %s | %d |\n",
+		fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f | %.2f / %.2f | %.2f / %.2f | %.2f / %.2f | %.2f× | %.2f · %.2f · %.2f | %s → %s → %s | %s → %s → %s | %d |\n",
 			name, human(r.Expired), r.DeletedPerSec, r.Seconds, r.LongestBatchMS,
 			r.Before.P50, r.Before.P99, r.During.P50, r.During.P99, r.After.P50, r.After.P99,
+			r.During.P99/r.Before.P99, r.WorstBefore.P99, r.WorstDuring.P99, r.WorstAfter.P99,
 			mb(r.SizesBefore.Heap), mb(r.SizesAfter.Heap), mb(r.SizesVacuumed.Heap),
 			mb(r.SizesBefore.Indexes), mb(r.SizesAfter.Indexes), mb(r.SizesVacuumed.Indexes), r.SizesAfter.DeadRows)
 	}

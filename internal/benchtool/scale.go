@@ -212,6 +212,17 @@ func (s *scaleStore) fill(ctx context.Context, from, to int64, expired bool) err
 	return s.analyze(ctx)
 }
 
+// settle writes what the fill left dirty to disk (a PostgreSQL CHECKPOINT; SQLite's
+// writes are synchronous already), so that the requests measured before the cleanup
+// do not meet the fill's write-back.
+func (s *scaleStore) settle(ctx context.Context) error {
+	if s.pg == nil {
+		return nil
+	}
+	_, err := s.pg.Pool().Exec(ctx, `CHECKPOINT`)
+	return err
+}
+
 // analyze vacuums and analyzes the table, so that every step is measured in the same
 // steady state (visibility map set, statistics current).
 func (s *scaleStore) analyze(ctx context.Context) error {
@@ -286,6 +297,24 @@ type latency struct {
 
 // phase runs op from concurrency workers for d and returns its latencies.
 func phase(ctx context.Context, concurrency int, d time.Duration, op func(rng *rand.Rand) error) (latency, error) {
+	w, err := sample(ctx, concurrency, d, op)
+	return w.latency(), err
+}
+
+// window is one phase's latencies, sorted, and how long it ran.
+type window struct {
+	took time.Duration
+	lat  []time.Duration
+}
+
+// latency is the window's figures.
+func (w window) latency() latency {
+	return latency{Ops: int64(len(w.lat)), Rate: float64(len(w.lat)) / w.took.Seconds(),
+		P50: percentile(w.lat, 0.5), P99: percentile(w.lat, 0.99), Max: percentile(w.lat, 1)}
+}
+
+// sample runs op from concurrency workers for d and returns its latencies.
+func sample(ctx context.Context, concurrency int, d time.Duration, op func(rng *rand.Rand) error) (window, error) {
 	lat := make([][]time.Duration, concurrency)
 	var failed atomic.Pointer[error]
 	deadline := time.Now().Add(d)
@@ -306,13 +335,11 @@ func phase(ctx context.Context, concurrency int, d time.Duration, op func(rng *r
 	}
 	wg.Wait()
 	if p := failed.Load(); p != nil {
-		return latency{}, *p
+		return window{}, *p
 	}
 	all := slices.Concat(lat...)
 	slices.Sort(all)
-	took := time.Since(start).Seconds()
-	return latency{Ops: int64(len(all)), Rate: float64(len(all)) / took,
-		P50: percentile(all, 0.5), P99: percentile(all, 0.99), Max: percentile(all, 1)}, nil
+	return window{took: time.Since(start), lat: all}, nil
 }
 
 // lookup claims a random filler record of [0, n): a replay.
@@ -451,21 +478,95 @@ func runScale(ctx context.Context, args []string) error {
 	return nil
 }
 
-// cleanupRun is what cleanup measures.
+// cleanupRun is what cleanup measures. Requests are timed in windows of
+// cleanupWindow: each period's figures are those of all its requests together, and
+// its worst window is the one of the highest p99 (a short burst, which the period's
+// p99 averages out, shows there).
 type cleanupRun struct {
 	Store          string  `json:"store"`
 	Expired        int64   `json:"expired_records"`
 	Live           int64   `json:"live_records"`
 	Deleted        int64   `json:"deleted"`
+	Passes         int     `json:"passes"`
 	Seconds        float64 `json:"cleaner_seconds"`
 	DeletedPerSec  float64 `json:"deleted_per_second"`
 	Before         latency `json:"requests_before"`
 	During         latency `json:"requests_during"`
 	After          latency `json:"requests_after"`
+	WorstBefore    latency `json:"worst_window_before"`
+	WorstDuring    latency `json:"worst_window_during"`
+	WorstAfter     latency `json:"worst_window_after"`
 	SizesBefore    sizes   `json:"sizes_before"`
 	SizesAfter     sizes   `json:"sizes_after"`
 	SizesVacuumed  sizes   `json:"sizes_after_vacuum"`
 	LongestBatchMS float64 `json:"longest_batch_ms"`
+	// PostgreSQL only: the WAL written while the cleaner ran, and the checkpoints
+	// that began then, requested (by WAL volume) and timed.
+	WALMB            float64 `json:"wal_mb_during"`
+	CheckpointsReq   int64   `json:"checkpoints_requested_during"`
+	CheckpointsTimed int64   `json:"checkpoints_timed_during"`
+}
+
+// walMark is where PostgreSQL's WAL and checkpoint counters stand.
+type walMark struct{ lsn, req, timed int64 }
+
+// walMark reads the WAL position and the checkpoints so far (zero for SQLite).
+func (s *scaleStore) walMark(ctx context.Context) (walMark, error) {
+	var m walMark
+	if s.pg == nil {
+		return m, nil
+	}
+	err := s.pg.Pool().QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, checkpoints_req, checkpoints_timed
+		FROM pg_stat_bgwriter`).Scan(&m.lsn, &m.req, &m.timed)
+	return m, err
+}
+
+// cleanupWindow is how long each window of cleanup's requests runs.
+const cleanupWindow = 5 * time.Second
+
+// period is the windows of one period of requests.
+type period []window
+
+// run adds windows of requests until done reports true after one (at least one
+// window, and windows of cleanupWindow until d when d is set).
+func (p *period) run(ctx context.Context, concurrency int, d time.Duration, op func(rng *rand.Rand) error, done func() bool) error {
+	start := time.Now()
+	for {
+		length := cleanupWindow
+		if d > 0 {
+			length = min(length, max(d-time.Since(start), time.Second))
+		}
+		w, err := sample(ctx, concurrency, length, op)
+		if err != nil {
+			return err
+		}
+		*p = append(*p, w)
+		if done() || (d > 0 && time.Since(start) >= d) {
+			return nil
+		}
+	}
+}
+
+// all is the figures of every request of the period together.
+func (p period) all() latency {
+	var u window
+	for _, w := range p {
+		u.took += w.took
+		u.lat = append(u.lat, w.lat...)
+	}
+	slices.Sort(u.lat)
+	return u.latency()
+}
+
+// worst is the figures of the period's window of the highest p99.
+func (p period) worst() latency {
+	var worst latency
+	for _, w := range p {
+		if l := w.latency(); l.P99 > worst.P99 {
+			worst = l
+		}
+	}
+	return worst
 }
 
 func runCleanup(ctx context.Context, args []string) error {
@@ -474,9 +575,11 @@ func runCleanup(ctx context.Context, args []string) error {
 	expired := fs.Int64("expired", 1_000_000, "expired records to clean")
 	live := fs.Int64("live", 100_000, "live records, which the requests read")
 	concurrency := fs.Int("concurrency", 8, "concurrent request workers")
-	d := fs.Duration("duration", 10*time.Second, "how long the before and after phases run")
+	d := fs.Duration("duration", 30*time.Second, "how long the before and after periods run")
 	batch := fs.Int("batch", idem.DefaultCleanerBatchSize, "the cleaner's batch size")
-	pause := fs.Duration("pause", 0, "the cleaner's pause between batches (0: its default, as long as the batch before)")
+	interval := fs.Duration("interval", time.Second, "the pause between the cleaner's passes (its own default is a minute; cleanup's is short so that its run measures the deletes)")
+	filled := fs.Bool("filled", false, "the store is already filled as cleanup would fill it: a copy (createdb --template) of a database that `benchtool fill --records LIVE` then `benchtool fill --records LIVE+EXPIRED --expired` filled, so that runs at scale need not fill again")
+	pause := fs.Duration("pause", 0, "the cleaner's pause between batches (0: its default, three times as long as the batch before)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -485,13 +588,21 @@ func runCleanup(ctx context.Context, args []string) error {
 		return err
 	}
 	defer st.close()
-	if n != 0 {
-		return errors.New("cleanup needs an empty store")
+	switch {
+	case *filled && n != *live+*expired:
+		return fmt.Errorf("cleanup --filled: the store holds %d filler records, not %d live and %d expired", n, *live, *expired)
+	case *filled:
+	case n != 0:
+		return errors.New("cleanup needs an empty store (or --filled)")
+	default:
+		if err := st.fill(ctx, 0, *live, false); err != nil {
+			return err
+		}
+		if err := st.fill(ctx, *live, *live+*expired, true); err != nil {
+			return err
+		}
 	}
-	if err := st.fill(ctx, 0, *live, false); err != nil {
-		return err
-	}
-	if err := st.fill(ctx, *live, *live+*expired, true); err != nil {
+	if err := st.settle(ctx); err != nil {
 		return err
 	}
 	r := cleanupRun{Store: "postgres", Expired: *expired, Live: *live}
@@ -510,52 +621,82 @@ func runCleanup(ctx context.Context, args []string) error {
 		}
 		return claim(rng)
 	}
-	if r.Before, err = phase(ctx, *concurrency, *d, requests); err != nil {
+	never := func() bool { return false }
+	var before, during, after period
+	if err := before.run(ctx, *concurrency, *d, requests, never); err != nil {
 		return err
 	}
+	r.Before, r.WorstBefore = before.all(), before.worst()
 	// One pass of the cleaner, as the store's own runs it, its batches timed.
 	timed := &timedStore{Store: st}
+	mark, err := st.walMark(ctx)
+	if err != nil {
+		return err
+	}
 	cleaner := idem.NewCleaner(timed, idem.CleanerConfig{BatchSize: *batch, BatchPause: *pause})
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type result struct {
-		deleted int
-		took    time.Duration
-		err     error
+		deleted, passes int
+		took            time.Duration
+		err             error
 	}
 	done := make(chan result, 1)
 	go func() {
+		// Passes as the cleaner's own loop runs them, Interval apart, until every
+		// expired record is deleted: a pass ends at a batch that found nothing, which
+		// a walking store (PostgreSQL) meets where live records fill its pages, and
+		// the next pass walks on from there.
 		start := time.Now()
-		n, err := cleaner.Pass(cctx)
-		done <- result{n, time.Since(start), err}
-	}()
-	// Requests run while the cleaner deletes, phase after phase, until it is done.
-	var during []latency
-	var res result
-	for res.took == 0 {
-		l, err := phase(ctx, *concurrency, 5*time.Second, requests)
-		if err != nil {
-			return err
+		var r result
+		for r.deleted < int(*expired) && r.err == nil {
+			if r.passes > 0 {
+				select {
+				case <-cctx.Done():
+					r.err = cctx.Err()
+					continue
+				case <-time.After(*interval):
+				}
+			}
+			n, err := cleaner.Pass(cctx)
+			r.deleted, r.err = r.deleted+n, err
+			r.passes++
 		}
-		during = append(during, l)
+		r.took = time.Since(start)
+		done <- r
+	}()
+	// Requests run while the cleaner deletes, window after window, until it is done.
+	var res result
+	finished := func() bool {
 		select {
 		case res = <-done:
+			return true
 		default:
+			return false
 		}
+	}
+	if err := during.run(ctx, *concurrency, 0, requests, finished); err != nil {
+		return err
 	}
 	if res.err != nil {
 		return res.err
 	}
-	r.Deleted, r.Seconds = int64(res.deleted), res.took.Seconds()
+	r.Deleted, r.Passes, r.Seconds = int64(res.deleted), res.passes, res.took.Seconds()
 	r.DeletedPerSec = float64(res.deleted) / res.took.Seconds()
 	r.LongestBatchMS = float64(time.Duration(timed.longest.Load()).Microseconds()) / 1000
-	r.During = merge(during)
+	r.During, r.WorstDuring = during.all(), during.worst()
+	if end, err := st.walMark(ctx); err != nil {
+		return err
+	} else if st.pg != nil {
+		r.WALMB, r.CheckpointsReq, r.CheckpointsTimed = float64(end.lsn-mark.lsn)/(1<<20), end.req-mark.req, end.timed-mark.timed
+	}
 	if r.SizesAfter, err = st.sizes(ctx); err != nil {
 		return err
 	}
-	if r.After, err = phase(ctx, *concurrency, *d, requests); err != nil {
+	if err := after.run(ctx, *concurrency, *d, requests, never); err != nil {
 		return err
 	}
+	r.After, r.WorstAfter = after.all(), after.worst()
 	if err := st.analyze(ctx); err != nil {
 		return err
 	}
@@ -586,16 +727,4 @@ func (t *timedStore) RecordDeleteExpired(ctx context.Context, p *idemstore.Delet
 func medianP99(ls []latency) latency {
 	slices.SortFunc(ls, func(a, b latency) int { return cmp.Compare(a.P99, b.P99) })
 	return ls[len(ls)/2]
-}
-
-// merge is the phases' figures together: their rates added per second of each, their
-// percentiles the worst phase's (an upper bound).
-func merge(ls []latency) latency {
-	var m latency
-	for _, l := range ls {
-		m.Ops += l.Ops
-		m.P50, m.P99, m.Max = max(m.P50, l.P50), max(m.P99, l.P99), max(m.Max, l.Max)
-		m.Rate += l.Rate / float64(len(ls))
-	}
-	return m
 }
