@@ -576,10 +576,11 @@ func runCleanup(ctx context.Context, args []string) error {
 	live := fs.Int64("live", 100_000, "live records, which the requests read")
 	concurrency := fs.Int("concurrency", 8, "concurrent request workers")
 	d := fs.Duration("duration", 30*time.Second, "how long the before and after periods run")
+	warmup := fs.Duration("warmup", 30*time.Second, "how long requests run, unmeasured, before the before period")
 	batch := fs.Int("batch", idem.DefaultCleanerBatchSize, "the cleaner's batch size")
 	interval := fs.Duration("interval", time.Second, "the pause between the cleaner's passes (its own default is a minute; cleanup's is short so that its run measures the deletes)")
 	filled := fs.Bool("filled", false, "the store is already filled as cleanup would fill it: a copy (createdb --template) of a database that `benchtool fill --records LIVE` then `benchtool fill --records LIVE+EXPIRED --expired` filled, so that runs at scale need not fill again")
-	pause := fs.Duration("pause", 0, "the cleaner's pause between batches (0: its default, three times as long as the batch before)")
+	pause := fs.Duration("pause", 0, "the cleaner's pause between batches (0: its default, five times as long as the batch before)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -622,7 +623,14 @@ func runCleanup(ctx context.Context, args []string) error {
 		return claim(rng)
 	}
 	never := func() bool { return false }
-	var before, during, after period
+	var warm, before, during, after period
+	if *warmup > 0 {
+		// Discarded: the table's pages come into the caches, and a copied database's
+		// files are written back, before anything is measured.
+		if err := warm.run(ctx, *concurrency, *warmup, requests, never); err != nil {
+			return err
+		}
+	}
 	if err := before.run(ctx, *concurrency, *d, requests, never); err != nil {
 		return err
 	}
