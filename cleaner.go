@@ -42,12 +42,13 @@ type CleanerConfig struct {
 	// BatchPause is the pause between two batches of one pass, so that requests
 	// meet the store between them: a backlog of millions of expired records (a
 	// cleaner that was off, a burst a day ago) is deleted without slowing request
-	// traffic. Defaults to three times as long as the batch before it took, so that
-	// a pass keeps the store busy at most a quarter of the time whatever the store's
+	// traffic. Defaults to five times as long as the batch before it took, so that a
+	// pass keeps the store busy at most a sixth of the time whatever the store's
 	// speed. (Back to back, deleting a million expired records raised the p99 of
 	// requests beside it 2.3 times on PostgreSQL and 5 times on SQLite, whose one
-	// writer the batches held; with a pause as long as the batch, deleting 10 million
-	// on PostgreSQL still raised it 2.6 times: docs/benchmarks.md.)
+	// writer the batches held; deleting 10 million on PostgreSQL raised it 1.7–1.8
+	// times with a pause three times the batch, and 1.4 times with five in the one
+	// run of three whose requests before it were undisturbed: docs/benchmarks.md.)
 	BatchPause time.Duration
 	// Logger receives the cleaner's logs. Defaults to [slog.Default].
 	Logger *slog.Logger
@@ -246,7 +247,7 @@ func (c *Cleaner) batch(ctx context.Context, limit int) (int, error) {
 
 // defaultPauseFactor is the default pause between two batches of a pass, in units of
 // the time the batch before it took (CleanerConfig.BatchPause).
-const defaultPauseFactor = 3
+const defaultPauseFactor = 5
 
 // batchSizer sizes a Cleaner's batches by the time they take, as River's job cleaner
 // does: smaller when a batch ran long, larger when a full one was quick, between 1 and
