@@ -47,8 +47,8 @@ type CleanerConfig struct {
 	// speed. (Back to back, deleting a million expired records raised the p99 of
 	// requests beside it 2.3 times on PostgreSQL and 5 times on SQLite, whose one
 	// writer the batches held; deleting 10 million on PostgreSQL raised it 1.7–1.8
-	// times with a pause three times the batch, and 1.4 times with five in the one
-	// run of three whose requests before it were undisturbed: docs/benchmarks.md.)
+	// times with a pause three times the batch, and 1.38 and 0.87 times with five in
+	// the two runs whose requests before it were undisturbed: docs/benchmarks.md.)
 	BatchPause time.Duration
 	// Logger receives the cleaner's logs. Defaults to [slog.Default].
 	Logger *slog.Logger
