@@ -205,8 +205,10 @@ func postThing(c *http.Client, url string, header http.Header) (key string, stat
 // the server (a real process, an idem server on SQLite) is SIGKILLed twice and stays
 // down 3 s each time. Every request completes with 201, with the Transport's default
 // limits (MaxAttempts, Budget, MaxWait, Backoff): the requests in flight at a kill
-// retry once for free, the refused connections while the server is down and the 409
-// request_in_progress until the dead holder's lease lapses are waits, not failures.
+// retry once for free (a request still waiting out the first restart's backoff, up to
+// 5 s, may be in flight at the second kill too, and retries free again), the refused
+// connections while the server is down and the 409 request_in_progress until the dead
+// holder's lease lapses are waits, not failures.
 // Every key executed exactly once, and the client logged no warning (the budget never
 // refused a retry).
 func TestDefaultClientRidesOutServerRestarts(t *testing.T) {

@@ -66,8 +66,10 @@ const maxDrain = 64 << 10
 //     failed before an answer (a reset, an EOF: the server was killed mid-request, or
 //     closed a keep-alive connection as the request arrived). A request's first such
 //     retry takes no Budget token, since a restart breaks every connection in flight
-//     at once and each of them needs one retry to get through; its later ones do. All
-//     count in MaxAttempts.
+//     at once and each of them needs one retry to get through; nor does its first
+//     after each time it found connections refused (the server went down and came
+//     back: a restart of its own, which a request waiting out a first restart may meet
+//     too). Its other ones do. All count in MaxAttempts.
 //   - A failure: a 5xx (other than 501), a 429, an attempt that outlived
 //     AttemptTimeout. Each retry takes a Budget token and counts in MaxAttempts (5 by
 //     default, the first attempt included).
@@ -117,8 +119,9 @@ type Transport struct {
 	Backoff Backoff
 
 	// Budget limits the retries of failures, and of broken connections after each
-	// request's first, of all requests sharing it (see [Transport]: waiting for a
-	// server that refuses connections, or for a key in progress, takes no token).
+	// request's first (and first since it last found connections refused), of all
+	// requests sharing it (see [Transport]: waiting for a server that refuses
+	// connections, or for a key in progress, takes no token).
 	// Defaults to one budget per Transport, made on first use by
 	// NewBudget([DefaultBudgetRatio], [DefaultBudgetFloor], [DefaultBudgetBurst]):
 	// retries add at most 10% to the requests, plus one a second, with a burst of 10.
@@ -343,6 +346,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, l.fail(joinCause(err, last), "")
 		}
 		discard(resp)
+		if kind == waitRefused {
+			// The server is down: the connections the request breaks from now on
+			// are a restart's of their own, and the first is free again.
+			l.freeRetry.Store(false)
+		}
 		switch {
 		case kind == waitRefused || kind == waitInProgress:
 			left := time.Until(l.start.Add(t.maxWait()))
@@ -355,7 +363,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			wait = min(wait, left) // one last attempt at the bound
 		case kind == broken && !l.freeRetry.Swap(true):
-			// A broken connection's first retry: free (see Transport).
+			// A broken connection's first retry since the request began, or since
+			// it last found the server down: free (see Transport).
 		case !budget.Withdraw():
 			t.logger().WarnContext(ctx, "client: retry budget exhausted; giving up on a request (raise Transport.Budget: client.NewBudget)",
 				"method", req.Method, "url", l.url, "attempts", l.attempts.Load(), "tokens", budget.Tokens())
@@ -467,7 +476,8 @@ func (t *Transport) resendGate(ctx context.Context, l *logical, budget *Budget) 
 			return nil, &resendRefusedError{limit: LimitMaxAttempts,
 				cause: fmt.Errorf("it would be attempt %d of at most %d (%s)", n+1, t.maxAttempts(), LimitMaxAttempts)}
 		}
-		// A re-send follows a broken connection: the request's first is free.
+		// A re-send follows a broken connection: the request's first is free (and
+		// its first since it last found the server down).
 		if l.freeRetry.Swap(true) && !budget.Withdraw() {
 			t.logger().WarnContext(ctx, "client: retry budget exhausted; the http.Transport's re-send is refused (raise Transport.Budget: client.NewBudget)",
 				"method", l.req.Method, "url", l.url, "attempts", l.attempts.Load(), "tokens", budget.Tokens())
@@ -605,7 +615,8 @@ type logical struct {
 	// attempts and resends count what was sent, re-sends included, and counted the
 	// attempts of MaxAttempts (the waits left out); the re-send gate updates them
 	// from whichever goroutine the http.Transport calls it on. freeRetry is set once
-	// the request's free retry after a broken connection is spent.
+	// the request's free retry after a broken connection is spent, and cleared when
+	// an attempt finds connections refused.
 	attempts, resends, counted atomic.Int32
 	freeRetry                  atomic.Bool
 }

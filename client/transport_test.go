@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"log/slog"
@@ -457,5 +458,71 @@ func TestBudgetWarningIsSummarised(t *testing.T) {
 	}
 	if n := warnings.Load(); n != 1 {
 		t.Fatalf("%d warnings for 20 refused retries, want 1 (the rest summarised)", n)
+	}
+}
+
+// A request that meets two restarts gets a free retry at each: its connection breaks
+// (the server was killed mid-request), its retries find connections refused while the
+// server is down, and the connection of its first attempt after the restart breaks
+// too (the server was killed again). With an empty budget, both broken connections
+// are retried, and the third connection's 201 is the answer. A second broken
+// connection with no refusal in between still takes a token (see
+// TestRetryBudgetStopsRetriesAndCountsTransportResends).
+func TestABrokenConnectionAfterARestartIsRetriedFree(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	// breakOne accepts one connection, reads the request's head and closes the
+	// connection without an answer: the server died mid-request.
+	breakOne := func(ln net.Listener) error {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = http.ReadRequest(bufio.NewReader(c))
+		return err
+	}
+	var refusedFor atomic.Int64 // how long the client found nothing listening
+	served := make(chan error, 1)
+	go func() {
+		if err := breakOne(ln); err != nil {
+			served <- err
+			return
+		}
+		ln.Close() // down: the client's retries are refused
+		down := time.Now()
+		time.Sleep(150 * time.Millisecond)
+		ln2, err := net.Listen("tcp", addr) // up again, and killed mid-request
+		if err != nil {
+			served <- err
+			return
+		}
+		refusedFor.Store(int64(time.Since(down)))
+		if err := breakOne(ln2); err != nil {
+			served <- err
+			return
+		}
+		served <- http.Serve(ln2, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ln2.Close() // the last answer
+			w.WriteHeader(http.StatusCreated)
+		}))
+	}()
+	backoff := func(int, *http.Response) time.Duration { return 20 * time.Millisecond }
+	c := fastClient(&Transport{Budget: newBudget(0, 0, 0, newFrozenClock().Now), Backoff: backoff})
+	resp, err := c.Do(chargeRequest(t, "http://"+addr, "{}"))
+	if err != nil {
+		t.Fatalf("%v; want 201 after two broken connections, the second after the server was down %v",
+			err, time.Duration(refusedFor.Load()))
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || Attempts(resp) < 4 {
+		t.Fatalf("%d after %d attempt(s); want 201 after at least 4 (broken, refused, broken, answered)", resp.StatusCode, Attempts(resp))
+	}
+	if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
+		t.Fatal(err)
 	}
 }
