@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -99,10 +98,7 @@ func (p Pacing) Delay(ctx context.Context, n int, resp *http.Response, hint time
 	default:
 		d = DefaultBackoff(n, resp)
 	}
-	if deadline, ok := ctx.Deadline(); ok && time.Now().Add(d).After(deadline) {
-		return d, fmt.Errorf("%w: the next attempt, in %v, would start after it", context.DeadlineExceeded, d.Round(time.Millisecond))
-	}
-	return d, nil
+	return d, deadlineAllows(ctx, d)
 }
 
 // Sleep waits d before the next attempt, or until ctx ends and then returns its cause.

@@ -526,3 +526,85 @@ func TestABrokenConnectionAfterARestartIsRetriedFree(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The retry of a broken connection waits for the server to finish dying. A server
+// killed mid-request resets the connections in flight a few milliseconds before its
+// listening socket closes, and a connection made meanwhile is accepted and then
+// reset too. This server breaks the request marked X-Break, and every connection it
+// accepts in the 40 ms after; then it answers 201. With an empty budget, the request
+// gets its 201: its one free retry waited out the dying server, whether the
+// Transport retried a fresh connection or the http.Transport re-sent the request
+// after a reused keep-alive connection broke.
+func TestABrokenConnectionsRetryWaitsOutADyingServer(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var (
+		mu    sync.Mutex
+		dying time.Time // until when connections are accepted only to be broken
+	)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					mu.Lock()
+					now := time.Now()
+					broken := now.Before(dying)
+					if req.Header.Get("X-Break") == "once" && dying.IsZero() {
+						dying, broken = now.Add(40*time.Millisecond), true
+					}
+					mu.Unlock()
+					if broken {
+						return
+					}
+					if _, err := io.WriteString(c, "HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n"); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	base := "http://" + ln.Addr().String()
+	post := func(c *http.Client, header string) (*http.Response, error) {
+		req := chargeRequest(t, base, "{}")
+		if header != "" {
+			req.Header.Set("X-Break", header)
+		}
+		return c.Do(req)
+	}
+	for _, reused := range []bool{false, true} {
+		mu.Lock()
+		dying = time.Time{}
+		mu.Unlock()
+		c := fastClient(&Transport{Budget: newBudget(0, 0, 0, newFrozenClock().Now), Base: &http.Transport{}})
+		if reused { // a keep-alive connection for the http.Transport to reuse
+			resp, err := post(c, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+		resp, err := post(c, "once")
+		if err != nil {
+			t.Fatalf("reused connection %v: %v; want 201 after the broken connection's free retry", reused, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated || Attempts(resp) != 2 {
+			t.Fatalf("reused connection %v: %d after %d attempt(s); want 201 after 2", reused, resp.StatusCode, Attempts(resp))
+		}
+	}
+}
