@@ -67,9 +67,9 @@ const maxDrain = 64 << 10
 //     closed a keep-alive connection as the request arrived). A request's first such
 //     retry takes no Budget token, since a restart breaks every connection in flight
 //     at once and each of them needs one retry to get through; nor does its first
-//     after each time it found connections refused (the server went down and came
-//     back: a restart of its own, which a request waiting out a first restart may meet
-//     too). Its other ones do. All count in MaxAttempts. The retry of a broken
+//     after each time it could not connect (a waiting attempt, above: the server went
+//     down and came back, a restart of its own, which a request waiting out a first
+//     restart may meet too). Its other ones do. All count in MaxAttempts. The retry of a broken
 //     connection waits at least 50 ms, the http.Transport's re-sends (below)
 //     included: a server being killed resets the connections in flight a few
 //     milliseconds before its listening socket closes, and a retry sent at once
@@ -494,16 +494,16 @@ type cancelOnCloseRW struct {
 // attempt's error.
 func (t *Transport) resendGate(ctx context.Context, l *logical, budget *Budget) func() (io.ReadCloser, error) {
 	return func() (io.ReadCloser, error) {
+		if n := int(l.counted.Load()); n >= t.maxAttempts() {
+			return nil, &resendRefusedError{limit: LimitMaxAttempts,
+				cause: fmt.Errorf("it would be attempt %d of at most %d (%s)", n+1, t.maxAttempts(), LimitMaxAttempts)}
+		}
 		// A re-send follows a broken connection, and waits as its retry would.
 		if err := deadlineAllows(ctx, brokenRetryWait); err != nil {
 			return nil, err
 		}
 		if err := Sleep(ctx, brokenRetryWait); err != nil {
 			return nil, err
-		}
-		if n := int(l.counted.Load()); n >= t.maxAttempts() {
-			return nil, &resendRefusedError{limit: LimitMaxAttempts,
-				cause: fmt.Errorf("it would be attempt %d of at most %d (%s)", n+1, t.maxAttempts(), LimitMaxAttempts)}
 		}
 		// A re-send follows a broken connection: the request's first is free (and
 		// its first since it last found the server down).
