@@ -607,7 +607,7 @@ func (h *Handle) settleUnknown() error {
 		return nil
 	}
 	mark := h.claim
-	mark.Token, _ = newTokens()
+	mark.Token = newToken()
 	mark.Now = g.storeNow()
 	start = h.storeCallStart()
 	res, err := g.cfg.Store.RecordClaim(ctx, &mark)

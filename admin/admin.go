@@ -36,7 +36,10 @@ type Store interface {
 
 	// RecordList returns up to params.Limit records in (scope, key) order, starting
 	// after (params.AfterScope, params.AfterKey), optionally of one scope and one state.
-	// Expired records that are not deleted yet are listed too. It never returns
+	// Expired records that are not deleted yet are listed too. Without a scope it
+	// leaves out idem's own records ([idemstore.ReservedScope]: the MAC secret, the
+	// store's state, the releases that served it), which a list of that scope
+	// shows. It never returns
 	// response headers, bodies or step results (Steps), but the recovery point and
 	// operation name. A store whose AdminCapabilities().List is false
 	// returns an error wrapping [errors.ErrUnsupported] that says why.
