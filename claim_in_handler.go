@@ -40,8 +40,18 @@ func (x *request) runClaimingInHandler(next http.Handler) {
 		x.answer(nil, g.storeError(x.r.Context(), h, "state", err))
 		return
 	}
+	// While the store's sealing changes form (SPEC §20) the key may be claimed in the
+	// other form meanwhile, or have a record there, and a transaction's claim commits
+	// when the handler's transaction does, unbounded: the key is then read (in both
+	// forms) and claimed the usual way, within a lease route's bounds, and the
+	// handler runs under the lease.
+	h.decideForm()
+	transitional := h.transitional()
+	local := localRecorded
 	k := cacheKey{h.scope, h.key}
-	local := rt.local.begin(k, h.claim.Fingerprint)
+	if !transitional {
+		local = rt.local.begin(k, h.claim.Fingerprint)
+	}
 	switch local {
 	case localNothing:
 		defer func() {
@@ -70,11 +80,11 @@ func (x *request) runClaimingInHandler(next http.Handler) {
 		x.writeError(CodeRequestInProgress, "")
 		return
 	}
-	if !found {
+	if !found && !transitional {
 		x.executeClaimingInHandler(next)
 		return
 	}
-	x.keyFound = true
+	x.keyFound = found
 	if resp, err := g.claimFrom(ctx, h, first); resp != nil || err != nil {
 		x.answer(resp, err)
 		return

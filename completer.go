@@ -369,7 +369,8 @@ func (c *Completer) resume(ctx context.Context, rec *idemstore.Record) resumeOut
 	// The operation's name is the route of its events, as for the caller that began it.
 	h := &Handle{route: rec.Operation, operation: rec.Operation}
 	r := c.g.resumer(rec.Operation)
-	h.init(c.g, ctx, rec.Scope, rec.Key, rec.Fingerprint, r.ttl)
+	h.init(c.g, ctx, rec.Scope, rec.Key, false, Fingerprint{}, r.ttl)
+	h.initRecord(rec)
 	o := c.attempt(ctx, h, rec, st, r.fn)
 	switch o {
 	case resumeDone:

@@ -80,6 +80,15 @@ type Config struct {
 	// such as a user id or the hex SHA-256 of a bearer token. Required.
 	Scope func(r *http.Request) (string, error)
 
+	// KeyScope, under a keyring (Seal), keeps Scope's answer keyed in the store: the
+	// HMAC of it under the store's MAC secret (SPEC §19), once the store's sealing is
+	// in effect, and the answer itself before (and after it ends); the middleware
+	// finds a record made in either form (SPEC §20; [Call.KeyScope]). Set it when the
+	// scope is a credential's digest, which anyone could recompute from a guessed
+	// credential (idem proxy and idem payments do). Defaults to false: the scope is
+	// stored as Scope returns it. Without a keyring it does nothing.
+	KeyScope bool
+
 	// Methods sets the key requirement per request method. Entries replace those of
 	// the default table; a method found in neither is optional. Routes may override
 	// it with [RouteOptions.Requirement]. Defaults to [DefaultMethods].
@@ -238,6 +247,12 @@ type Config struct {
 	// be opened is answered 500 record_unreadable and never executed again. Make it with
 	// [OpenKeyring] on Store. Defaults to nil: records are stored in clear.
 	Seal *seal.Keyring
+
+	// SealingOff lets a middleware without a keyring (Seal nil) serve a store whose
+	// sealing began: sealing is being turned off (SPEC §20, docs/security.md). See
+	// [GuardConfig.SealingOff]. Defaults to false: without a keyring, a store whose
+	// sealing began is not served.
+	SealingOff bool
 }
 
 // RouteOptions change the middleware's behaviour for the routes one
@@ -364,7 +379,7 @@ func newConfig(c Config) (*config, *Guard) {
 		InFlightWait: c.InFlightWait, StoreTimeout: c.StoreTimeout, RetryAfter: c.RetryAfter,
 		ReplayCacheSize: c.ReplayCacheSize, Logger: c.Logger, Clock: c.Clock, Observer: c.Observer,
 		MaxInFlightPerScope: c.MaxInFlightPerScope, MaxStoredBytesPerScope: c.MaxStoredBytesPerScope, QuotaWindow: c.QuotaWindow,
-		Seal: c.Seal,
+		Seal: c.Seal, SealingOff: c.SealingOff,
 	}, "Config")
 	c.TTL, c.Lease, c.Heartbeat = g.cfg.TTL, g.cfg.Lease, g.cfg.Heartbeat
 	c.StoreTimeout, c.RetryAfter, c.Logger = g.cfg.StoreTimeout, g.cfg.RetryAfter, g.cfg.Logger

@@ -143,3 +143,6 @@ var (
 	EncodeResponse = encodeResponse
 	DecodeResponse = decodeResponse
 )
+
+// StateValidity is how long a call may act on one read of the store's state.
+const StateValidity = stateValidity

@@ -139,7 +139,23 @@ type GuardConfig struct {
 	// that cannot be opened fails closed with [ErrRecordUnreadable]. Make it with
 	// [OpenKeyring] on the same store (NewGuard panics on a keyring without a MAC
 	// secret). Defaults to nil: records are stored in clear.
+	//
+	// Sealing is a transition of the store (SPEC §20): until an operator begins it
+	// ([BeginSealing], `idem keys seal --begin`) a guard with a keyring writes as one
+	// without (ready mode), opening whatever is sealed; it writes sealed records from
+	// [SealingHandoff] after the begin. On a store that held no record yet, sealing
+	// begins with the first guard with a keyring, at once.
 	Seal *seal.Keyring
+
+	// SealingOff, for a guard without a keyring (Seal nil), says that sealing is
+	// being turned off: the guard serves a store whose sealing began (ended or not),
+	// writing in clear. Records sealed under a key still fail closed
+	// ([ErrRecordUnreadable]); records under a keyed scope ([Call.KeyScope]) cannot be
+	// found without the key. Defaults to false: without a keyring, a store whose
+	// sealing began is refused at start ([CheckSealing]) and its calls fail with
+	// [ErrStoreUnavailable], naming the keys the store's MAC secret is wrapped under.
+	// With a keyring it does nothing.
+	SealingOff bool
 }
 
 // NewGuard returns a Guard for cfg. It panics with a message naming the field when cfg
@@ -251,6 +267,14 @@ type Call struct {
 	// Scope is the principal the key belongs to (SPEC §3): nothing of one scope is
 	// ever replayed to another. Required.
 	Scope string
+	// KeyScope, under a keyring (GuardConfig.Seal), keeps the scope keyed: the record
+	// is stored under the HMAC of Scope under the store's MAC secret (SPEC §19),
+	// once the store's sealing is in effect, and under Scope itself before (and after
+	// it ends); the core finds a record made in either form (SPEC §20). Set it for a
+	// scope that is a credential's digest, which anyone could recompute from a guessed
+	// credential. Defaults to false: the scope is stored as it is. Without a keyring
+	// it does nothing.
+	KeyScope bool
 	// Key is the idempotency key. Required.
 	Key string
 	// Fingerprint identifies the operation's input; a repeat with another fingerprint
@@ -313,7 +337,7 @@ func (g *Guard) Begin(ctx context.Context, c Call) (h *Handle, replay *Response,
 	}
 	h = &Handle{route: c.Name, operation: c.Name}
 	h.claim.OnLapse = c.OnLapse
-	h.init(g, ctx, c.Scope, c.Key, g.keyed(c.Fingerprint), g.callTTL(c.TTL, "Call.TTL"))
+	h.init(g, ctx, c.Scope, c.Key, c.KeyScope, c.Fingerprint, g.callTTL(c.TTL, "Call.TTL"))
 	if replay, err = g.cached(h); replay != nil || err != nil {
 		return nil, replay, err
 	}
@@ -365,6 +389,15 @@ func (g *Guard) storeNow() time.Time {
 		return g.cfg.Clock()
 	}
 	return time.Time{}
+}
+
+// realTime is t, a time by the guard's clock, by the host's: t itself unless a
+// Clock is injected.
+func (g *Guard) realTime(t time.Time) time.Time {
+	if g.cfg.Clock == nil {
+		return t
+	}
+	return time.Now().Add(t.Sub(g.cfg.Clock()))
 }
 
 // localNow is the guard's own reading of time.
@@ -432,6 +465,10 @@ func (g *Guard) claimFrom(ctx context.Context, h *Handle, first *idemstore.Claim
 	}
 	waited := false
 	backoff := waitPollMin
+	if err := h.refusedRecord; err != nil {
+		h.refusedRecord = nil
+		return nil, h.transitionFailed(ctx, err, waited, start)
+	}
 	for {
 		res, err := first, error(nil)
 		if first == nil {
@@ -441,6 +478,12 @@ func (g *Guard) claimFrom(ctx context.Context, h *Handle, first *idemstore.Claim
 		if err != nil {
 			h.observeClaim(observe.OutcomeStoreError, waited, start, err)
 			return nil, g.storeError(ctx, h, "claim", err)
+		}
+		if again, err := h.transition(ctx, res); err != nil || again {
+			if err != nil {
+				return nil, h.transitionFailed(ctx, err, waited, start)
+			}
+			continue
 		}
 		if res.Outcome == idemstore.ClaimAcquired || res.Outcome == idemstore.ClaimCompleted {
 			rec, err := h.open(ctx, res.Record)
@@ -522,6 +565,9 @@ func (g *Guard) storeError(ctx context.Context, h *Handle, op string, err error)
 		// Refused before any store call; logged once, when the state was read.
 		return &StoreError{Op: "state", Err: err}
 	}
+	if se, ok := err.(*StoreError); ok && se.Op == "state" {
+		return se // the store's state refuses the call: logged once, when it was read
+	}
 	level := slog.LevelError
 	if ctx.Err() != nil {
 		level = slog.LevelInfo // the caller went away; the store may be fine
@@ -559,6 +605,14 @@ func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*idemstore.Cla
 	deadline := callDeadlineFrom(h.claimStartedReal, g.cfg.StoreTimeout, stopAt)
 	if err := g.checkStoreState(ctx, h.claimStarted(), deadline); err != nil {
 		return nil, err
+	}
+	// The store's state may have changed the form this call writes (SPEC §20).
+	h.decideForm()
+	h.claim.Scope = h.scope
+	if at := g.stateCap(h); !at.IsZero() && at.Before(deadline) {
+		// A claim made on the state known reaches the store before the state may
+		// have changed the form of what processes write, or is cut off.
+		deadline = at
 	}
 	start := h.storeCallStart()
 	var res *idemstore.ClaimResult
@@ -669,17 +723,48 @@ func (h *Handle) await(ctx context.Context, until, stopAt time.Time, backoff *ti
 // the usual way.
 func (h *Handle) lookup(ctx context.Context) (res *idemstore.ClaimResult, found bool, err error) {
 	g := h.g
+	h.decideForm()
 	ctx, cancel := context.WithDeadline(ctx, callDeadline(g.cfg.StoreTimeout, time.Time{}))
 	defer cancel()
 	start := h.storeCallStart()
 	rec, err := g.cfg.Store.RecordGet(ctx, &idemstore.GetParams{Scope: h.scope, Key: h.key, Now: g.storeNow()})
 	h.observeStoreCall(observe.StoreOpLookup, start, err)
 	switch {
+	case errors.Is(err, idemstore.ErrNotFound) && h.otherScopeDue():
+		// The transition window (SPEC §20): the key's record may be under the other
+		// form's scope; a record there is claimed the usual way, in its form.
+		h.otherLooked = true
+		other, err := h.readOther(ctx)
+		switch {
+		case err != nil:
+			return nil, false, err
+		case other == nil:
+			return nil, false, nil
+		}
+		if err := h.follow(other); err != nil {
+			h.refusedRecord = err // claimFrom answers it
+		}
+		return nil, true, nil
 	case errors.Is(err, idemstore.ErrNotFound):
 		return nil, false, nil
 	case err != nil:
 		return nil, false, err
 	case !h.claim.Fingerprint.Matches(rec.Fingerprint):
+		if rec.Fingerprint.Keyed() != h.claim.Fingerprint.Keyed() && h.transitions < maxTransitions {
+			// A record of the other form (SPEC §20): the request's own, honoured, is
+			// answered in its form; one refused is answered by claimFrom.
+			if err := h.honours(rec); err != nil {
+				h.refusedRecord = err
+				return nil, true, nil
+			}
+			if h.sameRequest(rec.Fingerprint) {
+				h.pinTo(rec.Fingerprint.Keyed())
+				if rec.State == idemstore.StateCompleted {
+					return &idemstore.ClaimResult{Outcome: idemstore.ClaimCompleted, Record: rec}, true, nil
+				}
+				return nil, true, nil
+			}
+		}
 		return &idemstore.ClaimResult{Outcome: idemstore.ClaimMismatch, Record: rec}, true, nil
 	case rec.State == idemstore.StateCompleted:
 		return &idemstore.ClaimResult{Outcome: idemstore.ClaimCompleted, Record: rec}, true, nil

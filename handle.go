@@ -95,6 +95,25 @@ type Handle struct {
 	// quotaEntered: the call is counted against its scope's bounds (quota.go) until
 	// leaveQuota.
 	quotaEntered bool
+
+	// Sealing (sealstate.go, transition.go). plainFp is the call's fingerprint as
+	// computed, before any keying (zero when the call gave a keyed one); plainScope,
+	// for a scope the core keys (Call.KeyScope, Config.KeyScope), the scope as given,
+	// and keyedScope its keyed form once computed. sealed says that the claim writes
+	// the sealed form (keyed fingerprint and scope, sealed content); mode is the
+	// store's sealing state as the call saw it. pinned: the call follows a record of
+	// the key made in the other form (keyed or plain), so the mode no longer decides
+	// its form; transitions counts those changes, and otherLooked says that the
+	// other form's scope was read.
+	plainFp                Fingerprint
+	plainScope, keyedScope string
+	mode                   sealMode
+	keyScope, sealed       bool
+	pinned, otherLooked    bool
+	transitions            uint8
+	// refusedRecord is a record of the other form that a lookup found and may not be
+	// honoured (an *UnreadableError): claimFrom answers it.
+	refusedRecord error
 }
 
 // A Responder supplies, once, the result a [Handle] stores: the handle asks for it when
@@ -146,10 +165,17 @@ func NewContext(ctx context.Context, h *Handle) context.Context {
 	return context.WithValue(ctx, handleKey{}, h)
 }
 
-// init readies h for a call of g under ctx.
-func (h *Handle) init(g *Guard, ctx context.Context, scope, key string, fp Fingerprint, ttl time.Duration) {
+// init readies h for a call of g under ctx: scope is keyed under the guard's keyring
+// when keyScope is set and sealing is in effect, and fp (the call's fingerprint as
+// computed) too.
+func (h *Handle) init(g *Guard, ctx context.Context, scope, key string, keyScope bool, fp Fingerprint, ttl time.Duration) {
 	h.g, h.scope, h.key = g, scope, key
-	h.claim.Fingerprint, h.claim.TTL = fp, ttl
+	h.claim.TTL = ttl
+	if keyScope && g.cfg.Seal != nil {
+		h.keyScope, h.plainScope = true, scope
+	}
+	h.decideForm()
+	h.setFingerprint(fp)
 	h.detached = detachedCtx{ctx}
 	if g.cfg.Observer != nil {
 		// Before any event, which timers may send from other goroutines.
@@ -379,7 +405,7 @@ func (h *Handle) decide(forTx bool) (*idemstore.CompleteParams, bool, error) {
 	h.store = store && resp != nil
 	if h.store {
 		h.stored = resp
-		if k := h.g.cfg.Seal; k != nil {
+		if k := h.g.cfg.Seal; k != nil && h.sealed {
 			sealed, err := sealResponse(k, h.binding(), resp)
 			if err != nil {
 				// Not reachable: record ids are 32 hex digits.

@@ -212,7 +212,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		x.writeError(CodeScopeRequired, "")
 		return
 	}
-	x.h.init(m.g, r.Context(), scope, key, Fingerprint{}, rt.ttl)
+	x.h.init(m.g, r.Context(), scope, key, m.cfg.KeyScope, Fingerprint{}, rt.ttl)
 	x.h.describer, x.h.managed, x.h.route, x.h.operation, x.h.claim.OnLapse = x, true, rt.name, rt.name, rt.onLapse
 	if rt.name == "" {
 		x.h.route = r.Pattern
@@ -229,7 +229,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		return
 	}
 	defer putBody(x.body)
-	x.h.claim.Fingerprint = m.g.keyed(rt.fingerprint(r, *x.body))
+	x.h.setFingerprint(rt.fingerprint(r, *x.body))
 	x.run(next)
 }
 

@@ -161,14 +161,22 @@ func (g *Guard) admit(ctx context.Context, h *Handle) (*Response, error) {
 		defer h.leaveQuota()
 		// Over the stored bytes: a key already completed is replayed all the same.
 		res, found, err := h.lookup(ctx)
+		if err == nil && h.refusedRecord != nil {
+			err, h.refusedRecord = h.refusedRecord, nil
+			return nil, h.transitionFailed(ctx, err, false, time.Now())
+		}
 		switch {
 		case err != nil:
 			h.observeClaim(observe.OutcomeStoreError, false, time.Now(), err)
 			return nil, g.storeError(ctx, h, "lookup", err)
 		case found && res != nil && res.Outcome == idemstore.ClaimCompleted:
-			g.cacheRecord(h, res.Record)
-			h.observeClaim(replayOutcome(res.Record.Response, observe.OutcomeReplayed), false, time.Now(), nil)
-			return replayOf(res.Record.Response)
+			rec, err := h.open(ctx, res.Record)
+			if err != nil {
+				return nil, h.openFailed(ctx, err, false, false, time.Now())
+			}
+			g.cacheRecord(h, rec)
+			h.observeClaim(replayOutcome(rec.Response, observe.OutcomeReplayed), false, time.Now(), nil)
+			return replayOf(rec.Response)
 		case found && res != nil:
 			h.observeClaim(observe.OutcomeKeyReused, false, time.Now(), nil)
 			return nil, ErrKeyReused

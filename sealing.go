@@ -447,6 +447,12 @@ func (h *Handle) open(ctx context.Context, rec *idemstore.Record) (*idemstore.Re
 	if rec == nil {
 		return nil, nil
 	}
+	if h.sealed && !rec.Fingerprint.Keyed() && g.cfg.Seal != nil {
+		// A record in clear while sealing (SPEC §20): honoured within the window only.
+		if err := h.honours(rec); err != nil {
+			return nil, err
+		}
+	}
 	if !IsSealed(rec) {
 		if g.cfg.Seal == nil || !rec.Fingerprint.Keyed() || (!hasContent(rec.Response) && len(rec.Steps) == 0) {
 			return rec, nil // the hot path: nothing to open

@@ -219,17 +219,31 @@ func TestRotationOpensOldRecordsSealsNewOnesUnderTheFirstKeyAndFailsClosedWithou
 
 func TestWithoutTheKeyASealedRecordFailsClosed(t *testing.T) {
 	h := &cardHandler{}
-	sealed := sealedSetup(t, nil, newSealKey(t, 1))
+	key := newSealKey(t, 1)
+	sealed := sealedSetup(t, nil, key)
 	serve(sealed.mw.Handler(h), req("POST", "/v1/x", "key-0000seal", `{"a":1}`))
-	clear := sealedSetup(t, sealed.store) // restarted without a key
-	// The fingerprints are of different versions: a plain one never compares with a
-	// keyed one, so the record answers, and it must not be in clear.
-	w := serve(clear.mw.Handler(h), req("POST", "/v1/x", "key-0000seal", `{"a":1}`))
+	// Restarted without a key: the store's sealing began, so the process serves
+	// nothing (503), naming the key it needs, and writes nothing.
+	clear := sealedSetup(t, sealed.store)
+	for _, key := range []string{"key-0000seal", "key-00000new"} {
+		w := serve(clear.mw.Handler(h), req("POST", "/v1/x", key, `{"a":1}`))
+		wantCode(t, w, http.StatusServiceUnavailable, idem.CodeStoreUnavailable)
+	}
+	if logs := clear.logs.String(); strings.Count(logs, "level=ERROR") != 1 || !strings.Contains(logs, keyIDOf(t, key)) {
+		t.Errorf("want one ERROR naming the key %s; logs:\n%s", keyIDOf(t, key), logs)
+	}
+	// Told that sealing is being turned off: it serves, and the sealed record still
+	// fails closed (a plain fingerprint never matches a keyed one).
+	off := setup(t, func(c *idem.Config) { c.Store, c.SealingOff = sealed.store, true })
+	w := serve(off.mw.Handler(h), req("POST", "/v1/x", "key-0000seal", `{"a":1}`))
 	wantCode(t, w, http.StatusInternalServerError, idem.CodeRecordUnreadable)
 	if h.n.Load() != 1 || strings.Contains(w.Body.String(), "4111") {
 		t.Errorf("executed %d times, answered %q", h.n.Load(), w.Body)
 	}
 }
+
+// keyIDOf is the id of a test key.
+func keyIDOf(t *testing.T, k seal.KeyWrapper) string { t.Helper(); return k.ID() }
 
 func TestRecordsStoredInClearBeforeTheKeyKeepReplaying(t *testing.T) {
 	h := &cardHandler{}
@@ -247,6 +261,9 @@ func TestRecordsStoredInClearBeforeTheKeyKeepReplaying(t *testing.T) {
 type clearingStore struct{ *countingStore }
 
 func (s clearingStore) RecordComplete(ctx context.Context, p *idemstore.CompleteParams) error {
+	if p.Scope == idemstore.ReservedScope { // idem's own records: the store's state
+		return s.countingStore.RecordComplete(ctx, p)
+	}
 	q := *p
 	q.Response = &idemstore.Response{Status: 201, Body: []byte(`{"forged":true}`)}
 	return s.countingStore.RecordComplete(ctx, &q)

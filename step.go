@@ -203,7 +203,7 @@ func (h *Handle) PrepareStep(step string, result any) (*idemstore.StepParams, er
 		Scope: h.scope, Key: h.key, Token: h.claim.Token,
 		RecoveryPoint: step, Steps: raw, Operation: h.operation,
 	}
-	if k := h.g.cfg.Seal; k != nil {
+	if k := h.g.cfg.Seal; k != nil && h.sealed {
 		if p.Steps, err = k.Seal(seal.PurposeSteps, h.binding(), raw); err != nil {
 			return nil, err
 		}

@@ -56,27 +56,6 @@ const StoreStateRefresh = 5 * time.Second
 // storeStateRetry is how soon a Guard reads the state again after a read failed.
 const storeStateRetry = time.Second
 
-// SealingPhase is where a store is in turning sealing on or off (SPEC §19, §20).
-type SealingPhase string
-
-const (
-	// SealingNone: sealing never began on the store (the zero value).
-	SealingNone SealingPhase = ""
-	// SealingBegun: sealing began at SealingState.At; records made since are sealed.
-	SealingBegun SealingPhase = "begun"
-	// SealingEnded: sealing was turned off at SealingState.At.
-	SealingEnded SealingPhase = "ended"
-)
-
-// SealingState is the sealing state a store's state records: its phase and when it
-// began.
-type SealingState struct {
-	// Phase is where the store is in turning sealing on or off.
-	Phase SealingPhase `json:"phase,omitempty"`
-	// At is when the phase began (zero for SealingNone).
-	At time.Time `json:"at,omitzero"`
-}
-
 // StoreState is a store's state (SPEC §20): its format level and sealing state, and
 // which release wrote it and when. [ReadStoreState] reads it; [UpdateStoreState]
 // writes the next one.
@@ -235,6 +214,12 @@ var errStateConflict = errors.New("idem: another process changed the store's sta
 // ([StoreTooNewError]).
 func UpdateStoreState(ctx context.Context, store idemstore.Store, change func(*StoreState) error) (StoreState, error) {
 	cur, err := ReadStoreState(ctx, store)
+	return updateStoreStateFrom(ctx, store, cur, err, change)
+}
+
+// updateStoreStateFrom is UpdateStoreState from cur, the state as read (err: its
+// read's error).
+func updateStoreStateFrom(ctx context.Context, store idemstore.Store, cur StoreState, err error, change func(*StoreState) error) (StoreState, error) {
 	for {
 		if err != nil {
 			return cur, err
@@ -325,7 +310,9 @@ func keepReserved(ctx context.Context, store idemstore.Store, key string, fp Fin
 func InitStoreState(ctx context.Context, store idemstore.Store) error {
 	_, err := UpdateStoreState(ctx, store, func(s *StoreState) error {
 		if s.Seq == 0 {
-			s.Level = CurrentFormatLevel
+			// No call used it yet: the first process with a keyring begins sealing
+			// at once (sealstate.go).
+			s.Level, s.Sealing.Unused = CurrentFormatLevel, true
 		}
 		return nil
 	})
@@ -353,6 +340,13 @@ type storeStateCache struct {
 type knownState struct {
 	state   StoreState
 	refusal error // nil, or why this process must not serve the store
+	// readAt is when the read that found it began, by the guard's clock: calls act
+	// on it until readAt + stateValidity at most (sealstate.go).
+	readAt time.Time
+	// sealRefusal is why the store's sealing state keeps this process from claiming
+	// (sealstate.go): a process without a key on a store whose sealing began, or a
+	// sealing state that does not verify. Unlike refusal, it is read again.
+	sealRefusal error
 }
 
 // checkStoreState is where a Guard learns its store's state (SPEC §20), on the way
@@ -364,26 +358,39 @@ type knownState struct {
 // nothing), logged once at ERROR. A read that fails is tried again after a second;
 // meanwhile claims go on under the state known (the claim itself meets a store that
 // does not answer).
+//
+// What a call may act on is bounded too (SPEC §20, sealstate.go): with no state known
+// (its first read failed), or a state read more than stateValidity ago, the call
+// fails closed (503); and a store whose sealing state keeps this process from
+// claiming refuses the call (a process without a key on a store whose sealing began).
 func (g *Guard) checkStoreState(ctx context.Context, now, deadline time.Time) error {
 	s := &g.state
-	if k := s.known.Load(); k != nil && k.refusal != nil {
+	k := s.known.Load()
+	if k != nil && k.refusal != nil {
 		return k.refusal
 	}
-	if now.UnixNano() < s.next.Load() {
-		return nil
+	if k == nil || now.UnixNano() >= s.next.Load() {
+		if err := g.refreshStoreState(ctx, now, deadline); err != nil {
+			return err
+		}
+		k = s.known.Load()
 	}
-	return g.refreshStoreState(ctx, now, deadline)
+	return k.usable(now)
 }
 
 // refreshStoreState reads the store's state for checkStoreState.
 func (g *Guard) refreshStoreState(ctx context.Context, now, deadline time.Time) error {
 	s := &g.state
-	if !s.reading.CompareAndSwap(false, true) {
-		return nil
-	}
-	defer s.reading.Store(false)
-	if now.UnixNano() < s.next.Load() {
-		return nil // read meanwhile
+	// Only one claim reads at a time, the others going on with what is known; until
+	// something is known, each reads.
+	if s.known.Load() != nil {
+		if !s.reading.CompareAndSwap(false, true) {
+			return nil
+		}
+		defer s.reading.Store(false)
+		if now.UnixNano() < s.next.Load() {
+			return nil // read meanwhile
+		}
 	}
 	if deadline.IsZero() {
 		deadline = time.Now().Add(g.cfg.StoreTimeout)
@@ -410,8 +417,18 @@ func (g *Guard) refreshStoreState(ctx context.Context, now, deadline time.Time) 
 		}
 		errors.As(err, &tooNew)
 	}
-	s.known.Store(&knownState{state: st, refusal: err})
+	var sealRefusal error
+	if err == nil {
+		// The store's sealing state (sealstate.go): a store no call used yet is
+		// used now, and begins sealing at once under a keyring.
+		if st, err = g.useStore(ctx, st); err != nil {
+			return err // the next call tries again
+		}
+		sealRefusal = g.sealingRefusal(ctx, st, prev)
+	}
+	s.known.Store(&knownState{state: st, refusal: err, readAt: now, sealRefusal: sealRefusal})
 	s.next.Store(now.Add(StoreStateRefresh).UnixNano())
+	g.sealingChanged(ctx, prev, st, sealRefusal)
 	if err != nil {
 		g.cfg.Logger.ErrorContext(ctx, "idem: refusing every request from now on: the store's state is newer than this release knows; "+
 			"it writes nothing more to the store (answering 503 store_unavailable)", slog.Any("error", err))

@@ -258,17 +258,60 @@ func TestAFailedStateReadIsRetriedAndDoesNotFailTheCall(t *testing.T) {
 		_, _, err := idem.Do(context.Background(), g, idem.Call{Scope: "alice", Key: key}, func(context.Context) (int, error) { return 1, nil })
 		return err
 	}
+	// Nothing known of the store's state: nothing is claimed (the store may be
+	// sealed, or newer), and the next call reads it again at once.
+	if err := do("a"); !errors.Is(err, idem.ErrStoreUnavailable) {
+		t.Fatalf("a call whose first state read failed: %v, want ErrStoreUnavailable", err)
+	}
+	ms.fail.Store(false)
 	if err := do("a"); err != nil {
-		t.Fatalf("a call whose state read failed: %v", err)
+		t.Fatalf("a call once the state reads: %v", err)
+	}
+	// A state known: a failed read does not fail the call...
+	ms.fail.Store(true)
+	clk.Advance(idem.StoreStateRefresh)
+	if err := do("b"); err != nil {
+		t.Fatalf("a call whose state read failed, with a state known: %v", err)
 	}
 	ms.fail.Store(false)
 	writeNewerState(t, ms, 3, "0.4.0")
-	if err := do("b"); err != nil {
+	if err := do("c"); err != nil {
 		t.Fatalf("a call within a second of the failed read: %v", err)
 	}
 	clk.Advance(time.Second)
-	if err := do("c"); !errors.Is(err, idem.ErrStoreTooNew) {
+	if err := do("d"); !errors.Is(err, idem.ErrStoreTooNew) {
 		t.Fatalf("a call a second after the failed read: %v, want the state read again (ErrStoreTooNew)", err)
+	}
+}
+
+// A state that could not be read again for stateValidity fails the calls closed: a
+// process never acts for long on a state it cannot read (the begin of sealing would
+// not reach it).
+func TestAStateThatCannotBeReadAgainForLongFailsCallsClosed(t *testing.T) {
+	t.Parallel()
+	ms := &failingStateReads{Store: memory.New()}
+	clk := testkit.NewClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	g := idem.NewGuard(idem.GuardConfig{Store: ms, Clock: clk.Now, Logger: slog.New(slog.DiscardHandler)})
+	do := func(key string) error {
+		_, _, err := idem.Do(context.Background(), g, idem.Call{Scope: "alice", Key: key}, func(context.Context) (int, error) { return 1, nil })
+		return err
+	}
+	if err := do("a"); err != nil {
+		t.Fatal(err)
+	}
+	ms.fail.Store(true)
+	clk.Advance(idem.StateValidity - time.Second)
+	if err := do("b"); err != nil {
+		t.Fatalf("a call within the state's validity: %v", err)
+	}
+	clk.Advance(2 * time.Second)
+	if err := do("c"); !errors.Is(err, idem.ErrStoreUnavailable) {
+		t.Fatalf("a call past the state's validity with no read since: %v, want ErrStoreUnavailable", err)
+	}
+	ms.fail.Store(false)
+	clk.Advance(time.Second)
+	if err := do("c"); err != nil {
+		t.Fatalf("once the state reads again: %v", err)
 	}
 }
 

@@ -22,9 +22,11 @@ const FingerprintVersion = 1
 
 // KeyedVersionOffset is added to the version of a keyed fingerprint (SPEC §19): one
 // whose sum is an HMAC, under the MAC secret of a keyring, of the version and sum of a
-// fingerprint of that version (version 1001 keys version 1). Keyed and plain
-// fingerprints are of different versions, and so never compared: records fingerprinted
-// before a keyring was configured keep working until they expire (SPEC §4).
+// fingerprint of that version (version 1001 keys version 1). A keyed fingerprint never
+// matches a plain one ([Fingerprint.Matches]): a store answers such a claim as
+// key_reused, and the core, which holds the request's plain fingerprint and the
+// keyring, compares them exactly when it decides to honour the record (SPEC §19,
+// §20: a record made before sealing began, or during its end).
 const KeyedVersionOffset = 1000
 
 // Fingerprint identifies the parameters of a request (SPEC §4): a SHA-256 sum and the
@@ -42,10 +44,16 @@ type Fingerprint struct {
 func (f Fingerprint) Keyed() bool { return f.Version >= KeyedVersionOffset }
 
 // Matches reports whether a request fingerprinted as f may be served by a record
-// fingerprinted as stored. Fingerprints of different versions cannot be compared; they
-// are taken to match, so that a change of canonicalisation never turns a retry of an old
-// record into key_reused (SPEC §4).
+// fingerprinted as stored. A keyed fingerprint and a plain one never match: which of
+// them a record holds says whether it was made under a keyring, and taking them to
+// match would let anyone who can write the store turn a sealed record into a plain
+// one (SPEC §19, §20). Two plain fingerprints, or two keyed ones, of different
+// versions cannot be compared; they are taken to match, so that a change of
+// canonicalisation never turns a retry of an old record into key_reused (SPEC §4).
 func (f Fingerprint) Matches(stored Fingerprint) bool {
+	if f.Keyed() != stored.Keyed() {
+		return false
+	}
 	if f.Version != stored.Version {
 		return true
 	}

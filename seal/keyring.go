@@ -128,9 +128,9 @@ type Keyring struct {
 	opened map[string]openedKey
 
 	// The MAC keys, derived from the MAC secret; nil without one.
-	fpKey, scopeKey []byte
-	secretID        string
-	macs, scopeMACs sync.Pool // of *macState, under fpKey and scopeKey
+	fpKey, scopeKey, stateKey []byte
+	secretID                  string
+	macs, scopeMACs           sync.Pool // of *macState, under fpKey and scopeKey
 }
 
 type openedKey struct {
@@ -180,6 +180,9 @@ func NewKeyring(ctx context.Context, macSecret []byte, keys ...KeyWrapper) (*Key
 			return nil, err
 		}
 		if k.scopeKey, err = hkdf.Key(sha256.New, macSecret, nil, "idem scope v1", 32); err != nil {
+			return nil, err
+		}
+		if k.stateKey, err = hkdf.Key(sha256.New, macSecret, nil, "idem state v1", 32); err != nil {
 			return nil, err
 		}
 		k.secretID = secretID(macSecret)
@@ -438,4 +441,23 @@ func (k *Keyring) Scope(principal string) string {
 	hex.Encode(out[:], m.h.Sum(m.sum[:0]))
 	k.scopeMACs.Put(m)
 	return string(out[:])
+}
+
+// StateMAC returns the HMAC-SHA-256 of msg under the state key, which derives from
+// the MAC secret like the fingerprint and scope keys: it binds what idem records of a
+// store's state (the sealing state, SPEC §20) to the store's MAC secret, so that
+// nobody without a configured key can write or alter it. It panics on a Keyring
+// without a MAC secret.
+func (k *Keyring) StateMAC(msg []byte) []byte {
+	if k.stateKey == nil {
+		panic("seal: Keyring.StateMAC on a Keyring without a MAC secret")
+	}
+	h := hmac.New(sha256.New, k.stateKey)
+	h.Write(msg)
+	return h.Sum(nil)
+}
+
+// VerifyStateMAC reports whether mac is [Keyring.StateMAC] of msg, in constant time.
+func (k *Keyring) VerifyStateMAC(msg, mac []byte) bool {
+	return hmac.Equal(k.StateMAC(msg), mac)
 }

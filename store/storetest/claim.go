@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem/idemstore"
 )
@@ -17,6 +18,7 @@ func init() {
 		testCase{"ClaimWithOtherFingerprintIsMismatch", testClaimWithOtherFingerprintIsMismatch},
 		testCase{"MismatchLeavesRecordIntact", testMismatchLeavesRecordIntact},
 		testCase{"FingerprintVersionIsStoredAndReturned", testFingerprintVersionIsStored},
+		testCase{"KeyedAndPlainFingerprintsNeverMatch", testKeyedAndPlainNeverMatch},
 		testCase{"PingAnswers", testPingAnswers},
 	)
 }
@@ -230,6 +232,40 @@ func testFingerprintVersionIsStored(t *testing.T, h Harness) {
 	}
 	if !res.Record.Response.Equal(sampleResponse()) {
 		t.Errorf("replayed response = %s", describeResponse(res.Record.Response))
+	}
+}
+
+// testKeyedAndPlainNeverMatch: a keyed fingerprint (version 1000 and up, SPEC §19)
+// and a plain one never match, whatever their sums (Fingerprint.Matches): a claim of
+// the other kind is key_reused on a record in flight, completed or lapsed, and takes
+// nothing over; the core decides what to do with it, holding both forms of the
+// request's fingerprint.
+func testKeyedAndPlainNeverMatch(t *testing.T, h Harness) {
+	for _, keyedFirst := range []bool{false, true} {
+		b := setup(t, h)
+		plain := idemstore.Fingerprint{Version: idemstore.FingerprintVersion, Sum: b.fp.Sum}
+		keyed := idemstore.Fingerprint{Version: idemstore.KeyedVersionOffset + idemstore.FingerprintVersion, Sum: b.fp.Sum}
+		first, other := plain, keyed
+		if keyedFirst {
+			first, other = keyed, plain
+		}
+		b.fp = first
+		p := b.acquire(b.t0)
+		before := b.mustGet(b.t0)
+		claim := func(now time.Time) {
+			t.Helper()
+			q := b.claimParams(now)
+			q.Fingerprint = other
+			res := b.claimWant(q, idemstore.ClaimMismatch)
+			if res.Record.Fingerprint != first {
+				t.Errorf("keyed first %v: mismatch answer's fingerprint = %v, want the stored %v", keyedFirst, res.Record.Fingerprint, first)
+			}
+		}
+		claim(b.at(ms(1)))         // in flight, live
+		claim(b.at(lease + ms(1))) // in flight, lapsed: not taken over
+		b.wantRecord("record after the other kind's claims", b.mustGet(b.at(lease+ms(2))), before)
+		b.complete(p.Token, sampleResponse(), b.at(lease+ms(3)))
+		claim(b.at(lease + ms(4))) // completed
 	}
 }
 

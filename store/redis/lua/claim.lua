@@ -25,8 +25,10 @@ if st and now < tonumber(r[5]) then
   if st == 'in_flight' and r[7] == token then
     return {'acquired_again', int(now), redis.call('HGETALL', key)}
   end
-  -- Fingerprints of different versions cannot be compared and count as matching.
-  if r[2] == fpv and r[3] ~= fp then
+  -- Fingerprints of different versions cannot be compared and count as matching,
+  -- except a keyed one (version 1000 and up) and a plain one, which never match
+  -- (idemstore.Fingerprint.Matches).
+  if (r[2] == fpv and r[3] ~= fp) or ((tonumber(r[2]) >= 1000) ~= (tonumber(fpv) >= 1000)) then
     return {'mismatch', int(now), redis.call('HGETALL', key)}
   end
   if st == 'completed' then
