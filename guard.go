@@ -637,10 +637,12 @@ func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*idemstore.Cla
 	return res, err
 }
 
-// newClaim readies the params of a claim with a fresh token and record id.
+// newClaim readies the params of a claim with a fresh token and the record id of
+// the request (idemstore.RecordIDFor: every claim of one request creates the same id,
+// and so the same derived keys, SPEC §13).
 func (h *Handle) newClaim() {
 	g := h.g
-	id := idemstore.NewRecordID()
+	id := idemstore.RecordIDFor(h.scope, h.key, h.claim.Fingerprint)
 	h.claimStartedReal = time.Now()
 	h.claim = idemstore.ClaimParams{
 		Scope: h.scope, Key: h.key, Fingerprint: h.claim.Fingerprint, Token: newToken(), RecordID: id,
