@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idem-go/idem/idemstore"
@@ -357,6 +359,9 @@ func (g *Guard) sealingChanged(ctx context.Context, prev *knownState, st StoreSt
 	if prev != nil && was == st.Sealing && (wasRefused == nil) == (refusal == nil) {
 		return
 	}
+	if prev == nil && refusal == nil && startSaid(g.cfg.Store, st.Sealing) {
+		return // the program's start said it (CheckSealing)
+	}
 	switch {
 	case refusal != nil:
 		g.cfg.Logger.ErrorContext(ctx, "idem: refusing every request (503 store_unavailable) while the store's sealing state keeps this process from serving it",
@@ -486,9 +491,27 @@ func CheckSealing(ctx context.Context, store idemstore.Store, ring *seal.Keyring
 	s := st.Sealing
 	switch {
 	case ring != nil:
-		return s, s.verify(ring)
+		err = s.verify(ring)
 	case s.Phase == SealingNone || sealingOff:
-		return s, nil
+	default:
+		return s, sealedStoreError(ctx, store, s)
 	}
-	return s, sealedStoreError(ctx, store, s)
+	if err == nil && reflect.TypeOf(store).Comparable() {
+		startChecks.Store(store, s)
+	}
+	return s, err
+}
+
+// startChecks holds, by store, the sealing state that CheckSealing found there: what
+// the program's start said of it, so that a Guard of the store does not say it again
+// at its first read of the same state.
+var startChecks sync.Map
+
+// startSaid reports whether CheckSealing found s on store.
+func startSaid(store idemstore.Store, s SealingState) bool {
+	if store == nil || !reflect.TypeOf(store).Comparable() {
+		return false
+	}
+	v, ok := startChecks.Load(store)
+	return ok && v.(SealingState) == s
 }

@@ -37,6 +37,8 @@ commands:
   delete   one key, or every key of a scope (--all): a customer's erasure request
   resolve  a key whose outcome is unknown, or whose operation is unfinished (SPEC §13):
            release it, or complete it with the response the operator found out
+  seal     begin, end or show the sealing of the store's records (SPEC §20): idem keys seal
+           begin|end|status --store URL --encryption-key KEY
 
 A record belongs to a scope: --scope SCOPE, as the application's Config.Scope returns it,
 or --token TOKEN for the payments API, whose scope is the hex SHA-256 of the bearer token.
@@ -59,11 +61,13 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runKeysDelete(ctx, args[1:], stdout, stderr)
 	case "resolve":
 		return runKeysResolve(ctx, args[1:], stdout, stderr)
+	case "seal":
+		return runKeysSeal(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, keysUsage)
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "idem keys: unknown command %q (want get, list, delete or resolve)\n", args[0])
+	fmt.Fprintf(stderr, "idem keys: unknown command %q (want get, list, delete, resolve or seal)\n", args[0])
 	return exitUsage
 }
 
@@ -130,7 +134,16 @@ func (c *keysCommand) withStore(ctx context.Context, stderr io.Writer, u storeUR
 		if err != nil {
 			return failure(stderr, c.fs.Name(), fmt.Errorf("--encryption-key: %w", err))
 		}
-		scope = ring.Scope(scope)
+		// The payments API keys its records' scope while the store's records are
+		// sealed (SPEC §20): before sealing began, and once it ended, they are under
+		// the plain scope.
+		state, err := idem.ReadStoreState(ctx, st.store)
+		if err != nil {
+			return failure(stderr, c.fs.Name(), err)
+		}
+		if s := state.Sealing; s.Phase == idem.SealingBegun || s.Phase == idem.SealingEnded && time.Now().Before(s.ClearFrom()) {
+			scope = ring.Scope(scope)
+		}
 	}
 	return fn(as, scope)
 }

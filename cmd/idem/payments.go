@@ -262,7 +262,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if f.processorURL != "" {
 		listening = append(listening, "processor", redact(f.processorURL))
 	}
-	listening = append(listening, sealedAttrs(ring)...)
+	listening = append(listening, f.sealedAttrs(ring)...)
 	listening = append(listening, st.startAttrs(ctx)...)
 	if metrics.ln != nil {
 		listening = append(listening, "metrics", metrics.ln.Addr().String())

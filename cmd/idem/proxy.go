@@ -234,7 +234,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if metricsL.ln != nil {
 		listening = append(listening, "metrics", metricsL.ln.Addr().String())
 	}
-	listening = append(listening, sealedAttrs(ring)...)
+	listening = append(listening, f.sealedAttrs(ring)...)
 	logger.Info("idem proxy listening", listening...)
 	return serve(ctx, name, apiL, metricsL, f.shutdownGrace+shutdownGrace, logger, stderr)
 }

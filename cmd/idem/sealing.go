@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin"
@@ -78,6 +79,52 @@ func (k *keyURLs) keyring(ctx context.Context, store idemstore.Store, logger *sl
 		return nil, nil, fmt.Errorf("--encryption-key: %w", err)
 	}
 	return ring, closeKeys, nil
+}
+
+// checkSealing checks the store's sealing state at start (idem.CheckSealing) and says
+// what it means for this process: without a key, a store whose sealing began is
+// refused (naming the keys it needs) unless sealingOff, which is then said in a WARN;
+// with one, a store whose sealing has not begun is said in a WARN (ready mode: records
+// in clear until idem keys seal --begin).
+func checkSealing(ctx context.Context, store idemstore.Store, ring *seal.Keyring, sealingOff bool, logger *slog.Logger) (idem.SealingState, error) {
+	st, err := idem.CheckSealing(ctx, store, ring, sealingOff)
+	if err != nil {
+		return st, err
+	}
+	switch {
+	case ring != nil && st.Phase == idem.SealingNone:
+		logger.Warn("sealing has not begun on this store: this process has a key but writes records in clear (ready mode), and opens sealed ones, "+
+			"until an operator runs idem keys seal --begin once every process that serves the store runs with a key (docs/security.md)",
+			"sealed_under", ring.SealingKeyID())
+	case ring == nil && st.Phase != idem.SealingNone:
+		logger.Warn("the store's sealing " + st.String() + "; serving it without a key because --sealing-off says sealing is being turned off: " +
+			"sealed records fail closed (500 record_unreadable), and records under a keyed scope (idem proxy's, idem payments') are not found, " +
+			"so their retries run again: start processes without a key only after the last sealed record expired (docs/security.md)")
+	}
+	return st, nil
+}
+
+// sealingMode names the start line's sealing mode: off (no key, nothing sealed),
+// ready (a key, sealing not begun), handoff (begun, not in effect yet), sealed,
+// ending (ended, not in effect yet), ended (records in clear again), or
+// turning-off (no key, --sealing-off).
+func sealingMode(st idem.SealingState, ring *seal.Keyring) string {
+	now := time.Now()
+	switch {
+	case ring == nil && st.Phase == idem.SealingNone:
+		return "off"
+	case ring == nil:
+		return "turning-off"
+	case st.Phase == idem.SealingNone:
+		return "ready"
+	case st.Phase == idem.SealingBegun && now.Before(st.SealsFrom()):
+		return "handoff"
+	case st.Phase == idem.SealingBegun:
+		return "sealed"
+	case now.Before(st.ClearFrom()):
+		return "ending"
+	}
+	return "ended"
 }
 
 // sealedAttrs are the start line's attributes of a keyring: the key that seals, every

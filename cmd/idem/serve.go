@@ -30,8 +30,12 @@ type recordFlags struct {
 	// Bounds on a stalled store (SPEC §9): each store call before the handler, and
 	// the migrations at start.
 	storeTimeout, migrateTimeout time.Duration
-	// keys seal the records (--encryption-key, SPEC §19).
-	keys keyURLs
+	// keys seal the records (--encryption-key, SPEC §19); sealingOff lets a process
+	// without them serve a store whose sealing began (--sealing-off, SPEC §20), and
+	// sealing is the store's sealing state as the start found it.
+	keys       keyURLs
+	sealingOff bool
+	sealing    idem.SealingState
 }
 
 // register adds the record flags to fs; storeTimeoutUsage and migrateTimeoutUsage
@@ -46,15 +50,34 @@ func (f *recordFlags) register(fs *flag.FlagSet, storeTimeoutUsage, migrateTimeo
 	fs.DurationVar(&f.storeTimeout, "store-timeout", idem.DefaultStoreTimeout, storeTimeoutUsage)
 	fs.DurationVar(&f.migrateTimeout, "migrate-timeout", defaultMigrateTimeout, migrateTimeoutUsage)
 	f.keys.register(fs)
+	fs.BoolVar(&f.sealingOff, "sealing-off", false, "serve without --encryption-key a store whose records are being sealed: sealing is being turned off "+
+		"(after idem keys seal --end; docs/security.md). Sealed records still fail closed (500 record_unreadable); records under a keyed scope are not found. "+
+		"Without it, a process without a key refuses to start on such a store")
 }
 
 // keyring opens --encryption-key and the store's keyring within --migrate-timeout (nil
-// without --encryption-key, after a WARN that records are stored in clear); close
-// closes the keys.
+// without --encryption-key, after a WARN that records are stored in clear), and checks
+// the store's sealing state (SPEC §20): a process without a key refuses a store whose
+// sealing began unless --sealing-off; one with a key on a store whose sealing has not
+// begun says that it writes in clear. close closes the keys.
 func (f *recordFlags) keyring(ctx context.Context, store idemstore.Store, logger *slog.Logger) (ring *seal.Keyring, close func(), err error) {
 	ctx, cancel := context.WithTimeout(ctx, f.migrateTimeout)
 	defer cancel()
-	return f.keys.keyring(ctx, store, logger)
+	ring, close, err = f.keys.keyring(ctx, store, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	if f.sealing, err = checkSealing(ctx, store, ring, f.sealingOff, logger); err != nil {
+		close()
+		return nil, nil, err
+	}
+	return ring, close, nil
+}
+
+// sealedAttrs are the start line's attributes of the records' sealing: the keyring's
+// (sealedAttrs) and the store's sealing state (sealing=none|begun|ended).
+func (f *recordFlags) sealedAttrs(ring *seal.Keyring) []any {
+	return append(sealedAttrs(ring), "sealing", sealingMode(f.sealing, ring))
 }
 
 // validate parses --store and --profile and checks the other record flags; errors name

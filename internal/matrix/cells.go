@@ -205,6 +205,20 @@ type Core struct {
 // application's).
 var CoreStores = []Store{SQLite, Postgres, PostgresSQL, "Redis", Memory}
 
+// SealingStores are the stores of the sealing transitions' cells (SealingCells).
+var SealingStores = []Store{SQLite, Postgres, "Redis", Memory}
+
+// SealingCells are the stages the sealing transitions' cells walk a store through, in
+// order, with a process without a key and one with a key (its scope keyed by the core,
+// Config.KeyScope) on the store, each held to what it must do (SPEC §20).
+var SealingCells = []struct{ Stage, Holds string }{
+	{"ready (a key, sealing not begun)", "the process with a key writes in clear under the plain scope, says so once (WARN), and the process without one replays its records"},
+	{"begun, during the handoff", "the process with a key still writes in clear; the process without one, once it read the begin, answers 503 store_unavailable, runs nothing, logs an ERROR"},
+	{"sealed (after the handoff)", "a new record is sealed under a keyed fingerprint and the keyed scope"},
+	{"a record in clear made before the begin", "replayed, under sealing, to its own request; 409 key_reused to another body (the plain fingerprint compared exactly); run once"},
+	{"a sealed record downgraded in the store", "rewritten in clear under the request's plain fingerprint and a body of its own: 500 record_unreadable, never replayed, never run again"},
+}
+
 // The core adapters.
 const (
 	Do         = "idem.Do"
@@ -355,6 +369,20 @@ cells seal their records too.
 			fmt.Fprintf(&b, " %s |", ExpectCore(a, s).Mark())
 		}
 		b.WriteString("\n")
+	}
+	b.WriteString(`
+## Sealing transitions
+
+On SQLite, PostgreSQL, Redis and the memory store, a process without a key and one with
+a key (` + "`Config.KeyScope`" + `: the core keys the scope, as for ` + "`idem proxy`" + ` and ` + "`idem payments`" + `)
+share the store and a clock, and the store's sealing is begun between them
+(` + "`idem.BeginSealing`" + `, a one-minute handoff; SPEC §20):
+
+| stage | holds on every store |
+|---|---|
+`)
+	for _, c := range SealingCells {
+		fmt.Fprintf(&b, "| %s | %s |\n", c.Stage, c.Holds)
 	}
 	writeProxyDocument(&b)
 	b.WriteString(`

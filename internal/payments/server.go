@@ -235,25 +235,17 @@ func (s *Server) routes() {
 	if !s.cfg.DisableIdempotency {
 		mw := s.cfg.Middleware
 		if mw == nil {
-			scope := scopeOf
-			if k := s.cfg.Seal; k != nil {
-				// The records' scope is keyed (SPEC §19): the hex SHA-256 of a guessable
-				// token could be recomputed; the charges keep the plain one.
-				scope = func(r *http.Request) (string, error) {
-					p, err := scopeOf(r)
-					if err != nil {
-						return "", err
-					}
-					return k.Scope(p), nil
-				}
-			}
 			mw = idem.New(idem.Config{
-				Store:   s.cfg.Store,
-				Scope:   scope,
-				Profile: s.cfg.Profile,
-				TTL:     s.cfg.TTL,
-				Lease:   s.cfg.Lease,
-				Logger:  s.logger,
+				Store: s.cfg.Store,
+				Scope: scopeOf,
+				// Under a keyring the records' scope is keyed (SPEC §19) once the
+				// store's sealing is in effect: the hex SHA-256 of a guessable token
+				// could be recomputed. The charges keep the plain one.
+				KeyScope: true,
+				Profile:  s.cfg.Profile,
+				TTL:      s.cfg.TTL,
+				Lease:    s.cfg.Lease,
+				Logger:   s.logger,
 
 				ReplayCacheSize: s.cfg.ReplayCacheSize,
 				StoreTimeout:    s.cfg.StoreTimeout,

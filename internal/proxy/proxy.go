@@ -23,7 +23,6 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/logsummary"
-	"github.com/idem-go/idem/seal"
 )
 
 // Defaults of [Config].
@@ -352,7 +351,6 @@ type Proxy struct {
 	waitLimit         time.Duration
 	onLapse           idem.LapsePolicy
 	scopeCookie       string
-	seal              *seal.Keyring // Config.Idem.Seal: keys the scope
 	hooks             Hooks
 	budget            *bodyBudget
 	auth              *authenticator // nil without AuthURL
@@ -401,7 +399,7 @@ func New(cfg Config) (*Proxy, error) {
 		maxStored:       withDefault(cfg.MaxStoredBody, DefaultMaxStoredBody),
 		upstreamTimeout: withDefault(cfg.UpstreamTimeout, DefaultUpstreamTimeout),
 		waitLimit:       withDefault(cfg.UpstreamWaitLimit, DefaultUpstreamWaitLimit),
-		scopeCookie:     cfg.ScopeCookie, seal: cfg.Idem.Seal,
+		scopeCookie:     cfg.ScopeCookie,
 		budget: newBodyBudget(withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies),
 			withDefault(cfg.MaxBufferedBodiesPerClient, withDefault(cfg.MaxBufferedBodies, DefaultMaxBufferedBodies)/4),
 			withDefault(cfg.Idem.MaxBodyBytes, idem.DefaultMaxBodyBytes), withDefault(cfg.MinUploadRate, DefaultMinUploadRate)),
@@ -603,6 +601,10 @@ func withDefault[T comparable](v, def T) T {
 // idem.New refuses (it panics, naming the field) is returned as an error.
 func newMiddleware(c idem.Config, p *Proxy) (mw *idem.Middleware, err error) {
 	c.Scope = p.scope
+	// Under a keyring the core keys the scope (an HMAC of the credential's digest,
+	// SPEC §19) once the store's sealing is in effect, and finds the records made
+	// under the digest itself before (SPEC §20).
+	c.KeyScope = true
 	c.MaxResponseBytes = p.maxStored
 	c.Methods = nil
 	if c.Logger == nil {
@@ -1038,13 +1040,10 @@ func cookieScope(r *http.Request, name string, hashScope func(string) string) (s
 }
 
 // hashScope is the scope of a principal, the one place a scope is made: its hex
-// SHA-256, or with a keyring (Config.Idem.Seal) its keyed hash (an HMAC, SPEC §19),
-// which nobody without the key recomputes from a guessed credential; so that no token
-// is stored or logged.
+// SHA-256, so that no token is stored or logged. Under a keyring (Config.Idem.Seal)
+// the core stores it keyed (an HMAC of it, SPEC §19, Config.KeyScope), which nobody
+// without the key recomputes from a guessed credential.
 func (p *Proxy) hashScope(principal string) string {
-	if k := p.seal; k != nil {
-		return k.Scope(principal)
-	}
 	sum := sha256.Sum256([]byte(principal))
 	return hex.EncodeToString(sum[:])
 }
