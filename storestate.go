@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -272,6 +274,8 @@ func writeState(ctx context.Context, store idemstore.Store, st StoreState) error
 	}
 	done, err := keepReserved(ctx, store, stateKey(st.Seq), stateFingerprint, MaxTTL, body)
 	switch {
+	case errors.Is(err, ErrKeyReused):
+		return errStateConflict // written by a release that fingerprints it otherwise
 	case err != nil:
 		return fmt.Errorf("idem: writing the store's state: %w", err)
 	case !done:
@@ -332,20 +336,24 @@ func InitStoreState(ctx context.Context, store idemstore.Store) error {
 	return err
 }
 
-// storeStateCache is what a Guard knows of its store's state, and when it reads it
-// again.
+// storeStateCache is what a process knows of one store's state, and when it reads
+// it again: shared by every Guard of the process on that store (and CheckStore), so
+// that the process reads the state once per StoreStateRefresh, whatever number of
+// guards it runs.
 type storeStateCache struct {
 	// known is the state last read, with the refusal it calls for; nil until the
 	// first read.
 	known atomic.Pointer[knownState]
-	// next is when (UnixNano, by the guard's clock) the state is read again: 0 at
+	// next is when (UnixNano, by the guards' clock) the state is read again: 0 at
 	// first.
 	next atomic.Int64
 	// reading is held by the one claim that reads the state; the others go on with
 	// what is known.
 	reading atomic.Bool
-	// servedDay is the day (UTC, "2006-01-02") this guard last recorded its release
-	// as serving the store ([recordServed]); the day it was made at first.
+	// servedDay is the day (UTC, "2006-01-02") the process last recorded its release
+	// as serving the store (recordServed): the day the cache was made at first, which
+	// is the start sequence's (CheckStore). Nil for a guard whose clock is injected
+	// (tests), which records nothing: its days are not the store's.
 	servedDay atomic.Pointer[string]
 }
 
@@ -355,17 +363,67 @@ type knownState struct {
 	refusal error // nil, or why this process must not serve the store
 }
 
+// stateCaches holds the process's storeStateCache of each store, the most recent
+// maxStateCaches stores only (a process has a few; tests make many).
+var stateCaches struct {
+	sync.Mutex
+	byStore map[idemstore.Store]*storeStateCache
+	order   []idemstore.Store
+}
+
+const maxStateCaches = 64
+
+// stateCacheFor returns the process's cache of store's state. A guard whose clock is
+// injected (tests), or a store that cannot be a map key, gets one of its own.
+func stateCacheFor(store idemstore.Store, ownClock bool) *storeStateCache {
+	newCache := func() *storeStateCache {
+		c := &storeStateCache{}
+		day := time.Now().UTC().Format(time.DateOnly)
+		c.servedDay.Store(&day)
+		return c
+	}
+	if ownClock {
+		return &storeStateCache{}
+	}
+	if store == nil || !reflect.TypeOf(store).Comparable() {
+		return newCache()
+	}
+	stateCaches.Lock()
+	defer stateCaches.Unlock()
+	if c := stateCaches.byStore[store]; c != nil {
+		return c
+	}
+	if stateCaches.byStore == nil {
+		stateCaches.byStore = map[idemstore.Store]*storeStateCache{}
+	}
+	if len(stateCaches.order) == maxStateCaches {
+		delete(stateCaches.byStore, stateCaches.order[0])
+		stateCaches.order = append(stateCaches.order[:0], stateCaches.order[1:]...)
+	}
+	c := newCache()
+	stateCaches.byStore[store] = c
+	stateCaches.order = append(stateCaches.order, store)
+	return c
+}
+
+// learned records st, read from the store at now, as what the process knows: a
+// CheckStore at the start spares the first claims a read.
+func (s *storeStateCache) learned(st StoreState, now time.Time) {
+	s.known.Store(&knownState{state: st, refusal: st.refusal()})
+	s.next.Store(now.Add(StoreStateRefresh).UnixNano())
+}
+
 // checkStoreState is where a Guard learns its store's state (SPEC §20), on the way
-// to every claim: it answers at once (two atomic loads) unless what the guard knows
+// to every claim: it answers at once (two atomic loads) unless what the process knows
 // is StoreStateRefresh old, when it reads the state records that follow the known
-// one (one read), ending by deadline (zero: StoreTimeout from now). Only one claim at a time reads; the others go
-// on with what is known. A store whose level is newer than this release knows is
+// one (one read), ending by deadline (zero: StoreTimeout from now). Only one claim at
+// a time reads; the others go on with what is known. A store whose level is newer than this release knows is
 // refused (a [StoreTooNewError]: the caller answers 503 store_unavailable and writes
 // nothing), logged once at ERROR. A read that fails is tried again after a second;
 // meanwhile claims go on under the state known (the claim itself meets a store that
 // does not answer).
 func (g *Guard) checkStoreState(ctx context.Context, now, deadline time.Time) error {
-	s := &g.state
+	s := g.state
 	if k := s.known.Load(); k != nil && k.refusal != nil {
 		return k.refusal
 	}
@@ -377,7 +435,7 @@ func (g *Guard) checkStoreState(ctx context.Context, now, deadline time.Time) er
 
 // refreshStoreState reads the store's state for checkStoreState.
 func (g *Guard) refreshStoreState(ctx context.Context, now, deadline time.Time) error {
-	s := &g.state
+	s := g.state
 	if !s.reading.CompareAndSwap(false, true) {
 		return nil
 	}
@@ -434,17 +492,13 @@ func (g *Guard) knownStoreState() (StoreState, bool) {
 	return StoreState{}, false
 }
 
-// recordServedDaily records, once a day, that this guard's release serves the store
-// (recordServed); the day the guard was made is left to the start sequence
+// recordServedDaily records, once a day, that this process's release serves the
+// store (recordServed); the day the process started is left to the start sequence
 // (CheckStore). A failure is tried again at the next read of the state.
 func (g *Guard) recordServedDaily(ctx context.Context, now time.Time) {
 	day := now.UTC().Format(time.DateOnly)
 	last := g.state.servedDay.Load()
-	if last != nil && *last == day {
-		return
-	}
-	if last == nil {
-		g.state.servedDay.Store(&day)
+	if last == nil || *last == day {
 		return
 	}
 	if err := recordServed(ctx, g.cfg.Store, now); err == nil {
