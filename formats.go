@@ -20,6 +20,12 @@ const (
 	// results, and it takes a keyed fingerprint of another version for a match.
 	// Sealing begins only at level 2.
 	GateSealedRecords Gate = iota + 1
+	// GateNoExpiryIndex: PostgreSQL without idem_records_expires_at_idx (issue 41),
+	// which this release's cleaner never reads. idem 0.2.0's cleaner orders its
+	// batches by expires_at: without the index each batch reads the whole table. Not a
+	// record format but a schema change a rollback must not cross: the store's Migrate
+	// drops the index only at level 2.
+	GateNoExpiryIndex
 )
 
 // gates describes each Gate, in order.
@@ -28,6 +34,7 @@ var gates = [...]struct {
 	level FormatLevel
 }{
 	GateSealedRecords: {"sealed records", FormatLevel2},
+	GateNoExpiryIndex: {"PostgreSQL without the index of expiry", FormatLevel2},
 }
 
 // Gates returns every gate, in order.

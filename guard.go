@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem/idemstore"
@@ -46,9 +47,13 @@ type Guard struct {
 	// bounds.
 	quota *quotas
 
-	// state is what the guard knows of its store's state (storestate.go), read
-	// again on the claim path when it is StoreStateRefresh old.
-	state storeStateCache
+	// state is what the process knows of the store's state (storestate.go), shared
+	// by its guards on the store, read again on the claim path when it is
+	// StoreStateRefresh old.
+	state *storeStateCache
+	// sealJudged is the guard's judgement of the store's sealing state last known
+	// (sealstate.go): the refusal it calls for with this guard's keyring.
+	sealJudged atomic.Pointer[sealChecked]
 }
 
 // testHooks let tests wait on events instead of sleeping.
@@ -203,8 +208,7 @@ func newGuard(c GuardConfig, name string) *Guard {
 		g.cache = newReplayCache(c.ReplayCacheSize)
 	}
 	g.quota = newQuotas(c)
-	day := g.localNow().UTC().Format(time.DateOnly)
-	g.state.servedDay.Store(&day)
+	g.state = stateCacheFor(c.Store, c.Clock != nil)
 	return g
 }
 

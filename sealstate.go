@@ -219,8 +219,8 @@ func (s SealingState) mode(now time.Time, ttl time.Duration) sealMode {
 }
 
 // usable says whether a call may act on k, the state known at now: nil, or why not
-// (fail closed, 503): nothing known (the state was never read), a state read more
-// than stateValidity ago, or the sealing state's refusal of this process.
+// (fail closed, 503): nothing known (the state was never read), or a state read more
+// than stateValidity ago.
 func (k *knownState) usable(now time.Time) error {
 	switch {
 	case k == nil:
@@ -228,7 +228,30 @@ func (k *knownState) usable(now time.Time) error {
 	case now.Sub(k.readAt) > stateValidity:
 		return errStateStale
 	}
-	return k.sealRefusal
+	return nil
+}
+
+// sealChecked is a guard's judgement of one sealing state of its store: the refusal
+// it calls for (nil: none). The state's cache is shared by the process's guards of a
+// store; the judgement depends on each guard's keyring.
+type sealChecked struct {
+	sealing SealingState
+	err     error
+}
+
+// sealCheck returns why the store's state st keeps this guard from claiming (nil
+// when it does not), judged once per sealing state, and says what a change of it
+// means for this guard (sealingChanged).
+func (g *Guard) sealCheck(ctx context.Context, st StoreState) error {
+	prev := g.sealJudged.Load()
+	if prev != nil && prev.sealing == st.Sealing {
+		return prev.err
+	}
+	c := &sealChecked{sealing: st.Sealing, err: g.sealingRefusal(ctx, st, prev)}
+	if g.sealJudged.CompareAndSwap(prev, c) {
+		g.sealingChanged(ctx, prev, st, c.err)
+	}
+	return c.err
 }
 
 var (
@@ -329,7 +352,7 @@ func sealedStoreError(ctx context.Context, store idemstore.Store, s SealingState
 // sealingRefusal is why the store's sealing state st keeps this guard from claiming,
 // nil when it does not: under a keyring, a sealing state whose MAC does not verify;
 // without one, a sealing that began, unless SealingOff.
-func (g *Guard) sealingRefusal(ctx context.Context, st StoreState, prev *knownState) error {
+func (g *Guard) sealingRefusal(ctx context.Context, st StoreState, prev *sealChecked) error {
 	sl := st.Sealing
 	if k := g.cfg.Seal; k != nil {
 		if err := sl.verify(k); err != nil {
@@ -340,8 +363,8 @@ func (g *Guard) sealingRefusal(ctx context.Context, st StoreState, prev *knownSt
 	if sl.Phase == SealingNone || g.cfg.SealingOff {
 		return nil
 	}
-	if prev != nil && prev.sealRefusal != nil && prev.state.Seq == st.Seq {
-		return prev.sealRefusal
+	if prev != nil && prev.err != nil && prev.sealing.Phase != SealingNone {
+		return prev.err
 	}
 	return &StoreError{Op: "state", Err: sealedStoreError(ctx, g.cfg.Store, sl)}
 }
@@ -350,11 +373,11 @@ func (g *Guard) sealingRefusal(ctx context.Context, st StoreState, prev *knownSt
 // guard, once per change: the refusal that begins (ERROR), the begin or end it will
 // follow (INFO), a guard with a keyring on a store whose sealing has not begun
 // (WARN: it writes in clear).
-func (g *Guard) sealingChanged(ctx context.Context, prev *knownState, st StoreState, refusal error) {
+func (g *Guard) sealingChanged(ctx context.Context, prev *sealChecked, st StoreState, refusal error) {
 	was := SealingState{}
 	var wasRefused error
 	if prev != nil {
-		was, wasRefused = prev.state.Sealing, prev.sealRefusal
+		was, wasRefused = prev.sealing, prev.err
 	}
 	if prev != nil && was == st.Sealing && (wasRefused == nil) == (refusal == nil) {
 		return

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -257,6 +259,8 @@ func writeState(ctx context.Context, store idemstore.Store, st StoreState) error
 	}
 	done, err := keepReserved(ctx, store, stateKey(st.Seq), stateFingerprint, MaxTTL, body)
 	switch {
+	case errors.Is(err, ErrKeyReused):
+		return errStateConflict // written by a release that fingerprints it otherwise
 	case err != nil:
 		return fmt.Errorf("idem: writing the store's state: %w", err)
 	case !done:
@@ -319,20 +323,24 @@ func InitStoreState(ctx context.Context, store idemstore.Store) error {
 	return err
 }
 
-// storeStateCache is what a Guard knows of its store's state, and when it reads it
-// again.
+// storeStateCache is what a process knows of one store's state, and when it reads
+// it again: shared by every Guard of the process on that store (and CheckStore), so
+// that the process reads the state once per StoreStateRefresh, whatever number of
+// guards it runs.
 type storeStateCache struct {
 	// known is the state last read, with the refusal it calls for; nil until the
 	// first read.
 	known atomic.Pointer[knownState]
-	// next is when (UnixNano, by the guard's clock) the state is read again: 0 at
+	// next is when (UnixNano, by the guards' clock) the state is read again: 0 at
 	// first.
 	next atomic.Int64
 	// reading is held by the one claim that reads the state; the others go on with
 	// what is known.
 	reading atomic.Bool
-	// servedDay is the day (UTC, "2006-01-02") this guard last recorded its release
-	// as serving the store ([recordServed]); the day it was made at first.
+	// servedDay is the day (UTC, "2006-01-02") the process last recorded its release
+	// as serving the store (recordServed): the day the cache was made at first, which
+	// is the start sequence's (CheckStore). Nil for a guard whose clock is injected
+	// (tests), which records nothing: its days are not the store's.
 	servedDay atomic.Pointer[string]
 }
 
@@ -340,20 +348,66 @@ type storeStateCache struct {
 type knownState struct {
 	state   StoreState
 	refusal error // nil, or why this process must not serve the store
-	// readAt is when the read that found it began, by the guard's clock: calls act
+	// readAt is when the read that found it began, by the reader's clock: calls act
 	// on it until readAt + stateValidity at most (sealstate.go).
 	readAt time.Time
-	// sealRefusal is why the store's sealing state keeps this process from claiming
-	// (sealstate.go): a process without a key on a store whose sealing began, or a
-	// sealing state that does not verify. Unlike refusal, it is read again.
-	sealRefusal error
+}
+
+// stateCaches holds the process's storeStateCache of each store, the most recent
+// maxStateCaches stores only (a process has a few; tests make many).
+var stateCaches struct {
+	sync.Mutex
+	byStore map[idemstore.Store]*storeStateCache
+	order   []idemstore.Store
+}
+
+const maxStateCaches = 64
+
+// stateCacheFor returns the process's cache of store's state. A guard whose clock is
+// injected (tests), or a store that cannot be a map key, gets one of its own.
+func stateCacheFor(store idemstore.Store, ownClock bool) *storeStateCache {
+	newCache := func() *storeStateCache {
+		c := &storeStateCache{}
+		day := time.Now().UTC().Format(time.DateOnly)
+		c.servedDay.Store(&day)
+		return c
+	}
+	if ownClock {
+		return &storeStateCache{}
+	}
+	if store == nil || !reflect.TypeOf(store).Comparable() {
+		return newCache()
+	}
+	stateCaches.Lock()
+	defer stateCaches.Unlock()
+	if c := stateCaches.byStore[store]; c != nil {
+		return c
+	}
+	if stateCaches.byStore == nil {
+		stateCaches.byStore = map[idemstore.Store]*storeStateCache{}
+	}
+	if len(stateCaches.order) == maxStateCaches {
+		delete(stateCaches.byStore, stateCaches.order[0])
+		stateCaches.order = append(stateCaches.order[:0], stateCaches.order[1:]...)
+	}
+	c := newCache()
+	stateCaches.byStore[store] = c
+	stateCaches.order = append(stateCaches.order, store)
+	return c
+}
+
+// learned records st, read from the store at now, as what the process knows: a
+// CheckStore at the start spares the first claims a read.
+func (s *storeStateCache) learned(st StoreState, now time.Time) {
+	s.known.Store(&knownState{state: st, refusal: st.refusal(), readAt: now})
+	s.next.Store(now.Add(StoreStateRefresh).UnixNano())
 }
 
 // checkStoreState is where a Guard learns its store's state (SPEC §20), on the way
-// to every claim: it answers at once (two atomic loads) unless what the guard knows
+// to every claim: it answers at once (two atomic loads) unless what the process knows
 // is StoreStateRefresh old, when it reads the state records that follow the known
-// one (one read), ending by deadline (zero: StoreTimeout from now). Only one claim at a time reads; the others go
-// on with what is known. A store whose level is newer than this release knows is
+// one (one read), ending by deadline (zero: StoreTimeout from now). Only one claim at
+// a time reads; the others go on with what is known. A store whose level is newer than this release knows is
 // refused (a [StoreTooNewError]: the caller answers 503 store_unavailable and writes
 // nothing), logged once at ERROR. A read that fails is tried again after a second;
 // meanwhile claims go on under the state known (the claim itself meets a store that
@@ -364,26 +418,30 @@ type knownState struct {
 // fails closed (503); and a store whose sealing state keeps this process from
 // claiming refuses the call (a process without a key on a store whose sealing began).
 func (g *Guard) checkStoreState(ctx context.Context, now, deadline time.Time) error {
-	s := &g.state
+	s := g.state
 	k := s.known.Load()
 	if k != nil && k.refusal != nil {
 		return k.refusal
 	}
-	if k == nil || now.UnixNano() >= s.next.Load() {
+	if k == nil || now.UnixNano() >= s.next.Load() || k.state.Sealing.Unused {
 		if err := g.refreshStoreState(ctx, now, deadline); err != nil {
 			return err
 		}
 		k = s.known.Load()
 	}
-	return k.usable(now)
+	if err := k.usable(now); err != nil {
+		return err
+	}
+	return g.sealCheck(ctx, k.state)
 }
 
 // refreshStoreState reads the store's state for checkStoreState.
 func (g *Guard) refreshStoreState(ctx context.Context, now, deadline time.Time) error {
-	s := &g.state
+	s := g.state
 	// Only one claim reads at a time, the others going on with what is known; until
-	// something is known, each reads.
-	if s.known.Load() != nil {
+	// something is known, and while the store is unused (no claim may go on before
+	// its first use is recorded: sealstate.go), each reads.
+	if k := s.known.Load(); k != nil && !k.state.Sealing.Unused {
 		if !s.reading.CompareAndSwap(false, true) {
 			return nil
 		}
@@ -417,18 +475,15 @@ func (g *Guard) refreshStoreState(ctx context.Context, now, deadline time.Time) 
 		}
 		errors.As(err, &tooNew)
 	}
-	var sealRefusal error
 	if err == nil {
-		// The store's sealing state (sealstate.go): a store no call used yet is
-		// used now, and begins sealing at once under a keyring.
+		// A store no call used yet is used now, and begins sealing at once under a
+		// keyring (sealstate.go).
 		if st, err = g.useStore(ctx, st); err != nil {
 			return err // the next call tries again
 		}
-		sealRefusal = g.sealingRefusal(ctx, st, prev)
 	}
-	s.known.Store(&knownState{state: st, refusal: err, readAt: now, sealRefusal: sealRefusal})
+	s.known.Store(&knownState{state: st, refusal: err, readAt: now})
 	s.next.Store(now.Add(StoreStateRefresh).UnixNano())
-	g.sealingChanged(ctx, prev, st, sealRefusal)
 	if err != nil {
 		g.cfg.Logger.ErrorContext(ctx, "idem: refusing every request from now on: the store's state is newer than this release knows; "+
 			"it writes nothing more to the store (answering 503 store_unavailable)", slog.Any("error", err))
@@ -451,17 +506,13 @@ func (g *Guard) knownStoreState() (StoreState, bool) {
 	return StoreState{}, false
 }
 
-// recordServedDaily records, once a day, that this guard's release serves the store
-// (recordServed); the day the guard was made is left to the start sequence
+// recordServedDaily records, once a day, that this process's release serves the
+// store (recordServed); the day the process started is left to the start sequence
 // (CheckStore). A failure is tried again at the next read of the state.
 func (g *Guard) recordServedDaily(ctx context.Context, now time.Time) {
 	day := now.UTC().Format(time.DateOnly)
 	last := g.state.servedDay.Load()
-	if last != nil && *last == day {
-		return
-	}
-	if last == nil {
-		g.state.servedDay.Store(&day)
+	if last == nil || *last == day {
 		return
 	}
 	if err := recordServed(ctx, g.cfg.Store, now); err == nil {

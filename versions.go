@@ -62,6 +62,7 @@ func CheckStore(ctx context.Context, store idemstore.Store) (StoreState, error) 
 	if err != nil {
 		return st, err
 	}
+	stateCacheFor(store, false).learned(st, time.Now())
 	if err := st.refusal(); err != nil {
 		return st, err
 	}

@@ -154,6 +154,10 @@ func (c *keysCommand) open(ctx context.Context, u storeURL) (*openedStore, admin
 	if err != nil {
 		return nil, nil, err
 	}
+	if _, err := st.check(ctx, u.connTimeout()); err != nil {
+		st.close()
+		return nil, nil, err
+	}
 	as, ok := st.store.(admin.Store)
 	if !ok {
 		st.close()

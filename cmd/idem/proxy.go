@@ -196,6 +196,9 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := migrateWithin(ctx, f.migrateTimeout, migration{"the store " + storeURL.String(), st.migrate}); err != nil {
 		return failure(stderr, name, err)
 	}
+	if _, err := st.check(ctx, f.migrateTimeout); err != nil {
+		return failure(stderr, name, err)
+	}
 	var m *metrics
 	if f.metricsAddr != "" {
 		m = newMetrics()

@@ -286,6 +286,10 @@ each cell below to its outcome with one shared assertion, the whole promise of S
     the stale write commits, as the table says; on Redis + backstop the stale holder's
     transaction commits with its backstop row and the taker answers that row's
     response, which the record's token cannot fence);
+  - last, a later release finalizes a newer format level on the cell's store mid-run
+    (SPEC §20): once what the process knows of the store's state is
+    ` + "`idem.StoreStateRefresh`" + ` old, a new key's request to each process gets 503
+    ` + "`store_unavailable`" + `, charges nothing, and an ERROR names the newer release;
 
   and it counts what committed: one charge per key and principal, in the application's
   table. With a store that has transactions, the SPEC §7 helpers complete the record
@@ -293,7 +297,7 @@ each cell below to its outcome with one shared assertion, the whole promise of S
   completion of its own. The function of the store's Respond form runs once for the
   key's request and retry, and once for its 16 duplicates: a ClaimInHandler route
   answers a key its process knows before the handler (409 while its handler runs there,
-  a read once it is recorded there). No error is logged.
+  a read once it is recorded there). No error is logged before the newer format level.
 - **✗ refused when built**: building the route panics with an ` + "`idem: `" + ` message naming
   the option and what to use instead.
 - **! fails loudly**: on the first request and every duplicate; no answer is a success
