@@ -394,7 +394,7 @@ func (b *Backstop) keep(ctx context.Context, tx *sql.Tx, h *idem.Handle) error {
 func (b *Backstop) answer(w http.ResponseWriter, r *http.Request, h *idem.Handle, rw *row) {
 	fp, ok := parseFingerprint(rw.fingerprint)
 	switch {
-	case !ok || !h.Fingerprint().Matches(fp):
+	case !ok || !h.FingerprintMatches(fp):
 		idem.WriteError(w, r, b.profile, idem.CodeKeyReused, "")
 	case !rw.status.Valid:
 		// Not reachable: the row and its response commit together.

@@ -102,6 +102,14 @@ func newAppWith(t *testing.T, d backstop.Dialect, respond, sealed bool) *app {
 		if ring, err = idem.OpenKeyring(t.Context(), store, key); err != nil {
 			t.Fatal(err)
 		}
+		// A Redis store that held nothing is at format level 1, and its sealing begins
+		// when the operator says so (SPEC §20): finalized and begun, its handoff past.
+		if _, err := idem.FinalizeUpgrade(t.Context(), store, idem.FinalizeOptions{Force: true}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := idem.BeginSealing(t.Context(), store, ring, idem.SealingChange{At: time.Now().Add(-idem.SealingHandoff - time.Minute)}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	mw := idem.New(idem.Config{Store: store, TTL: ttl, Seal: ring, Scope: func(*http.Request) (string, error) { return "user-1", nil }})
 	a.handler = mw.Handler(http.HandlerFunc(a.createCharge))

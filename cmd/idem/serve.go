@@ -75,9 +75,14 @@ func (f *recordFlags) keyring(ctx context.Context, store idemstore.Store, logger
 }
 
 // sealedAttrs are the start line's attributes of the records' sealing: the keyring's
-// (sealedAttrs) and the store's sealing state (sealing=none|begun|ended).
+// (sealedAttrs) and the process's sealing mode (sealingMode), none without a key on a
+// store whose sealing never began.
 func (f *recordFlags) sealedAttrs(ring *seal.Keyring) []any {
-	return append(sealedAttrs(ring), "sealing", sealingMode(f.sealing, ring))
+	mode := sealingMode(f.sealing, ring)
+	if mode == "off" {
+		return nil
+	}
+	return append(sealedAttrs(ring), "sealing", mode)
 }
 
 // validate parses --store and --profile and checks the other record flags; errors name

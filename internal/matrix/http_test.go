@@ -441,8 +441,31 @@ func (c *httpCell) newerFormatLevelFailsClosed() {
 	}
 }
 
-// keyring opens the matrix's key and a keyring on st: one process's.
+// keyring opens the matrix's key and a keyring on st, one process's, and sees that
+// the store's records are sealed.
 func keyring(t *testing.T, st idemstore.Store) *seal.Keyring {
+	t.Helper()
+	ring := openKeyring(t, st)
+	// A store this release created seals from its first request; a Redis store (no
+	// schema to create) is finalized and its sealing begun, the handoff past, as an
+	// operator would (SPEC §20). The second process's call finds it begun.
+	state, err := idem.ReadStoreState(t.Context(), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !state.Sealing.Unused && state.Sealing.Phase != idem.SealingBegun {
+		if _, err := idem.FinalizeUpgrade(t.Context(), st, idem.FinalizeOptions{Force: true}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := idem.BeginSealing(t.Context(), st, ring, idem.SealingChange{At: time.Now().Add(-idem.SealingHandoff - time.Minute)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ring
+}
+
+// openKeyring opens the matrix's key and a keyring on st: one process's.
+func openKeyring(t *testing.T, st idemstore.Store) *seal.Keyring {
 	t.Helper()
 	key, err := cloudkeys.Open(t.Context(), sealKeyURL)
 	if err != nil {

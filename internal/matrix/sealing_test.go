@@ -66,7 +66,7 @@ func (f *sealingFleet) ran(key string) int {
 func (f *sealingFleet) process(name string, keyed bool) {
 	cfg := idem.Config{Store: f.e.store, Scope: scope, KeyScope: true, Clock: f.clock.Now, Lease: time.Hour}
 	if keyed {
-		cfg.Seal = keyring(f.t, f.e.store)
+		cfg.Seal = openKeyring(f.t, f.e.store)
 		f.ring = cfg.Seal
 	}
 	f.logs[name] = &lockedBuffer{}

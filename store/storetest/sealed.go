@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/seal"
@@ -212,6 +213,19 @@ func (b *bundle) sealedGuard() (*cloudkeys.Key, *seal.Keyring, *idem.Guard) {
 	ring, err := idem.OpenKeyring(b.ctx, b.s, key)
 	if err != nil {
 		b.t.Fatal(err)
+	}
+	// A store this release created seals from its first request; one it did not (a
+	// Redis store, which has no schema to create) is finalized and its sealing begun,
+	// the handoff past, as an operator would (SPEC §20).
+	if st, err := idem.ReadStoreState(b.ctx, b.s); err != nil {
+		b.t.Fatal(err)
+	} else if !st.Sealing.Unused && st.Sealing.Phase != idem.SealingBegun {
+		if _, err := idem.FinalizeUpgrade(b.ctx, b.s, idem.FinalizeOptions{Force: true}); err != nil {
+			b.t.Fatal(err)
+		}
+		if _, err := idem.BeginSealing(b.ctx, b.s, ring, idem.SealingChange{At: time.Now().Add(-idem.SealingHandoff - time.Minute)}); err != nil {
+			b.t.Fatal(err)
+		}
 	}
 	return key, ring, idem.NewGuard(idem.GuardConfig{Store: b.s, Lease: lease, TTL: ttl, Seal: ring, Logger: slog.New(slog.DiscardHandler)})
 }
