@@ -108,6 +108,13 @@ func (x *request) executeClaimingInHandler(next http.Handler) {
 	// renew, the lease bounds it instead (and the lease of a claim made meanwhile).
 	ctx, cancel := context.WithTimeout(&h.detached, m.g.cfg.Lease)
 	defer cancel()
+	if at := m.g.stateCap(h); !at.IsZero() {
+		// The claim commits with the handler's transaction: within the bound of a
+		// claim made on the store's state as read (SPEC §20), or not at all.
+		var cancelCap context.CancelFunc
+		ctx, cancelCap = context.WithDeadline(ctx, at)
+		defer cancelCap()
+	}
 	h.hctx = handleCtx{Context: ctx, h: h}
 	x.capture = getCapture(x.w, x.rt.keyHeader, x.keyValues(), m.cfg.MaxResponseBytes)
 	defer func() {

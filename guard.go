@@ -729,6 +729,11 @@ func (h *Handle) await(ctx context.Context, until, stopAt time.Time, backoff *ti
 // the usual way.
 func (h *Handle) lookup(ctx context.Context) (res *idemstore.ClaimResult, found bool, err error) {
 	g := h.g
+	// The store's state decides the form the key is read in (SPEC §20): a route that
+	// reads its keys first may claim none for long.
+	if err := g.checkStoreState(ctx, g.localNow(), time.Time{}); err != nil {
+		return nil, false, err
+	}
 	h.decideForm()
 	ctx, cancel := context.WithDeadline(ctx, callDeadline(g.cfg.StoreTimeout, time.Time{}))
 	defer cancel()

@@ -236,7 +236,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		ProcessorLatency: f.latency, ProcessorURL: f.processorURL, ProcessorClient: processorClient(f.processorTimeout, libLogger),
 		ChargeOnLapse: idem.LapsePolicy(f.chargeOnLapse), DisableIdempotency: f.disableIdempotency, Logger: libLogger,
 		ReplayCacheSize: f.replayCache, StoreTimeout: f.storeTimeout, DBReadTimeout: f.storeTimeout, Observer: observer,
-		Seal: ring,
+		Seal: ring, SealingOff: f.sealingOff,
 	})
 	apiHandler := api.Handler()
 	if m != nil {

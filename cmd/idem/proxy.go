@@ -212,7 +212,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	defer closeKeys()
 	// The access log's lines are at info level: they go to the command's logger, at
 	// --log-level (info by default), not the library's (warn unless debug).
-	cfg.Idem.Store, cfg.Idem.Seal, cfg.Logger, cfg.AccessLogger = st.store, ring, libLogger, logger
+	cfg.Idem.Store, cfg.Idem.Seal, cfg.Idem.SealingOff, cfg.Logger, cfg.AccessLogger = st.store, ring, f.sealingOff, libLogger, logger
 	p, err := proxy.New(cfg)
 	if err != nil { // what Validate does not see: the middleware's own checks
 		return usageError(stderr, fs, proxyFlagNames.Replace(err.Error()))

@@ -113,6 +113,10 @@ type Config struct {
 	// keys their scope: the keyring's HMAC of the principal's hex SHA-256 (the charges
 	// and orders keep the plain one). Defaults to nil: records in clear.
 	Seal *seal.Keyring
+	// SealingOff lets the API serve, without Seal, a store whose sealing began:
+	// sealing is being turned off (idem.Config.SealingOff, SPEC §20). Defaults to
+	// false.
+	SealingOff bool
 
 	// Middleware, when set, is used instead of building one from the fields above:
 	// tests pass an idem.Config of their own (an injected clock, say) through it.
@@ -251,6 +255,7 @@ func (s *Server) routes() {
 				StoreTimeout:    s.cfg.StoreTimeout,
 				Observer:        s.cfg.Observer,
 				Seal:            s.cfg.Seal,
+				SealingOff:      s.cfg.SealingOff,
 			})
 		}
 		s.mw = mw
