@@ -203,12 +203,13 @@ func (w *poolerWatch) switchMode(ctx context.Context, signal string) {
 // switchWarning is the WARN of a pool that switched its exec mode: the mode, its
 // cost, and what avoids it. The cost is measured in docs/benchmarks.md ("A pooler
 // found at run time"): the round trips are cache_statement's
-// (TestRoundTripsInEachExecMode), the server's CPU per request is not.
+// (TestRoundTripsInEachExecMode counts a switched pool's), PostgreSQL's CPU per new
+// key 1.9-2.4 times as much.
 const switchWarning = "postgres: a connection pooler that keeps no prepared statements stands between idem and PostgreSQL " +
 	"(PgBouncer in transaction mode before 1.21, or max_prepared_statements = 0): new connections run " +
 	"default_query_exec_mode=cache_describe instead of cache_statement. It costs no round trip more per request, " +
-	"but PostgreSQL parses and plans every statement afresh: about twice its CPU per new key, 0.6-0.7x the " +
-	"throughput of a server saturated by idem (docs/benchmarks.md). To avoid it, let the pooler keep prepared " +
+	"but PostgreSQL parses and plans every statement afresh: about twice its CPU per new key (docs/benchmarks.md, " +
+	"\"A pooler found at run time\"). To avoid it, let the pooler keep prepared " +
 	"statements (PgBouncer 1.21 or later with max_prepared_statements > 0), or connect without it; to keep this mode " +
 	"and silence this line, name default_query_exec_mode=cache_describe in the database URL (cache_statement for " +
 	"a pooler in session mode)"

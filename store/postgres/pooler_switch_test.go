@@ -22,6 +22,7 @@ import (
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/faultproxy"
 	"github.com/idem-go/idem/internal/pgtest"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/postgres"
 )
 
@@ -538,5 +539,60 @@ func TestMigrateRetriesAfterALostStatement(t *testing.T) {
 	}
 	if switched != 1 {
 		t.Errorf("%d pools switched, want the second one", switched)
+	}
+}
+
+// TestTheProbeIsOneRoundTripPerNewConnection: a pool that ConfigurePool configured
+// pays one round trip more for each connection it opens in pgx's default mode (the
+// probe, pipelined), and nothing per statement; once switched, or with a mode named,
+// none.
+func TestTheProbeIsOneRoundTripPerNewConnection(t *testing.T) {
+	t.Parallel()
+	dbURL := testenv.PostgresURL(t)
+	bounced := pgtest.Bouncer(t, dbURL, 1)
+	connect := func(url string, configure bool) int {
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		trips := &roundTrips{}
+		var d net.Dialer
+		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return countingConn{Conn: conn, c: trips}, nil
+		}
+		cfg.MaxConns = 1
+		if configure {
+			postgres.ConfigurePool(cfg, slog.New(slog.DiscardHandler))
+		}
+		pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		conn, err := pool.Acquire(t.Context()) // connects (and, behind the pooler, switches and connects again)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Release()
+		return trips.count()
+	}
+	for _, tc := range []struct {
+		name, url string
+		more      int
+	}{
+		{"straight to the server", dbURL, 1},
+		{"a mode named", pgtest.WithExecMode(t, dbURL, "cache_statement"), 0},
+		// The probed connection is closed and another opened in cache_describe, unprobed.
+		{"behind PgBouncer", bounced, 1 + connect(bounced, false)},
+	} {
+		plain, configured := connect(tc.url, false), connect(tc.url, true)
+		if configured-plain != tc.more {
+			t.Errorf("%s: a new connection took %d round trips configured, %d not; want %d more", tc.name, configured, plain, tc.more)
+		}
+		t.Logf("%s: %d round trips to connect, %d configured", tc.name, plain, configured)
 	}
 }
