@@ -94,6 +94,9 @@ func configurePool(cfg *pgxpool.Config, logger *slog.Logger, probe bool) {
 		}
 		if w.switched.Load() && cc.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
 			cc.DefaultQueryExecMode = SwitchedExecMode
+			if cc.DescriptionCacheCapacity <= 0 { // description_cache_capacity=0, unused until now
+				cc.DescriptionCacheCapacity = 512 // pgx's default
+			}
 		}
 		return nil
 	}
@@ -164,7 +167,8 @@ type poolerWatch struct {
 
 // watch records the mode conn was opened in and, while the pool runs
 // cache_statement, probes what stands between it and PostgreSQL. An error means the
-// connection failed (the pool closes it, as a failure to connect).
+// connection failed (the pool closes it, as a failure to connect); a probe that the
+// server refused switches the pool.
 func (w *poolerWatch) watch(ctx context.Context, conn *pgx.Conn) error {
 	mode := conn.Config().DefaultQueryExecMode
 	conn.PgConn().CustomData()[execModeKey] = mode
@@ -172,7 +176,15 @@ func (w *poolerWatch) watch(ctx context.Context, conn *pgx.Conn) error {
 		return nil
 	}
 	pooled, keeps, err := probePooler(ctx, conn.PgConn())
-	if err != nil {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr):
+		// Something in between refused a named statement, or the probe: switch to the
+		// mode that works everywhere rather than fail every connection (this one,
+		// opened in cache_statement, is closed before anyone uses it).
+		w.switchMode(ctx, "the probe for a connection pooler failed (SQLSTATE "+pgErr.Code+")")
+		return nil
+	case err != nil:
 		return fmt.Errorf("postgres: probing for a connection pooler: %w", err)
 	}
 	switch {
