@@ -73,7 +73,7 @@
 // prepared statements renames it). A prepared statement of pgx's cache that the server
 // lost (SQLSTATE 26000 or 42P05) switches the pool too, should a pooler hide from the
 // probe. From the switch on, new connections open in cache_describe and those opened
-// before are closed as they are released or acquired, so a pooler put in front of a
+// before are closed when they are next acquired, so a pooler put in front of a
 // running service is found on the first connection made through it; the switch is
 // logged once, a WARN that names the mode, its cost and the settings that avoid it. A
 // statement that met a lost prepared statement did not run, and what provably did not

@@ -57,9 +57,9 @@ const execModeKey = "idem.postgres.execMode"
 // renames it). A pooler that passes prepared statements through as they are, and a
 // server that loses one of the connection's statements (SQLSTATE 26000 or 42P05 on a
 // statement of pgx's cache: a pooler that the probe did not see), switch the pool: new
-// connections open in SwitchedExecMode, and those opened before are closed as they are
-// released or acquired (a connection in use finishes its work first), so a pooler put
-// in front of a running service is found on the first connection made through it.
+// connections open in SwitchedExecMode, and those opened before are closed when they
+// are next acquired (a connection in use finishes its work first), so a pooler put in
+// front of a running service is found on the first connection made through it.
 // The switch is logged once, as a WARN on logger (nil: slog.Default()) that names the
 // mode, its cost and the settings that avoid it, and lasts as long as the pool.
 //
@@ -68,8 +68,9 @@ const execModeKey = "idem.postgres.execMode"
 // ConfigurePool changes nothing. A pooler in session mode looks like one in
 // transaction mode from the client; name default_query_exec_mode=cache_statement there
 // to keep pgx's default. The hooks that cfg has already (BeforeConnect, AfterConnect,
-// PrepareConn or BeforeAcquire, AfterRelease, OnPgError) still run; set none after
-// ConfigurePool without calling the one it set.
+// PrepareConn or BeforeAcquire, OnPgError) still run; set none after ConfigurePool
+// without calling the one it set. (It sets no AfterRelease, which would make pgxpool
+// release every connection on a goroutine of its own.)
 func ConfigurePool(cfg *pgxpool.Config, logger *slog.Logger) {
 	configurePool(cfg, logger, true)
 }
@@ -128,17 +129,6 @@ func configurePool(cfg *pgxpool.Config, logger *slog.Logger, probe bool) {
 			return prepareConn(ctx, conn)
 		}
 		return true, nil
-	}
-
-	afterRelease := cfg.AfterRelease
-	cfg.AfterRelease = func(conn *pgx.Conn) bool {
-		if w.stale(conn.PgConn()) {
-			return false
-		}
-		if afterRelease != nil {
-			return afterRelease(conn)
-		}
-		return true
 	}
 
 	onPgError := cfg.ConnConfig.OnPgError
