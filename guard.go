@@ -646,10 +646,10 @@ func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*idemstore.Cla
 // and so the same derived keys, SPEC §13).
 func (h *Handle) newClaim() {
 	g := h.g
-	id := idemstore.RecordIDFor(h.scope, h.key, h.claim.Fingerprint)
+	token, id := newClaimIDs(h.scope, h.key, h.claim.Fingerprint)
 	h.claimStartedReal = time.Now()
 	h.claim = idemstore.ClaimParams{
-		Scope: h.scope, Key: h.key, Fingerprint: h.claim.Fingerprint, Token: newToken(), RecordID: id,
+		Scope: h.scope, Key: h.key, Fingerprint: h.claim.Fingerprint, Token: token, RecordID: id,
 		Lease: g.cfg.Lease, TTL: h.claim.TTL, OnLapse: h.claim.OnLapse, Now: g.storeNow(), // the TTL as SetTTL may have set it
 	}
 }
@@ -797,13 +797,26 @@ func (h *Handle) poll(ctx context.Context, stopAt time.Time) (*idemstore.Record,
 
 // newToken returns a fresh lock token: 16 random bytes in hex.
 func newToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
 	var h [32]byte
-	for i, c := range b { // hex.Encode, two digits per lookup
-		h[2*i], h[2*i+1] = hexPairs[2*int(c)], hexPairs[2*int(c)+1]
+	return string(appendToken(h[:0]))
+}
+
+// appendToken appends a fresh lock token to b: 16 random bytes in hex.
+func appendToken(b []byte) []byte {
+	var r [16]byte
+	_, _ = rand.Read(r[:]) // never fails (crypto/rand since Go 1.24)
+	for _, c := range r {  // hex.Encode, two digits per lookup
+		b = append(b, hexPairs[2*int(c)], hexPairs[2*int(c)+1])
 	}
-	return string(h[:])
+	return b
+}
+
+// newClaimIDs returns a fresh lock token and the record id of the request (scope,
+// key, fp), in one string (one allocation for the claim's two).
+func newClaimIDs(scope, key string, fp Fingerprint) (token, id string) {
+	var buf [32 + idemstore.RecordIDLen]byte
+	s := string(idemstore.AppendRecordID(appendToken(buf[:0]), scope, key, fp))
+	return s[:32], s[32:]
 }
 
 // hexPairs holds the two lower-case hex digits of every byte value, in order.

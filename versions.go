@@ -29,14 +29,18 @@ const ServedRetention = 35 * 24 * time.Hour
 // day.
 const maxServedSlots = 64
 
+// buildRevision is the revision of a build made without the checkout's VCS
+// information (scripts/build-static sets it with -X, as it sets cmd/idem's).
+var buildRevision string
+
 // revision is the VCS revision of this build (12 digits, "-dirty" when the checkout
 // had changes), "" when the build did not record it.
 var revision = sync.OnceValue(func() string {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
-		return ""
+		return trimRevision(buildRevision, false)
 	}
-	rev, dirty := "", false
+	rev, dirty := buildRevision, false
 	for _, s := range bi.Settings {
 		switch s.Key {
 		case "vcs.revision":
@@ -180,7 +184,8 @@ func (r *FinalizeResult) Changed() bool { return r.After.Level != r.Before.Level
 // FinalizeGivesUp says what finalizing an upgrade gives up, in the words `idem
 // migrate --finalize` prints.
 const FinalizeGivesUp = "finalizing gives up the rollback to idem 0.2.0 (and 0.1.0): from now on this release may write " +
-	"the formats of format level 2 (sealed records), which those releases misread; they do not check the store's level, " +
+	"the formats of format level 2 (sealed records), which those releases misread, and PostgreSQL drops the index of expiry their cleaner reads; " +
+	"they do not check the store's level, " +
 	"so nothing stops them but you: never start them on this store again. A rollback to another 0.3.x release stays safe."
 
 // ErrOlderRelease is matched by the refusal of FinalizeUpgrade while a release that

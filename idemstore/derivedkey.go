@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"hash"
 )
 
 // Record ids and derived keys (SPEC §13, §17, §20). An operation that calls an
@@ -37,19 +36,27 @@ const recordIDLabel = "idem record id v1\x00"
 // HMAC under the store's MAC secret), so the id reveals nothing the stored
 // fingerprint does not.
 func RecordIDFor(scope, key string, fp Fingerprint) string {
-	h := sha256.New()
-	h.Write([]byte(recordIDLabel))
-	writeField(h, scope)
-	writeField(h, key)
-	var v [4]byte
-	binary.BigEndian.PutUint32(v[:], uint32(fp.Version))
-	h.Write(v[:])
-	h.Write(fp.Sum[:])
-	var sum [sha256.Size]byte
-	var out [len(RecordIDPrefix) + 32]byte
-	copy(out[:], RecordIDPrefix)
-	hex.Encode(out[len(RecordIDPrefix):], h.Sum(sum[:0])[:16])
-	return string(out[:])
+	var out [RecordIDLen]byte
+	return string(AppendRecordID(out[:0], scope, key, fp))
+}
+
+// RecordIDLen is the length of the ids [RecordIDFor] makes.
+const RecordIDLen = len(RecordIDPrefix) + 32
+
+// AppendRecordID appends [RecordIDFor](scope, key, fp) to dst: for a caller that
+// makes the id with other strings in one allocation (the claim's token and id).
+func AppendRecordID(dst []byte, scope, key string, fp Fingerprint) []byte {
+	// One buffer hashed at once, on the stack for the usual scope and key: a claim
+	// computes it, and hashing through hash.Hash would allocate for every field.
+	var in [256]byte
+	b := append(in[:0], recordIDLabel...)
+	b = appendField(b, scope)
+	b = appendField(b, key)
+	b = binary.BigEndian.AppendUint32(b, uint32(fp.Version))
+	b = append(b, fp.Sum[:]...)
+	sum := sha256.Sum256(b)
+	dst = append(dst, RecordIDPrefix...)
+	return hex.AppendEncode(dst, sum[:16])
 }
 
 // DerivedKey returns the idempotency key of the outside call made at step by the
@@ -67,10 +74,8 @@ func DeriveKey(recordID, step string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// writeField writes s to h after its length, so that no two field lists hash alike.
-func writeField(h hash.Hash, s string) {
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(s)))
-	h.Write(n[:])
-	h.Write([]byte(s))
+// appendField appends s to b after its length, so that no two field lists hash alike.
+func appendField(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
+	return append(b, s...)
 }

@@ -115,3 +115,23 @@ func TestMigrateFailsOnASchemaWithAMigrationItDoesNotKnow(t *testing.T) {
 		}
 	}
 }
+
+// idem keys never reads or changes idem's own records: deleting the reserved scope
+// would take the MAC secret (every sealed record with it) and the store's state.
+func TestKeysRefusesTheReservedScope(t *testing.T) {
+	t.Parallel()
+	url := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
+	mustRun(t, exitOK, "migrate", "--create", "--store", url)
+	for _, args := range [][]string{
+		{"keys", "delete", "--all", "--force", "--abandon", "--scope", idemstore.ReservedScope, "--store", url},
+		{"keys", "list", "--scope", idemstore.ReservedScope, "--store", url},
+	} {
+		if _, stderr := mustRun(t, exitUsage, args...); !strings.Contains(stderr, "reserved scope") {
+			t.Errorf("idem %s: %q, want a refusal naming the reserved scope", args[:2], stderr)
+		}
+	}
+	out, _ := mustRun(t, exitOK, "migrate", "--store", url)
+	if !strings.Contains(out, "format level 2") {
+		t.Fatalf("after the refused delete, migrate says\n%s\nwant the store's state kept (level 2)", out)
+	}
+}

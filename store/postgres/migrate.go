@@ -114,11 +114,21 @@ func (s *Store) migrateFinalized(ctx context.Context) error {
 
 // retryLockTimeout runs fn in a transaction, again (up to migrateAttempts times, a
 // second longer apart each time) when it waited for a table's lock past its
-// lock_timeout behind a long statement: then nothing was changed.
+// lock_timeout behind a long statement: then nothing was changed. A statement that met
+// a prepared statement lost behind a pooler is sent again once, at once: nothing was
+// applied, and a pool that ConfigurePool configured has switched to a mode that works
+// there since.
 func (s *Store) retryLockTimeout(ctx context.Context, what string, fn func(pgx.Tx) error) error {
 	var err error
-	for attempt := range migrateAttempts {
+	lost := false // a lost statement was met, and the transaction sent again once
+	for attempt := 0; attempt < migrateAttempts; attempt++ {
 		err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
+		if isLostStatement(err) && !lost {
+			lost = true
+			attempt--
+			s.logger.InfoContext(ctx, "postgres: "+what+"'s statement met a prepared statement lost behind a connection pooler; retrying", "error", err)
+			continue
+		}
 		if !isLockNotAvailable(err) || attempt == migrateAttempts-1 {
 			return err
 		}
