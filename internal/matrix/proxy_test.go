@@ -28,6 +28,28 @@ type upstream struct {
 
 	mu         sync.Mutex
 	deliveries map[string]int // by derived key
+	// arrived gets a value (when it has room) on every delivery, for waitDeliveries.
+	arrived chan struct{}
+}
+
+// waitDeliveries waits until the upstream got n deliveries, for 10 s at most: the slow
+// upstream's client is answered 504 after 50 ms, which a loaded machine can reach
+// before the forward did.
+func (u *upstream) waitDeliveries(t *testing.T, n int) {
+	t.Helper()
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	for {
+		if _, total := u.counts(); total >= n {
+			return
+		}
+		select {
+		case <-u.arrived:
+		case <-timeout.C:
+			_, total := u.counts()
+			t.Fatalf("the upstream got %d deliveries, want %d", total, n)
+		}
+	}
 }
 
 // upstreamTimeout is the proxy's --upstream-timeout in the cell of the slow upstream,
@@ -51,6 +73,10 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.deliveries[key]++
 	u.mu.Unlock()
+	select {
+	case u.arrived <- struct{}{}:
+	default:
+	}
 	if r.Header.Get("Upgrade") != "" || r.Header.Get("Http2-Settings") != "" {
 		http.Error(w, "the proxy passed an upgrade offer on", http.StatusTeapot)
 		return
@@ -131,7 +157,7 @@ func TestProxyCombinations(t *testing.T) {
 
 func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, want Outcome) {
 	e := openEnv(t, s)
-	up := &upstream{kind: kind, release: make(chan struct{}), deliveries: map[string]int{}}
+	up := &upstream{kind: kind, release: make(chan struct{}), deliveries: map[string]int{}, arrived: make(chan struct{}, 1)}
 	upSrv := httptest.NewServer(up)
 	t.Cleanup(upSrv.Close)
 	var releaseOnce sync.Once
@@ -141,6 +167,12 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 		t.Fatal(err)
 	}
 	logs := &lockedBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			// What the proxy and the middleware said: a 503's cause, a lost lease.
+			t.Logf("the proxy's log:\n%s", logs)
+		}
+	})
 	cfg := proxy.Config{Upstream: u, Idem: idem.Config{Store: e.store},
 		TakeOverOnLapse: lapse == "take_over", MaxStoredBody: 128, UpstreamTimeout: timeoutOf(kind),
 		Logger: slog.New(slog.NewTextHandler(logs, nil))}
@@ -226,13 +258,14 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 	// A keyless GET first, forwarded untouched: the cell's requests then reach the
 	// upstream on a kept-alive connection, where Go's transport would re-send by itself
 	// a request it takes for replayable when the connection breaks after it was written.
-	if resp, err := client.Get(srv.URL + "/v1/warm"); err != nil {
-		t.Fatal(err)
-	} else {
-		resp.Body.Close()
-	}
+	warm(t, client, srv.URL+"/v1/warm")
 	seqKey, concKey, first, retry, conc := sendDuplicatesTo(t, client, srv.URL, opts...)
 	all := append([]answer{first, retry}, conc...)
+	if kind == ProxySlow {
+		// Each key's one forward is under way; wait until it arrived, so that what
+		// reaches the upstream later is counted as what sent it.
+		up.waitDeliveries(t, 2)
+	}
 	keys, total := counts()
 	for _, a := range all {
 		if a.replayed && a.status/100 != 2 {
@@ -355,6 +388,29 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 		}
 	default:
 		t.Fatalf("no assertion for %v", want)
+	}
+}
+
+// warm sends the cell's keyless GET until the upstream answered it within the cell's
+// --upstream-timeout, for 10 s at most: in the cell of the slow upstream that timeout
+// is 50 ms, which a loaded machine can pass for a GET too (the proxy answers it 504 and
+// cancels it, which closes the connection the GET was to keep alive, and tells the
+// hooks of no response).
+func warm(t *testing.T, client *http.Client, url string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := client.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return
+		}
+		if resp.StatusCode != http.StatusGatewayTimeout || time.Now().After(deadline) {
+			t.Fatalf("the keyless GET that opens a kept-alive connection: %d", resp.StatusCode)
+		}
 	}
 }
 
