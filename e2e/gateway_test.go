@@ -27,7 +27,8 @@ import (
 	"github.com/idem-go/idem/internal/testenv"
 )
 
-// idem proxy in front of the gateways people run (issue 47, SPEC §20 "Topology"):
+// idem proxy in front of the gateways people run (issue 47; the topology rule of the
+// contract: what idem cannot detect, the documentation names, with a tested configuration):
 // real nginx and HAProxy processes from Debian's packages, private to each test (their
 // own configuration, ports and files in t.TempDir()), configured with the recipes of
 // docs/proxy.md ("Behind a load balancer") as they are written there, between a real
