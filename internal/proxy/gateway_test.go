@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -133,4 +135,67 @@ func TestAGatewaysNotForwardedAnswerReleasesTheKey(t *testing.T) {
 			t.Fatalf("a marked 201: %d, its retry %d %s, want it stored and replayed", first.status, retry.status, retry.body)
 		}
 	})
+}
+
+// An upstream that speaks only HTTP/2 without TLS (h2c): with UpstreamH2C the proxy
+// speaks it, stores and replays; without it, the health check of the upstream fails
+// (an HTTP/1.1 request there gets no answer), rather than /healthz saying 200 while
+// every keyed request would be outcome_unknown. An https upstream with UpstreamH2C is
+// refused by name.
+func TestAnH2CUpstreamIsSpokenToOrItsHealthCheckFails(t *testing.T) {
+	t.Parallel()
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor != 2 {
+			http.Error(w, "h2c only", http.StatusHTTPVersionNotSupported)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"proto":%q}`, r.Proto)
+	}))
+	up.Config.Protocols = new(http.Protocols)
+	up.Config.Protocols.SetUnencryptedHTTP2(true)
+	up.Start()
+	t.Cleanup(up.Close)
+	target, _ := url.Parse(up.URL)
+	t.Run("--upstream-h2c", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, func(c *proxy.Config) { c.Upstream, c.UpstreamH2C, c.UpstreamHealthPath = target, true, "/health" })
+		a := b.send("POST", "/v1/charges", key1, "tok_a", `{"amount":1}`)
+		if a.status != http.StatusCreated || !strings.Contains(a.body, "HTTP/2.0") {
+			t.Fatalf("a keyed POST over h2c: %d %s, want the upstream's 201 over HTTP/2", a.status, a.body)
+		}
+		if retry := b.send("POST", "/v1/charges", key1, "tok_a", `{"amount":1}`); !retry.replayed() || retry.body != a.body {
+			t.Fatalf("its retry: %d %s, want the replay", retry.status, retry.body)
+		}
+		if h := b.send("GET", "/healthz", "", "", ""); h.status != http.StatusOK {
+			t.Fatalf("/healthz: %d %s, want 200", h.status, h.body)
+		}
+	})
+	t.Run("without it", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, func(c *proxy.Config) { c.Upstream, c.UpstreamHealthPath = target, "/health" })
+		if h := b.send("GET", "/healthz", "", "", ""); h.status != http.StatusServiceUnavailable || !strings.Contains(h.body, "upstream") {
+			t.Fatalf("/healthz in front of an h2c-only upstream spoken to in HTTP/1.1: %d %s, want 503 naming the upstream", h.status, h.body)
+		}
+	})
+	t.Run("https", func(t *testing.T) {
+		t.Parallel()
+		u, _ := url.Parse("https://127.0.0.1:1")
+		err := proxy.Config{Upstream: u, UpstreamH2C: true}.Validate()
+		if err == nil || !strings.Contains(err.Error(), "Config.UpstreamH2C") {
+			t.Fatalf("Validate of UpstreamH2C with an https upstream: %v, want an error naming the field", err)
+		}
+	})
+}
+
+// A gateway's 504 that comes before UpstreamWaitLimit says that the gateway's read
+// timeout is shorter than the proxy's wait: warned of, naming both.
+func TestAGateways504BeforeTheWaitLimitIsWarnedOf(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.send("POST", "/v1/echo?status=504", key1, "tok_a", `{}`)
+	if logs := b.logs.String(); !strings.Contains(logs, "timed out first") || !strings.Contains(logs, "upstream_wait_limit=10m0s") {
+		t.Fatalf("no warning of the gateway's shorter read timeout:\n%s", logs)
+	}
 }
