@@ -553,18 +553,21 @@ func TestProxyReleasesWhatNginxSaysItNeverForwarded(t *testing.T) {
 	t.Parallel()
 	a := startApp(t, 1, 5*time.Millisecond, false)
 	px, _ := nginxBehind(t, a, true, "", "")
+	// The application is down when the first requests come, then up for 60 ms and
+	// down for 40 ms, over and over.
+	a.crash()
 	stop := make(chan struct{})
 	var crashes sync.WaitGroup
 	crashes.Go(func() {
 		for {
+			time.Sleep(40 * time.Millisecond) // the application is down this long
+			a.restart()
 			select {
 			case <-stop:
 				return
 			case <-time.After(60 * time.Millisecond):
 			}
 			a.crash()
-			time.Sleep(40 * time.Millisecond) // the application is down this long
-			a.restart()
 		}
 	})
 	// A client retries what it was told to: the 502 of a released key, 409 in flight.
