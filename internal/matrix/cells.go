@@ -425,12 +425,15 @@ whose code issue 38 changed, an h2c offer passed on and the derived key under it
 canonical name, are still killed: ` + "`scripts/mutants -run 'proxy-'`" + `, and the three of sealed records, issue 37: sealing skipped, the associated data dropped, plain
 fingerprints under a keyring: ` + "`scripts/mutants -run '^seal-'`" + `; and the two of issue 41's claim
 of a key expected new, its fallback to the usual claim dropped and its durable commit
-skipped, each killed by a retry that another process serves: ` + "`scripts/mutants -run 'likely-new'`" + `; and
+skipped, each killed by a retry that another process serves: ` + "`scripts/mutants -run 'likely-new'`" + `;
 issue 46's connections opened in pgx's default mode kept behind PgBouncer after the
-pool switched, killed by the column behind PgBouncer: ` + "`scripts/mutants -run 'pooler-'`" + `; and the four of the store's
+pool switched, killed by the column behind PgBouncer: ` + "`scripts/mutants -run 'pooler-'`" + `; the four of the store's
 state, issue 46: the claim path never reading it, a ClaimInHandler route not checking it,
 a newer format level accepted, the state read once and never again, 4 of 4 killed in 7
-minutes: ` + "`scripts/mutants -run '^state-'`" + `), the whole run in about 6
+minutes: ` + "`scripts/mutants -run '^state-'`" + `; and issue 47's three, a
+request the upstream did not process (an HTTP/2 stream refused, or left out by a GOAWAY)
+not re-sent, any failure of the transport re-sent, and a gateway's not-forwarded marker
+ignored, each killed by the cells of gateways: ` + "`scripts/mutants -run 'proxy-(unprocessed|resend-any|not-forwarded)'`" + `), the whole run in about 6
 minutes (` + "`scripts/mutants`" + `; the suite without -race, stopping at its first
 failure). The suite as it was before issue 28, whose cells checked one body, one
 principal, one 201 and a lease that never ran out, killed 8 of the first 30 of them
