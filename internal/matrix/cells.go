@@ -430,7 +430,11 @@ issue 46's connections opened in pgx's default mode kept behind PgBouncer after 
 pool switched, killed by the column behind PgBouncer: ` + "`scripts/mutants -run 'pooler-'`" + `; the four of the store's
 state, issue 46: the claim path never reading it, a ClaimInHandler route not checking it,
 a newer format level accepted, the state read once and never again, 4 of 4 killed in 7
-minutes: ` + "`scripts/mutants -run '^state-'`" + `; and issue 47's three, a
+minutes: ` + "`scripts/mutants -run '^state-'`" + `; the three of sealing as a transition, issue 46: a
+record in clear made before the begin taken for the request's by its version alone, no
+handoff, a process without the key serving after the begin, each killed by the sealing
+transitions' cells: ` + "`scripts/mutants -run 'seal-(plain-fingerprint-loose|no-handoff|keyless-serves)'`" + `;
+and issue 47's three, a
 request the upstream did not process (an HTTP/2 stream refused, or left out by a GOAWAY)
 not re-sent, any failure of the transport re-sent, and a gateway's not-forwarded marker
 ignored, each killed by the cells of gateways: ` + "`scripts/mutants -run 'proxy-(unprocessed|resend-any|not-forwarded)'`" + `), the whole run in about 6
