@@ -610,9 +610,15 @@ func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*idemstore.Cla
 	if err := g.checkStoreState(ctx, h.claimStarted(), deadline); err != nil {
 		return nil, err
 	}
-	// The store's state may have changed the form this call writes (SPEC §20).
-	h.decideForm()
-	h.claim.Scope = h.scope
+	// The store's state may have changed the form this call writes (SPEC §20); the
+	// record id derives from the scope and fingerprint (idemstore.RecordIDFor).
+	scope, fp := h.claim.Scope, h.claim.Fingerprint
+	if h.decideForm(); h.scope != scope || h.claim.Fingerprint != fp {
+		likelyNew := h.claim.LikelyNew
+		h.newClaim()
+		h.claim.LikelyNew = likelyNew
+		deadline = callDeadlineFrom(h.claimStartedReal, g.cfg.StoreTimeout, stopAt)
+	}
 	if at := g.stateCap(h); !at.IsZero() && at.Before(deadline) {
 		// A claim made on the state known reaches the store before the state may
 		// have changed the form of what processes write, or is cut off.

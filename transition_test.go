@@ -414,3 +414,40 @@ func TestTheEndOfSealingKeepsReplayingSealedRecordsAndWritesInClear(t *testing.T
 
 // advanceTo moves c forward to t.
 func advanceTo(c *testkit.Clock, t time.Time) { c.Advance(t.Sub(c.Now())) }
+
+// The first call of a process whose guard has not read the store's state yet (ready,
+// as far as it knows) learns on its claim that the records are sealed: its record is
+// made in the sealed form, with the record id of that form (idemstore.RecordIDFor), so
+// that its retry, which knows the state, makes the same id and so sends the same
+// derived keys. (The id was derived from the form known before the state was read:
+// a gateway that refused the first attempt refused the retry too, as a new request.)
+func TestTheFirstCallOfAProcessDerivesItsRecordIDFromTheFormItWrites(t *testing.T) {
+	f := newFleet(t)
+	f.useInClear()
+	key := newSealKey(t, 1)
+	st := f.begin(key)
+	advanceTo(f.clock, st.Sealing.SealsFrom().Add(time.Second))
+	g := idem.NewGuard(idem.GuardConfig{Store: f.store, Clock: f.clock.Now, Seal: openKeyring(t, f.store, key), Logger: slog.New(slog.DiscardHandler)})
+	call := idem.Call{Scope: "acct_1", Key: "charge-1", KeyScope: true, Fingerprint: idem.FingerprintInput("charge", []byte(`{"amount":100}`))}
+	h, _, err := g.Begin(context.Background(), call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.Fingerprint().Keyed() || h.Scope() == "acct_1" {
+		t.Fatalf("the first call claimed under %q with a keyed fingerprint %v; want the sealed form", h.Scope(), h.Fingerprint().Keyed())
+	}
+	if want := idemstore.RecordIDFor(h.Scope(), h.Key(), h.Fingerprint()); h.RecordID() != want {
+		t.Errorf("record id %s, want %s: the id of the form it writes", h.RecordID(), want)
+	}
+	first := h.DerivedKey("charge")
+	if err := h.Release(); err != nil {
+		t.Fatal(err)
+	}
+	h2, _, err := g.Begin(context.Background(), call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h2.DerivedKey("charge") != first {
+		t.Error("the retry after a release derives another key for the same request")
+	}
+}
