@@ -97,7 +97,8 @@ type Handle struct {
 	quotaEntered bool
 
 	// Sealing (sealstate.go, transition.go). plainFp is the call's fingerprint as
-	// computed, before any keying (zero when the call gave a keyed one); plainScope,
+	// computed, before any keying (zero when the call gave a keyed one), and keyedFp
+	// its keyed form once computed; plainScope,
 	// for a scope the core keys (Call.KeyScope, Config.KeyScope), the scope as given,
 	// and keyedScope its keyed form once computed. sealed says that the claim writes
 	// the sealed form (keyed fingerprint and scope, sealed content); mode is the
@@ -105,7 +106,7 @@ type Handle struct {
 	// the key made in the other form (keyed or plain), so the mode no longer decides
 	// its form; transitions counts those changes, and otherLooked says that the
 	// other form's scope was read.
-	plainFp                Fingerprint
+	plainFp, keyedFp       Fingerprint
 	plainScope, keyedScope string
 	mode                   sealMode
 	keyScope, sealed       bool

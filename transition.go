@@ -57,7 +57,10 @@ func (h *Handle) setForm(sealed bool) {
 	if h.plainFp != (Fingerprint{}) {
 		h.claim.Fingerprint = h.plainFp
 		if sealed {
-			h.claim.Fingerprint = h.g.keyed(h.plainFp)
+			if h.keyedFp == (Fingerprint{}) {
+				h.keyedFp = h.g.keyed(h.plainFp) // one HMAC per call
+			}
+			h.claim.Fingerprint = h.keyedFp
 		}
 	}
 }
@@ -203,7 +206,13 @@ func (h *Handle) sameRequest(stored Fingerprint) bool {
 		return false // the call gave a keyed fingerprint: there is no plain one
 	}
 	if stored.Keyed() {
-		return h.g.cfg.Seal != nil && h.g.keyed(h.plainFp).Matches(stored)
+		if h.g.cfg.Seal == nil {
+			return false
+		}
+		if h.keyedFp == (Fingerprint{}) {
+			h.keyedFp = h.g.keyed(h.plainFp)
+		}
+		return h.keyedFp.Matches(stored)
 	}
 	return stored == h.plainFp
 }
