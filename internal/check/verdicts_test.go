@@ -1,0 +1,299 @@
+package check_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/internal/check"
+)
+
+// target is a hand-written server of testdata that behaves as an idempotency library
+// does, with the verdicts every run against it must get.
+type target struct {
+	name string
+	// args are server.py's arguments (but --port).
+	args []string
+	// timeout is the checker's --timeout (default when 0): short where a key stays in
+	// flight, so that a run is not dear.
+	timeout time.Duration
+	v       verdicts
+}
+
+// serverArgs are server.py's arguments for bugs, with a charge of 0.2 s.
+func serverArgs(bugs string, more ...string) []string {
+	return append([]string{"testdata/server.py", "--work", "0.2", "--bug", bugs}, more...)
+}
+
+// libraryTargets are the behaviours of issue 48 (two Python libraries run by hand,
+// which cannot be installed here), each reproduced by server.py, and the targets of
+// the probes that issue asked for, with the verdicts each must get. Every target
+// serves PATCH; --body-invalid gets 400, so after-5xx skips unless said otherwise.
+var libraryTargets = []target{
+	// 1. A completed key's retry gets 409 with the first body and Location
+	// (django-idempotency-key): a replay, warned of; the checks that need one run,
+	// and the query left out of the key is found.
+	{name: "replay-409", args: serverArgs("replay-409,query-not-bound"), v: verdicts{
+		map[string]check.Status{"replay": check.StatusWarn, "other-request": check.StatusFail, "patch": check.StatusWarn},
+		map[string][]string{"other-request": {"query-replayed"}},
+	}},
+	// 2. Keys not scoped per principal, replayed with 409: the other principal's
+	// charge in a 409's body is a leak.
+	{name: "leak-409", args: serverArgs("replay-409,global-keys"), v: verdicts{
+		map[string]check.Status{"replay": check.StatusWarn, "per-principal": check.StatusFail, "patch": check.StatusWarn},
+		map[string][]string{"per-principal": {"shared-across-principals"}},
+	}},
+	// 3. The empty key is a real key, the principal and the body hashed into it, kept
+	// for ever: two identical requests with it are one; in every run alike.
+	{name: "empty-key-kept", args: serverArgs("empty-key-kept,replay-409"), v: verdicts{
+		map[string]check.Status{"replay": check.StatusWarn, "bad-keys": check.StatusWarn, "keyless": check.StatusFail, "patch": check.StatusWarn},
+		map[string][]string{"keyless": {"empty-key-shared-across-requests"}},
+	}},
+	// 6. A 500 from an exception, and the connection closed after it without a word
+	// (uvicorn): the next request goes on a new connection, and the causes hold.
+	{name: "close-after-500", args: serverArgs("close-after-500"), v: verdicts{
+		map[string]check.Status{"bad-keys": check.StatusFail},
+		map[string][]string{"bad-keys": {"256-characters-server-error"}},
+	}},
+	// One lock for every key (django's Redis lock): other keys are turned away.
+	{name: "global-lock", args: serverArgs("global-lock"), v: verdicts{
+		map[string]check.Status{"concurrent-duplicates": check.StatusFail, "spread-duplicates": check.StatusFail, "distinct-keys": check.StatusFail},
+		map[string][]string{"concurrent-duplicates": {"unexpected-answer"}, "spread-duplicates": {"unexpected-answer"}, "distinct-keys": {"distinct-keys-refused"}},
+	}},
+	// One lock for every key that requests wait for: they run one at a time.
+	{name: "queue", args: serverArgs("queue"), v: verdicts{
+		map[string]check.Status{"distinct-keys": check.StatusWarn}, nil,
+	}},
+	// PATCH ignores the key: its retry changes the charge again.
+	{name: "patch-unkeyed", args: serverArgs("patch-unkeyed"), v: verdicts{
+		map[string]check.Status{"patch": check.StatusFail},
+		map[string][]string{"patch": {"patch-ran-twice"}},
+	}},
+	// A body that raises after the claim: 500, and the key stays in flight.
+	{name: "crash-holds-key", args: serverArgs("crash-holds-key"), timeout: 2 * time.Second, v: verdicts{
+		map[string]check.Status{"errors-not-stored": check.StatusFail, "after-5xx": check.StatusFail},
+		map[string][]string{"errors-not-stored": {"key-bound-to-rejection"}, "after-5xx": {"held-after-5xx"}},
+	}},
+	// The same 500, the key released: its retry gets a final answer.
+	{name: "crash-frees-key", args: serverArgs("crash-frees-key"), v: verdicts{
+		map[string]check.Status{"after-5xx": check.StatusPass}, nil,
+	}},
+	// A record written in two steps (asgi-idempotency-header's Redis backend, its gap
+	// widened to 50 ms): a duplicate between them gets 500.
+	{name: "two-writes", args: serverArgs("two-writes"), v: verdicts{
+		map[string]check.Status{"spread-duplicates": check.StatusFail},
+		map[string][]string{"spread-duplicates": {"unexpected-answer"}},
+	}},
+}
+
+// withPatch returns v where the patch check passes unless v says otherwise:
+// server.py serves PATCH.
+func (v verdicts) withPatch() verdicts {
+	statuses := map[string]check.Status{"patch": check.StatusPass}
+	for k, s := range v.statuses {
+		statuses[k] = s
+	}
+	return verdicts{statuses, v.causes}
+}
+
+// targetRuns is how many runs each target gets against one server:
+// IDEM_TEST_CHECK_RUNS, 2 by default (the second shows that a run does not depend on
+// the one before it).
+func targetRuns(t *testing.T) int {
+	n := 2
+	if v := os.Getenv("IDEM_TEST_CHECK_RUNS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			t.Fatalf("IDEM_TEST_CHECK_RUNS=%q: want a number of runs", v)
+		}
+	}
+	return n
+}
+
+// Each behaviour of issue 48 and each new probe's target gets its verdicts, the same
+// in every run against one server: the second run's report, with the first's as its
+// baseline, exits 0 and fixes nothing (a run does not depend on the runs before it).
+func TestLibraryBehavioursGetTheirTrueVerdicts(t *testing.T) {
+	t.Parallel()
+	runs := targetRuns(t)
+	for _, tg := range libraryTargets {
+		t.Run(tg.name, func(t *testing.T) {
+			t.Parallel()
+			url := startServer(t, "python3", append(tg.args, "--port", "0")...)
+			v := tg.v.withPatch()
+			var first *check.Report
+			for i := range runs {
+				cfg := config(url)
+				cfg.Timeout = tg.timeout
+				rep := run(t, cfg)
+				wantVerdicts(t, rep, v)
+				if first == nil {
+					first = rep
+				} else {
+					if err := rep.ApplyBaseline(baselineOf(t, first)); err != nil {
+						t.Fatal(err)
+					}
+					if rep.ExitStatus != 0 || len(rep.Baseline.Fixed) > 0 {
+						t.Errorf("run %d with run 1 as its baseline: exit status %d, %s", i+1, rep.ExitStatus, rep.Baseline.Summary())
+					}
+				}
+				if t.Failed() {
+					t.Fatalf("run %d of %d", i+1, runs)
+				}
+			}
+		})
+	}
+}
+
+// Every check run alone (--only) gets the verdict and causes it gets in a full run.
+func TestEachCheckAloneGetsItsVerdictOfAFullRun(t *testing.T) {
+	t.Parallel()
+	for _, bugs := range []string{"replay-409,query-not-bound", "empty-key-kept,replay-409", "none"} {
+		t.Run(bugs, func(t *testing.T) {
+			t.Parallel()
+			url := startServer(t, "python3", append(serverArgs(bugs), "--port", "0")...)
+			full := run(t, config(url))
+			for _, c := range check.Checks() {
+				cfg := config(url)
+				cfg.Checks = []*check.Check{c}
+				alone := result(t, run(t, cfg), c.Name)
+				want := result(t, full, c.Name)
+				if alone.Status != want.Status || !slices.Equal(alone.Causes, want.Causes) {
+					t.Errorf("%s alone: %s %v (%s); in a full run: %s %v (%s)", c.Name, alone.Status, alone.Causes, alone.Summary, want.Status, want.Causes, want.Summary)
+				}
+			}
+		})
+	}
+}
+
+// A completed key whose stored answer is 409 with the first body, met by the retry
+// after a restart, is a final answer, not a key stuck in flight.
+func TestARestartMeetingAStored409IsNotStuck(t *testing.T) {
+	t.Parallel()
+	// The record is stored (and outlives the process) before the answer, which waits
+	// 1 s: the command kills the server in between.
+	url, between := superviseServer(t, "python3", "testdata/server.py", "--work", "0.2", "--bug", "replay-409",
+		"--state", filepath.Join(t.TempDir(), "records.json"), "--announce", "stored", "--late", "1")
+	cfg := config(url)
+	cfg.Between = between
+	cfg.Timeout = 3 * time.Second
+	cfg.Checks = []*check.Check{check.RestartCheck}
+	rep := run(t, cfg)
+	wantSays(t, rep, "restart", check.StatusPass, "after --between its retry got a final answer, 409 naming ch_", "a stored answer, not a lease still held")
+}
+
+// The restart check knows whether completed keys replay before its command restarts
+// the server: run alone, it gets the verdict it gets after the replay check. (An
+// in-memory server killed after answering forgets the key, and the retry runs again.)
+func TestRestartAloneGetsTheVerdictOfAFullRun(t *testing.T) {
+	t.Parallel()
+	url, between := superviseServer(t, "python3", "testdata/server.py", "--work", "0.2", "--announce", "answered")
+	for _, checks := range [][]*check.Check{{check.RestartCheck}, {check.ReplayCheck, check.RestartCheck}} {
+		cfg := config(url)
+		cfg.Between = between
+		cfg.Checks = checks
+		rep := run(t, cfg)
+		wantSays(t, rep, "restart", check.StatusFail, "yet its retry after --between ran again")
+		if c := result(t, rep, "restart"); !slicesEqual(c.Causes, "ran-twice") {
+			t.Errorf("%d checks: restart failed of %v", len(checks), c.Causes)
+		}
+	}
+}
+
+// Each run draws its bodies' first number afresh, of as many digits, and the second
+// body differs from the first; FixedBodies sends them as given.
+func TestEachRunSendsBodiesNoEarlierRunSent(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for range 50 {
+		b := string(check.FreshBody([]byte(`{"amount": 2000, "currency": "usd", "n": 5}`)))
+		var amount int
+		if _, err := fmt.Sscanf(b, `{"amount": %d, "currency": "usd", "n": 5}`, &amount); err != nil || amount < 1000 || amount > 9999 {
+			t.Fatalf("FreshBody: %s", b)
+		}
+		seen[b] = true
+	}
+	if len(seen) < 40 {
+		t.Errorf("50 fresh bodies, %d distinct", len(seen))
+	}
+	for in, re := range map[string]string{"0.25": "0.", "7": "", "-42": "-", "1e5": "e5", "amount=10&x=1": "amount="} {
+		out := string(check.FreshBody([]byte(in)))
+		if len(out) != len(in) || !strings.HasPrefix(out, re) && !strings.HasSuffix(out, re) {
+			t.Errorf("FreshBody(%q) = %q", in, out)
+		}
+	}
+	if got := string(check.FreshBody([]byte(`{"a":"b"}`))); got != `{"a":"b"}` {
+		t.Errorf("FreshBody without a number: %q", got)
+	}
+
+	url := idemServer{}.start(t)
+	for _, fixed := range []bool{false, true} {
+		cfg := config(url)
+		cfg.FixedBodies = fixed
+		cfg.IncludeBodies = true
+		cfg.Checks = []*check.Check{check.ReplayCheck, check.ChangedBodyCheck}
+		rep := run(t, cfg)
+		var sent []string
+		for _, c := range rep.Checks {
+			for _, x := range c.Evidence {
+				sent = append(sent, x.Request.Body)
+			}
+		}
+		if fixed != slices.Contains(sent, body) || fixed != slices.Contains(sent, `{"amount":99,"currency":"usd"}`) {
+			t.Errorf("FixedBodies %v: sent %q", fixed, sent)
+		}
+	}
+}
+
+// A request written on a kept-alive connection that the server closed after its
+// answer, without saying so (here once the next request arrives, unread: a reset), is
+// sent again on a new connection, and its exchange says why; the verdict is the one
+// the answer decides, in every run.
+func TestARequestOnAConnectionClosedAfterItsAnswerIsSentAgain(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				br := bufio.NewReader(conn)
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				const answer = `{"id":"ch_1","object":"charge"}`
+				fmt.Fprintf(conn, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(answer), answer)
+				_, _ = br.Peek(1) // the next request: left unread, the close resets it
+			}()
+		}
+	}()
+	for range 3 {
+		cfg := config("http://" + ln.Addr().String() + "/v1/charges")
+		cfg.Checks = []*check.Check{check.ReplayCheck}
+		rep := run(t, cfg)
+		wantSays(t, rep, "replay", check.StatusPass, "201 again")
+		c := result(t, rep, "replay")
+		retry := c.Evidence[len(c.Evidence)-1]
+		if !strings.HasPrefix(retry.Resent, "the first send, on a connection kept from an earlier answer, got no answer (") || retry.Response == nil {
+			t.Errorf("the retry: %s, resent %q; want an answer on a new connection", retry.Outcome(), retry.Resent)
+		}
+	}
+}
