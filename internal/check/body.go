@@ -44,7 +44,7 @@ func FreshBody(body []byte) []byte {
 		return body
 	}
 	num := []byte(string(body[start:end]))
-	lead := true // at the first digit of the whole part
+	lead := true                                                      // at the first digit of the whole part
 	for i := 0; i < len(num) && num[i] != 'e' && num[i] != 'E'; i++ { // the exponent stays
 		switch c := num[i]; {
 		case c == '.':
