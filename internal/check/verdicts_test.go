@@ -297,3 +297,117 @@ func TestARequestOnAConnectionClosedAfterItsAnswerIsSentAgain(t *testing.T) {
 		}
 	}
 }
+
+// tableTarget is a target of the verdict table: how to start it and configure a run.
+type tableTarget struct {
+	name  string
+	start func(t *testing.T) check.Config
+}
+
+// pyTarget is a table target of server.py with bugs.
+func pyTarget(bugs string, timeout time.Duration) tableTarget {
+	return tableTarget{bugs, func(t *testing.T) check.Config {
+		cfg := config(startServer(t, "python3", append(serverArgs(bugs), "--port", "0")...))
+		cfg.Timeout = timeout
+		return cfg
+	}}
+}
+
+// The verdict of every check against every target of testdata, run
+// IDEM_TEST_CHECK_RUNS times each (2 by default) against one server, printed as a
+// Markdown table with the number of runs that got each verdict: set
+// IDEM_TEST_CHECK_TABLE=1 to make it (it is slow: it is not one of CI's tests).
+//
+//	IDEM_TEST_CHECK_TABLE=1 IDEM_TEST_CHECK_RUNS=20 go test -run TestVerdictTable -parallel 2 -v ./internal/check
+func TestVerdictTable(t *testing.T) {
+	if os.Getenv("IDEM_TEST_CHECK_TABLE") == "" {
+		t.Skip("IDEM_TEST_CHECK_TABLE is not set: the table is made by hand")
+	}
+	runs := targetRuns(t)
+	var targets []tableTarget
+	seen := map[string]bool{}
+	for _, tg := range libraryTargets {
+		bugs := tg.args[len(tg.args)-1]
+		seen[bugs] = true
+		targets = append(targets, pyTarget(bugs, tg.timeout))
+	}
+	for _, bug := range []string{"none", "race", "replay-differs", "changed-body-replayed", "stores-errors", "global-keys", "accepts-bad-keys",
+		"keys-on-get", "optional-keys", "no-retry-after", "key-not-bound", "caches-get", "keyless-shared", "empty-key-shared", "no-replay"} {
+		if !seen[bug] {
+			targets = append(targets, pyTarget(bug, 0))
+		}
+	}
+	targets = append(targets,
+		tableTarget{"express-idempotency (memory)", func(t *testing.T) check.Config { return config(expressServer(t)) }},
+		tableTarget{"express-idempotency (Redis)", func(t *testing.T) check.Config { return freshPrincipals(expressServer(t, redisArgs(t)...)) }},
+		tableTarget{"express-idempotency (memory, two processes)", func(t *testing.T) check.Config {
+			cfg := config(expressServer(t))
+			cfg.Instances = []string{expressServer(t)}
+			return cfg
+		}},
+		tableTarget{"@node-idempotency/nestjs (memory)", func(t *testing.T) check.Config { return config(nestServer(t)) }},
+		tableTarget{"Fiber v3 (X-Idempotency-Key)", func(t *testing.T) check.Config {
+			cfg := config(fiberServer(t))
+			cfg.KeyHeader = "X-Idempotency-Key"
+			return cfg
+		}},
+		tableTarget{"Fiber v2 on Redis, two processes", func(t *testing.T) check.Config {
+			urls := fiber2Servers(t, 2)
+			cfg := freshPrincipals(urls[0])
+			cfg.Instances, cfg.KeyHeader = urls[1:], "X-Idempotency-Key"
+			return cfg
+		}},
+	)
+	for _, c := range []string{"header", "scoped", "validated"} {
+		targets = append(targets, tableTarget{"Powertools (" + c + ", two processes)", func(t *testing.T) check.Config {
+			urls := powertoolsServers(t, 2, "--config", c)
+			cfg := freshPrincipals(urls[0])
+			cfg.Instances = urls[1:]
+			return cfg
+		}})
+	}
+	rows := make([]string, len(targets))
+	t.Run("targets", func(t *testing.T) {
+		for i, tg := range targets {
+			t.Run(tg.name, func(t *testing.T) {
+				t.Parallel()
+				base := tg.start(t)
+				counts := map[string]map[string]int{} // check -> verdict (with causes) -> runs
+				for range runs {
+					cfg := base
+					if strings.HasPrefix(tg.name, "Powertools") || strings.Contains(tg.name, "Redis") {
+						fresh := freshPrincipals(cfg.URL)
+						cfg.Header, cfg.Other = fresh.Header, fresh.Other
+					}
+					rep := run(t, cfg)
+					for _, c := range rep.Checks {
+						v := strings.ToUpper(string(c.Status))
+						if len(c.Causes) > 0 {
+							v += " " + strings.Join(c.Causes, ",")
+						}
+						if counts[c.Name] == nil {
+							counts[c.Name] = map[string]int{}
+						}
+						counts[c.Name][v]++
+					}
+				}
+				cells := []string{tg.name}
+				for _, c := range check.Checks() {
+					var vs []string
+					for v, n := range counts[c.Name] {
+						vs = append(vs, fmt.Sprintf("%s (%d/%d)", v, n, runs))
+					}
+					slices.Sort(vs)
+					cell := strings.Join(vs, "; ")
+					if len(vs) == 1 {
+						cell = strings.TrimSuffix(vs[0], fmt.Sprintf(" (%d/%d)", runs, runs))
+					}
+					cells = append(cells, strings.ReplaceAll(cell, "|", "/"))
+				}
+				rows[i] = "| " + strings.Join(cells, " | ") + " |"
+			})
+		}
+	})
+	header := "| target | " + strings.Join(check.Names(), " | ") + " |\n|" + strings.Repeat("---|", len(check.Checks())+1)
+	t.Logf("verdicts of %d runs per target (a cell names the runs of each verdict only where they differ):\n%s\n%s", runs, header, strings.Join(slices.DeleteFunc(rows, func(r string) bool { return r == "" }), "\n"))
+}
