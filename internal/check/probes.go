@@ -122,15 +122,18 @@ func runDistinctKeys(ctx context.Context, e *env) Result {
 	ev = append(ev, burst...)
 	tally := tallyAnswers(burst, len(e.urls) > 1)
 	var refused []*Exchange
-	var resources []string
+	var resources []string // named by an id or a Location
+	unnamed := 0           // 2xx answers naming none (an empty 204)
 	first, last := time.Duration(-1), time.Duration(0)
 	for _, x := range burst {
 		if !x.ok() {
 			refused = append(refused, x)
 			continue
 		}
-		if id := identity(x); !slices.Contains(resources, id) {
+		if id := resourceOf(x); id != "" && !slices.Contains(resources, id) {
 			resources = append(resources, id)
+		} else if id == "" {
+			unnamed++
 		}
 		d := time.Duration(x.Elapsed)
 		if first < 0 || d < first {
@@ -149,7 +152,7 @@ func runDistinctKeys(ctx context.Context, e *env) Result {
 	case len(refused) > 0:
 		return fail(ev, "distinct-keys-refused", "%d of %d requests with distinct fresh keys, sent at once, got no 2xx (%s): a lock over every key (a global lock) turns other clients' requests away, or keeps them waiting, while one runs; answers: %s",
 			len(refused), n, refused[0].describe(), tally)
-	case len(resources) < ran:
+	case len(resources)+unnamed < ran:
 		return fail(ev, "distinct-keys-shared", "%d requests with distinct fresh keys ran as %d resources (%s): requests of different keys were answered as one; answers: %s",
 			ran, len(resources), list(resources, 3), tally)
 	case one >= minQueueExecution && last-first >= time.Duration(queueShare*float64(n))*one:
