@@ -42,7 +42,7 @@ seed's rules and the IETF draft (SPEC §18), and prints one line per check:
                          answer or the replay, never an error or a second resource
   distinct-keys          --concurrency requests with distinct fresh keys at once all
                          run: a refusal (a lock over every key) fails, answers that
-                         come one execution apart (a queue) warn
+                         come one by one, one execution apart (a queue) warn
   changed-body           the same key with --body-alt is refused (409 seed, 422 ietf,
                          400 stripe), never answered with the first response, and the
                          first body still gets its first answer

@@ -109,7 +109,7 @@ func TestCheckJSONGoesToStdoutAndTheTableToStderr(t *testing.T) {
 		t.Errorf("JSON report: %d checks, failed %v, concurrency %d, %d rounds, created %d; want 4, 2 rounds and 13 created", len(rep.Checks), rep.Failed(), rep.Concurrency, rep.Rounds, rep.Created)
 	}
 	if c := rep.Counts; c[check.StatusPass] != 11 || c[check.StatusSkip] != 3 || c[check.StatusFail] != 0 || c[check.StatusWarn] != 0 || rep.ExitStatus != exitOK {
-		t.Errorf("JSON report: counts %v, exit_status %d; want 11 pass, 3 skip and 0", c, rep.ExitStatus)
+		t.Errorf("JSON report: counts %v, exit_status %d; want 11 pass, 3 skip and 0; the table:\n%s", c, rep.ExitStatus, stderr)
 	}
 	if !strings.Contains(stderr, "  PASS  replay ") || strings.Contains(stderr, "sk_test_check") {
 		t.Errorf("stderr is not the table, or shows a token:\n%s", stderr)

@@ -97,6 +97,32 @@ var DistinctKeysCheck = &Check{
 // requests that share the server's processors (or wait on I/O) end together.
 const queueShare = 0.5
 
+// queueGaps is the share of the gaps between a burst's consecutive answers that must
+// each be half an execution or more for the burst to have run one at a time: a
+// request behind a lock answers one execution after the one before it, so no two
+// answers of a queue come together. Answers that a busy server's processors delay
+// (a loaded machine, a database that takes one write at a time) spread too, as far
+// apart as a queue's, but come in clusters: a spread alone would call such a server a
+// queue in one run and not in the next.
+const queueGaps = 0.75
+
+// oneAtATime reports whether answers that came after the durations ds (in any order)
+// came one at a time, each about one execution (one) after the one before it: at
+// least queueGaps of the gaps between consecutive answers are one/2 or more.
+func oneAtATime(ds []time.Duration, one time.Duration) bool {
+	if len(ds) < 2 {
+		return false
+	}
+	ds = slices.Sorted(slices.Values(ds))
+	apart := 0
+	for i := 1; i < len(ds); i++ {
+		if ds[i]-ds[i-1] >= one/2 {
+			apart++
+		}
+	}
+	return float64(apart) >= queueGaps*float64(len(ds)-1)
+}
+
 // minQueueExecution is the shortest duration of one execution for which the check
 // tells a queue from a burst served at once: below it, the server's processors, a
 // database that takes one write at a time (SQLite) and the scheduling of the client
@@ -125,11 +151,13 @@ func runDistinctKeys(ctx context.Context, e *env) Result {
 	var resources []string // named by an id or a Location
 	unnamed := 0           // 2xx answers naming none (an empty 204)
 	first, last := time.Duration(-1), time.Duration(0)
+	var took []time.Duration // of the 2xx answers
 	for _, x := range burst {
 		if !x.ok() {
 			refused = append(refused, x)
 			continue
 		}
+		took = append(took, time.Duration(x.Elapsed))
 		if id := resourceOf(x); id != "" && !slices.Contains(resources, id) {
 			resources = append(resources, id)
 		} else if id == "" {
@@ -155,8 +183,8 @@ func runDistinctKeys(ctx context.Context, e *env) Result {
 	case len(resources)+unnamed < ran:
 		return fail(ev, "distinct-keys-shared", "%d requests with distinct fresh keys ran as %d resources (%s): requests of different keys were answered as one; answers: %s",
 			ran, len(resources), list(resources, 3), tally)
-	case one >= minQueueExecution && last-first >= time.Duration(queueShare*float64(n))*one:
-		return warn(ev, "%d requests with distinct fresh keys, sent at once, ran one at a time: their answers came from %s to %s, where one alone takes %s: one lock for every key (a queue), or a server that serves one request at a time",
+	case one >= minQueueExecution && last-first >= time.Duration(queueShare*float64(n))*one && oneAtATime(took, one):
+		return warn(ev, "%d requests with distinct fresh keys, sent at once, ran one at a time: their answers came one by one from %s to %s, where one alone takes %s: one lock for every key (a queue), or a server that serves one request at a time",
 			n, first.Round(time.Millisecond), last.Round(time.Millisecond), one.Round(time.Millisecond))
 	case one < minQueueExecution:
 		return pass(ev, "%d requests with distinct fresh keys at once, %d resources (one alone takes %s, too short to tell a queue)", n, len(resources), one.Round(time.Millisecond))
