@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idem-go/idem/store/postgres"
 )
 
 // How the command connects to its stores, so that a store that stops answering costs
@@ -53,13 +56,16 @@ func postgresPoolConfig(raw string, conns int32, timeout time.Duration) (*pgxpoo
 	return cfg, nil
 }
 
-// openPostgresPool opens a pool as postgresPoolConfig configures it. It does not
-// connect.
-func openPostgresPool(ctx context.Context, raw string, conns int32, timeout time.Duration) (*pgxpool.Pool, error) {
+// openPostgresPool opens a pool as postgresPoolConfig configures it, which finds a
+// connection pooler that keeps no prepared statements in front of PostgreSQL and then
+// leaves pgx's default exec mode for one that works there, unless raw names a mode
+// (postgres.ConfigurePool: one WARN on logger). It does not connect.
+func openPostgresPool(ctx context.Context, raw string, conns int32, timeout time.Duration, logger *slog.Logger) (*pgxpool.Pool, error) {
 	cfg, err := postgresPoolConfig(raw, conns, timeout)
 	if err != nil {
 		return nil, err
 	}
+	postgres.ConfigurePool(cfg, logger)
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 

@@ -201,7 +201,7 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		return failure(stderr, name, err)
 	}
 	defer st.close()
-	db, closeDB, err := openDB(ctx, dbURL, st)
+	db, closeDB, err := openDB(ctx, dbURL, st, libLogger)
 	if err != nil {
 		return failure(stderr, name, err)
 	}

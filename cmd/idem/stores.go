@@ -174,7 +174,7 @@ func openStore(ctx context.Context, u storeURL, logger *slog.Logger, cleaner *id
 		}
 		return &openedStore{url: u, store: st, migrate: st.Migrate, sqlite: st, close: func() { _ = st.Close() }}, nil
 	case kindPostgres:
-		pool, err := openPostgresPool(ctx, u.raw, postgresConns, u.connTimeout())
+		pool, err := openPostgresPool(ctx, u.raw, postgresConns, u.connTimeout(), logger)
 		if err != nil {
 			return nil, fmt.Errorf("postgres: %w", err)
 		}
@@ -224,8 +224,9 @@ const (
 // openDB opens where the payments API keeps its data. When db names the store's own
 // SQL database, the DB shares the store's connections and its InTx helper, so every
 // mutation commits its rows and the idempotency record together (SPEC §7); otherwise it
-// gets connections of its own and plain transactions.
-func openDB(ctx context.Context, db storeURL, st *openedStore) (*payments.DB, func(), error) {
+// gets connections of its own and plain transactions (a PostgreSQL pool's WARN about a
+// connection pooler on logger, marked pool=--db).
+func openDB(ctx context.Context, db storeURL, st *openedStore, logger *slog.Logger) (*payments.DB, func(), error) {
 	if db.raw == st.url.raw {
 		switch {
 		case st.sqlite != nil:
@@ -242,7 +243,7 @@ func openDB(ctx context.Context, db storeURL, st *openedStore) (*payments.DB, fu
 		}
 		return payments.NewSQLiteDB(sdb, nil), func() { _ = sdb.Close() }, nil
 	case kindPostgres:
-		pool, err := openPostgresPool(ctx, db.raw, postgresConns, db.connTimeout())
+		pool, err := openPostgresPool(ctx, db.raw, postgresConns, db.connTimeout(), logger.With("pool", "--db"))
 		if err != nil {
 			return nil, nil, fmt.Errorf("--db %q: %v", db, err)
 		}

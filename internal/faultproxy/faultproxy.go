@@ -8,7 +8,9 @@
 //   - [Proxy.SetDelay] adds latency to every chunk of bytes, in both directions;
 //   - [Proxy.Reset] resets every open connection (RST) on both sides;
 //   - [Proxy.CutAfter] cuts the server's replies midway: each connection is reset after
-//     it has forwarded a given number of bytes more.
+//     it has forwarded a given number of bytes more;
+//   - [Proxy.SetUpstream] relays the connections opened from then on to another server
+//     (a pooler put in between).
 //
 // New connections are accepted in every state. A test that needs to decide per message
 // (per HTTP request, say) supplies its own [Handler] and keeps the listener, the tracking
@@ -35,7 +37,7 @@ type Handler func(client net.Conn, dial func() (net.Conn, error))
 // Proxy is a fault-injecting TCP proxy. Its methods are safe for concurrent use.
 type Proxy struct {
 	t        testing.TB
-	upstream string
+	upstream string // host:port of the server that new connections relay to (mu)
 	ln       net.Listener
 	handler  Handler
 
@@ -150,6 +152,16 @@ func (p *Proxy) CutAfter(n int64) {
 	}
 }
 
+// SetUpstream makes the connections opened from now on relay to upstream (host:port)
+// instead: a server moved behind another address, or something put in between (a
+// connection pooler). Open connections keep their server; [Proxy.Reset] ends them, as
+// a restart of the network path does.
+func (p *Proxy) SetUpstream(upstream string) {
+	p.mu.Lock()
+	p.upstream = upstream
+	p.mu.Unlock()
+}
+
 // Conns returns how many client connections are open through the proxy.
 func (p *Proxy) Conns() int {
 	p.mu.Lock()
@@ -222,7 +234,10 @@ func (p *Proxy) untrack(l *link) {
 
 // dial connects l to the upstream server.
 func (p *Proxy) dial(l *link) (net.Conn, error) {
-	up, err := net.Dial("tcp", p.upstream)
+	p.mu.Lock()
+	upstream := p.upstream
+	p.mu.Unlock()
+	up, err := net.Dial("tcp", upstream)
 	if err != nil {
 		return nil, err
 	}

@@ -169,3 +169,46 @@ func TestCloseEndsEveryConnection(t *testing.T) {
 		t.Fatalf("read after Close: %v, want the connection ended", err)
 	}
 }
+
+// TestSetUpstreamMovesNewConnections: after SetUpstream, a new connection reaches the
+// other server, and one open before it keeps its own.
+func TestSetUpstreamMovesNewConnections(t *testing.T) {
+	t.Parallel()
+	// A server that answers what it reads upper-cased tells the two apart.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64)
+				for {
+					n, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					if _, err := c.Write(bytes.ToUpper(buf[:n])); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	p := faultproxy.New(t, echoServer(t))
+	before := dial(t, p)
+	roundTrip(t, before, "ping")
+	p.SetUpstream(ln.Addr().String())
+	after := dial(t, p)
+	if _, err := after.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	wantRead(t, after, "PING")
+	roundTrip(t, before, "pong")
+}

@@ -58,11 +58,16 @@ type Store string
 
 // The stores.
 const (
-	SQLite        Store = "SQLite"
-	Postgres      Store = "PostgreSQL (pgx)"
-	PostgresSQL   Store = "PostgreSQL (database/sql)"
-	RedisSQLite   Store = "Redis + backstop on SQLite"
-	RedisPostgres Store = "Redis + backstop on PostgreSQL"
+	SQLite      Store = "SQLite"
+	Postgres    Store = "PostgreSQL (pgx)"
+	PostgresSQL Store = "PostgreSQL (database/sql)"
+	// PostgresPooled is PostgreSQL through pgx behind PgBouncer in transaction mode
+	// (1.18, which keeps no prepared statements), with a URL that names no exec mode:
+	// the pool (postgres.ConfigurePool) finds the pooler and leaves pgx's default
+	// mode for cache_describe (issue 46).
+	PostgresPooled Store = "PostgreSQL (pgx) behind PgBouncer, transaction mode, URL without an exec mode"
+	RedisSQLite    Store = "Redis + backstop on SQLite"
+	RedisPostgres  Store = "Redis + backstop on PostgreSQL"
 	// RedisSentinel is Redis reached through Sentinel (a redis+sentinel:// URL: a
 	// master, a replica, three Sentinels) with claims that wait for the replica
 	// (wait_replicas=1): the failover client and WAIT's pipelines in every cell.
@@ -71,7 +76,7 @@ const (
 )
 
 // Stores are the stores of the HTTP cells, in the document's order.
-var Stores = []Store{SQLite, Postgres, PostgresSQL, RedisSQLite, RedisPostgres, RedisSentinel, Memory}
+var Stores = []Store{SQLite, Postgres, PostgresSQL, PostgresPooled, RedisSQLite, RedisPostgres, RedisSentinel, Memory}
 
 // Route is the route-kind axis.
 type Route string
@@ -127,7 +132,7 @@ var Mounts = []Mount{OneRoute, WholeMux, Chi, Gin}
 func HelperAPI(s Store, h Helper) string {
 	var respond, inTx string
 	switch s {
-	case SQLite, Postgres:
+	case SQLite, Postgres, PostgresPooled:
 		respond, inTx = "store.Respond", "store.InTx"
 	case PostgresSQL:
 		respond, inTx = "store.RespondSQL", "store.InSQLTx"
@@ -157,7 +162,9 @@ func HelperAPI(s Store, h Helper) string {
 
 // hasTransactions reports whether the store has a SPEC §7 Respond that claims in the
 // handler's transaction (Capabilities.Transactions).
-func hasTransactions(s Store) bool { return s == SQLite || s == Postgres || s == PostgresSQL }
+func hasTransactions(s Store) bool {
+	return s == SQLite || s == Postgres || s == PostgresSQL || s == PostgresPooled
+}
 
 // Expect is the outcome of an HTTP cell, with why. The mounting changes none.
 func Expect(s Store, r Route, h Helper, _ Mount) (Outcome, string) {
@@ -386,7 +393,9 @@ whose code issue 38 changed, an h2c offer passed on and the derived key under it
 canonical name, are still killed: ` + "`scripts/mutants -run 'proxy-'`" + `, and the three of sealed records, issue 37: sealing skipped, the associated data dropped, plain
 fingerprints under a keyring: ` + "`scripts/mutants -run '^seal-'`" + `; and the two of issue 41's claim
 of a key expected new, its fallback to the usual claim dropped and its durable commit
-skipped, each killed by a retry that another process serves: ` + "`scripts/mutants -run 'likely-new'`" + `), the whole run in about 6
+skipped, each killed by a retry that another process serves: ` + "`scripts/mutants -run 'likely-new'`" + `; and
+issue 46's connections opened in pgx's default mode kept behind PgBouncer after the
+pool switched, killed by the column behind PgBouncer: ` + "`scripts/mutants -run 'pooler-'`" + `), the whole run in about 6
 minutes (` + "`scripts/mutants`" + `; the suite without -race, stopping at its first
 failure). The suite as it was before issue 28, whose cells checked one body, one
 principal, one 201 and a lease that never ran out, killed 8 of the first 30 of them
@@ -406,4 +415,11 @@ to, with the sentence that says what.) The survivors, and why no cell here sees 
   The Sentinel column's replica always acknowledges; the store's own tests, which hold
   replication back (` + "`TestClaimsThatWaitForAReplicaAreGivenBackWhenItDoesNotAcknowledge`" + `,
   ` + "`TestHandlerNeverRunsOnAClaimNoReplicaAcknowledged`" + `, ` + "`TestSentinelFailover`" + `), kill it.
+- ` + "`pooler-probe-blind`" + ` (issue 46): a new connection's probe never sees PgBouncer in between,
+  so the pool keeps pgx's default mode until a prepared statement is lost. The switch on
+  that first lost statement, and the retries of what did not run, hide it from every
+  cell: a cell's first lost statement comes in its setup or on a retried claim. The
+  store's own tests, which look at what switched the pool
+  (` + "`TestAPoolerInFrontFromTheStartWithThePlainURL`" + `, ` + "`TestAPoolerPutInFrontOfARunningStore`" + `),
+  kill it.
 `

@@ -106,8 +106,8 @@ func openEnv(t *testing.T, s Store) *env {
 	switch s {
 	case SQLite:
 		return sqliteEnv(t)
-	case Postgres, PostgresSQL:
-		return postgresEnv(t, s == PostgresSQL)
+	case Postgres, PostgresSQL, PostgresPooled:
+		return postgresEnv(t, s == PostgresSQL, s == PostgresPooled)
 	case RedisSQLite, RedisPostgres:
 		return redisEnv(t, openRedis(t, testenv.RedisURL(t)), s == RedisPostgres)
 	case RedisSentinel:
@@ -165,7 +165,7 @@ func leaseFormOf(inTx func(ctx context.Context, fn func(ctx context.Context, tx 
 // respond through respond and inTx through inTx, each inserting with insert; and counts
 // the charges in db.
 func (e *env) onSQL(db *sql.DB, insert string, respond sqlRespondForm, inTx sqlLeaseForm) *env {
-	e.charges = countIn(db)
+	e.charges = countIn(db, "charges")
 	e.direct = func(ctx context.Context, key, id string) error {
 		_, err := db.ExecContext(ctx, insert, key, id)
 		return err
@@ -212,11 +212,12 @@ func sqlInsert(ctx context.Context, tx *sql.Tx, insert string, o op) error {
 	return err
 }
 
-func countIn(db *sql.DB) func(t *testing.T, key string) int {
+// countIn counts the charges of a key in table of db.
+func countIn(db *sql.DB, table string) func(t *testing.T, key string) int {
 	return func(t *testing.T, key string) int {
 		t.Helper()
 		var n int
-		if err := db.QueryRowContext(context.Background(), `SELECT count(*) FROM charges WHERE key = '`+key+`'`).Scan(&n); err != nil {
+		if err := db.QueryRowContext(context.Background(), `SELECT count(*) FROM `+table+` WHERE key = '`+key+`'`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -231,8 +232,26 @@ func pgPool(t *testing.T) (*pgxpool.Pool, string) {
 	return pgtest.Pool(t, pgtest.SearchPathURL(t, dbURL, schema), 4), schema
 }
 
-func postgresEnv(t *testing.T, databaseSQL bool) *env {
+// pooledPgPool opens a small pool on a fresh schema of the test database through a
+// PgBouncer of the cell's own in transaction mode (1.18: it keeps no prepared
+// statements), with a URL that names no exec mode, configured by
+// postgres.ConfigurePool: it finds the pooler and switches to cache_describe. A
+// pooler passes no search_path on: the cell names the schema itself.
+func pooledPgPool(t *testing.T) (*pgxpool.Pool, string) {
+	t.Helper()
+	dbURL, schema := pgtest.Schema(t)
+	configure := func(cfg *pgxpool.Config) { postgres.ConfigurePool(cfg, slog.New(slog.DiscardHandler)) }
+	return pgtest.Pool(t, pgtest.Bouncer(t, dbURL, 4), 4, configure), schema
+}
+
+// postgresEnv is the PostgreSQL store through pgx (or database/sql, databaseSQL),
+// straight to the server or, pooled, behind PgBouncer (pooledPgPool).
+func postgresEnv(t *testing.T, databaseSQL, pooled bool) *env {
 	pool, schema := pgPool(t)
+	if pooled {
+		pool, schema = pooledPgPool(t)
+	}
+	table := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
 	st, err := postgres.NewFromPool(pool, postgres.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
@@ -241,15 +260,15 @@ func postgresEnv(t *testing.T, databaseSQL bool) *env {
 	if err := st.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(t.Context(), chargesTable); err != nil {
+	if _, err := pool.Exec(t.Context(), `CREATE TABLE `+table("charges")+` (key TEXT NOT NULL, id TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	const insert = `INSERT INTO charges (key, id) VALUES ($1, $2)`
-	e := &env{store: st, insert: insert, sqlInTx: st.InSQLTx, pgxInTx: st.InTx, charges: countIn(st.DB())}
+	insert := `INSERT INTO ` + table("charges") + ` (key, id) VALUES ($1, $2)`
+	e := &env{store: st, insert: insert, sqlInTx: st.InSQLTx, pgxInTx: st.InTx, charges: countIn(st.DB(), table("charges"))}
 	e.move = func(t *testing.T, key, from, onto string, body []byte) {
 		mustExec(t, func() error {
-			_, err := pool.Exec(context.Background(), `UPDATE idem_records r SET (response_status, response_headers, response_body) =
-				(SELECT f.response_status, f.response_headers, $4::bytea FROM idem_records f WHERE f.scope = $1 AND f.key = $3)
+			_, err := pool.Exec(context.Background(), `UPDATE `+table("idem_records")+` r SET (response_status, response_headers, response_body) =
+				(SELECT f.response_status, f.response_headers, $4::bytea FROM `+table("idem_records")+` f WHERE f.scope = $1 AND f.key = $3)
 				WHERE r.scope = $2 AND r.key = $3`, []byte(from), []byte(onto), []byte(key), body)
 			return err
 		})

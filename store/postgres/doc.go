@@ -51,9 +51,7 @@
 //
 //   - cache_statement (pgx's default) prepares each statement by name once per
 //     connection: behind a transaction pooler it needs one that keeps prepared
-//     statements (PgBouncer 1.21 or later with max_prepared_statements > 0). Behind one
-//     that does not, such a statement fails as the store being unavailable (503,
-//     nothing happened), and its error says what to change.
+//     statements (PgBouncer 1.21 or later with max_prepared_statements > 0).
 //   - cache_describe keeps each statement's description and sends its text with every
 //     execution: the mode for a pooler that keeps no prepared statements, at the
 //     default's round trips; the server parses and plans each statement afresh, which
@@ -61,15 +59,40 @@
 //   - exec and simple_protocol need no description: their parameters travel as text.
 //   - describe_exec describes each statement in one round trip and binds what it
 //     described in the next, which a transaction pooler may have given another client:
-//     Migrate refuses it behind a pooler ([ErrModeUnsafeBehindPooler]); it finds one by
-//     the server process's id, which differs from the one the connection was opened
-//     with.
+//     Migrate refuses it behind a pooler ([ErrModeUnsafeBehindPooler]).
+//
+// A URL that names no mode need not say what stands in front of PostgreSQL, nor change
+// when that does: [Open]'s pool, and one that [ConfigurePool] configured for
+// [NewFromPool], find a pooler that keeps no prepared statements and leave pgx's
+// default for cache_describe ([SwitchedExecMode]). Each new connection, until the pool
+// has switched, runs one probe, pipelined in one round trip and leaving nothing on the
+// server: the server process's id, which differs from the one the connection was given
+// at startup when a pooler stands in between (a pooler hands its clients ids of its
+// own, to route their cancel requests), and whether a statement the probe prepared
+// under a random name is known to the server by that name (a pooler that keeps
+// prepared statements renames it). A prepared statement of pgx's cache that the server
+// lost (SQLSTATE 26000 or 42P05) switches the pool too, should a pooler hide from the
+// probe. From the switch on, new connections open in cache_describe and those opened
+// before are closed when they are next acquired, so a pooler put in front of a
+// running service is found on the first connection made through it; the switch is
+// logged once, a WARN that names the mode, its cost and the settings that avoid it. A
+// statement that met a lost prepared statement did not run, and what provably did not
+// run is run again on a connection in the new mode: an autocommit statement of the
+// store (claims, completions, reads, the cleaner's and the admin tools'), a Respond
+// transaction (the server ran nothing of its batch after the error), Migrate's
+// transaction. An InTx or Step transaction is not: its function has run. A URL that
+// names default_query_exec_mode is obeyed as it is: cache_statement there, behind a
+// pooler that keeps no prepared statements, fails as the store being unavailable (503,
+// nothing happened), with an error that says what to change. A pooler in session mode
+// looks like one in transaction mode from the client: name cache_statement there to
+// keep pgx's default.
 //
 // In every mode but describe_exec a request costs the round trips of the table in
-// queries.go; describe_exec costs two for each statement (TestRoundTripsInEachExecMode).
-// The time each costs, straight and behind PgBouncer, is in docs/benchmarks.md. A
-// pooler passes on few startup parameters (PgBouncer refuses a search_path in the URL):
-// name the schema with Config.Schema.
+// queries.go; describe_exec costs two for each statement (TestRoundTripsInEachExecMode,
+// which counts a switched pool too); the probe costs each new connection one. The time
+// each costs, straight and behind PgBouncer, is in docs/benchmarks.md. A pooler passes
+// on few startup parameters (PgBouncer refuses a search_path in the URL): name the
+// schema with Config.Schema.
 //
 // # database/sql
 //

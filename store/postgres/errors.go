@@ -56,7 +56,8 @@ func interpretError(err error) error {
 // server connection (see "Poolers" in the package doc).
 const poolerHint = "a connection pooler in transaction mode between idem and PostgreSQL keeps no prepared statement " +
 	"from one transaction to the next: set default_query_exec_mode=cache_describe (or exec) in the database URL, " +
-	"or let the pooler keep them (PgBouncer 1.21 or later with max_prepared_statements > 0)"
+	"or let the pooler keep them (PgBouncer 1.21 or later with max_prepared_statements > 0); a pool that " +
+	"postgres.ConfigurePool configured, with no mode in its URL, switches by itself"
 
 // lostStatement reports the server's errors about a prepared statement that the
 // connection's earlier round trips made and this one does not find as it was: one that
@@ -95,14 +96,24 @@ func unavailableCode(code string) bool {
 
 // retryable reports errors after which a single autocommit statement may safely run
 // again: the statement certainly did not take effect. A serialization failure (40001) or
-// deadlock (40P01) rolled it back; SafeToRetry means nothing reached the server. A
-// connection lost mid-statement is not retryable: its outcome is unknown.
+// deadlock (40P01) rolled it back; a lost prepared statement (lostStatement: its Parse
+// or its Bind refused, behind a pooler) never ran, and the pool that saw it has
+// switched to a mode that works there (ConfigurePool), so the next attempt takes a
+// connection in that mode; SafeToRetry means nothing reached the server. A connection
+// lost mid-statement is not retryable: its outcome is unknown.
 func retryable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return pgErr.Code == "40001" || pgErr.Code == "40P01"
+		return pgErr.Code == "40001" || pgErr.Code == "40P01" || lostStatement(pgErr)
 	}
 	return pgconn.SafeToRetry(err)
+}
+
+// isLostStatement reports whether err is a lost prepared statement (lostStatement):
+// the statement that met it did not run.
+func isLostStatement(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && lostStatement(pgErr)
 }
 
 // Statement retries: a few quick attempts with jittered exponential backoff, within the

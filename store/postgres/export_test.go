@@ -2,8 +2,10 @@ package postgres
 
 import (
 	"context"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // MigrateTo applies the migrations up to version only: a schema as a previous version
@@ -18,3 +20,23 @@ func (s *Store) MigrateTo(ctx context.Context, version int) error {
 // claim of (scope, key) holds until its transaction ends, for tests that stand in for
 // a concurrent claim.
 func KeyLock(scope, key string) (class, id int32) { return keyLockClass, keyLockID(scope, key) }
+
+// ConfigurePoolWithoutProbe is ConfigurePool without the probe of each new
+// connection: only a lost statement switches the pool, as behind a pooler that hands
+// its clients the server process's own id (which the tests stand in for).
+func ConfigurePoolWithoutProbe(cfg *pgxpool.Config, logger *slog.Logger) {
+	configurePool(cfg, logger, false)
+}
+
+// ExecModeName is execModeName.
+var ExecModeName = execModeName
+
+// ExecModeNamed is execModeNamed.
+var ExecModeNamed = execModeNamed
+
+// SwitchWarning is the WARN of a pool that switched its exec mode.
+const SwitchWarning = switchWarning
+
+// UnconfiguredPoolWarning is Migrate's WARN about a pool left in pgx's default mode
+// behind a pooler without ConfigurePool.
+const UnconfiguredPoolWarning = unconfiguredPoolWarning

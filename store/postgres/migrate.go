@@ -67,10 +67,20 @@ func mustLoadMigrations() []migration {
 // WARN when standbys replicate asynchronously.
 func (s *Store) Migrate(ctx context.Context) error {
 	var err error
-	for attempt := range migrateAttempts {
+	lost := false // a lost statement was met, and the transaction sent again once
+	for attempt := 0; attempt < migrateAttempts; attempt++ {
 		err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 			return s.migrateTx(ctx, tx, 0)
 		})
+		if isLostStatement(err) && !lost {
+			// A statement met a prepared statement lost behind a pooler: nothing was
+			// applied, and a pool that ConfigurePool configured has switched to a
+			// mode that works there since. Once more, at once.
+			lost = true
+			attempt--
+			s.logger.InfoContext(ctx, "postgres: a migration's statement met a prepared statement lost behind a connection pooler; retrying", "error", err)
+			continue
+		}
 		if !isLockNotAvailable(err) || attempt == migrateAttempts-1 {
 			break
 		}

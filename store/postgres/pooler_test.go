@@ -26,9 +26,15 @@ const bouncerPoolSize = 8
 // work through, in parallel subtests: each of pgx's exec modes (pgx's own convention,
 // pgxtest.AllQueryExecModes), those that a transaction pooler allows
 // (pgtest.PoolerModes) behind a private PgBouncer in transaction mode, the others
-// straight to the server. Every mode runs once: a mode that works through the pooler
-// works without it. via makes the store's URL of a database URL.
+// straight to the server, and a URL that names no mode behind that PgBouncer (the
+// pool finds it and switches, ConfigurePool). Every mode runs once: a mode that works
+// through the pooler works without it. via makes the store's URL of a database URL.
 func eachConnection(t *testing.T, test func(t *testing.T, via func(dbURL string) string)) {
+	t.Run("pgbouncer_no_mode", func(t *testing.T) {
+		t.Parallel()
+		bounced := pgtest.Bouncer(t, testenv.PostgresURL(t), bouncerPoolSize)
+		test(t, func(string) string { return bounced })
+	})
 	for _, mode := range pgtest.ExecModes {
 		if slices.Contains(pgtest.PoolerModes, mode) {
 			t.Run("pgbouncer_"+mode, func(t *testing.T) {
@@ -115,15 +121,17 @@ func TestRespondBehindATransactionPooler(t *testing.T) {
 }
 
 // TestCacheStatementBehindAPoolerFailsWithAHint runs pgx's default exec mode,
-// cache_statement, behind a PgBouncer that keeps no prepared statements (1.18) and has
-// one server connection: two processes' stores (two pools) migrate one schema, and the
-// second one's prepare of a migration statement meets the first one's on that server
-// connection, as the first try behind PgBouncer did. It fails as the store
-// being unavailable (nothing happened), and its error says what to change.
+// cache_statement, named in the URL (so obeyed: a URL without a mode switches,
+// TestAPoolerInFrontFromTheStartWithThePlainURL), behind a PgBouncer that keeps no
+// prepared statements (1.18) and has one server connection: two processes' stores
+// (two pools) migrate one schema, and the second one's prepare of a migration
+// statement meets the first one's on that server connection, as the first try
+// behind PgBouncer did. It fails as the store being unavailable (nothing happened),
+// and its error says what to change.
 func TestCacheStatementBehindAPoolerFailsWithAHint(t *testing.T) {
 	t.Parallel()
 	dbURL, schema := pgtest.Schema(t)
-	bounced := pgtest.Bouncer(t, dbURL, 1)
+	bounced := pgtest.WithExecMode(t, pgtest.Bouncer(t, dbURL, 1), "cache_statement")
 	var err error
 	for range 2 {
 		s, openErr := postgres.Open(t.Context(), bounced, postgres.Config{Schema: schema, MaxConns: 1, DisableCleaner: true})

@@ -127,7 +127,10 @@ var _ idemstore.Store = (*Store)(nil)
 // not connect: a database that is down makes requests fail with 503 until it returns,
 // rather than failing Open. Call [Store.Migrate] before first use. It starts the
 // store's cleaner (Config.Cleaner), which deletes expired records in the background
-// until [Store.Close], unless Config.DisableCleaner.
+// until [Store.Close], unless Config.DisableCleaner. The pool is configured by
+// [ConfigurePool] (its WARN on Config.Logger, else slog.Default()): behind a
+// connection pooler that keeps no prepared statements, found at any time, it leaves
+// pgx's default exec mode for one that works there, unless url names one.
 func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -143,6 +146,7 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 	case !strings.Contains(url, "pool_max_conns"):
 		pcfg.MaxConns = DefaultMaxConns
 	}
+	ConfigurePool(pcfg, cmp.Or(cfg.Logger, slog.Default()))
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: creating pool: %w", err)
@@ -159,7 +163,10 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 // NewFromPool returns a store using a pool the application already has, so that the
 // application's transactions and the idempotency records share one pool (SPEC §7).
 // Config.MaxConns is ignored, and [Store.Close] leaves the pool open. Like Open, it
-// starts the store's cleaner unless Config.DisableCleaner.
+// starts the store's cleaner unless Config.DisableCleaner. Configure the pool with
+// [ConfigurePool] before creating it, so that a connection pooler put in front of
+// PostgreSQL does not fail its statements (Migrate logs a WARN when it finds one in
+// front of a pool left in pgx's default mode without it).
 func NewFromPool(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("postgres: NewFromPool: pool is nil")

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // What a failover of the store's PostgreSQL may lose ([Replication.Mode]).
@@ -52,6 +54,10 @@ type Replication struct {
 	// PostgreSQL: the server process that answered is not the one the connection
 	// was opened with.
 	Pooler bool
+
+	// unconfigured: the connection that answered was not opened by a pool that
+	// ConfigurePool configured.
+	unconfigured bool
 }
 
 // Replication asks the store's PostgreSQL what a failover may lose, in one statement:
@@ -60,23 +66,28 @@ type Replication struct {
 // synchronous: the mode is then ReplicationUnknown, unless synchronous_standby_names
 // is empty (every standby is asynchronous).
 func (s *Store) Replication(ctx context.Context) (*Replication, error) {
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return nil, interpretError(err)
-	}
-	defer conn.Release()
 	var (
 		r                     Replication
 		inRecovery            bool
-		pid                   uint32
 		standbys, sync, blind int64
 	)
-	err = conn.QueryRow(ctx, parsedQueries["Replication"]).Scan(&r.SynchronousStandbyNames, &r.SynchronousCommit,
-		&inRecovery, &pid, &standbys, &sync, &blind)
+	err := s.withRetry(ctx, "replication", func() error {
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Release()
+		var pid uint32
+		err = conn.QueryRow(ctx, parsedQueries["Replication"]).Scan(&r.SynchronousStandbyNames, &r.SynchronousCommit,
+			&inRecovery, &pid, &standbys, &sync, &blind)
+		pc := conn.Conn().PgConn()
+		r.Pooler = pid != pc.PID()
+		r.unconfigured = openedIn(pc) < 0
+		return err
+	})
 	if err != nil {
 		return nil, interpretError(err)
 	}
-	r.Pooler = pid != conn.Conn().PgConn().PID()
 	r.Standbys, r.SynchronousStandbys = int(standbys), int(sync)
 	named := strings.TrimSpace(r.SynchronousStandbyNames) != ""
 	switch {
@@ -147,4 +158,16 @@ func (s *Store) logReplication(ctx context.Context) {
 	if w := r.Warning(); w != "" {
 		s.logger.WarnContext(ctx, "postgres: "+w, slog.String("replication", r.Mode))
 	}
+	if r.Pooler && r.unconfigured && !execModeNamed(s.pool.Config().ConnConfig) {
+		s.logger.WarnContext(ctx, unconfiguredPoolWarning, "mode", execModeName(pgx.QueryExecModeCacheStatement))
+	}
 }
+
+// unconfiguredPoolWarning is the WARN of Migrate behind a connection pooler when the
+// store's pool, given to NewFromPool, runs pgx's default mode and was not configured
+// by ConfigurePool: its statements fail if the pooler keeps no prepared statements.
+const unconfiguredPoolWarning = "postgres: a connection pooler stands between idem and PostgreSQL, and the pool given to " +
+	"postgres.NewFromPool runs pgx's default_query_exec_mode, cache_statement, without postgres.ConfigurePool: " +
+	"if the pooler keeps no prepared statements (PgBouncer in transaction mode before 1.21, or max_prepared_statements = 0) " +
+	"its statements fail. Configure the pool with postgres.ConfigurePool before creating it, or name a mode in the " +
+	"database URL (default_query_exec_mode=cache_describe)"

@@ -149,6 +149,10 @@ func defaultReadCommitted(ctx context.Context, conn *pgx.Conn) (bool, error) {
 // respondOnce sends one transaction of Respond, pipelined in one round trip: READ
 // COMMITTED, the record's claim (the insert of the completed record, under the key's
 // advisory lock) or its fenced completion, as rec says, and the statements of app.
+// A transaction that met a prepared statement lost behind a pooler (isLostStatement:
+// a Parse or a Bind refused, after which the server ran nothing more of the batch and
+// rolled it back) is sent once more, on another connection: the pool switched to a
+// mode that works there (ConfigurePool).
 func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idemstore.Response, app *pgx.Batch) error {
 	done, err := rec.Complete(resp)
 	if err != nil {
@@ -158,6 +162,17 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, resp *idems
 	if done == nil {
 		claim = nil // the response releases the key: nothing to record
 	}
+	err = s.respondTx(ctx, claim, done, app)
+	if isLostStatement(err) {
+		s.logger.InfoContext(ctx, "postgres: Respond's transaction met a prepared statement lost behind a connection pooler, "+
+			"and ran nothing; sending it once more", "error", err)
+		err = s.respondTx(ctx, claim, done, app)
+	}
+	return err
+}
+
+// respondTx sends respondOnce's transaction on a connection of the pool.
+func (s *Store) respondTx(ctx context.Context, claim *idemstore.ClaimParams, done *idemstore.CompleteParams, app *pgx.Batch) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return &idem.StoreError{Op: "begin", Err: interpretError(err)}
@@ -225,7 +240,9 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 			// transaction, which the server commits at the batch's end: it is logged.
 			if cbErr := q.Fn(br); cbErr != nil {
 				var pgErr *pgconn.PgError
-				if errors.As(cbErr, &pgErr) {
+				if isLostStatement(cbErr) {
+					err = &idem.StoreError{Op: what, Err: interpretError(cbErr)}
+				} else if errors.As(cbErr, &pgErr) {
 					err = classifyApp(cbErr)
 				} else if callbackErr == nil { // a broken connection fails Close too
 					callbackErr = cbErr
@@ -237,6 +254,10 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgxpool.Conn, b *pgx.Batch,
 		var pgErr *pgconn.PgError
 		switch {
 		case err == nil:
+		case isLostStatement(err):
+			// A statement's Parse or Bind refused behind a pooler, the application's
+			// too: nothing of the batch ran, and respondOnce sends it once more.
+			err = &idem.StoreError{Op: what, Err: interpretError(err)}
 		case refusedApp(err, appSQL):
 			// pgx describes (prepares) the batch's new statements before it sends
 			// them, and the server refused one of the application's (a table that

@@ -3,9 +3,11 @@ package postgres_test
 import (
 	"context"
 	"crypto/rand"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -99,7 +101,18 @@ func newCountingBundle(t *testing.T) *countingBundle {
 // newCountingBundleIn is newCountingBundle in pgx's exec mode mode ("": the default).
 func newCountingBundleIn(t *testing.T, mode string) *countingBundle {
 	t.Helper()
+	return newCountingBundleVia(t, mode, false)
+}
+
+// newCountingBundleVia is newCountingBundleIn, behind a PgBouncer in transaction mode
+// when bounced, on a pool configured by ConfigurePool (which switches a URL without a
+// mode to cache_describe behind it).
+func newCountingBundleVia(t *testing.T, mode string, bounced bool) *countingBundle {
+	t.Helper()
 	dbURL, schema := pgtest.Schema(t)
+	if bounced {
+		dbURL = pgtest.Bouncer(t, dbURL, 1)
+	}
 	if mode != "" {
 		dbURL = pgtest.WithExecMode(t, dbURL, mode)
 	}
@@ -120,6 +133,9 @@ func newCountingBundleIn(t *testing.T, mode string) *countingBundle {
 	// The pool pings a connection that sat idle for over a second; a slow test machine
 	// must not count that.
 	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	if bounced {
+		postgres.ConfigurePool(cfg, slog.New(slog.DiscardHandler))
+	}
 	ctx := t.Context()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -478,10 +494,18 @@ func TestRoundTripsInEachExecMode(t *testing.T) {
 		"exec":            {1, 1, 1, 3, 1},
 		"simple_protocol": {1, 1, 1, 3, 1},
 	}
-	for _, mode := range pgtest.ExecModes {
+	// A URL without a mode behind PgBouncer: the pool switched to cache_describe.
+	const switched = "no mode, behind PgBouncer"
+	want[switched] = want["cache_describe"]
+	for _, mode := range append(slices.Clone(pgtest.ExecModes), switched) {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			b := newCountingBundleIn(t, mode)
+			var b *countingBundle
+			if mode == switched {
+				b = newCountingBundleVia(t, "", true)
+			} else {
+				b = newCountingBundleIn(t, mode)
+			}
 			var got []int
 			for i, r := range rows {
 				op := r.run(b)
