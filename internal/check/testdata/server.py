@@ -51,6 +51,8 @@ key_reused, a rejected body frees its key, and so does a failure (500).
                          closed 50 ms after the answer, which does not say so (uvicorn
                          after an exception)
   global-lock            one lock for every key: a request that finds it held gets 423
+                         (the lock is released before the answer is written, as a
+                         middleware's lock is when the view returns)
   queue                  one lock for every key: requests wait for it, one at a time
   patch-unkeyed          PATCH ignores the key: each retry changes the charge again
   crash-holds-key        a body without an amount raises after the claim: 500, and the
@@ -143,6 +145,9 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def send(self, status, body, headers=None, content_type="application/json"):
+        if getattr(self, "held", None) is not None:  # written once the lock is released
+            self.held.append((status, body, headers, content_type))
+            return
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -279,16 +284,21 @@ class Handler(BaseHTTPRequestHandler):
         if bad and not bug("accepts-bad-keys"):
             return self.error(400, "key_invalid")
         rk = key if bug("global-keys") else (scope, key)
-        if bug("global-lock"):
-            if not GLOBAL.acquire(blocking=False):
+        if bug("global-lock") or bug("queue"):
+            # The lock is held while the view runs and released when it returns, before
+            # the server writes its answer (a middleware's lock): a client that has
+            # the answer never finds the lock still held by its own request.
+            if not GLOBAL.acquire(blocking=bug("queue")):
                 return self.send(423, encode({"detail": "Resource is locked"}))
+            self.held = []
             try:
-                return self.claim(rk, fp, scope, body)
+                self.claim(rk, fp, scope, body)
             finally:
                 GLOBAL.release()
-        if bug("queue"):
-            with GLOBAL:
-                return self.claim(rk, fp, scope, body)
+                held, self.held = self.held, None
+                for answer in held:
+                    self.send(*answer)
+            return
         self.claim(rk, fp, scope, body)
 
     def claim(self, rk, fp, scope, body, compare=True):
