@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -27,6 +28,11 @@ type target struct {
 	// flight, so that a run is not dear.
 	timeout time.Duration
 	v       verdicts
+	// racy are checks that meet the target's defect in some runs only, by the
+	// server's timing, each with the cause it then fails of: such a run's verdict is
+	// true too (the defect is the server's race, which the check named by v finds in
+	// every run).
+	racy map[string]string
 }
 
 // serverArgs are server.py's arguments for bugs, with a charge of 0.2 s.
@@ -88,11 +94,13 @@ var libraryTargets = []target{
 		map[string]check.Status{"after-5xx": check.StatusPass}, nil,
 	}},
 	// A record written in two steps (asgi-idempotency-header's Redis backend, its gap
-	// widened to 50 ms): a duplicate between them gets 500.
+	// widened to 50 ms): a duplicate between them gets 500. A burst's duplicate that a
+	// loaded machine's server handles a charge late meets the gap too (3 of 20 runs of
+	// the verdict table, under load: concurrent-duplicates fails of the same cause).
 	{name: "two-writes", args: serverArgs("two-writes"), v: verdicts{
 		map[string]check.Status{"spread-duplicates": check.StatusFail},
 		map[string][]string{"spread-duplicates": {"unexpected-answer"}},
-	}},
+	}, racy: map[string]string{"concurrent-duplicates": "unexpected-answer"}},
 }
 
 // withPatch returns v where the patch check passes unless v says otherwise:
@@ -121,7 +129,8 @@ func targetRuns(t *testing.T) int {
 
 // Each behaviour of issue 48 and each new probe's target gets its verdicts, the same
 // in every run against one server: the second run's report, with the first's as its
-// baseline, exits 0 and fixes nothing (a run does not depend on the runs before it).
+// baseline, has no new failure and fixes nothing (a run does not depend on the runs
+// before it), but in a target's racy checks.
 func TestLibraryBehavioursGetTheirTrueVerdicts(t *testing.T) {
 	t.Parallel()
 	runs := targetRuns(t)
@@ -129,12 +138,19 @@ func TestLibraryBehavioursGetTheirTrueVerdicts(t *testing.T) {
 		t.Run(tg.name, func(t *testing.T) {
 			t.Parallel()
 			url := startServer(t, "python3", append(tg.args, "--port", "0")...)
-			v := tg.v.withPatch()
 			var first *check.Report
 			for i := range runs {
 				cfg := config(url)
 				cfg.Timeout = tg.timeout
 				rep := run(t, cfg)
+				v := tg.v.withPatch()
+				for name, cause := range tg.racy {
+					if c := result(t, rep, name); c.Status == check.StatusFail && slicesEqual(c.Causes, cause) {
+						v.statuses[name] = check.StatusFail
+						v.causes = maps.Clone(v.causes)
+						v.causes[name] = []string{cause}
+					}
+				}
 				wantVerdicts(t, rep, v)
 				if first == nil {
 					first = rep
@@ -142,7 +158,8 @@ func TestLibraryBehavioursGetTheirTrueVerdicts(t *testing.T) {
 					if err := rep.ApplyBaseline(baselineOf(t, first)); err != nil {
 						t.Fatal(err)
 					}
-					if rep.ExitStatus != 0 || len(rep.Baseline.Fixed) > 0 {
+					racy := func(name string) bool { _, ok := tg.racy[name]; return ok }
+					if slices.ContainsFunc(rep.Baseline.New, func(n string) bool { return !racy(n) }) || slices.ContainsFunc(rep.Baseline.Fixed, func(n string) bool { return !racy(n) }) {
 						t.Errorf("run %d with run 1 as its baseline: exit status %d, %s", i+1, rep.ExitStatus, rep.Baseline.Summary())
 					}
 				}
