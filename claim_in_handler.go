@@ -34,6 +34,12 @@ func (x *request) runClaimingInHandler(next http.Handler) {
 	rt := x.rt
 	defer func() { rt.retries.observe(x.keyFound) }()
 	g, h := rt.m.g, &x.h
+	if err := g.checkStoreState(x.r.Context(), g.localNow(), time.Time{}); err != nil {
+		// The claim is made in the handler's transaction: refused before it runs.
+		h.observeClaim(observe.OutcomeStoreError, false, time.Now(), err)
+		x.answer(nil, g.storeError(x.r.Context(), h, "state", err))
+		return
+	}
 	k := cacheKey{h.scope, h.key}
 	local := rt.local.begin(k, h.claim.Fingerprint)
 	switch local {

@@ -135,9 +135,13 @@ type Completer struct {
 	records map[recordRef]*recordState
 }
 
-// recordRef identifies one record: (scope, key) and the record id, which is new when
-// the key starts a new operation.
-type recordRef struct{ scope, key, id string }
+// recordRef identifies one record: (scope, key), the record id and its creation.
+// The id alone does not tell two records apart: it is derived from the request, the
+// same for every record one request makes (SPEC §13); the creation is new for each.
+type recordRef struct {
+	scope, key, id string
+	created        time.Time
+}
 
 // recordState is what a Completer remembers of one record it could not finish.
 type recordState struct {
@@ -359,7 +363,7 @@ const (
 // backoff, has no resume function, or another caller got it first. A record it could
 // not finish is logged once at WARN when older than WarnAfter.
 func (c *Completer) resume(ctx context.Context, rec *idemstore.Record) resumeOutcome {
-	ref := recordRef{rec.Scope, rec.Key, rec.ID}
+	ref := recordRef{rec.Scope, rec.Key, rec.ID, rec.CreatedAt.UTC()}
 	st := c.records[ref]
 	if st == nil {
 		st = &recordState{}

@@ -45,6 +45,11 @@ type Guard struct {
 	// quota counts the calls and stored bytes of each scope (quota.go); nil without
 	// bounds.
 	quota *quotas
+
+	// state is what the process knows of the store's state (storestate.go), shared
+	// by its guards on the store, read again on the claim path when it is
+	// StoreStateRefresh old.
+	state *storeStateCache
 }
 
 // testHooks let tests wait on events instead of sleeping.
@@ -183,6 +188,7 @@ func newGuard(c GuardConfig, name string) *Guard {
 		g.cache = newReplayCache(c.ReplayCacheSize)
 	}
 	g.quota = newQuotas(c)
+	g.state = stateCacheFor(c.Store, c.Clock != nil)
 	return g
 }
 
@@ -294,7 +300,7 @@ func (g *Guard) Begin(ctx context.Context, c Call) (h *Handle, replay *Response,
 		panic("idem: Guard.Begin (or Do, DoTx) on a nil *Guard: build one with idem.NewGuard, or take a middleware's with Middleware.Guard")
 	}
 	switch {
-	case c.Scope == "" || c.Scope == keyringScope:
+	case c.Scope == "" || c.Scope == idemstore.ReservedScope:
 		return nil, nil, ErrScopeRequired
 	case c.Key == "":
 		return nil, nil, ErrKeyRequired
@@ -512,6 +518,10 @@ func (g *Guard) claimFrom(ctx context.Context, h *Handle, first *idemstore.Claim
 // storeError logs a failed store call before the work and returns it as a
 // *StoreError: the call fails closed (SPEC §9).
 func (g *Guard) storeError(ctx context.Context, h *Handle, op string, err error) error {
+	if errors.Is(err, ErrStoreTooNew) {
+		// Refused before any store call; logged once, when the state was read.
+		return &StoreError{Op: "state", Err: err}
+	}
 	level := slog.LevelError
 	if ctx.Err() != nil {
 		level = slog.LevelInfo // the caller went away; the store may be fine
@@ -538,7 +548,7 @@ const (
 	waitPollMax = 200 * time.Millisecond
 )
 
-// claimKey claims h's key afresh (a new token and record id) under StoreTimeout,
+// claimKey claims h's key afresh (a new token) under StoreTimeout,
 // ending by stopAt at the latest when that is set (SPEC §9, bounded time). A claim
 // cut off that way may still reach the store: the guard watches for it in the
 // background and releases it (cutoff.go).
@@ -547,6 +557,9 @@ func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*idemstore.Cla
 	h.newClaim()
 	h.claim.LikelyNew, h.likelyNew = h.likelyNew, false
 	deadline := callDeadlineFrom(h.claimStartedReal, g.cfg.StoreTimeout, stopAt)
+	if err := g.checkStoreState(ctx, h.claimStarted(), deadline); err != nil {
+		return nil, err
+	}
 	start := h.storeCallStart()
 	var res *idemstore.ClaimResult
 	var err error
@@ -570,10 +583,12 @@ func (h *Handle) claimKey(ctx context.Context, stopAt time.Time) (*idemstore.Cla
 	return res, err
 }
 
-// newClaim readies the params of a claim with a fresh token and record id.
+// newClaim readies the params of a claim with a fresh token and the record id of
+// the request (idemstore.RecordIDFor: every claim of one request creates the same id,
+// and so the same derived keys, SPEC §13).
 func (h *Handle) newClaim() {
 	g := h.g
-	token, id := newTokens()
+	token, id := newClaimIDs(h.scope, h.key, h.claim.Fingerprint)
 	h.claimStartedReal = time.Now()
 	h.claim = idemstore.ClaimParams{
 		Scope: h.scope, Key: h.key, Fingerprint: h.claim.Fingerprint, Token: token, RecordID: id,
@@ -686,24 +701,27 @@ func (h *Handle) poll(ctx context.Context, stopAt time.Time) (*idemstore.Record,
 	return rec, err
 }
 
-// newTokens returns a fresh lock token and record id: 16 random bytes each, in hex,
-// from one read of crypto/rand and in one string; the record id starts with
-// [idemstore.RecordIDPrefix], as [idemstore.NewRecordID] makes them, so that its
-// derived keys come from its request ([Handle.DerivedKey]).
-func newTokens() (token, id string) {
-	const p = len(idemstore.RecordIDPrefix)
-	var b [32]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
-	var h [64 + p]byte     // the token's 32 digits, the prefix, the id's 32 digits
-	copy(h[32:], idemstore.RecordIDPrefix)
-	for i, c := range b { // hex.Encode, two digits per lookup
-		j := 2 * i
-		if i >= 16 {
-			j += p
-		}
-		h[j], h[j+1] = hexPairs[2*int(c)], hexPairs[2*int(c)+1]
+// newToken returns a fresh lock token: 16 random bytes in hex.
+func newToken() string {
+	var h [32]byte
+	return string(appendToken(h[:0]))
+}
+
+// appendToken appends a fresh lock token to b: 16 random bytes in hex.
+func appendToken(b []byte) []byte {
+	var r [16]byte
+	_, _ = rand.Read(r[:]) // never fails (crypto/rand since Go 1.24)
+	for _, c := range r {  // hex.Encode, two digits per lookup
+		b = append(b, hexPairs[2*int(c)], hexPairs[2*int(c)+1])
 	}
-	s := string(h[:])
+	return b
+}
+
+// newClaimIDs returns a fresh lock token and the record id of the request (scope,
+// key, fp), in one string (one allocation for the claim's two).
+func newClaimIDs(scope, key string, fp Fingerprint) (token, id string) {
+	var buf [32 + idemstore.RecordIDLen]byte
+	s := string(idemstore.AppendRecordID(appendToken(buf[:0]), scope, key, fp))
 	return s[:32], s[32:]
 }
 
@@ -734,7 +752,8 @@ func (e *InProgressError) Is(target error) bool { return target == ErrKeyInProgr
 // operation. It matches [ErrStoreUnavailable] and unwraps to the store's error.
 type StoreError struct {
 	// Op is the call that failed: "claim", "wait" (a poll of an in-flight wait),
-	// "complete" or "release".
+	// "complete" or "release"; "state" when the store's state refused the call
+	// before any store call ([ErrStoreTooNew]).
 	Op string
 	// Err is the store's error.
 	Err error

@@ -203,8 +203,10 @@ func (h *Handle) TTL() time.Duration {
 // lapsed (SPEC §5.3): the operation may have run before, in part.
 func (h *Handle) TookOver() bool { return h.tookOver }
 
-// RecordID returns the record's id: new at every claim of an absent or expired key and
-// kept across takeovers of a lapsed lease (SPEC §13). It is empty on a
+// RecordID returns the record's id: derived from the request (its scope, key and
+// fingerprint, [idemstore.RecordIDFor]) by the claim that created the record, or the
+// random id of a record made by idem 0.2.0 or older, and kept across takeovers (SPEC
+// §13). It is empty on a
 // [RouteOptions.ClaimInHandler] route, whose claim is not made yet.
 func (h *Handle) RecordID() string {
 	if h.claimed == nil {
@@ -607,7 +609,7 @@ func (h *Handle) settleUnknown() error {
 		return nil
 	}
 	mark := h.claim
-	mark.Token, _ = newTokens()
+	mark.Token = newToken()
 	mark.Now = g.storeNow()
 	start = h.storeCallStart()
 	res, err := g.cfg.Store.RecordClaim(ctx, &mark)

@@ -22,7 +22,7 @@ var (
 		"canonical.go", "cleaner.go", "completer.go", "cutoff.go", "defaults.go", "do.go",
 		"doc.go", "errors.go", "guard.go", "handle.go", "idem_aliases.go", "key.go",
 		"lease.go", "localkeys.go", "observer.go", "quota.go", "replaycache.go", "retryrate.go",
-		"sealing.go", "step.go", "storectx.go",
+		"sealing.go", "step.go", "storectx.go", "storestate.go", "versions.go", "formats.go",
 	}
 	httpFiles = []string{
 		"capture.go", "claim_in_handler.go", "config.go", "fingerprint.go", "middleware.go",

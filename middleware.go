@@ -208,7 +208,7 @@ func (m *Middleware) serve(rt *route, next http.Handler, w http.ResponseWriter, 
 		return
 	}
 	scope, err := m.cfg.Scope(r)
-	if err != nil || scope == "" || scope == keyringScope {
+	if err != nil || scope == "" || scope == idemstore.ReservedScope {
 		x.writeError(CodeScopeRequired, "")
 		return
 	}

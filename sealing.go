@@ -24,10 +24,8 @@ import (
 // does not open is never executed again and never answered with other bytes: the
 // caller gets ErrRecordUnreadable (500 record_unreadable).
 
-// keyringScope is the scope of the records that keep the MAC secret (OpenKeyring). It
-// starts with a control character, which no HTTP header carries, and Begin and the
-// middleware refuse it as a request's scope.
-const keyringScope = "\x1fidem"
+// The MAC secret's records (OpenKeyring) live in idemstore.ReservedScope, which
+// Begin and the middleware refuse as a request's scope.
 
 // keyringKey is the key of the MAC secret's generation gen.
 func keyringKey(gen int) string { return "mac-secret-" + strconv.Itoa(gen) }
@@ -111,7 +109,7 @@ func contains(list []string, s string) bool {
 // kept and its number (0 when there is none). A generation being made is waited for.
 func latestSecret(ctx context.Context, store idemstore.Store) (blob []byte, gen int, err error) {
 	for g := 1; ; g++ {
-		rec, err := store.RecordGet(ctx, &idemstore.GetParams{Scope: keyringScope, Key: keyringKey(g)})
+		rec, err := store.RecordGet(ctx, &idemstore.GetParams{Scope: idemstore.ReservedScope, Key: keyringKey(g)})
 		switch {
 		case errors.Is(err, idemstore.ErrNotFound):
 			return blob, g - 1, nil
@@ -139,9 +137,9 @@ var keepSecretFingerprint = Fingerprint{Version: idemstore.FingerprintVersion, S
 // that process died, fails).
 func keepSecret(ctx context.Context, store idemstore.Store, gen int, blob []byte) ([]byte, error) {
 	for {
-		token, id := newTokens()
+		token := newToken()
 		res, err := store.RecordClaim(ctx, &idemstore.ClaimParams{
-			Scope: keyringScope, Key: keyringKey(gen), Fingerprint: keepSecretFingerprint, Token: token, RecordID: id,
+			Scope: idemstore.ReservedScope, Key: keyringKey(gen), Fingerprint: keepSecretFingerprint, Token: token, RecordID: newToken(),
 			Lease: keyringLease, TTL: MaxTTL, OnLapse: LapseTakeOver,
 		})
 		if err != nil {
@@ -157,10 +155,10 @@ func keepSecret(ctx context.Context, store idemstore.Store, gen int, blob []byte
 			return nil, fmt.Errorf("idem: the store's reserved record %q is not a MAC secret", keyringKey(gen))
 		case idemstore.ClaimAcquired:
 			if blob == nil {
-				_ = store.RecordRelease(ctx, &idemstore.ReleaseParams{Scope: keyringScope, Key: keyringKey(gen), Token: token})
+				_ = store.RecordRelease(ctx, &idemstore.ReleaseParams{Scope: idemstore.ReservedScope, Key: keyringKey(gen), Token: token})
 				return nil, fmt.Errorf("idem: the process making the store's MAC secret (record %q) died; open the keyring again", keyringKey(gen))
 			}
-			err := store.RecordComplete(ctx, &idemstore.CompleteParams{Scope: keyringScope, Key: keyringKey(gen), Token: token,
+			err := store.RecordComplete(ctx, &idemstore.CompleteParams{Scope: idemstore.ReservedScope, Key: keyringKey(gen), Token: token,
 				Response: &Response{Status: 200, Body: blob}, TTL: MaxTTL})
 			if err != nil {
 				return nil, fmt.Errorf("idem: keeping the store's MAC secret: %w", err)

@@ -2,8 +2,6 @@ package idem
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,13 +72,15 @@ func (h *Handle) Operation() string { return h.operation }
 
 // DerivedKey returns the idempotency key to send to an outside system (a card
 // processor, a bank) for the call the operation makes at step (SPEC §13); it has
-// nothing to do with a database's foreign keys. It is derived from what the client
-// sent and the record cannot lose: the scope, the key, the request's fingerprint and
-// step ([idemstore.Record.DerivedKey]). So it is the same for every holder of the
-// record (a takeover, the [Completer]) and for the retry that makes a new record after
-// this one was released or lost (a store failover that dropped its last commits): an
-// outside system that deduplicates by it runs the call once. A record made before
-// this derivation keeps hex SHA-256(record id ‖ step).
+// nothing to do with a database's foreign keys. It is hex SHA-256(record id ‖ step)
+// ([idemstore.DeriveKey]), as every release of idem derives it, and the record id
+// is derived from the request: its scope, key and fingerprint
+// ([idemstore.RecordIDFor]). So it is the same for every holder of the record (a
+// takeover, the [Completer], a process of the previous or the next release), and for
+// the retry that makes a new record after this one was released or lost (a store
+// failover that dropped its last commits): an outside system that deduplicates by it
+// runs the call once. A record made by idem 0.2.0 or older keeps its random id, and
+// its keys.
 //
 // step names the call, like a step's name: keep it stable across deploys while
 // operations are unfinished, or a resumed operation sends a new key. It panics on a
@@ -99,26 +99,7 @@ func (h *Handle) DerivedKey(step string) string {
 	if h == nil || h.claimed == nil {
 		panic("idem: Handle.DerivedKey needs an acquired claim: the handle is nil (a request without a key) or its claim is not made yet (a ClaimInHandler route)")
 	}
-	fp := h.claimed.Fingerprint
-	if fp == (Fingerprint{}) { // a store that did not return it: the request's, which made the record
-		fp = h.claim.Fingerprint
-	}
-	return idemstore.DeriveKey(h.scope, h.key, h.claimed.ID, fp, step)
-}
-
-// ForeignKey is the former name of [Handle.DerivedKey].
-//
-// Deprecated: use [Handle.DerivedKey]; ForeignKey goes in the next release.
-func (h *Handle) ForeignKey(step string) string { return h.DerivedKey(step) }
-
-// ForeignKey returns hex SHA-256(recordID ‖ step), the derived key of a record made
-// before derived keys came from the request.
-//
-// Deprecated: use [idemstore.Record.DerivedKey], right for records of every version.
-// ForeignKey goes in the next release.
-func ForeignKey(recordID, step string) string {
-	sum := sha256.Sum256([]byte(recordID + step))
-	return hex.EncodeToString(sum[:])
+	return idemstore.DeriveKey(h.claimed.ID, step)
 }
 
 // StepResult reports whether step committed, and when it did decodes the result it

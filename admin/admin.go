@@ -36,7 +36,10 @@ type Store interface {
 
 	// RecordList returns up to params.Limit records in (scope, key) order, starting
 	// after (params.AfterScope, params.AfterKey), optionally of one scope and one state.
-	// Expired records that are not deleted yet are listed too. It never returns
+	// Expired records that are not deleted yet are listed too. Without a scope it
+	// leaves out idem's own records ([idemstore.ReservedScope]: the MAC secret, the
+	// store's state, the releases that served it), which a list of that scope
+	// shows. It never returns
 	// response headers, bodies or step results (Steps), but the recovery point and
 	// operation name. A store whose AdminCapabilities().List is false
 	// returns an error wrapping [errors.ErrUnsupported] that says why.
@@ -131,8 +134,9 @@ type Record struct {
 	// Scope and Key identify the record (SPEC §3).
 	Scope string
 	Key   string
-	// ID is the record id: new at every claim of an absent or expired key, kept across
-	// takeovers (SPEC §13).
+	// ID is the record id: derived from the request by the claim that created the
+	// record (the same for every record of one request; random for records of idem
+	// 0.2.0 and older), kept across takeovers (SPEC §13).
 	ID string
 	// State is in flight or completed.
 	State idemstore.State
@@ -182,9 +186,7 @@ func (r *Record) Expired(now time.Time) bool { return !r.Unfinished() && !now.Be
 // DerivedKey returns the derived key of the outside call made at step by the record's
 // operation (SPEC §13, [idemstore.Record.DerivedKey]): what a card processor or idem
 // proxy's upstream was sent.
-func (r *Record) DerivedKey(step string) string {
-	return idemstore.DeriveKey(r.Scope, r.Key, r.ID, r.Fingerprint, step)
-}
+func (r *Record) DerivedKey(step string) string { return idemstore.DeriveKey(r.ID, step) }
 
 // LeaseLive reports whether the record is in flight under a live lease at now.
 func (r *Record) LeaseLive(now time.Time) bool {

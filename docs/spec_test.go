@@ -13,8 +13,8 @@ import (
 	"testing"
 )
 
-// sections are the numbered sections of the contract, §1 to §19.
-const sections = 19
+// sections are the numbered sections of the contract, §1 to §20.
+const sections = 20
 
 var (
 	heading = regexp.MustCompile(`(?m)^## §(\d+) `)

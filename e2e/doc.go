@@ -14,9 +14,11 @@
 // first processor key, by the client's retry or the completer, and what an operator
 // sees of it meanwhile (issue 20).
 //
-// The processes are built without -race by default: a race-built binary with the pure
-// Go SQLite driver is several times slower, and the library packages already run their
-// own tests under -race. Set IDEM_E2E_RACE=1 to build the processes with -race too.
+// The processes are built without -race by default, by scripts/build-static as the
+// Docker image's binary is (one build serves the process tests and the Docker test,
+// within 10 minutes): a race-built binary with the pure Go SQLite driver is several
+// times slower, and the library packages already run their own tests under -race. Set
+// IDEM_E2E_RACE=1 to build the processes with -race too.
 // IDEM_E2E_BIN names a prebuilt binary to use instead of building one.
 //
 // The outage tests stop a PostgreSQL cluster of their own (initdb and pg_ctl from

@@ -1,82 +1,81 @@
 package idemstore
 
 import (
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"hash"
-	"strings"
 )
 
-// Derived keys (SPEC §13, §17). An operation that calls an outside system (a card
-// processor, a bank, the upstream of idem proxy) sends it a key derived from its
-// record, so that the outside system recognises a call repeated after a crash, a
-// takeover or a release, and deduplicates it.
+// Record ids and derived keys (SPEC §13, §17, §20). An operation that calls an
+// outside system (a card processor, a bank, the upstream of idem proxy) sends it a
+// key derived from its record, hex SHA-256(record id ‖ step) ([DeriveKey]), so that
+// the outside system recognises a call repeated after a crash, a takeover or a
+// release, and deduplicates it. Every release of idem computes this same formula,
+// whichever made the record: a record begun by one release and resumed by another
+// (a rolling upgrade, a rollback) keeps its derived keys.
 //
-// A record made by this version has an id that starts with [RecordIDPrefix]; its
-// derived keys come from what the client sent and the record cannot lose: the scope,
-// the key, the request's fingerprint and the step. When the record itself is lost (a
-// store failover that dropped its last commits, a released key), the retry makes a
-// new record with a new id, but the same request derives the same keys, and an
-// outside system that deduplicates absorbs the repeat. A record made before has an
-// id without the prefix; its keys stay hex SHA-256(record id ‖ step), as they were
-// when its operation began, so that an operation in flight across the upgrade keeps
-// its keys.
+// The id of a record this release makes is derived from the request
+// ([RecordIDFor]): its scope, key and fingerprint. So the retry that makes a new
+// record after the first was lost (a store failover that dropped its last commits)
+// or released makes the same id, and derives the same keys. A record made by idem
+// 0.2.0 or older has a random id (32 hex digits); it keeps it, and its keys, when
+// this release takes it over.
 
-// RecordIDPrefix starts the id of every record whose derived keys come from its
-// request ([Record.DerivedKey]). A record id is this prefix and 32 hex digits
-// ([NewRecordID]).
-const RecordIDPrefix = "r2"
+// RecordIDPrefix starts the id of every record whose id is derived from its request
+// ([RecordIDFor]); the ids of earlier releases are 32 hex digits, without it.
+const RecordIDPrefix = "rd"
 
-// NewRecordID returns a fresh record id: [RecordIDPrefix] and 16 random bytes in hex.
-func NewRecordID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
-	return RecordIDPrefix + hex.EncodeToString(b[:])
+// recordIDLabel separates these sums from every other SHA-256 idem computes.
+const recordIDLabel = "idem record id v1\x00"
+
+// RecordIDFor returns the id of the record a claim of (scope, key) by a request
+// fingerprinted fp creates: [RecordIDPrefix] and the hex of the first 16 bytes of
+// SHA-256 over a label and the length-prefixed scope and key, the fingerprint's
+// version and its sum. It is the same for every claim of one request, and differs
+// for another scope, key or request. Under a keyring the fingerprint is keyed (an
+// HMAC under the store's MAC secret), so the id reveals nothing the stored
+// fingerprint does not.
+func RecordIDFor(scope, key string, fp Fingerprint) string {
+	var out [RecordIDLen]byte
+	return string(AppendRecordID(out[:0], scope, key, fp))
 }
 
-// derivedKeyLabel separates these sums from every other SHA-256 idem computes.
-const derivedKeyLabel = "idem derived key v2\x00"
+// RecordIDLen is the length of the ids [RecordIDFor] makes.
+const RecordIDLen = len(RecordIDPrefix) + 32
+
+// AppendRecordID appends [RecordIDFor](scope, key, fp) to dst: for a caller that
+// makes the id with other strings in one allocation (the claim's token and id).
+func AppendRecordID(dst []byte, scope, key string, fp Fingerprint) []byte {
+	// One buffer hashed at once, on the stack for the usual scope and key: a claim
+	// computes it, and hashing through hash.Hash would allocate for every field.
+	var in [256]byte
+	b := append(in[:0], recordIDLabel...)
+	b = appendField(b, scope)
+	b = appendField(b, key)
+	b = binary.BigEndian.AppendUint32(b, uint32(fp.Version))
+	b = append(b, fp.Sum[:]...)
+	sum := sha256.Sum256(b)
+	dst = append(dst, RecordIDPrefix...)
+	return hex.AppendEncode(dst, sum[:16])
+}
 
 // DerivedKey returns the idempotency key of the outside call made at step by the
-// operation of record r (SPEC §13): for a record whose id starts with
-// [RecordIDPrefix], hex SHA-256 over a label and the length-prefixed scope, key,
-// fingerprint (version and sum) and step; for an older record, hex SHA-256(id ‖ step).
-//
-// It is the same for every holder of the record (a takeover keeps scope, key,
-// fingerprint and id), and for a new record made by the same request after the
-// record was lost or released, so that the outside system deduplicates the call. A
-// key reused with the same parameters after its record expired derives the same key
-// again: the outside system answers from its memory of the first call, if it still
-// has one. When fingerprints are keyed, the derived key is keyed through them.
-func (r *Record) DerivedKey(step string) string {
-	return DeriveKey(r.Scope, r.Key, r.ID, r.Fingerprint, step)
+// operation of record r (SPEC §13): [DeriveKey] of its id and step.
+func (r *Record) DerivedKey(step string) string { return DeriveKey(r.ID, step) }
+
+// DeriveKey returns hex SHA-256(recordID ‖ step): the idempotency key of the outside
+// call made at step by the operation of the record recordID, as every release of
+// idem derives it. It is the same for every holder of the record (a takeover keeps
+// its id), and, for a record of this release, for every record of the same request
+// ([RecordIDFor]). An operator uses it to find the call in the outside system's
+// records (`idem keys get --step`).
+func DeriveKey(recordID, step string) string {
+	sum := sha256.Sum256([]byte(recordID + step))
+	return hex.EncodeToString(sum[:])
 }
 
-// DeriveKey is [Record.DerivedKey] for a record known by its parts.
-func DeriveKey(scope, key, recordID string, fp Fingerprint, step string) string {
-	if !strings.HasPrefix(recordID, RecordIDPrefix) {
-		sum := sha256.Sum256([]byte(recordID + step))
-		return hex.EncodeToString(sum[:])
-	}
-	h := sha256.New()
-	h.Write([]byte(derivedKeyLabel))
-	writeField(h, scope)
-	writeField(h, key)
-	var v [4]byte
-	binary.BigEndian.PutUint32(v[:], uint32(fp.Version))
-	h.Write(v[:])
-	h.Write(fp.Sum[:])
-	writeField(h, step)
-	var sum [sha256.Size]byte
-	return hex.EncodeToString(h.Sum(sum[:0]))
-}
-
-// writeField writes s to h after its length, so that no two field lists hash alike.
-func writeField(h hash.Hash, s string) {
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(s)))
-	h.Write(n[:])
-	h.Write([]byte(s))
+// appendField appends s to b after its length, so that no two field lists hash alike.
+func appendField(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
+	return append(b, s...)
 }

@@ -101,9 +101,12 @@ type Record struct {
 	Scope string
 	// Key is the idempotency key as parsed (unquoted).
 	Key string
-	// ID is new at every claim of an absent or expired key and kept across takeovers of
-	// a lapsed lease ([NewRecordID]). Its prefix says how the record's derived keys are
-	// made ([Record.DerivedKey], SPEC §13).
+	// ID is set by the claim that creates the record and kept across takeovers. This
+	// release derives it from the request ([RecordIDFor]: scope, key, fingerprint),
+	// so it is unique per request, not per record: a record the same request makes
+	// again (after a release, a failover that lost the first, an expiry) has the same
+	// id, and so the same derived keys ([Record.DerivedKey], SPEC §13). Records of
+	// idem 0.2.0 and older have random ids.
 	ID string
 	// Fingerprint identifies the request that created the record.
 	Fingerprint Fingerprint

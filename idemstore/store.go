@@ -129,7 +129,7 @@ type ClaimParams struct {
 	// Token is the fresh random lock token the claim installs when it acquires the key.
 	Token string
 	// RecordID is the record id installed when the claim creates a new record (ignored
-	// on a takeover, which keeps the old one).
+	// on a takeover, which keeps the old one): the request's, [RecordIDFor].
 	RecordID string
 	// Lease is how long the claim holds the key before another request may take it over.
 	Lease time.Duration

@@ -155,6 +155,7 @@ var cases = []testCase{
 	{"DeleteScopeRefusesAnEmptyScope", deleteScopeEmpty},
 	{"ListPagesThroughAScopeInKeyOrder", listPages},
 	{"ListFiltersByStateAndAcrossScopes", listFilters},
+	{"ListLeavesOutIdemsOwnRecordsUnlessAskedForTheirScope", listReserved},
 	{"ListSaysWhyWhenTheStoreCannotList", listUnsupported},
 	{"ResolveReleasesAnOutcomeUnknownKey", resolveRelease},
 	{"ResolveCompletesAnOutcomeUnknownKeyWithTheGivenResponse", resolveComplete},
@@ -423,6 +424,28 @@ func listFilters(t *testing.T, b *bundle) {
 	done := listAll(t, b, admin.RecordListParams{State: idemstore.StateCompleted, Limit: 10, Now: b.t0})
 	if got := keysOf(done); !slices.Equal(got, []string{a + "/key-1", a + "/key-3", z + "/key-2"}) {
 		t.Fatalf("completed: %v", got)
+	}
+}
+
+// listReserved: idem's own records (the store's state, the releases that served it,
+// SPEC §20) are not records of requests: a list of every scope leaves them out, a
+// list of the reserved scope shows them.
+func listReserved(t *testing.T, b *bundle) {
+	needList(t, b)
+	if _, err := idem.CheckStore(b.ctx, b.s); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idem.FinalizeUpgrade(b.ctx, b.s, idem.FinalizeOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	b.complete(b.scope, "key-1", b.t0, okResponse("1"))
+	all := listAll(t, b, admin.RecordListParams{Limit: 1, Now: b.t0})
+	if got := keysOf(all); !slices.Equal(got, []string{b.scope + "/key-1"}) {
+		t.Fatalf("a list of every scope: %q, want the request's record only", got)
+	}
+	own := listAll(t, b, admin.RecordListParams{Scope: idemstore.ReservedScope, Limit: 10, Now: b.t0})
+	if len(own) < 2 {
+		t.Fatalf("a list of the reserved scope: %q, want the store's state and the release that served it", keysOf(own))
 	}
 }
 

@@ -97,6 +97,10 @@ func (c *keysCommand) target(required bool) (storeURL, string, error) {
 		return u, "", err
 	case c.scope != "" && c.token != "":
 		return u, "", errors.New("--scope and --token exclude each other")
+	case c.scope == idemstore.ReservedScope:
+		// The MAC secret and the store's state: deleting or settling them by hand
+		// would lose every sealed record, or a finalized level (SPEC §19, §20).
+		return u, "", errors.New("--scope names idem's own reserved scope (the MAC secret, the store's state), which idem keys never reads or changes: idem migrate shows the store's state")
 	case c.token != "":
 		return u, payments.ScopeOfToken(c.token), nil
 	case c.scope == "" && required:
@@ -139,6 +143,10 @@ func (c *keysCommand) withStore(ctx context.Context, stderr io.Writer, u storeUR
 func (c *keysCommand) open(ctx context.Context, u storeURL) (*openedStore, admin.Store, error) {
 	st, err := openStore(ctx, u, newLogger(io.Discard, 0), nil, true)
 	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := st.check(ctx, u.connTimeout()); err != nil {
+		st.close()
 		return nil, nil, err
 	}
 	as, ok := st.store.(admin.Store)

@@ -209,6 +209,9 @@ func runPayments(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if err := migrateAtStart(ctx, f.migrateTimeout, st, db, storeURL, dbURL); err != nil {
 		return failure(stderr, name, err)
 	}
+	if _, err := st.check(ctx, f.migrateTimeout); err != nil {
+		return failure(stderr, name, err)
+	}
 
 	var ring *seal.Keyring
 	if !f.disableIdempotency {

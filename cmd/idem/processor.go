@@ -72,6 +72,9 @@ func runProcessor(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := st.migrate(ctx); err != nil {
 		return failure(stderr, name, fmt.Errorf("migrating the store %s: %w", u, err))
 	}
+	if _, err := st.check(ctx, u.connTimeout()); err != nil {
+		return failure(stderr, name, err)
+	}
 	db := processor.SQLite(st.sqlite)
 	if st.pg != nil {
 		db = processor.Postgres(st.pg)

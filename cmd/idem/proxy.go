@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -29,6 +32,8 @@ const proxySynopsis = `--upstream URL [--addr 127.0.0.1:8081] [--store URL]
                   [--auth-timeout 5s] [--max-in-flight-per-principal 256]
                   [--max-stored-bytes-per-principal 268435456] [--quota-window 10m]
                   [--shutdown-grace 25s] [--access-log] [--health-path /healthz]
+                  [--upstream-ca FILE] [--upstream-cert FILE --upstream-key FILE]
+                  [--upstream-h2c] [--upstream-resends 3] [--not-forwarded-header NAME]
                   [--metrics-addr ADDR] ...
 
 Serves as a reverse proxy in front of an HTTP API written in any language, and gives it
@@ -55,7 +60,15 @@ endpoint down or slow is 503 auth_unavailable, never a replay.
 
 Nothing below the proxy re-sends a protected request: Go's HTTP transport would
 re-send a keyed GET whose reply was lost on a kept-alive connection, and its HTTP/2
-client a stream reset after the upstream acted; the proxy sends each once.
+client a stream reset after the upstream acted; the proxy sends each once. What the
+upstream provably did not process (an HTTP/2 stream refused with REFUSED_STREAM, or
+above a GOAWAY's last stream id, as nginx sends past keepalive_requests and at a
+reload) the proxy sends again itself, up to --upstream-resends times, under the same
+derived key, counted; past that the key is released. Behind a gateway (nginx,
+HAProxy), --not-forwarded-header names the header by which it marks a 5xx that never
+reached the application, which then releases the key; docs/proxy.md has the
+gateways' configurations (the read timeout above --upstream-wait-limit, no re-sends
+of their own).
 
 Not knowing is not failure: a key is released only when the request provably never
 reached the upstream (the connection could not be made, or failed before the request
@@ -131,6 +144,10 @@ type proxyFlags struct {
 	maxInFlightPerPrincipal                   int
 	maxStoredBytesPerPrincipal                int64
 	quotaWindow                               time.Duration
+	upstreamCA, upstreamCert, upstreamKey     string
+	upstreamH2C                               bool
+	upstreamResends                           int
+	notForwardedHeader                        string
 }
 
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -174,7 +191,13 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&f.quotaWindow, "quota-window", idem.DefaultQuotaWindow, "the window of --max-stored-bytes-per-principal")
 	fs.BoolVar(&f.accessLog, "access-log", false, "log one line per request, at info level (shown at the default --log-level info): method, route, status, outcome (forwarded, replayed, answered, not_sent, outcome_unknown, upstream_timeout), duration, bytes and the key's short hash, never the key or a credential")
 	fs.StringVar(&f.healthPath, "health-path", "/healthz", "`path` the proxy answers itself on GET and HEAD: 200 when the store answers (and the upstream, with --upstream-health-path), 503 otherwise ('' forwards every path)")
-	fs.StringVar(&f.upstreamHealthPath, "upstream-health-path", "", "`path` of the upstream that --health-path also GETs, wanting 2xx or 3xx (default: the upstream is not checked)")
+	fs.StringVar(&f.upstreamHealthPath, "upstream-health-path", "", "`path` of the upstream that --health-path also GETs, wanting 2xx or 3xx, over the protocol the proxy speaks to it, so that an upstream speaking another (h2c without --upstream-h2c) fails it (default: the upstream is not checked)")
+	fs.StringVar(&f.upstreamCA, "upstream-ca", "", "PEM `file` of the certificates that an https upstream's certificate must chain to, instead of the system's roots (a private CA)")
+	fs.StringVar(&f.upstreamCert, "upstream-cert", "", "PEM `file` of the client certificate the proxy presents to an https upstream (mutual TLS, as service meshes require), with --upstream-key")
+	fs.StringVar(&f.upstreamKey, "upstream-key", "", "PEM `file` of the private key of --upstream-cert")
+	fs.BoolVar(&f.upstreamH2C, "upstream-h2c", false, "speak HTTP/2 without TLS (h2c, prior knowledge) to an http:// upstream, such as a gRPC gateway or a sidecar that only speaks h2c (default: HTTP/1.1; an https upstream negotiates HTTP/2 by itself)")
+	fs.IntVar(&f.upstreamResends, "upstream-resends", proxy.DefaultUpstreamResends, "how often a protected request that the upstream provably did not process (an HTTP/2 stream refused, or above a GOAWAY's last stream id) is sent again, under the same derived key, before its key is released (-1: never; it is released at once)")
+	fs.StringVar(&f.notForwardedHeader, "not-forwarded-header", "", "response `header` by which a trusted gateway in front of the application marks a 5xx it answered without forwarding the request (it could not connect, no live server): such an answer releases the key instead of keeping it unknown, and the header is not passed on; docs/proxy.md has nginx's and HAProxy's configurations (default: none)")
 	if code, done := parse(fs, args, stdout, stderr); done {
 		return code
 	}
@@ -194,6 +217,9 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	defer st.close()
 	if err := migrateWithin(ctx, f.migrateTimeout, migration{"the store " + storeURL.String(), st.migrate}); err != nil {
+		return failure(stderr, name, err)
+	}
+	if _, err := st.check(ctx, f.migrateTimeout); err != nil {
 		return failure(stderr, name, err)
 	}
 	var m *metrics
@@ -257,6 +283,8 @@ var proxyFlagNames = strings.NewReplacer(
 	"proxy: Config.AuthPrincipalHeader", "--auth-principal-header",
 	"proxy: Config.ClientAddressHeader", "--client-address-header",
 	"proxy: Config.UpstreamHealthPath", "--upstream-health-path",
+	"proxy: Config.UpstreamH2C", "--upstream-h2c",
+	"proxy: Config.NotForwardedHeader", "--not-forwarded-header",
 	"proxy: Config.Idem: ", "",
 )
 
@@ -307,6 +335,8 @@ func (f *proxyFlags) validate() (storeURL, proxy.Config, error) {
 		return store, proxy.Config{}, fmt.Errorf("--max-buffered-bodies must be positive, got %d", f.maxBufferedBodies)
 	case f.scopeCookie != "" && f.scopeHeader == "":
 		return store, proxy.Config{}, errors.New("--scope-cookie and --scope-header '' exclude each other: a cookie's principal, or one shared scope")
+	case f.upstreamResends == 0:
+		return store, proxy.Config{}, errors.New("--upstream-resends must be positive, or -1 for no re-send")
 	}
 	var authURL *url.URL
 	if f.authURL != "" {
@@ -316,6 +346,10 @@ func (f *proxyFlags) validate() (storeURL, proxy.Config, error) {
 		authURL, _ = url.Parse(f.authURL)
 	}
 	upstream, _ := url.Parse(f.upstream) // checkBaseURL parsed it
+	upstreamTLS, err := f.upstreamTLS(upstream)
+	if err != nil {
+		return store, proxy.Config{}, err
+	}
 	cfg := proxy.Config{
 		Upstream: upstream,
 		Idem: idem.Config{
@@ -333,6 +367,8 @@ func (f *proxyFlags) validate() (storeURL, proxy.Config, error) {
 		TakeOverOnLapse: idem.LapsePolicy(f.onLapse) == idem.LapseTakeOver,
 		MaxStoredBody:   f.maxStoredBody, UpstreamTimeout: f.upstreamTimeout, UpstreamIdleTimeout: f.upstreamIdleTimeout,
 		HealthPath: f.healthPath, UpstreamHealthPath: f.upstreamHealthPath, AccessLog: f.accessLog,
+		UpstreamTLS: upstreamTLS, UpstreamH2C: f.upstreamH2C, UpstreamResends: f.upstreamResends,
+		NotForwardedHeader: f.notForwardedHeader,
 	}
 	if f.keyHeader == "" {
 		return store, cfg, errors.New("--key-header must not be empty")
@@ -349,6 +385,39 @@ func (f *proxyFlags) validate() (storeURL, proxy.Config, error) {
 		return store, cfg, errors.New(proxyFlagNames.Replace(err.Error()))
 	}
 	return store, cfg, nil
+}
+
+// upstreamTLS is the TLS configuration of --upstream-ca, --upstream-cert and
+// --upstream-key for an https upstream, or nil when none is set; errors name the flag.
+func (f *proxyFlags) upstreamTLS(upstream *url.URL) (*tls.Config, error) {
+	if f.upstreamCA == "" && f.upstreamCert == "" && f.upstreamKey == "" {
+		return nil, nil
+	}
+	if upstream.Scheme != "https" {
+		return nil, fmt.Errorf("--upstream-ca, --upstream-cert and --upstream-key configure TLS to an https:// upstream; --upstream is %s", upstream.Redacted())
+	}
+	c := &tls.Config{}
+	if f.upstreamCA != "" {
+		pem, err := os.ReadFile(f.upstreamCA)
+		if err != nil {
+			return nil, fmt.Errorf("--upstream-ca: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--upstream-ca %s: no PEM certificate in it", f.upstreamCA)
+		}
+	}
+	if (f.upstreamCert == "") != (f.upstreamKey == "") {
+		return nil, errors.New("--upstream-cert and --upstream-key go together: a client certificate and its private key")
+	}
+	if f.upstreamCert != "" {
+		cert, err := tls.LoadX509KeyPair(f.upstreamCert, f.upstreamKey)
+		if err != nil {
+			return nil, fmt.Errorf("--upstream-cert, --upstream-key: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
 }
 
 // listFlag is a repeatable flag whose every value may list several items,

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -129,5 +130,36 @@ func TestProxyMetricsAreServedOnTheirOwnListener(t *testing.T) {
 	cancel()
 	if code := <-exit; code != exitOK {
 		t.Fatalf("exit %d after shutdown", code)
+	}
+}
+
+// The flags of TLS and HTTP/2 to the upstream refuse what cannot work, at start and
+// naming the flag: a CA file that is not there or holds no certificate, a client
+// certificate without its key, TLS flags for an http upstream, h2c for an https one,
+// and no re-send given as 0.
+func TestProxyRefusesUpstreamTLSAndProtocolFlagsThatCannotWork(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--upstream", "https://127.0.0.1:1", "--upstream-ca", filepath.Join(dir, "missing.pem")}, "--upstream-ca"},
+		{[]string{"--upstream", "https://127.0.0.1:1", "--upstream-ca", notPEM}, "no PEM certificate"},
+		{[]string{"--upstream", "https://127.0.0.1:1", "--upstream-cert", notPEM}, "--upstream-cert and --upstream-key go together"},
+		{[]string{"--upstream", "http://127.0.0.1:1", "--upstream-ca", notPEM}, "an https:// upstream"},
+		{[]string{"--upstream", "https://127.0.0.1:1", "--upstream-h2c"}, "--upstream-h2c is HTTP/2 without TLS"},
+		{[]string{"--upstream", "http://127.0.0.1:1", "--upstream-resends", "0"}, "--upstream-resends must be positive"},
+		{[]string{"--upstream", "http://127.0.0.1:1", "--not-forwarded-header", "X Bad"}, "--not-forwarded-header"},
+	} {
+		var stderr strings.Builder
+		code := run(t.Context(), append([]string{"proxy", "--store", "sqlite:" + filepath.Join(dir, "idem.db")}, tc.args...), io.Discard, &stderr)
+		if code != exitUsage || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("idem proxy %v: exit %d, %q; want a usage error saying %q", tc.args, code, stderr.String(), tc.want)
+		}
 	}
 }

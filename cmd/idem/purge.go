@@ -41,6 +41,9 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return failure(stderr, name, err)
 	}
 	defer st.close()
+	if _, err := st.check(ctx, u.connTimeout()); err != nil {
+		return failure(stderr, name, err)
+	}
 	if u.kind == kindRedis {
 		fmt.Fprintf(stdout, "%s: %s\n", u, redisNoPurge)
 		return exitOK

@@ -128,6 +128,10 @@ type openedStore struct {
 	store idemstore.Store
 	// migrate creates or upgrades the store's schema.
 	migrate func(ctx context.Context) error
+	// unknownMigrations names the migrations a later release applied to the schema
+	// (nil for Redis, which has none); lastMigration is the last this release knows.
+	unknownMigrations func(ctx context.Context) ([]string, error)
+	lastMigration     string
 	// sqlite or pg is set for an SQL store, so that a DB on the same database can
 	// share its connections and its InTx helper.
 	sqlite *sqlite.Store
@@ -172,7 +176,8 @@ func openStore(ctx context.Context, u storeURL, logger *slog.Logger, cleaner *id
 		if err != nil {
 			return nil, err
 		}
-		return &openedStore{url: u, store: st, migrate: st.Migrate, sqlite: st, close: func() { _ = st.Close() }}, nil
+		return &openedStore{url: u, store: st, migrate: st.Migrate, sqlite: st, close: func() { _ = st.Close() },
+			unknownMigrations: st.UnknownMigrations, lastMigration: sqlite.LastMigration()}, nil
 	case kindPostgres:
 		pool, err := openPostgresPool(ctx, u.raw, postgresConns, u.connTimeout(), logger)
 		if err != nil {
@@ -184,7 +189,8 @@ func openStore(ctx context.Context, u storeURL, logger *slog.Logger, cleaner *id
 			return nil, err
 		}
 		closeAll := func() { st.Close(); pool.Close() }
-		return &openedStore{url: u, store: st, migrate: st.Migrate, pg: st, close: closeAll}, nil
+		return &openedStore{url: u, store: st, migrate: st.Migrate, pg: st, close: closeAll,
+			unknownMigrations: st.UnknownMigrations, lastMigration: postgres.LastMigration()}, nil
 	case kindRedis:
 		routeGoRedisLogs(logger)
 		// Open logs its durability warnings (persistence, eviction) once, through logger.
@@ -197,6 +203,20 @@ func openStore(ctx context.Context, u storeURL, logger *slog.Logger, cleaner *id
 		return &openedStore{url: u, store: st, migrate: noMigration, close: func() { _ = st.Close() }}, nil
 	}
 	return nil, fmt.Errorf("store URL %q: unknown kind", u)
+}
+
+// check is the start sequence's check of the store (SPEC §20, idem.CheckStore), once
+// it is migrated: it refuses a store whose format level is newer than this release
+// knows, naming both, and records this release as serving the store today. It ends
+// within timeout.
+func (o *openedStore) check(ctx context.Context, timeout time.Duration) (idem.StoreState, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	st, err := idem.CheckStore(ctx, o.store)
+	if err != nil {
+		return st, fmt.Errorf("the store %s: %w", o.url, err)
+	}
+	return st, nil
 }
 
 // goRedisLogs makes go-redis's own logger (connection pool and cluster chatter, which

@@ -78,6 +78,10 @@ func open(ctx context.Context, path string) (*sqlite.Store, error) {
 	if err := store.Migrate(ctx); err != nil {
 		return nil, errors.Join(err, store.Close())
 	}
+	// The start sequence (SPEC §20): never serve a store a newer release finalized.
+	if _, err := idem.CheckStore(ctx, store); err != nil {
+		return nil, errors.Join(err, store.Close())
+	}
 	_, err = store.DB().ExecContext(ctx, `CREATE TABLE IF NOT EXISTS charges (
 		id TEXT PRIMARY KEY, amount INTEGER NOT NULL, currency TEXT NOT NULL)`)
 	if err != nil {

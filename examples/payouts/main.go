@@ -106,6 +106,11 @@ func open(ctx context.Context, url string) (*postgres.Store, error) {
 		store.Close()
 		return nil, err
 	}
+	// The start sequence (SPEC §20): never serve a store a newer release finalized.
+	if _, err := idem.CheckStore(ctx, store); err != nil {
+		store.Close()
+		return nil, err
+	}
 	_, err = store.Pool().Exec(ctx, `
 		CREATE TABLE IF NOT EXISTS accounts (id text PRIMARY KEY, balance bigint NOT NULL CHECK (balance >= 0));
 		CREATE TABLE IF NOT EXISTS payouts (

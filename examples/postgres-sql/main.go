@@ -65,6 +65,11 @@ func open(ctx context.Context, url string) (*postgres.Store, error) {
 		store.Close()
 		return nil, err
 	}
+	// The start sequence (SPEC §20): never serve a store a newer release finalized.
+	if _, err := idem.CheckStore(ctx, store); err != nil {
+		store.Close()
+		return nil, err
+	}
 	_, err = store.DB().ExecContext(ctx, `CREATE TABLE IF NOT EXISTS charges (
 		id text PRIMARY KEY, amount bigint NOT NULL, currency text NOT NULL)`)
 	if err != nil {

@@ -74,6 +74,10 @@ func open(ctx context.Context, redisURL, path string) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The start sequence (SPEC §20): never serve a store a newer release finalized.
+	if _, err := idem.CheckStore(ctx, store); err != nil {
+		return nil, errors.Join(err, store.Close())
+	}
 	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(wal)")
 	if err != nil {
 		return nil, errors.Join(err, store.Close())

@@ -45,6 +45,15 @@ const (
 	ResetAlways
 	// Answer answers every request 201 (a well-behaved HTTP/2 upstream).
 	Answer
+	// RefuseOnce refuses the first request of each key with RST_STREAM
+	// REFUSED_STREAM before acting on it (RFC 9113 §8.7: nothing was processed), and
+	// answers the later ones 201; a refused request is not counted.
+	RefuseOnce
+	// GoAwayOnce answers the first request of each key with a GOAWAY whose last
+	// stream id is below its stream's (RFC 9113 §6.8: it was not processed) and
+	// closes the connection, as nginx does past keepalive_requests or at a reload;
+	// the later ones are answered 201. A request left out is not counted.
+	GoAwayOnce
 )
 
 // Server is a running HTTP/2 upstream. Its zero value is not usable: call Start.
@@ -56,13 +65,28 @@ type Server struct {
 	// RootCAs trusts its certificate, for an in-process client's tls.Config.
 	RootCAs *x509.CertPool
 
-	mode  Mode
-	ln    net.Listener
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	conns map[net.Conn]bool
-	count map[string]int
+	mode    Mode
+	ln      net.Listener
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	conns   map[net.Conn]bool
+	count   map[string]int
+	refused map[string]int // by key: requests refused or left out, not processed
 }
+
+// Refused returns how many requests it refused or left out by a GOAWAY, unprocessed.
+func (s *Server) Refused() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, c := range s.refused {
+		n += c
+	}
+	return n
+}
+
+// errGoAway ends a connection after its GOAWAY.
+var errGoAway = errors.New("h2fault: GOAWAY sent")
 
 // Start starts a server of mode on a free loopback port; its certificate is written
 // to dir (for CAFile). Close stops it.
@@ -71,7 +95,7 @@ func Start(mode Mode, dir string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{mode: mode, conns: map[net.Conn]bool{}, count: map[string]int{}, RootCAs: x509.NewCertPool()}
+	s := &Server{mode: mode, conns: map[net.Conn]bool{}, count: map[string]int{}, refused: map[string]int{}, RootCAs: x509.NewCertPool()}
 	s.RootCAs.AppendCertsFromPEM(certPEM)
 	s.CAFile = filepath.Join(dir, "h2fault-ca.pem")
 	if err := os.WriteFile(s.CAFile, certPEM, 0o600); err != nil {
@@ -183,7 +207,7 @@ func (s *Server) serve(c net.Conn) error {
 			streams[f.StreamID] = st
 			if f.StreamEnded() {
 				if err := s.act(fr, f.StreamID, st); err != nil {
-					return err
+					return drainAfterGoAway(c, err)
 				}
 			}
 		case *http2.DataFrame:
@@ -201,7 +225,7 @@ func (s *Server) serve(c net.Conn) error {
 			if f.StreamEnded() {
 				delete(streams, f.StreamID)
 				if err := s.act(fr, f.StreamID, st); err != nil {
-					return err
+					return drainAfterGoAway(c, err)
 				}
 			}
 		case *http2.GoAwayFrame:
@@ -210,11 +234,44 @@ func (s *Server) serve(c net.Conn) error {
 	}
 }
 
+// drainAfterGoAway returns err, unless it is errGoAway: then the connection is read
+// on for a second, so that closing it with the client's frames unread does not reset
+// it before the client read the GOAWAY.
+func drainAfterGoAway(c net.Conn, err error) error {
+	if !errors.Is(err, errGoAway) {
+		return err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	_, _ = io.Copy(io.Discard, c)
+	return nil
+}
+
 // act counts a keyed request and resets its stream or answers it, as the mode says;
 // a request without a key (a health check, a warm-up) is answered 200 uncounted.
 func (s *Server) act(fr *http2.Framer, id uint32, st *stream) error {
 	if st.key == "" {
 		return s.answer(fr, id, "200", []byte(`{}`))
+	}
+	if s.mode == RefuseOnce || s.mode == GoAwayOnce {
+		s.mu.Lock()
+		first := s.refused[st.key] == 0 && s.count[st.key] == 0
+		if first {
+			s.refused[st.key]++
+		}
+		s.mu.Unlock()
+		switch {
+		case first && s.mode == RefuseOnce:
+			return fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
+		case first:
+			last := uint32(0) // the stream before id: client streams are odd
+			if id > 2 {
+				last = id - 2
+			}
+			if err := fr.WriteGoAway(last, http2.ErrCodeNo, nil); err != nil {
+				return err
+			}
+			return errGoAway
+		}
 	}
 	s.mu.Lock()
 	s.count[st.key]++

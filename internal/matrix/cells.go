@@ -279,6 +279,10 @@ each cell below to its outcome with one shared assertion, the whole promise of S
     the stale write commits, as the table says; on Redis + backstop the stale holder's
     transaction commits with its backstop row and the taker answers that row's
     response, which the record's token cannot fence);
+  - last, a later release finalizes a newer format level on the cell's store mid-run
+    (SPEC §20): once what the process knows of the store's state is
+    ` + "`idem.StoreStateRefresh`" + ` old, a new key's request to each process gets 503
+    ` + "`store_unavailable`" + `, charges nothing, and an ERROR names the newer release;
 
   and it counts what committed: one charge per key and principal, in the application's
   table. With a store that has transactions, the SPEC §7 helpers complete the record
@@ -286,7 +290,7 @@ each cell below to its outcome with one shared assertion, the whole promise of S
   completion of its own. The function of the store's Respond form runs once for the
   key's request and retry, and once for its 16 duplicates: a ClaimInHandler route
   answers a key its process knows before the handler (409 while its handler runs there,
-  a read once it is recorded there). No error is logged.
+  a read once it is recorded there). No error is logged before the newer format level.
 - **✗ refused when built**: building the route panics with an ` + "`idem: `" + ` message naming
   the option and what to use instead.
 - **! fails loudly**: on the first request and every duplicate; no answer is a success
@@ -393,9 +397,15 @@ whose code issue 38 changed, an h2c offer passed on and the derived key under it
 canonical name, are still killed: ` + "`scripts/mutants -run 'proxy-'`" + `, and the three of sealed records, issue 37: sealing skipped, the associated data dropped, plain
 fingerprints under a keyring: ` + "`scripts/mutants -run '^seal-'`" + `; and the two of issue 41's claim
 of a key expected new, its fallback to the usual claim dropped and its durable commit
-skipped, each killed by a retry that another process serves: ` + "`scripts/mutants -run 'likely-new'`" + `; and
+skipped, each killed by a retry that another process serves: ` + "`scripts/mutants -run 'likely-new'`" + `;
 issue 46's connections opened in pgx's default mode kept behind PgBouncer after the
-pool switched, killed by the column behind PgBouncer: ` + "`scripts/mutants -run 'pooler-'`" + `), the whole run in about 6
+pool switched, killed by the column behind PgBouncer: ` + "`scripts/mutants -run 'pooler-'`" + `; the four of the store's
+state, issue 46: the claim path never reading it, a ClaimInHandler route not checking it,
+a newer format level accepted, the state read once and never again, 4 of 4 killed in 7
+minutes: ` + "`scripts/mutants -run '^state-'`" + `; and issue 47's three, a
+request the upstream did not process (an HTTP/2 stream refused, or left out by a GOAWAY)
+not re-sent, any failure of the transport re-sent, and a gateway's not-forwarded marker
+ignored, each killed by the cells of gateways: ` + "`scripts/mutants -run 'proxy-(unprocessed|resend-any|not-forwarded)'`" + `), the whole run in about 6
 minutes (` + "`scripts/mutants`" + `; the suite without -race, stopping at its first
 failure). The suite as it was before issue 28, whose cells checked one body, one
 principal, one 201 and a lease that never ran out, killed 8 of the first 30 of them

@@ -2,6 +2,7 @@ package matrix
 
 import (
 	"bytes"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -398,6 +399,45 @@ func (c *httpCell) holdsExactlyOnce(seqKey, concKey string, first, retry answer,
 	}
 	if c.sealed {
 		c.sealedAtRest(seqKey, first)
+	}
+	c.newerFormatLevelFailsClosed()
+}
+
+// newerFormatLevelFailsClosed: a release that knows a format level newer than this
+// one's finalized its upgrade on the cell's store mid-run (SPEC §20). Once the state
+// this process knows is StoreStateRefresh old, its next request reads the store's
+// state and fails closed: 503 store_unavailable, no execution, one ERROR naming both
+// releases; the other process too.
+func (c *httpCell) newerFormatLevelFailsClosed() {
+	t := c.t
+	ctx := t.Context()
+	cur, err := idem.ReadStoreState(ctx, c.e.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := fmt.Sprintf("state-%d", cur.Seq+1)
+	body, _ := json.Marshal(map[string]any{"level": idem.CurrentFormatLevel + 1, "release": "9.9.9", "written_at": time.Now().UTC()})
+	p := &idemstore.ClaimParams{Scope: idemstore.ReservedScope, Key: key, Fingerprint: idem.FingerprintInput("9.9.9", nil),
+		Token: "tok-9.9.9", RecordID: "00112233445566778899aabbccddeeff", Lease: time.Minute, TTL: idem.MaxTTL}
+	if res, err := c.e.store.RecordClaim(ctx, p); err != nil || res.Outcome != idemstore.ClaimAcquired {
+		t.Fatalf("writing the newer release's %s: %+v, %v", key, res, err)
+	}
+	if err := c.e.store.RecordComplete(ctx, &idemstore.CompleteParams{Scope: idemstore.ReservedScope, Key: key, Token: p.Token,
+		Response: &idem.Response{Status: 200, Body: body}, TTL: idem.MaxTTL}); err != nil {
+		t.Fatal(err)
+	}
+	c.clock.Advance(idem.StoreStateRefresh)
+	for _, srv := range []*httptest.Server{c.srv, c.other} {
+		key := "key-after-a-newer-level-" + rand.Text()
+		if a := post(t, srv.Client(), srv.URL, key); a.status != http.StatusServiceUnavailable || a.code != idem.CodeStoreUnavailable || a.replayed {
+			t.Fatalf("a request after a newer release raised the store's format level was answered %v; want 503 store_unavailable", a)
+		}
+		if n := c.e.charges(t, key); n != 0 {
+			t.Fatalf("a request refused for the store's newer format level made %d charges, want 0", n)
+		}
+	}
+	if logs := c.logs.String(); strings.Count(logs, "level=ERROR") < 1 || !strings.Contains(logs, "9.9.9") {
+		t.Fatalf("no ERROR naming the newer release was logged:\n%s", logs)
 	}
 }
 

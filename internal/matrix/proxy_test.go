@@ -28,6 +28,28 @@ type upstream struct {
 
 	mu         sync.Mutex
 	deliveries map[string]int // by derived key
+	// arrived gets a value (when it has room) on every delivery, for waitDeliveries.
+	arrived chan struct{}
+}
+
+// waitDeliveries waits until the upstream got n deliveries, for 10 s at most: the slow
+// upstream's client is answered 504 after 50 ms, which a loaded machine can reach
+// before the forward did.
+func (u *upstream) waitDeliveries(t *testing.T, n int) {
+	t.Helper()
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	for {
+		if _, total := u.counts(); total >= n {
+			return
+		}
+		select {
+		case <-u.arrived:
+		case <-timeout.C:
+			_, total := u.counts()
+			t.Fatalf("the upstream got %d deliveries, want %d", total, n)
+		}
+	}
 }
 
 // upstreamTimeout is the proxy's --upstream-timeout in the cell of the slow upstream,
@@ -50,7 +72,12 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	u.mu.Lock()
 	u.deliveries[key]++
+	n := u.deliveries[key]
 	u.mu.Unlock()
+	select {
+	case u.arrived <- struct{}{}:
+	default:
+	}
 	if r.Header.Get("Upgrade") != "" || r.Header.Get("Http2-Settings") != "" {
 		http.Error(w, "the proxy passed an upgrade offer on", http.StatusTeapot)
 		return
@@ -68,6 +95,15 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Trailer", "X-Checksum")
 	case ProxySlow:
 		<-u.release
+	case ProxyNotForwarded:
+		if n == 1 {
+			// The gateway could not reach the application, and says so.
+			w.Header().Set("X-Idem-Not-Forwarded", "1")
+			w.Header().Set("Content-Type", "text/html")
+			w.WriteHeader(http.StatusBadGateway)
+			fmt.Fprint(w, "<html>502 Bad Gateway</html>")
+			return
+		}
 	case ProxyGateway:
 		// The application acted; the gateway in front of it lost the reply.
 		w.Header().Set("Content-Type", "text/html")
@@ -131,7 +167,7 @@ func TestProxyCombinations(t *testing.T) {
 
 func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, want Outcome) {
 	e := openEnv(t, s)
-	up := &upstream{kind: kind, release: make(chan struct{}), deliveries: map[string]int{}}
+	up := &upstream{kind: kind, release: make(chan struct{}), deliveries: map[string]int{}, arrived: make(chan struct{}, 1)}
 	upSrv := httptest.NewServer(up)
 	t.Cleanup(upSrv.Close)
 	var releaseOnce sync.Once
@@ -141,12 +177,31 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 		t.Fatal(err)
 	}
 	logs := &lockedBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			// What the proxy and the middleware said: a 503's cause, a lost lease.
+			t.Logf("the proxy's log:\n%s", logs)
+		}
+	})
 	cfg := proxy.Config{Upstream: u, Idem: idem.Config{Store: e.store},
 		TakeOverOnLapse: lapse == "take_over", MaxStoredBody: 128, UpstreamTimeout: timeoutOf(kind),
 		Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	if kind == ProxyNotForwarded {
+		cfg.NotForwardedHeader = "X-Idem-Not-Forwarded"
+	}
+	if kind == ProxyH2CUpstream {
+		// Only HTTP/2 without TLS: an HTTP/1.1 request would not be answered.
+		h2c := httptest.NewUnstartedServer(up)
+		h2c.Config.Protocols = new(http.Protocols)
+		h2c.Config.Protocols.SetUnencryptedHTTP2(true)
+		h2c.Start()
+		t.Cleanup(h2c.Close)
+		cfg.Upstream, _ = url.Parse(h2c.URL)
+		cfg.UpstreamH2C = true
+	}
 	counts := up.counts
-	if kind == ProxyH2Reset {
-		h2, err := h2fault.Start(h2fault.ResetAlways, t.TempDir())
+	if mode, ok := h2Modes[kind]; ok {
+		h2, err := h2fault.Start(mode, t.TempDir())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -179,6 +234,8 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 		cfg.Hooks = &proxy.Hooks{UpstreamResponse: func(string, int, time.Duration) { hooked.Add(1) }}
 		// Sealed records (SPEC §19): the keyed scope of the cookie, sealed responses.
 		cfg.Idem.Seal, cfg.Idem.Fingerprint = keyring(t, e.store), idem.FingerprintJSONExcept("metadata")
+		// A gateway's marker, and re-sends bounded otherwise than by default.
+		cfg.NotForwardedHeader, cfg.UpstreamResends = "X-Idem-Not-Forwarded", 2
 	}
 	auth := options == ProxyForwardAuth
 	if auth {
@@ -226,13 +283,14 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 	// A keyless GET first, forwarded untouched: the cell's requests then reach the
 	// upstream on a kept-alive connection, where Go's transport would re-send by itself
 	// a request it takes for replayable when the connection breaks after it was written.
-	if resp, err := client.Get(srv.URL + "/v1/warm"); err != nil {
-		t.Fatal(err)
-	} else {
-		resp.Body.Close()
-	}
+	warm(t, client, srv.URL+"/v1/warm")
 	seqKey, concKey, first, retry, conc := sendDuplicatesTo(t, client, srv.URL, opts...)
 	all := append([]answer{first, retry}, conc...)
+	if kind == ProxySlow {
+		// Each key's one forward is under way; wait until it arrived, so that what
+		// reaches the upstream later is counted as what sent it.
+		up.waitDeliveries(t, 2)
+	}
 	keys, total := counts()
 	for _, a := range all {
 		if a.replayed && a.status/100 != 2 {
@@ -254,7 +312,7 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 		if strings.Contains(logs.String(), seqKey) || strings.Contains(logs.String(), "sk_test_matrix") {
 			t.Fatalf("a key or a token reached the logs:\n%s", logs)
 		}
-		if noReply := kind == ProxyLostReply || kind == ProxyGetLost || kind == ProxyBodilessLost || kind == ProxyH2Reset; hooked.Load() == 0 && total > 0 && !noReply {
+		if _, h2 := h2Modes[kind]; hooked.Load() == 0 && total > 0 && !h2 && kind != ProxyLostReply && kind != ProxyGetLost && kind != ProxyBodilessLost {
 			t.Fatal("the hooks were told of no upstream response")
 		}
 	}
@@ -353,8 +411,71 @@ func runProxyCell(t *testing.T, kind string, s Store, options, lapse string, wan
 		if keys != 2 || total < 3 {
 			t.Fatalf("the upstream got %d deliveries under %d derived keys, want the retries re-forwarded under the two keys' own", total, keys)
 		}
+	case NotForwarded:
+		if first.status != http.StatusBadGateway || first.code != "" || first.replayed {
+			t.Fatalf("first %v: want the gateway's 502 passed on", first)
+		}
+		if retry.status != http.StatusCreated || retry.replayed {
+			t.Fatalf("retry %v: want the 201 of its one execution (the key was released)", retry)
+		}
+		var rest []answer // but the first's 502
+		for _, a := range conc {
+			if a.status != http.StatusBadGateway || a.code != "" {
+				rest = append(rest, a)
+			}
+		}
+		wantEvery(t, "the concurrent duplicates", rest, http.StatusCreated, idem.CodeRequestInProgress)
+		if n := countStatus(conc, http.StatusBadGateway); n > 1 {
+			t.Fatalf("%d concurrent duplicates got the gateway's 502, want at most the first's", n)
+		}
+		executed := 0
+		for _, a := range conc {
+			if a.status == http.StatusCreated && !a.replayed {
+				executed++
+			}
+		}
+		if executed > 1 {
+			t.Fatalf("%d concurrent duplicates executed, want at most one", executed)
+		}
+		up.mu.Lock()
+		defer up.mu.Unlock()
+		for k, n := range up.deliveries {
+			if n > 2 { // the gateway's 502, then at most one execution
+				t.Fatalf("the upstream got %d deliveries under one derived key %s, want the refused one and at most one more", n, k)
+			}
+		}
 	default:
 		t.Fatalf("no assertion for %v", want)
+	}
+}
+
+// h2Modes are the cells whose upstream is an h2fault server, by its mode.
+var h2Modes = map[string]h2fault.Mode{
+	ProxyH2Reset:   h2fault.ResetAlways,
+	ProxyH2Refused: h2fault.RefuseOnce,
+	ProxyH2GoAway:  h2fault.GoAwayOnce,
+}
+
+// warm sends the cell's keyless GET until the upstream answered it within the cell's
+// --upstream-timeout, for 10 s at most: in the cell of the slow upstream that timeout
+// is 50 ms, which a loaded machine can pass for a GET too (the proxy answers it 504 and
+// cancels it, which closes the connection the GET was to keep alive, and tells the
+// hooks of no response).
+func warm(t *testing.T, client *http.Client, url string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := client.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return
+		}
+		if resp.StatusCode != http.StatusGatewayTimeout || time.Now().After(deadline) {
+			t.Fatalf("the keyless GET that opens a kept-alive connection: %d", resp.StatusCode)
+		}
 	}
 }
 

@@ -33,6 +33,12 @@ const (
 	// GatewayReForwarded: the same under --on-lapse take_over: every repeat is
 	// forwarded again under the same derived key (and answered the gateway's 504).
 	GatewayReForwarded
+	// NotForwarded: a gateway answers 502 marked "not forwarded"
+	// (--not-forwarded-header) to the first request of each key, which never reached
+	// the application: the first answer is that 502, the key is released, and the
+	// request executes once afterwards (its retry gets the 201, the concurrent
+	// duplicates one 201 and replays or in-flight 409s).
+	NotForwarded
 )
 
 var proxyMarks = map[Outcome]string{
@@ -42,6 +48,7 @@ var proxyMarks = map[Outcome]string{
 	ReForwarded:        "✓ once per derived key: re-forwarded",
 	GatewayUnknown:     "✓ once: the 504, then outcome_unknown",
 	GatewayReForwarded: "✓ once per derived key: the 504, re-forwarded",
+	NotForwarded:       "✓ once: the gateway's 502, released, then executed",
 }
 
 var proxyNames = map[Outcome]string{
@@ -51,6 +58,7 @@ var proxyNames = map[Outcome]string{
 	ReForwarded:        "re-forwarded under the same derived key",
 	GatewayUnknown:     "once, the gateway's answer, then outcome unknown",
 	GatewayReForwarded: "the gateway's answer, re-forwarded under the same derived key",
+	NotForwarded:       "the gateway's not-forwarded answer, released, then once",
 }
 
 // The proxy's axes (SPEC §17): its store, its policy for a holder whose outcome is
@@ -61,12 +69,15 @@ var (
 	// ProxyOptions: the proxy's defaults, every option of its own set at once
 	// (--scope-cookie, --require-key and --route on the cell's path, --access-log,
 	// --max-buffered-bodies and its share per client, --min-upload-rate,
-	// --upstream-wait-limit, bounds per principal, the metrics' hooks, and sealed
-	// records: --encryption-key, --fingerprint-except), or forward authentication
-	// (--auth-url); none changes an outcome.
+	// --upstream-wait-limit, bounds per principal, the metrics' hooks, sealed
+	// records: --encryption-key, --fingerprint-except, and --upstream-resends and
+	// --not-forwarded-header), or forward authentication (--auth-url); none changes
+	// an outcome. An https upstream's cells trust its certificate as --upstream-ca
+	// does (Config.UpstreamTLS); mutual TLS (--upstream-cert, --upstream-key) is
+	// tested against nginx (e2e/gateway_test.go).
 	ProxyOptions = []string{ProxyDefaults, ProxyEveryOption, ProxyForwardAuth}
 	ProxyAnswers = []string{ProxyStored, ProxyStream, ProxyH2C, ProxyTooLarge, ProxyTrailers, ProxySlow, ProxyLostReply, ProxyBrokenBody,
-		ProxyGetLost, ProxyBodilessLost, ProxyH2Reset, ProxyGateway}
+		ProxyGetLost, ProxyBodilessLost, ProxyH2Reset, ProxyGateway, ProxyH2Refused, ProxyH2GoAway, ProxyNotForwarded, ProxyH2CUpstream}
 )
 
 // The proxy's option sets.
@@ -95,6 +106,18 @@ const (
 	ProxyH2Reset      = "HTTP/2, the stream reset (PROTOCOL_ERROR) after acting"
 	// ProxyGateway: the upstream acts, and a gateway in front of it answers 504.
 	ProxyGateway = "504 from a gateway, after acting"
+	// What a gateway in front of the application does that provably never reached
+	// it (issue 47): an HTTP/2 stream it refused (REFUSED_STREAM, past
+	// http2_max_concurrent_streams) or left out by a GOAWAY (past keepalive_requests,
+	// at a reload), each to the first request of every key, re-sent by the proxy
+	// (--upstream-resends); and a 502 it marks not forwarded (--not-forwarded-header:
+	// it could not connect), to the first request of every key, which releases it.
+	ProxyH2Refused    = "HTTP/2, the stream refused (REFUSED_STREAM) before acting"
+	ProxyH2GoAway     = "HTTP/2, a GOAWAY that leaves the stream out"
+	ProxyNotForwarded = "a gateway's 502 marked not forwarded, then 201"
+	// ProxyH2CUpstream: an upstream that speaks HTTP/2 without TLS (h2c, prior
+	// knowledge), reached with --upstream-h2c.
+	ProxyH2CUpstream = "201 over h2c (--upstream-h2c)"
 )
 
 // ExpectProxy is the outcome of a proxy cell: the upstream's answer under the policy
@@ -115,6 +138,8 @@ func ExpectProxy(answer, lapse string) Outcome {
 			return GatewayReForwarded
 		}
 		return GatewayUnknown
+	case ProxyNotForwarded:
+		return NotForwarded
 	}
 	return ExactlyOnce
 }
@@ -164,6 +189,13 @@ request provably never reached the upstream, so every row keeps one effect per k
 - **✓ once: the 504, then outcome_unknown**: a gateway's 504 after the upstream acted is
   passed on, and the record kept as for a lost reply (under ` + "`take_over`" + `, **the 504,
   re-forwarded**).
+- **✓ once: the gateway's 502, released, then executed**: a 502 that the gateway marks
+  as never forwarded (` + "`--not-forwarded-header`" + `) is passed on and releases the key; the
+  retry executes once.
+
+An HTTP/2 stream the upstream refused (` + "`REFUSED_STREAM`" + `) or left out with a GOAWAY never
+reached the application: the proxy sends it again (` + "`--upstream-resends`" + `), under the
+same derived key, and the row is **✓ once** like any answered request.
 
 An event stream is stored when it ends within --max-stored-body and replayed; an h2c
 upgrade offer is ignored and the request protected. What a proxy killed mid-forward

@@ -16,8 +16,18 @@ import (
 // write it.
 type accessNote struct {
 	mu      sync.Mutex
-	outcome string // forwarded, not_sent, outcome_unknown, upstream_timeout
+	outcome string // forwarded, not_sent, outcome_unknown, upstream_timeout, not_forwarded
 	keyHash string
+	resends int // re-sends of a request the upstream did not process
+}
+
+// noteResend counts a re-send in the request's access log line, if it has one.
+func noteResend(ctx context.Context) {
+	if n, _ := ctx.Value(accessNoteKey{}).(*accessNote); n != nil {
+		n.mu.Lock()
+		n.resends++
+		n.mu.Unlock()
+	}
 }
 
 type accessNoteKey struct{}
@@ -60,7 +70,7 @@ func (p *Proxy) logAccess(next http.Handler, w http.ResponseWriter, r *http.Requ
 		next.ServeHTTP(httpsnoop.Wrap(w, hooks), r.WithContext(context.WithValue(r.Context(), accessNoteKey{}, n)))
 	})
 	n.mu.Lock()
-	outcome, hash := n.outcome, n.keyHash
+	outcome, hash, resends := n.outcome, n.keyHash, n.resends
 	n.mu.Unlock()
 	switch {
 	case replayed:
@@ -75,6 +85,9 @@ func (p *Proxy) logAccess(next http.Handler, w http.ResponseWriter, r *http.Requ
 	}
 	if hash != "" {
 		attrs = append(attrs, slog.String("key_hash", hash))
+	}
+	if resends > 0 {
+		attrs = append(attrs, slog.Int("resends", resends))
 	}
 	p.access.LogAttrs(r.Context(), slog.LevelInfo, "idem proxy: request", attrs...)
 }

@@ -20,7 +20,10 @@
 //     an upstream that deduplicates by key makes every repeat the proxy cannot rule
 //     out safe;
 //   - what crossed the network (exchange.go): a key is released only when the request
-//     provably never reached the upstream (502); a slow upstream's client gets 504
+//     provably never reached the upstream (502), or a trusted gateway says its 5xx
+//     never did (Config.NotForwardedHeader); what the upstream provably did not
+//     process (an HTTP/2 stream refused, or left out by a GOAWAY) is sent again, bounded
+//     (send.go, Config.UpstreamResends); a slow upstream's client gets 504
 //     while the proxy waits on and stores the answer (Middleware.AnswerNow); a reply lost
 //     after the request was written keeps the record (Handle.SetOutcomeUnknown);
 //     responses that cannot be stored whole pass through and are never run again

@@ -65,6 +65,7 @@ type exchange struct {
 	attempts, writes atomic.Int32
 	reused, refused  atomic.Bool
 	resentOnce       bool
+	unprocessed      int // re-sends of a request the upstream did not process
 
 	mu        sync.Mutex
 	headers   bool // the upstream's response headers came (ModifyResponse)
@@ -200,6 +201,30 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		return nil
 	}
 	x.status = resp.StatusCode
+	if p.notForwarded != "" && resp.Header.Get(p.notForwarded) != "" {
+		// Only the gateway that is told to set it sets it; the client never sees it.
+		resp.Header.Del(p.notForwarded)
+		if resp.StatusCode >= 500 {
+			// A trusted gateway says its answer never reached the application: the
+			// key is released, as a failure to connect releases it (§6 releases every
+			// 5xx the proxy does not keep as unknown).
+			p.upstreamFailedHook(x, "not_forwarded")
+			note(x.r.Context(), x, "not_forwarded")
+			p.logger.WarnContext(x.r.Context(), "idem proxy: a gateway answered "+strconv.Itoa(resp.StatusCode)+" and said it did not forward the request ("+p.notForwarded+"); the key is released",
+				x.attrs(slog.Int("status", resp.StatusCode))...)
+			resp.Body = &watchedBody{ReadCloser: resp.Body, x: x}
+			return nil
+		}
+	}
+	if resp.StatusCode == http.StatusGatewayTimeout {
+		if took := time.Since(x.start); took < p.waitLimit {
+			// A gateway gave up before the proxy would have: its read timeout is
+			// shorter than --upstream-wait-limit, and cuts the wait that stores a slow
+			// answer (an answer the application makes after it is unknown).
+			p.logger.WarnContext(x.r.Context(), "idem proxy: the upstream answered 504 before --upstream-wait-limit: a gateway in front of the application timed out first; set its read timeout above the wait limit (nginx proxy_read_timeout, HAProxy timeout server), or the wait limit below it",
+				slog.Duration("after", took.Round(time.Millisecond)), slog.Duration("upstream_wait_limit", p.waitLimit))
+		}
+	}
 	if resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusGatewayTimeout {
 		// A gateway in front of the application lost or timed out its reply: the
 		// application may have acted. Not failure but unknown, as the proxy's own

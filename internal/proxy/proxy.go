@@ -24,6 +24,7 @@ import (
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/logsummary"
 	"github.com/idem-go/idem/seal"
+	"golang.org/x/net/http2"
 )
 
 // Defaults of [Config].
@@ -50,6 +51,9 @@ const (
 	// kept: less than Node.js's default keep-alive of 5 s, so that the proxy never
 	// sends a request on a connection the upstream is closing.
 	DefaultUpstreamIdleTimeout = 4 * time.Second
+	// DefaultUpstreamResends bounds how often a protected request that the upstream
+	// provably did not process is sent again (Config.UpstreamResends).
+	DefaultUpstreamResends = 3
 	// DefaultHealthTimeout bounds the checks of the health path.
 	DefaultHealthTimeout = 2 * time.Second
 	// DefaultAuthPrincipalHeader is the header of an auth endpoint's 2xx answer that
@@ -266,15 +270,39 @@ type Config struct {
 	// to [DefaultUpstreamIdleTimeout].
 	UpstreamIdleTimeout time.Duration
 	// UpstreamTLS configures TLS to an https upstream (its roots, a client
-	// certificate) for the default Transport. Defaults to nil: the system's roots
-	// (which SSL_CERT_FILE and SSL_CERT_DIR extend).
+	// certificate for mutual TLS) for the default Transport (`idem proxy
+	// --upstream-ca`, `--upstream-cert`, `--upstream-key`). Defaults to nil: the
+	// system's roots (which SSL_CERT_FILE and SSL_CERT_DIR extend), no client
+	// certificate.
 	UpstreamTLS *tls.Config
+	// UpstreamH2C speaks HTTP/2 without TLS (h2c, with prior knowledge) to an http
+	// upstream, as gRPC gateways and some service meshes' sidecars expect, through the
+	// default Transport. Defaults to false: HTTP/1.1 to an http upstream (and HTTP/2
+	// or HTTP/1.1 to an https one, as TLS negotiates).
+	UpstreamH2C bool
+	// UpstreamResends bounds how often a protected request that the upstream provably
+	// did not process is sent again, under the same derived key, by the default
+	// Transport: an HTTP/2 stream the upstream refused (REFUSED_STREAM, RFC 9113
+	// §8.7) or that a GOAWAY's last stream id left out (§6.8), or a request nothing of
+	// which was written. Each is counted (Hooks.Resent) and logged; nothing else is
+	// ever sent again. Negative: never. Defaults to [DefaultUpstreamResends].
+	UpstreamResends int
+	// NotForwardedHeader names a response header by which a trusted gateway between
+	// the proxy and the application (nginx, HAProxy, Envoy: docs/proxy.md) says that
+	// its 5xx answer never reached the application (it could not connect, had no live
+	// server): such an answer releases the key, as a failure to connect does, instead
+	// of keeping the record as unknown, and the header is not passed on. Set it only
+	// to a header the gateway sets on exactly those answers. Defaults to "" (a
+	// gateway's 502 and 504 are unknown).
+	NotForwardedHeader string
 	// Transport sends the requests to the upstream. Defaults to an http.Transport with
 	// UpstreamWaitLimit as its ResponseHeaderTimeout, UpstreamIdleTimeout, up to 256
-	// idle connections, no compression of its own and no proxy from the environment.
-	// It must call the request's httptrace.ClientTrace WroteHeaders hook (as
-	// http.Transport does): a protected request whose exchange failed before it is
-	// taken never to have reached the upstream.
+	// idle connections, no compression of its own and no proxy from the environment,
+	// speaking HTTP/2 to an https upstream that negotiates it through
+	// golang.org/x/net/http2 (or h2c, with UpstreamH2C). It must call the request's
+	// httptrace.ClientTrace WroteHeaders hook (as http.Transport does): a protected
+	// request whose exchange failed before it is taken never to have reached the
+	// upstream. A Transport of one's own gets no re-send of UpstreamResends.
 	Transport http.RoundTripper
 
 	// Hooks, when set, are told of every upstream exchange and pass-through, for
@@ -322,7 +350,8 @@ type Hooks struct {
 	// UpstreamFailed is told of an upstream exchange that failed: "not_sent" (the key
 	// is released), "unknown" (the request was written: the record is kept),
 	// "timeout" (the client got 504 and the proxy waits on), "gateway" (the upstream
-	// answered 502 or 504: the record is kept), or, for a defect below the proxy,
+	// answered 502 or 504: the record is kept), "not_forwarded" (a gateway's 5xx
+	// marked with NotForwardedHeader: the key is released), or, for a defect below the proxy,
 	// "resend_refused" (the transport tried to send a written request again and was
 	// stopped) or "resent" (it did: both keep the record, outcome unknown).
 	UpstreamFailed func(route, outcome string)
@@ -331,7 +360,8 @@ type Hooks struct {
 	AuthRefused func(route string, status int)
 	// Resent is told of a protected request the proxy sent once more by its own
 	// decision: "not_written" (nothing of it was written on a kept-alive connection
-	// that turned out to be closed).
+	// that turned out to be closed), or "not_processed" (the transport found that the
+	// upstream did not process it: an HTTP/2 stream refused or left out by a GOAWAY).
 	Resent func(route, reason string)
 }
 
@@ -361,6 +391,12 @@ type Proxy struct {
 	healthPath        string
 	upstreamHealth    string
 	logger            *slog.Logger
+	// ownTransport: transport is the default one, whose calls of GetBody say that the
+	// upstream did not process a request (send.go); resends bounds the re-sends of
+	// such requests; notForwarded is NotForwardedHeader, canonical ("" for none).
+	ownTransport bool
+	resends      int
+	notForwarded string
 
 	// forward forwards a request without the middleware; byMethod holds the
 	// middleware's routes of the protected methods (key optional), required its routes
@@ -432,9 +468,17 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.ClientAddressHeader != "" {
 		p.clientAddrHeader, _ = headerName("", cfg.ClientAddressHeader, "")
 	}
+	if cfg.NotForwardedHeader != "" {
+		p.notForwarded, _ = headerName("", cfg.NotForwardedHeader, "")
+	}
 	p.transport = cfg.Transport
 	if p.transport == nil {
-		p.transport = newTransport(p.upstreamTimeout, p.waitLimit, withDefault(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout), cfg.UpstreamTLS)
+		t, err := newTransport(p.upstreamTimeout, p.waitLimit, withDefault(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout), cfg.UpstreamTLS, cfg.UpstreamH2C)
+		if err != nil {
+			return nil, err
+		}
+		p.transport, p.ownTransport = t, true
+		p.resends = max(withDefault(cfg.UpstreamResends, DefaultUpstreamResends), 0)
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
@@ -540,6 +584,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("proxy: Config.HealthPath must start with /, got %q", c.HealthPath)
 	case c.UpstreamHealthPath != "" && !strings.HasPrefix(c.UpstreamHealthPath, "/"):
 		return fmt.Errorf("proxy: Config.UpstreamHealthPath must start with /, got %q", c.UpstreamHealthPath)
+	case c.UpstreamH2C && c.Upstream.Scheme != "http":
+		return fmt.Errorf("proxy: Config.UpstreamH2C is HTTP/2 without TLS, for an http:// upstream; %s negotiates HTTP/2 over TLS by itself", c.Upstream.Redacted())
+	case c.UpstreamH2C && c.Transport != nil:
+		return errors.New("proxy: Config.UpstreamH2C configures the default Transport; a Transport of one's own speaks what it speaks")
 	}
 	for _, h := range [...]struct{ field, name, def string }{
 		{"Config.Idem.KeyHeader", c.Idem.KeyHeader, idem.DefaultKeyHeader},
@@ -547,6 +595,7 @@ func (c Config) Validate() error {
 		{"Config.UpstreamKeyHeader", c.UpstreamKeyHeader, DefaultUpstreamKeyHeader},
 		{"Config.AuthPrincipalHeader", c.AuthPrincipalHeader, DefaultAuthPrincipalHeader},
 		{"Config.ClientAddressHeader", c.ClientAddressHeader, "X-Forwarded-For"},
+		{"Config.NotForwardedHeader", c.NotForwardedHeader, "X-Idem-Not-Forwarded"},
 	} {
 		if _, err := headerName(h.field, h.name, h.def); err != nil {
 			return err
@@ -754,12 +803,24 @@ func headerName(field, name, def string) (string, error) {
 // least a second, a SYN's retransmission; at most 10 s); every request goes to one
 // host, so many idle connections are kept for it, never longer than idle; the upstream's response
 // headers must come within waitLimit (the exchange answers the client at timeout);
-// the body is passed on as the upstream encoded it.
-func newTransport(timeout, waitLimit, idle time.Duration, tlsConfig *tls.Config) *http.Transport {
-	return &http.Transport{
+// the body is passed on as the upstream encoded it. HTTP/2, over TLS as the upstream
+// negotiates it or as h2c, is golang.org/x/net/http2's client, whose re-sends are
+// exactly the streams the upstream provably did not process (send.go).
+func newTransport(timeout, waitLimit, idle time.Duration, tlsConfig *tls.Config, h2c bool) (http.RoundTripper, error) {
+	dialer := &net.Dialer{Timeout: min(max(timeout, time.Second), 10*time.Second), KeepAlive: 30 * time.Second}
+	if h2c {
+		return &http2.Transport{
+			AllowHTTP: true,
+			DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+				return dialer.DialContext(ctx, network, addr)
+			},
+			IdleConnTimeout:    idle,
+			DisableCompression: true,
+		}, nil
+	}
+	t := &http.Transport{
 		TLSClientConfig:       tlsConfig,
-		DialContext:           (&net.Dialer{Timeout: min(max(timeout, time.Second), 10*time.Second), KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:     true,
+		DialContext:           dialer.DialContext,
 		MaxIdleConns:          256,
 		MaxIdleConnsPerHost:   256,
 		IdleConnTimeout:       idle,
@@ -768,6 +829,13 @@ func newTransport(timeout, waitLimit, idle time.Duration, tlsConfig *tls.Config)
 		ExpectContinueTimeout: time.Second,
 		DisableCompression:    true,
 	}
+	if t.TLSClientConfig != nil {
+		t.TLSClientConfig = t.TLSClientConfig.Clone()
+	}
+	if _, err := http2.ConfigureTransports(t); err != nil {
+		return nil, fmt.Errorf("proxy: HTTP/2 to the upstream: %w", err)
+	}
+	return t, nil
 }
 
 // ServeHTTP answers the health path, forwards WebSocket upgrades and unprotected

@@ -109,6 +109,9 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Location", fmt.Sprintf("/v1/things/%d", n))
 		w.Header().Set("Set-Cookie", fmt.Sprintf("session=%d", n))
 		w.Header().Set("X-Upstream-Call", strconv.Itoa(n))
+		if h := q.Get("header"); h != "" {
+			w.Header().Set(h, "1") // what a gateway in front of the application adds
+		}
 		w.WriteHeader(status)
 		_, _ = w.Write(echo())
 	case "/v1/chunked":

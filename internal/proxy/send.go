@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptrace"
 	"strings"
+	"time"
 )
 
 // A protected request reaches the upstream at most once per forwarding decision of the
@@ -35,14 +37,57 @@ import (
 //     write that happens anyway (WroteHeaders twice) is reported as an error and
 //     settles it as unknown too. Both are logged at error level: they are defects.
 //
-// The one re-send the proxy makes is its own decision: a request nothing of which was
-// written (its headers never reached the connection) on a kept-alive connection that
-// turned out to be closed is sent once more, on another connection, as Go would do with
-// GetBody; it is logged (debug) and counted (Hooks.Resent).
+// The re-sends the proxy makes are its own decisions, each logged (debug) and counted
+// (Hooks.Resent):
+//
+//   - a request nothing of which was written (its headers never reached the
+//     connection) on a kept-alive connection that turned out to be closed is sent once
+//     more, on another connection, as Go would do with GetBody ("not_written");
+//   - a request the upstream provably did not process is sent again, up to
+//     Config.UpstreamResends times ("not_processed"): an HTTP/2 stream refused with
+//     REFUSED_STREAM (RFC 9113 §8.7) or above a GOAWAY's last stream id (§6.8). Go's
+//     errors for these are not exported, and the request's GetBody is what tells them
+//     apart without reading an error's text: with the default Transport, a protected
+//     request of a method Go never takes for replayable (not GET, HEAD, OPTIONS or
+//     TRACE; its key field is in lower case) gets a GetBody that rewinds nothing and
+//     returns errNotProcessed, and the transports call it only to re-send a request
+//     that was not processed: golang.org/x/net/http2's client for exactly those two
+//     cases and a connection it could not use (canRetryError: not PROTOCOL_ERROR,
+//     which the upstream may send after acting, and which net/http's own HTTP/2
+//     client would re-send), net/http's HTTP/1.1 client for a request nothing of
+//     which was written or that found no connection (shouldRetryRequest, which
+//     re-sends a request Go does not take for replayable for nothing else). The
+//     transport then returns errNotProcessed instead of re-sending it itself, and
+//     send sends it again, on the connection the transport picks (a GOAWAY closed
+//     the old one), under the same derived key. Past the bound, the request is
+//     settled as never sent: the key is released (502 upstream_unavailable).
+//     TestProxyNeverResendsAStreamResetAfterActing pins that a stream reset with
+//     PROTOCOL_ERROR is not among them (Go 1.27's x/net wraps net/http's client,
+//     whose set includes it: that test fails first).
 
 // errResent ends an exchange whose request the transport tried to send a second time
 // after it was written.
 var errResent = errors.New("proxy: the HTTP transport tried to send the request a second time after it was written")
+
+// errNotProcessed is what a protected request's GetBody returns (notProcessed): the
+// transport found that the upstream did not process the request and would re-send it;
+// send re-sends it itself, bounded.
+var errNotProcessed = errors.New("proxy: the upstream did not process the request (an HTTP/2 stream refused or left out by a GOAWAY, or nothing written)")
+
+// notProcessed is a protected request's GetBody (send.go's comment above): called
+// only by a transport that found the request not processed, it rewinds nothing.
+func notProcessed() (io.ReadCloser, error) { return nil, errNotProcessed }
+
+// replayableMethod reports whether Go's transports take a request of method for
+// replayable whatever its header fields (Request.isReplayable): such a request gets
+// no GetBody.
+func replayableMethod(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}
 
 // onceTransport is the ReverseProxy's Transport: unprotected requests go to the
 // transport as they are; protected ones through their exchange's send.
@@ -106,14 +151,24 @@ func (x *exchange) outBody(method string) io.ReadCloser {
 	return nil
 }
 
-// send sends a protected request for the ReverseProxy: one attempt, and one more only
-// when nothing of the first was written on a kept-alive connection.
+// send sends a protected request for the ReverseProxy: one attempt, one more when
+// nothing of the first was written on a kept-alive connection, and up to
+// Config.UpstreamResends more while the upstream provably did not process it.
 func (x *exchange) send(req *http.Request) (*http.Response, error) {
 	for {
 		out := *req
 		out.Body, out.GetBody = x.outBody(req.Method), nil
+		if x.p.ownTransport && !replayableMethod(req.Method) {
+			out.GetBody = notProcessed
+		}
 		out.ContentLength = int64(len(x.body))
 		resp, err := x.p.transport.RoundTrip(&out)
+		if err != nil && errors.Is(err, errNotProcessed) {
+			if !x.resendUnprocessed(req) {
+				return nil, err
+			}
+			continue
+		}
 		if x.writes.Load() > 1 || x.refused.Load() {
 			if resp != nil {
 				_ = resp.Body.Close()
@@ -134,4 +189,42 @@ func (x *exchange) send(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
+}
+
+// resendUnprocessed decides on a request the transport found not processed: it is
+// sent again (true), after a pause that grows with each re-send (none before the first,
+// 20 ms before the second, 40 ms…), while Config.UpstreamResends allows and the
+// exchange goes on; otherwise it is settled as never sent (false: the key is released).
+// Either way the attempt is forgotten, as it never reached the upstream.
+func (x *exchange) resendUnprocessed(req *http.Request) bool {
+	reason := "not_processed"
+	if x.writes.Load() == 0 {
+		reason = "not_written"
+	}
+	x.attempts.Store(0)
+	x.writes.Store(0)
+	x.wrote.Store(false)
+	x.reused.Store(false)
+	if x.unprocessed >= x.p.resends || req.Context().Err() != nil {
+		x.p.logger.WarnContext(x.r.Context(), "idem proxy: the upstream did not process a protected request, as often as it may be sent again (--upstream-resends); the key is released",
+			x.attrs(slog.Int("resends", x.unprocessed))...)
+		return false
+	}
+	if x.unprocessed > 0 {
+		t := time.NewTimer(time.Duration(x.unprocessed) * 20 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-req.Context().Done():
+			t.Stop()
+			return false
+		}
+	}
+	x.unprocessed++
+	x.p.logger.DebugContext(x.r.Context(), "idem proxy: sending a protected request again: the upstream did not process it (an HTTP/2 stream refused or left out by a GOAWAY, or nothing written)",
+		x.attrs(slog.String("reason", reason), slog.Int("resend", x.unprocessed))...)
+	if f := x.p.hooks.Resent; f != nil {
+		f(x.p.Route(x.r), reason)
+	}
+	noteResend(x.r.Context())
+	return true
 }

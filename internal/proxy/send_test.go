@@ -63,15 +63,9 @@ func TestAnHTTP2StreamResetAfterActingIsNeverRetried(t *testing.T) {
 		for _, method := range []string{"POST", "GET"} {
 			t.Run(tc.name+"/"+method, func(t *testing.T) {
 				t.Parallel()
-				up, err := h2fault.Start(tc.mode, t.TempDir())
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(up.Close)
+				up := startH2(t, tc.mode)
 				hooked := &hookCounts{}
-				b := setup(t, func(c *proxy.Config) {
-					c.Upstream, _ = url.Parse(up.URL)
-					c.UpstreamTLS = tlsTrusting(up)
+				b := setup(t, via(up), func(c *proxy.Config) {
 					c.Methods = []string{method}
 					c.Hooks = hooked.hooks()
 				})
@@ -98,6 +92,25 @@ func TestAnHTTP2StreamResetAfterActingIsNeverRetried(t *testing.T) {
 
 // tlsTrusting is a TLS configuration that trusts up's certificate.
 func tlsTrusting(up *h2fault.Server) *tls.Config { return &tls.Config{RootCAs: up.RootCAs} }
+
+// startH2 starts an h2fault upstream of mode, closed when t ends.
+func startH2(t *testing.T, mode h2fault.Mode) *h2fault.Server {
+	t.Helper()
+	up, err := h2fault.Start(mode, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(up.Close)
+	return up
+}
+
+// via makes the proxy's upstream up, trusting its certificate.
+func via(up *h2fault.Server) func(*proxy.Config) {
+	return func(c *proxy.Config) {
+		c.Upstream, _ = url.Parse(up.URL)
+		c.UpstreamTLS = tlsTrusting(up)
+	}
+}
 
 // hookCounts counts the proxy's hooks by outcome.
 type hookCounts struct {

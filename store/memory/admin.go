@@ -42,7 +42,7 @@ func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*adm
 	s.mu.Lock()
 	var found []*admin.Record
 	for k, rec := range s.records {
-		if (p.Scope == "" || k.scope == p.Scope) && filter.Matches(rec) &&
+		if (k.scope == p.Scope || p.Scope == "" && k.scope != idemstore.ReservedScope) && filter.Matches(rec) &&
 			(p.AfterKey == "" || compareKeys(k, after) > 0) {
 			found = append(found, admin.FromRecord(rec, false))
 		}

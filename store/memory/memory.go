@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstore"
 )
 
@@ -32,9 +33,15 @@ type Store struct {
 
 type recordKey struct{ scope, key string }
 
-// New returns an empty in-memory store.
+// New returns a new in-memory store: empty but for the record of its state, at the
+// format level of this release (idem.InitStoreState, SPEC §20): no other process,
+// of any release, can share it.
 func New() *Store {
-	return &Store{records: make(map[recordKey]*idemstore.Record)}
+	s := &Store{records: make(map[recordKey]*idemstore.Record)}
+	if err := idem.InitStoreState(context.Background(), s); err != nil {
+		panic("memory: recording the new store's state: " + err.Error()) // cannot fail
+	}
+	return s
 }
 
 var _ idemstore.Store = (*Store)(nil)
@@ -293,12 +300,19 @@ func (s *Store) Capabilities() idemstore.Capabilities {
 	return idemstore.Capabilities{Transactions: false, BatchedCleanup: true, MultiProcess: false, RecoveryPoints: true}
 }
 
-// Len returns how many records the store holds, expired or not. Tests use it to see
-// what cleanup left behind.
+// Len returns how many records of requests the store holds, expired or not: every
+// record but idem's own ([idemstore.ReservedScope]). Tests use it to see what
+// cleanup left behind.
 func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.records)
+	n := 0
+	for k := range s.records {
+		if k.scope != idemstore.ReservedScope {
+			n++
+		}
+	}
+	return n
 }
 
 func copyRecord(r *idemstore.Record) *idemstore.Record {

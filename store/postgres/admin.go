@@ -60,6 +60,9 @@ func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*adm
 	}
 	filter := p.Filter()
 	args = append(args, string(filter.State), limit+1, nowParam(p.Now), filter.OutcomeUnknown)
+	if p.Scope == "" {
+		args = append(args, []byte(idemstore.ReservedScope))
+	}
 	if filter.Unfinished {
 		query, args = s.adminQuery("RecordListUnfinished"), unfinishedListArgs(p, limit+1)
 	}

@@ -79,6 +79,8 @@ type queries struct {
 	migrateCreateTable  string
 	migrateApplied      string
 	migrateRecord       string
+	migrateUnknown      string
+	migrateDropIndex    string
 }
 
 // parsedQueries are the raw statements by name, read once from the embedded files.
@@ -142,6 +144,8 @@ func newQueries(schema string) *queries {
 		migrateCreateTable:    q("MigrateCreateTable"),
 		migrateApplied:        q("MigrateApplied"),
 		migrateRecord:         q("MigrateRecord"),
+		migrateUnknown:        q("MigrateUnknown"),
+		migrateDropIndex:      q("MigrateDropExpiryIndex"),
 	}
 }
 

@@ -14,7 +14,8 @@ import (
 
 // maxClaimAttempts bounds how often RecordClaim re-runs its statement when a concurrent
 // claim got in between (see claimOnce and takeOver). Each lost race means another
-// request made progress, so a handful of attempts is plenty.
+// request made progress, so a handful of attempts is plenty; a claim that loses them
+// all to takeovers of an in-flight record answers that the key is in flight.
 const maxClaimAttempts = 8
 
 // errClaimRace means a claim statement lost a race and must be re-run.
@@ -32,12 +33,27 @@ func (s *Store) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*ide
 		}
 		// The key is there after all: read it.
 	}
+	var seen *idemstore.ClaimResult // the in-flight record the last lost race read
 	for range maxClaimAttempts {
 		res, err := s.claimOnce(ctx, p)
 		if errors.Is(err, errClaimRace) {
+			if res != nil {
+				seen = res
+			}
 			continue
 		}
 		return res, interpretError(err)
+	}
+	if seen != nil {
+		// Every attempt found the key's lease lapsed and lost its takeover to another
+		// claim of the key: retries under --on-lapse take_over of an upstream that
+		// keeps losing replies, each taking the key over and ending its lease at once.
+		// The key is held, or being taken, by another request: in flight, which the
+		// caller answers 409 with Retry-After, and not a store failure (a 503
+		// store_unavailable, logged as an error, for a store that answered every call).
+		s.logger.DebugContext(ctx, "postgres: every attempt to take over a lapsed key lost to another claim of it; answering in flight",
+			"key_prefix", keyPrefix(p.Key), "attempts", maxClaimAttempts)
+		return seen, nil
 	}
 	return nil, fmt.Errorf("postgres: claim of a key did not settle after %d attempts under contention", maxClaimAttempts)
 }
@@ -107,7 +123,13 @@ func (s *Store) claimOnce(ctx context.Context, p *idemstore.ClaimParams) (*idems
 	case idemstore.DecideClaim:
 		return s.claimExpired(ctx, p)
 	case idemstore.DecideTakeOver:
-		return s.takeOver(ctx, p, rec.Token)
+		res, err := s.takeOver(ctx, p, rec.Token)
+		if errors.Is(err, errClaimRace) {
+			// Another claim took the key over first: what RecordClaim answers when
+			// every attempt ends so.
+			return &idemstore.ClaimResult{Outcome: idemstore.ClaimInFlight, Record: rec, Now: now}, err
+		}
+		return res, err
 	case idemstore.DecideUnknown:
 		return s.markUnknown(ctx, p, rec.Token)
 	case idemstore.DecideInFlight:

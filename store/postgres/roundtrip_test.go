@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -294,14 +295,16 @@ func TestReleaseIsOneRoundTrip(t *testing.T) {
 func TestCountingConnCountsPrepares(t *testing.T) {
 	t.Parallel()
 	b := newCountingBundle(t)
-	b.wantTrips("first Get on the connection", 2, func() {
-		_, err := b.s.RecordGet(b.ctx, &idemstore.GetParams{Scope: "scope", Key: "warm-2", Now: b.t0})
-		if err != nil {
+	// A statement neither the warm-up nor Migrate (which reads and writes the store's
+	// state, SPEC §20) ran on the connection.
+	renew := &idemstore.RenewParams{Scope: "scope", Key: "warm-2", Token: "not-its-token", Lease: rtLease, TTL: rtTTL, Now: b.t0}
+	b.wantTrips("first Renew on the connection", 2, func() {
+		if _, err := b.s.RecordRenew(b.ctx, renew); !errors.Is(err, idemstore.ErrLeaseLost) {
 			t.Fatal(err)
 		}
 	})
-	b.wantTrips("second Get on the connection", 1, func() {
-		_, _ = b.s.RecordGet(b.ctx, &idemstore.GetParams{Scope: "scope", Key: "warm-2", Now: b.t0})
+	b.wantTrips("second Renew on the connection", 1, func() {
+		_, _ = b.s.RecordRenew(b.ctx, renew)
 	})
 }
 

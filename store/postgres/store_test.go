@@ -142,6 +142,38 @@ func TestTakeOverKeepsRecordIDAndCreatedAt(t *testing.T) {
 	}
 }
 
+// TestAClaimThatLosesEveryTakeoverIsInFlight: retries of a key whose upstream keeps
+// losing its replies, under take_over, each take the key over and end its lease at
+// once; a claim among them can lose its takeover to another on every attempt. The key
+// is then held by another request, which is what the claim answers (409 in flight),
+// not an error that the middleware answers 503 store_unavailable and logs as the store
+// failing (issue 47's matrix cell under load). A trigger that skips every update of
+// the record makes each takeover lose its race, as another taker's would.
+func TestAClaimThatLosesEveryTakeoverIsInFlight(t *testing.T) {
+	t.Parallel()
+	s := newStore(t)
+	ctx := t.Context()
+	t0 := time.Now().UTC().Truncate(time.Millisecond)
+	p := claimParams("k-contended", t0)
+	mustClaim(t, s, p, idemstore.ClaimAcquired)
+	fn := pgx.Identifier{s.schema, "lose_every_race"}.Sanitize()
+	if _, err := s.Pool().Exec(ctx, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pool().Exec(ctx, `CREATE TRIGGER lose_every_race BEFORE UPDATE ON `+s.table("idem_records")+` FOR EACH ROW EXECUTE FUNCTION `+fn+`()`); err != nil {
+		t.Fatal(err)
+	}
+	next := *p
+	next.Token, next.RecordID, next.Now = "tok-next", "rec-next", t0.Add(p.Lease)
+	res, err := s.RecordClaim(ctx, &next)
+	if err != nil {
+		t.Fatalf("a claim that lost every takeover: %v, want in flight", err)
+	}
+	if res.Outcome != idemstore.ClaimInFlight || res.Record == nil || res.Record.Token != p.Token || res.TookOver {
+		t.Fatalf("a claim that lost every takeover = %+v, want in flight under the holder's token %q", res, p.Token)
+	}
+}
+
 // TestClaimSeesRowCommittedWhileItWaited forces the READ COMMITTED corner of the claim
 // statement: its INSERT waits for a concurrent inserter of the same key, which then
 // commits; the statement's snapshot predates that row, so the statement returns no row

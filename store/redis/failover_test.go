@@ -178,9 +178,12 @@ type failoverApp struct {
 	handler http.Handler
 	db      *sql.DB // the backstop's database; nil without one
 
-	mu       sync.Mutex
-	execs    map[string][]string // key → the record id of each execution
-	done     map[string][]byte   // key → the body of its first 201
+	mu sync.Mutex
+	// execs: key → whether each execution took its record over (a lapsed lease) or
+	// claimed a new one. The record id cannot tell: it is the request's (SPEC §13),
+	// the same for a record the failover lost and the retry's new one.
+	execs    map[string][]bool
+	done     map[string][]byte // key → the body of its first 201
 	answers  []answer
 	killedAt time.Time
 	resumed  time.Duration // first fresh 201 after the kill; 0 until then
@@ -200,7 +203,7 @@ type answer struct {
 
 func newFailoverApp(t *testing.T, name, url string, withBackstop bool) *failoverApp {
 	s := openStore(t, url)
-	a := &failoverApp{name: name, execs: map[string][]string{}, done: map[string][]byte{}, progress: make(chan struct{}, 1)}
+	a := &failoverApp{name: name, execs: map[string][]bool{}, done: map[string][]byte{}, progress: make(chan struct{}, 1)}
 	var bs *backstop.Backstop
 	if withBackstop {
 		db, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "app.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)")
@@ -225,7 +228,7 @@ func newFailoverApp(t *testing.T, name, url string, withBackstop bool) *failover
 		key := r.Header.Get("Idempotency-Key")
 		charge := func(ctx context.Context) *idem.Response {
 			a.mu.Lock()
-			a.execs[key] = append(a.execs[key], idem.FromContext(ctx).RecordID())
+			a.execs[key] = append(a.execs[key], idem.FromContext(ctx).TookOver())
 			a.mu.Unlock()
 			time.Sleep(failoverWork) // the processor call
 			return &idem.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}},
@@ -444,16 +447,26 @@ func (a *failoverApp) keys() []string {
 func (a *failoverApp) reexecuted() (newRecord, sameRecord int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, ids := range a.execs {
-		records := len(slices.Compact(slices.Sorted(slices.Values(ids))))
+	for _, tookOver := range a.execs {
+		records := len(tookOver) - countTrue(tookOver)
 		if records > 1 {
 			newRecord++
 		}
-		if len(ids) > records {
+		if records < len(tookOver) {
 			sameRecord++
 		}
 	}
 	return newRecord, sameRecord
+}
+
+func countTrue(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
 }
 
 // chargedTwice counts the keys with more than one charge in the backstop's database.

@@ -36,7 +36,8 @@ func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*adm
 		return nil, err
 	}
 	t := now(p.Now)
-	query, args := queryAdminListAll, []any{sql.Named("after_scope", p.AfterScope), sql.Named("after_key", p.AfterKey)}
+	query, args := queryAdminListAll, []any{sql.Named("after_scope", p.AfterScope), sql.Named("after_key", p.AfterKey),
+		sql.Named("reserved", idemstore.ReservedScope)}
 	if p.Scope != "" {
 		after := ""
 		if p.AfterScope == p.Scope {

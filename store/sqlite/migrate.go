@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idem-go/idem"
 )
 
 //go:embed migrations/*.sql
@@ -57,12 +59,14 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return err
 	}
 	var applied []string
+	var created bool
 	err = s.writeTx(ctx, "migrate", func(tx *sql.Tx) error {
 		applied = applied[:0]
 		done, err := appliedVersions(ctx, tx)
 		if err != nil {
 			return err
 		}
+		created = !done[ms[0].version]
 		for _, m := range ms {
 			if done[m.version] {
 				continue
@@ -85,7 +89,53 @@ func (s *Store) Migrate(ctx context.Context) error {
 	for _, name := range applied {
 		s.logger.InfoContext(ctx, "sqlite: applied migration", "migration", name)
 	}
+	if created {
+		// No earlier release can have served a store that had no table: it starts at
+		// this release's format level (SPEC §20).
+		if err := idem.InitStoreState(ctx, s); err != nil {
+			return fmt.Errorf("sqlite: migrate: %w", err)
+		}
+	}
 	return nil
+}
+
+// UnknownMigrations returns the migrations the database records that this release
+// does not embed ("0004_name"), applied by a later release: empty when the schema is
+// as this release knows it or older. Migrate leaves them alone (a rollback to this
+// release runs on them when the later release followed the rule of SPEC §20); `idem
+// migrate` names them and fails.
+func (s *Store) UnknownMigrations(ctx context.Context) ([]string, error) {
+	ms, err := migrations()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.db.QueryContext(ctx, queryMigrationsUnknown, sql.Named("version", ms[len(ms)-1].version))
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: reading the schema's migrations: %w", interpretError(err))
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v int
+		var name string
+		if err := rows.Scan(&v, &name); err != nil {
+			return nil, interpretError(err)
+		}
+		if !strings.HasPrefix(name, fmt.Sprintf("%04d_", v)) {
+			name = fmt.Sprintf("%04d_%s", v, name)
+		}
+		out = append(out, name)
+	}
+	return out, interpretError(rows.Err())
+}
+
+// LastMigration names the last migration this release embeds ("0003_outcome_unknown").
+func LastMigration() string {
+	ms, err := migrations()
+	if err != nil || len(ms) == 0 {
+		return ""
+	}
+	return ms[len(ms)-1].name
 }
 
 // appliedVersions creates idem_migrations when missing and returns the versions it

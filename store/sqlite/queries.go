@@ -13,6 +13,7 @@ var (
 	queryMigrationsCreate       = mustQuery("migrations_create")
 	queryMigrationsApplied      = mustQuery("migrations_applied")
 	queryMigrationsInsert       = mustQuery("migrations_insert")
+	queryMigrationsUnknown      = mustQuery("migrations_unknown")
 	queryPing                   = mustQuery("ping")
 	queryRecordGet              = mustQuery("record_get")
 	queryRecordClaimInsert      = mustQuery("record_claim_insert")

@@ -147,7 +147,7 @@ func (b *bundle) claimParams(now time.Time) *idemstore.ClaimParams {
 		Key:         b.key,
 		Fingerprint: b.fp,
 		Token:       newToken(),
-		RecordID:    idemstore.NewRecordID(),
+		RecordID:    earlierReleaseRecordID(),
 		Lease:       lease,
 		TTL:         ttl,
 		Now:         now,

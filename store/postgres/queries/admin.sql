@@ -30,9 +30,10 @@ ORDER BY r.key
 LIMIT $4;
 
 -- name: RecordListAll
--- One page of every scope's records in (scope, key) order, after ($1, $2).
+-- One page of every scope's records in (scope, key) order, after ($1, $2), but idem's
+-- own ($7, idemstore.ReservedScope), which a list of that scope shows.
 -- $1 after scope, $2 after key, $3 state ('' = any), $4 limit, $5 injected now,
--- $6 outcome unknown only.
+-- $6 outcome unknown only, $7 the reserved scope.
 WITH clock AS MATERIALIZED (
     SELECT coalesce($5::timestamptz, clock_timestamp()) AS now
 )
@@ -42,6 +43,7 @@ SELECT r.scope, r.key, r.id, r.fingerprint_version, r.fingerprint, r.state, r.le
        clock.now
 FROM {{schema}}idem_records r, clock
 WHERE (r.scope, r.key) > ($1, $2) AND ($3 = '' OR r.state = $3) AND (NOT $6 OR r.outcome_unknown)
+  AND r.scope <> $7
 ORDER BY r.scope, r.key
 LIMIT $4;
 

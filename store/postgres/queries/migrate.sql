@@ -25,6 +25,22 @@ CREATE TABLE IF NOT EXISTS {{schema}}idem_migrations (
 -- name: MigrateApplied
 SELECT version FROM {{schema}}idem_migrations ORDER BY version;
 
+-- name: MigrateDropExpiryIndex
+-- The index of expiry of 0001, which this release's cleaner never reads (0010 says
+-- why it is dropped only once the store's format level allows it). Dropping an index
+-- rewrites nothing: the table stays online. DROP INDEX takes the table's ACCESS
+-- EXCLUSIVE lock for the moment of the catalog change, which waits for the statements
+-- running on the table, and which the statements that come after it wait for; the
+-- transaction's lock_timeout (2 s, SET LOCAL first) bounds that wait, so that a long
+-- statement makes the drop fail fast and be retried (Store.Migrate retries it) instead
+-- of holding up every request behind it.
+DROP INDEX IF EXISTS {{schema}}idem_records_expires_at_idx;
+
+-- name: MigrateUnknown
+-- The migrations applied by a later release than this one: those numbered after $1,
+-- the last this release embeds.
+SELECT version, name FROM {{schema}}idem_migrations WHERE version > $1 ORDER BY version;
+
 -- name: MigrateRecord
 -- $1 version, $2 name.
 INSERT INTO {{schema}}idem_migrations (version, name) VALUES ($1, $2);
