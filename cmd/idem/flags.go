@@ -72,6 +72,15 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 // returns done, the command must return code: 0 after --help (usage on stdout), 2 after
 // a bad flag, a bad variable or a stray argument (one line on stderr).
 func parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (code int, done bool) {
+	return parseEnv(fs, args, stdout, stderr, func(fs *flag.FlagSet, environ []string, stderr io.Writer) error {
+		warnUnknownEnv(fs, environ, stderr)
+		return nil
+	})
+}
+
+// parseEnv is parse with unknown, a policy for the IDEM_ variables that name no flag
+// of fs: its error is a bad variable's (exit 2).
+func parseEnv(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, unknown func(*flag.FlagSet, []string, io.Writer) error) (code int, done bool) {
 	if c, ok := stdout.(*flagCollector); ok {
 		c.add(fs) // commandVariables asks for the flags only
 		return exitOK, true
@@ -90,7 +99,9 @@ func parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (code int,
 	if err := setFromEnv(fs, os.LookupEnv); err != nil {
 		return usageError(stderr, fs, err.Error()), true
 	}
-	warnUnknownEnv(fs, os.Environ(), stderr)
+	if err := unknown(fs, os.Environ(), stderr); err != nil {
+		return usageError(stderr, fs, err.Error()), true
+	}
 	return 0, false
 }
 

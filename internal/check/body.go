@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"html"
+	"math/rand/v2"
 	"regexp"
 	"strconv"
 	"strings"
@@ -16,12 +17,7 @@ import (
 // fraction or exponent has its last digit changed. A body without a number is an
 // error.
 func AltBody(body []byte) ([]byte, error) {
-	start, end := -1, -1
-	if json.Valid(body) {
-		start, end = firstJSONNumber(body)
-	} else if loc := digits.FindIndex(body); loc != nil {
-		start, end = loc[0], loc[1]
-	}
+	start, end := numberAt(body)
 	if start < 0 {
 		return nil, errNoNumber
 	}
@@ -33,6 +29,53 @@ func AltBody(body []byte) ([]byte, error) {
 }
 
 var digits = regexp.MustCompile(`[0-9]+`)
+
+// FreshBody returns body with its first number (found as [AltBody] finds it) drawn
+// afresh: every digit random, the first of a whole part of several digits from 1 to
+// 9, so that the number keeps its count of digits, its sign, its fraction and its
+// exponent (2000 becomes one of 1000 to 9999; 7 one of 1 to 9; 0.25 one of 0.00 to
+// 0.99). Each run of the checker sends its bodies so, so that no earlier run on the
+// same server sent them: a record an earlier run left (a body hashed into a key, an
+// empty key kept for ever) answers none of this run's requests. A body without a
+// number is returned as it is.
+func FreshBody(body []byte) []byte {
+	start, end := numberAt(body)
+	if start < 0 {
+		return body
+	}
+	num := []byte(string(body[start:end]))
+	lead := true                                                      // at the first digit of the whole part
+	for i := 0; i < len(num) && num[i] != 'e' && num[i] != 'E'; i++ { // the exponent stays
+		switch c := num[i]; {
+		case c == '.':
+			lead = false
+		case c < '0' || c > '9': // a sign
+		case lead:
+			lead = false
+			if several := i+1 < len(num) && '0' <= num[i+1] && num[i+1] <= '9'; several || c != '0' {
+				num[i] = byte('1' + rand.IntN(9))
+			}
+		default:
+			num[i] = byte('0' + rand.IntN(10))
+		}
+	}
+	out := make([]byte, 0, len(body))
+	out = append(out, body[:start]...)
+	out = append(out, num...)
+	return append(out, body[end:]...)
+}
+
+// numberAt returns the byte range of body's first number as AltBody finds it, or -1,
+// -1.
+func numberAt(body []byte) (start, end int) {
+	if json.Valid(body) {
+		return firstJSONNumber(body)
+	}
+	if loc := digits.FindIndex(body); loc != nil {
+		return loc[0], loc[1]
+	}
+	return -1, -1
+}
 
 // firstJSONNumber returns the byte range of the first number token of a valid JSON
 // text, or -1, -1.

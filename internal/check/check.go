@@ -1,6 +1,7 @@
 package check
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -125,9 +126,22 @@ type Config struct {
 	// BodyAlt is a second valid body, for the changed-body check. Defaults to Body
 	// with one number changed ([AltBody]).
 	BodyAlt []byte
+	// FixedBodies sends Body and BodyAlt as they are. By default each run draws their
+	// first numbers afresh ([FreshBody]), so that no earlier run on the same server
+	// sent them and a run's verdicts do not depend on the runs before it (a record of
+	// a request without a real key, kept by the server, would answer the next run's).
+	// Defaults to false.
+	FixedBodies bool
 	// BodyInvalid is a body the endpoint rejects, for the errors-not-stored check.
 	// Nil defaults to {} when Body is a JSON object; otherwise that check is skipped.
 	BodyInvalid []byte
+	// Body5xx is a body the endpoint fails on with a 5xx, for the after-5xx check.
+	// Nil defaults to BodyInvalid, which some endpoints fail on; when neither gets a
+	// 5xx, that check is skipped.
+	Body5xx []byte
+	// PatchBody is a body that a PATCH of the first request's resource (its Location,
+	// or URL/id) accepts, for the patch check. Nil defaults to the run's BodyAlt.
+	PatchBody []byte
 	// KeyHeader is the name of the key's header. Defaults to [client.HeaderKey],
 	// Idempotency-Key.
 	KeyHeader string
@@ -320,11 +334,15 @@ var ErrUnusable = errors.New("endpoint cannot be checked")
 // [ErrUnusable] (and no report): the endpoint cannot be reached, or cfg is wrong. A
 // bad cfg is an error too. The checks run one after another; ctx bounds them all.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
+	altGiven := cfg.BodyAlt != nil
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	e := &env{cfg: &cfg, urls: append([]string{cfg.URL}, cfg.Instances...)}
+	e := &env{cfg: &cfg, urls: append([]string{cfg.URL}, cfg.Instances...), body: cfg.Body, bodyAlt: cfg.BodyAlt}
+	if !cfg.FixedBodies {
+		e.body, e.bodyAlt = runBodies(cfg.Body, cfg.BodyAlt, altGiven)
+	}
 	if err := e.prepare(ctx); err != nil {
 		return nil, err
 	}
@@ -340,11 +358,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	for _, c := range cfg.Checks {
 		before, _ := e.counts()
 		began := time.Now()
+		// Whether a completed key replays is known before any other check runs, as it
+		// is in a full run, where the replay check runs first: a check run alone
+		// (--only) gets the verdict it gets in a full run, and the restart check knows
+		// it before its command restarts the server.
+		var probe []*Exchange
+		if c.Name != ReplayCheck.Name && !e.replayKnown {
+			_, probe = e.knowReplays(ctx)
+		}
 		var r Result
 		if e.naive != "" {
-			r = skip(nil, "not run: the endpoint ran a retry again as a new request (see the hint)")
+			r = skip(probe, "not run: the endpoint ran a retry again as a new request (see the hint)")
 		} else {
 			r = c.run(ctx, e)
+			if r.Status != StatusFail {
+				r.Evidence = append(r.Evidence, probe...)
+			}
 		}
 		after, _ := e.counts()
 		r.Created = after - before
@@ -356,6 +385,25 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Duration = Millis(time.Since(start))
 	rep.count()
 	return rep, nil
+}
+
+// runBodies returns a run's Body and BodyAlt (see [Config.FixedBodies]): body with
+// its first number drawn afresh, and alt so too when it was given, else the fresh
+// body with its first number changed ([AltBody]). The two always differ.
+func runBodies(body, alt []byte, altGiven bool) (b, a []byte) {
+	b = FreshBody(body)
+	if !altGiven {
+		if a, err := AltBody(b); err == nil {
+			return b, a
+		}
+		return b, alt
+	}
+	for range 8 {
+		if a = FreshBody(alt); !bytes.Equal(a, b) {
+			return b, a
+		}
+	}
+	return b, alt
 }
 
 // polling says how a key in flight is asked again, for the report.

@@ -17,8 +17,9 @@ import (
 // Checks returns every check, in the order [Run] runs them.
 func Checks() []*Check {
 	return []*Check{
-		ReplayCheck, ConcurrencyCheck, ChangedBodyCheck, OtherRequestCheck, ErrorsNotStoredCheck,
-		BadKeysCheck, KeylessCheck, PerPrincipalCheck, SafeMethodsCheck, RestartCheck,
+		ReplayCheck, ConcurrencyCheck, SpreadDuplicatesCheck, DistinctKeysCheck, ChangedBodyCheck,
+		OtherRequestCheck, ErrorsNotStoredCheck, After5xxCheck, BadKeysCheck, KeylessCheck,
+		PerPrincipalCheck, PatchCheck, SafeMethodsCheck, RestartCheck,
 	}
 }
 
@@ -56,52 +57,61 @@ func runReplay(ctx context.Context, e *env) Result {
 		if len(e.urls) > 1 {
 			label += fmt.Sprintf(", on instance %d", i+1)
 		}
-		xs := e.sendUntilFinal(ctx, request{label: label, body: e.cfg.Body, keys: []string{e.fixtureKey}, instance: i})
+		xs := e.sendUntilFinal(ctx, request{label: label, body: e.body, keys: []string{e.fixtureKey}, instance: i})
 		ev = append(ev, xs...)
 		retries = append(retries, xs[len(xs)-1])
 	}
 	e.setReplays(retries[0])
-	for i, retry := range retries {
-		where := ""
+	where := func(i int) string {
 		if len(e.urls) > 1 {
-			where = fmt.Sprintf(" on instance %d", i+1)
+			return fmt.Sprintf(" on instance %d", i+1)
 		}
+		return ""
+	}
+	// A replay is recognised by its content, whatever its status; what is not one
+	// either ran again or was refused.
+	for i, retry := range retries {
 		switch {
 		case retry.Response == nil:
-			return fail(ev, "no-answer", "the retry%s got %s", where, retry.describe())
-		case retry.ok() && !sameResource(first, retry):
-			if i == 0 && !retry.replayed() {
-				e.naive = fmt.Sprintf("the endpoint ran a retry with the same %s again, as if it ignored the key: is --key-header %s the header it reads?", e.cfg.KeyHeader, e.cfg.KeyHeader)
-			}
-			return fail(ev, "ran-twice", "the retry%s got another resource (%s, first %s): the request ran twice", where, identity(retry), identity(first))
-		case retry.status() != first.status():
-			return fail(ev, "status-differs", "the retry%s got %s where the first request got %s", where, retry.describe(), first.describe())
+			return fail(ev, "no-answer", "the retry%s got %s", where(i), retry.describe())
+		case carries(first, retry):
+		case retry.ok():
+			return fail(ev, "ran-twice", "the retry%s got another resource (%s, first %s): the request ran twice", where(i), identity(retry), identity(first))
+		default:
+			return fail(ev, "status-differs", "the retry%s got %s where the first request got %s", where(i), retry.describe(), first.describe())
 		}
 	}
 	// Then what a replay of the first answer must carry, on each instance.
+	with409 := false
 	for i, retry := range retries {
-		where := ""
-		if len(e.urls) > 1 {
-			where = fmt.Sprintf(" on instance %d", i+1)
-		}
 		if !bytes.Equal(retry.Response.raw, first.Response.raw) {
-			return fail(ev, "body-differs", "the retry%s got the same resource (%s) with another body: %s", where, identity(first), e.diffAt(first.Response.raw, retry.Response.raw))
+			return fail(ev, "body-differs", "the retry%s got the same resource (%s) with another body: %s", where(i), identity(first), e.diffAt(first.Response.raw, retry.Response.raw))
 		}
 		for _, h := range replayedHeaders {
 			if got, want := retry.Response.Header.Get(h), first.Response.Header.Get(h); got != want {
-				return fail(ev, strings.ToLower(h)+"-differs", "the retry%s got %s %q where the first answer had %q", where, h, got, want)
+				return fail(ev, strings.ToLower(h)+"-differs", "the retry%s got %s %q where the first answer had %q", where(i), h, got, want)
 			}
+		}
+		switch s := retry.status(); {
+		case s == first.status():
+		case s == http.StatusConflict:
+			with409 = true
+		default:
+			return fail(ev, "status-differs", "the retry%s got the first answer's body and headers with %d where the first request got %d: a replay keeps the status", where(i), s, first.status())
 		}
 	}
 	marker := "no " + HeaderReplayed + " header"
 	if retries[0].replayed() {
 		marker = HeaderReplayed + ": true"
 	}
-	where := ""
+	each := ""
 	if len(e.urls) > 1 {
-		where = fmt.Sprintf(" on each of %d instances", len(e.urls))
+		each = fmt.Sprintf(" on each of %d instances", len(e.urls))
 	}
-	return pass(ev, "%d again%s, the same body and %s (%s)", retries[0].status(), where, strings.Join(replayedHeaders, ", "), marker)
+	if with409 {
+		return warn(ev, "replayed with 409%s: the first answer's body and %s again, but 409, not %d (%s): clients take a 409 for a failure, and must read the body to find the resource", each, strings.Join(replayedHeaders, ", "), first.status(), marker)
+	}
+	return pass(ev, "%d again%s, the same body and %s (%s)", retries[0].status(), each, strings.Join(replayedHeaders, ", "), marker)
 }
 
 // ConcurrencyCheck: duplicates of one key sent at once create one resource.
@@ -115,12 +125,23 @@ var ConcurrencyCheck = &Check{
 }
 
 func runConcurrency(ctx context.Context, e *env) Result {
-	var ev []*Exchange
 	var rounds []roundResult
 	for round := range e.cfg.Rounds {
-		rr := e.concurrencyRound(ctx, round+1)
+		rounds = append(rounds, e.concurrencyRound(ctx, round+1))
+	}
+	return e.judgeRounds(rounds, func(roundsText, where string) string {
+		return fmt.Sprintf("%s of %d at once%s, one resource each", roundsText, e.cfg.Concurrency, where)
+	})
+}
+
+// judgeRounds is the verdict of rounds of duplicates: a failure when a round made
+// more than one resource (naming how many rounds did) or failed otherwise, a warning
+// when one warned, else a pass that says what (given the rounds, "3 rounds", and where
+// they went, " across 2 instances") and what the last round's answers were.
+func (e *env) judgeRounds(rounds []roundResult, what func(roundsText, where string) string) Result {
+	var ev []*Exchange
+	for _, rr := range rounds {
 		ev = append(ev, rr.exchanges...)
-		rounds = append(rounds, rr)
 	}
 	dup := 0
 	var worst *roundResult
@@ -133,7 +154,7 @@ func runConcurrency(ctx context.Context, e *env) Result {
 			dup++
 		}
 	}
-	n, total := e.cfg.Concurrency, e.cfg.Rounds
+	total := len(rounds)
 	roundsText := fmt.Sprintf("%d rounds", total)
 	if total == 1 {
 		roundsText = "1 round"
@@ -163,7 +184,7 @@ func runConcurrency(ctx context.Context, e *env) Result {
 			return warn(ev, "round %d of %d: %s", rr.round, total, rr.summary)
 		}
 	}
-	return pass(ev, "%s of %d at once%s, one resource each (round %d: %s)", roundsText, n, where, total, rounds[total-1].tally)
+	return pass(ev, "%s (round %d: %s)", what(roundsText, where), total, rounds[total-1].tally)
 }
 
 // roundResult is what one burst of the concurrency check found.
@@ -184,19 +205,28 @@ func (e *env) concurrencyRound(ctx context.Context, round int) roundResult {
 	key := client.NewKey()
 	rs := make([]request, n)
 	for i := range rs {
-		rs[i] = request{label: fmt.Sprintf("round %d: duplicate %d of %d, sent at once", round, i+1, n), body: e.cfg.Body, keys: []string{key}, instance: i % len(e.urls)}
+		rs[i] = request{label: fmt.Sprintf("round %d: duplicate %d of %d, sent at once", round, i+1, n), body: e.body, keys: []string{key}, instance: i % len(e.urls)}
 	}
 	burst := e.burst(ctx, rs)
-	after := e.sendUntilFinal(ctx, request{label: fmt.Sprintf("round %d: afterwards, the same key and body again", round), body: e.cfg.Body, keys: []string{key}, instance: (round - 1) % len(e.urls)})
-	rr := roundResult{round: round, exchanges: append(burst, after...)}
+	after := e.sendUntilFinal(ctx, request{label: fmt.Sprintf("round %d: afterwards, the same key and body again", round), body: e.body, keys: []string{key}, instance: (round - 1) % len(e.urls)})
+	return e.judgeDuplicates(ctx, round, fmt.Sprintf("%d requests at once", n), burst, after)
+}
 
-	var resources []string // identities of the burst's 2xx answers, distinct, in order
-	var wrong []*Exchange  // neither 2xx nor in flight
+// judgeDuplicates judges dups, the answers to requests of one fresh key (what says
+// what they were: "16 requests at once"), and after, those of the key sent once more
+// afterwards: one resource, the others in flight or its replays (an answer of any
+// status that names a resource is a replay of it, or another resource).
+func (e *env) judgeDuplicates(ctx context.Context, round int, what string, dups, after []*Exchange) roundResult {
+	rr := roundResult{round: round, exchanges: append(slices.Clone(dups), after...)}
+	var resources []string // identities of the resources the answers name, distinct, in order
+	var wrong []*Exchange  // neither a resource nor in flight
 	noRetryAfter, burstOK := 0, 0
-	for _, x := range burst {
+	for _, x := range dups {
 		switch {
-		case x.ok():
-			burstOK++
+		case x.ok() || namesResource(x):
+			if x.ok() {
+				burstOK++
+			}
 			if id := identity(x); !slices.Contains(resources, id) {
 				resources = append(resources, id)
 			}
@@ -209,8 +239,9 @@ func (e *env) concurrencyRound(ctx context.Context, round int) roundResult {
 		}
 	}
 	last := after[len(after)-1]
-	afterNew := last.ok() && !slices.Contains(resources, identity(last))
-	tally := tallyAnswers(burst, len(e.urls) > 1)
+	lastFinal := last.ok() || namesResource(last)
+	afterNew := lastFinal && !slices.Contains(resources, identity(last))
+	tally := tallyAnswers(dups, len(e.urls) > 1)
 	rr.tally = tally
 	set := func(s Status, format string, args ...any) roundResult {
 		rr.status, rr.summary = s, fmt.Sprintf(format, args...)
@@ -225,7 +256,7 @@ func (e *env) concurrencyRound(ctx context.Context, round int) roundResult {
 	// and a duplicate that came after the first request completed got what every
 	// retry gets there.
 	afterJudged := true
-	if afterNew || !last.ok() || len(wrong) > 0 {
+	if afterNew || !lastFinal || len(wrong) > 0 {
 		afterJudged, _ = e.knowReplays(ctx)
 	}
 	late := 0
@@ -245,20 +276,20 @@ func (e *env) concurrencyRound(ctx context.Context, round int) roundResult {
 		if afterNew {
 			more = ", and the request afterwards made one more"
 		}
-		return failed("duplicates-ran", "%d requests at once made %d resources (%s)%s: the duplicates ran more than once; answers: %s",
-			n, len(resources), list(resources, 3), more, tally)
+		return failed("duplicates-ran", "%s made %d resources (%s)%s: the duplicates ran more than once; answers: %s",
+			what, len(resources), list(resources, 3), more, tally)
 	case len(wrong) > 0:
 		return failed("unexpected-answer", "%s got %s: a duplicate gets the one resource (2xx) or an in-flight answer (%s); answers: %s",
 			wrong[0].Label, wrong[0].describe(), e.cfg.Profile.inFlightText(), tally)
 	case afterNew && len(resources) == 1 && afterJudged:
-		return failed("key-forgot-answer", "the %d requests at once made one resource (%s), but the same key afterwards made another (%s): the key did not keep its answer; answers: %s",
-			n, resources[0], identity(last), tally)
-	case len(resources) == 0 && !last.ok() && afterJudged:
+		return failed("key-forgot-answer", "the %s made one resource (%s), but the same key afterwards made another (%s): the key did not keep its answer; answers: %s",
+			what, resources[0], identity(last), tally)
+	case len(resources) == 0 && !lastFinal && afterJudged:
 		return failed("never-ran", "no request with the key got a 2xx answer (afterwards: %s); answers: %s", last.describe(), tally)
-	case len(resources) == 0 && !last.ok():
-		return set(StatusWarn, "none of the %d requests at once got a 2xx answer (%s), and afterwards the key got %s, as every retry of a completed key does here (see replay): concurrency was not observed", n, tally, last.describe())
-	case burstOK == 0:
-		return set(StatusWarn, "none of the %d requests at once ran (%s); the key ran afterwards (%s): concurrency was not observed", n, tally, identity(last))
+	case len(resources) == 0 && !lastFinal:
+		return set(StatusWarn, "none of the %s got a 2xx answer (%s), and afterwards the key got %s, as every retry of a completed key does here (see replay): concurrency was not observed", what, tally, last.describe())
+	case burstOK == 0 && len(resources) == 0:
+		return set(StatusWarn, "none of the %s ran (%s); the key ran afterwards (%s): concurrency was not observed", what, tally, identity(last))
 	case noRetryAfter > 0 && e.cfg.Profile == ProfileSeed:
 		return set(StatusWarn, "one resource (%s), but %d in-flight 409s had no Retry-After (§5.2); answers: %s", resources[0], noRetryAfter, tally)
 	}
@@ -305,12 +336,12 @@ var ChangedBodyCheck = &Check{
 
 func runChangedBody(ctx context.Context, e *env) Result {
 	want := e.cfg.Profile.keyReusedStatus()
-	x := e.send(ctx, request{label: "the same key with --body-alt", body: e.cfg.BodyAlt, keys: []string{e.fixtureKey}})
+	x := e.send(ctx, request{label: "the same key with --body-alt", body: e.bodyAlt, keys: []string{e.fixtureKey}})
 	ev := []*Exchange{e.fixture, x}
 	switch {
 	case x.Response == nil:
 		return fail(ev, "no-answer", "the changed body got %s", x.describe())
-	case x.ok() && sameResource(e.fixture, x):
+	case carries(e.fixture, x):
 		return fail(ev, "changed-body-replayed", "the changed body got the first answer (%d, %s): the change was silently ignored", x.status(), identity(x))
 	case x.ok():
 		return fail(ev, "changed-body-ran", "the changed body ran under the used key (%d, another resource %s)", x.status(), identity(x))
@@ -328,10 +359,10 @@ func runChangedBody(ctx context.Context, e *env) Result {
 	if replays, probe := e.knowReplays(ctx); !replays {
 		return skip(append(ev, probe...), "%s; whether the refusal kept the key's record cannot be told: %s", refused, e.noReplayReason())
 	}
-	again := e.sendUntilFinal(ctx, request{label: "then the first body again", body: e.cfg.Body, keys: []string{e.fixtureKey}})
+	again := e.sendUntilFinal(ctx, request{label: "then the first body again", body: e.body, keys: []string{e.fixtureKey}})
 	ev = append(ev, again...)
 	last := again[len(again)-1]
-	if !sameResource(e.fixture, last) {
+	if !carries(e.fixture, last) {
 		return fail(ev, "record-changed", "refused with %s, but then the first body got %s, not its first answer, which a retry got before the refusal: the refusal changed the key's record", x.describe(), last.describe())
 	}
 	if x.status() != want {
@@ -370,7 +401,7 @@ var OtherRequestCheck = &Check{
 func (e *env) otherRequests() []request {
 	method, body := http.MethodDelete, []byte(nil)
 	if e.cfg.Method == http.MethodDelete {
-		method, body = http.MethodPost, e.cfg.Body
+		method, body = http.MethodPost, e.body
 	}
 	u, _ := url.Parse(e.cfg.URL)
 	path := *u
@@ -383,8 +414,8 @@ func (e *env) otherRequests() []request {
 	keys := []string{e.fixtureKey}
 	return []request{
 		{label: "the used key with another method (" + method + ")", method: method, body: body, keys: keys, variant: "method"},
-		{label: "the used key with another path (" + path.Path + ")", body: e.cfg.Body, keys: keys, url: path.String(), variant: "path"},
-		{label: "the used key with another query (idem-check=other added)", body: e.cfg.Body, keys: keys, url: query.String(), variant: "query"},
+		{label: "the used key with another path (" + path.Path + ")", body: e.body, keys: keys, url: path.String(), variant: "path"},
+		{label: "the used key with another query (idem-check=other added)", body: e.body, keys: keys, url: query.String(), variant: "query"},
 	}
 }
 
@@ -400,7 +431,7 @@ func runOtherRequest(ctx context.Context, e *env) Result {
 		switch {
 		case untellable(e.fixture, x):
 			notes = append(notes, fmt.Sprintf("%s: %d, the first answer's bytes without an id or a replay marker (whether it ran cannot be told)", what, x.status()))
-		case x.ok() && sameResource(e.fixture, x):
+		case carries(e.fixture, x):
 			fails = append(fails, fmt.Sprintf("%s got the first answer (%d, %s)", what, x.status(), identity(x)))
 			causes, decided = append(causes, r.variant+"-replayed"), append(decided, x)
 		case x.ok() && x.replayed():
@@ -447,7 +478,7 @@ func runErrorsNotStored(ctx context.Context, e *env) Result {
 	case idem.DefaultStorePolicy(bad.status()):
 		return skip(ev, "--body-invalid got %s, a final outcome that may be stored (§6): give a body the endpoint rejects with 400 or 422", bad.describe())
 	}
-	again := e.sendUntilFinal(ctx, request{label: "then --body with the same key", body: e.cfg.Body, keys: []string{key}})
+	again := e.sendUntilFinal(ctx, request{label: "then --body with the same key", body: e.body, keys: []string{key}})
 	ev = append(ev, again...)
 	good := again[len(again)-1]
 	if good.ok() {
@@ -477,7 +508,7 @@ func runPerPrincipal(ctx context.Context, e *env) Result {
 	if len(e.cfg.Other) == 0 {
 		return skip(nil, "no --as-other: give a second principal's headers to check")
 	}
-	x := e.send(ctx, request{label: "another principal (--as-other): the same key and body", body: e.cfg.Body, keys: []string{e.fixtureKey}, other: true})
+	x := e.send(ctx, request{label: "another principal (--as-other): the same key and body", body: e.body, keys: []string{e.fixtureKey}, other: true})
 	ev := []*Exchange{e.fixture, x}
 	s := x.status()
 	switch {
@@ -486,8 +517,11 @@ func runPerPrincipal(ctx context.Context, e *env) Result {
 	case untellable(e.fixture, x):
 		// An empty body, or one without an id, is the same for every execution.
 		return warn(ev, "the other principal's answer is the first principal's, byte for byte, without an id or a replay marker: whether it ran cannot be told")
-	case x.ok() && sameResource(e.fixture, x):
-		return fail(ev, "shared-across-principals", "the other principal got the first principal's response (%s): keys are not scoped per principal", identity(x))
+	case leaks(e.fixture, x) && x.ok():
+		return fail(ev, "shared-across-principals", "the other principal got the first principal's response (%s): keys are not scoped per principal", identity(e.fixture))
+	case leaks(e.fixture, x):
+		// A refusal that carries the first principal's response leaks it all the same.
+		return fail(ev, "shared-across-principals", "the other principal got the first principal's response (%s) in its %d answer: keys are not scoped per principal", identity(e.fixture), x.status())
 	case x.ok() && x.replayed():
 		return fail(ev, "replay-to-other-principal", "the other principal's first use of the key got a replay (%s: true)", HeaderReplayed)
 	case x.ok():
@@ -532,7 +566,7 @@ func runSafeMethods(ctx context.Context, e *env) Result {
 			return fail(ev, "get-replayed", "%s was answered as a replay (%s: true)", x.Label, HeaderReplayed)
 		}
 	}
-	write := e.send(ctx, request{label: "a write: --body with a fresh key", body: e.cfg.Body, keys: []string{client.NewKey()}})
+	write := e.send(ctx, request{label: "a write: --body with a fresh key", body: e.body, keys: []string{client.NewKey()}})
 	ev = append(ev, write)
 	plain2 := e.send(ctx, request{label: "after the write: GET without a key", method: http.MethodGet})
 	keyed2 := e.send(ctx, request{label: "after the write: GET with the first GET's key", method: http.MethodGet, keys: []string{key}})
@@ -581,6 +615,9 @@ func tally(xs []*Exchange) string {
 	count := map[string]int{}
 	for _, x := range xs {
 		d := x.describe()
+		if !x.ok() && namesResource(x) {
+			d = fmt.Sprintf("%d (%s)", x.status(), identity(x)) // a resource's answer
+		}
 		if x.ok() && x.replayed() {
 			d += " replayed"
 		}

@@ -11,9 +11,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/idem-go/idem/client"
@@ -39,12 +41,15 @@ type env struct {
 	requests atomic.Int64
 	// urls are the endpoint's instances: cfg.URL, then cfg.Instances.
 	urls []string
+	// body and bodyAlt are this run's Body and BodyAlt: their first numbers drawn
+	// afresh for the run (see [RunBodies]), so that no earlier run sent them.
+	body, bodyAlt []byte
 	// fixture is the first answer of fixtureKey, sent by prepare.
 	fixtureKey string
 	fixture    *Exchange
 	// replays is set by the replay check when the endpoint answered a retry with its
-	// first answer: without it, a fresh execution proves nothing in the checks that
-	// judge one.
+	// first answer, by its content (body, Location, resource), whatever the status:
+	// without it, a fresh execution proves nothing in the checks that judge one.
 	replays bool
 	// replayKnown is set once replays is known: by the replay check, or by
 	// knowReplays when that check did not run (--only, --skip).
@@ -59,6 +64,12 @@ type env struct {
 	// an empty one, by form ("missing", "empty"), which the keyless check reuses.
 	keyless map[string]*Exchange
 
+	freshOnce sync.Once
+	// fresh sends a request on a connection of its own, closed after it: the restart
+	// check's first request, and a request sent again after the server closed the
+	// connection it was written on (nil: the configuration's client).
+	fresh *http.Client
+
 	mu sync.Mutex
 	// resources are the resources that the unsafe requests' 2xx answers named (an id
 	// or a Location), each once.
@@ -69,16 +80,21 @@ type env struct {
 }
 
 // record counts the resource of x, a 2xx answer to an unsafe request: by its id or
-// its Location, once however many answers name it.
+// its Location, once however many answers name it. A replay (Idempotent-Replayed) to
+// a request without a real key (none, or an empty one) is not counted: its resource
+// may be older than the run, as every key the run sends is fresh.
 func (e *env) record(x *Exchange) {
 	if safeMethod(x.Request.Method) || x.Request.Method == hookMethod || !x.ok() {
 		return
 	}
+	keys := x.Request.Header[e.cfg.KeyHeader]
+	keyed := len(keys) > 0 && keys[0] != ""
 	r := resourceOf(x)
 	x.Resource = r
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	switch {
+	case r != "" && !keyed && x.replayed():
 	case r != "":
 		if e.resources == nil {
 			e.resources = map[string]bool{}
@@ -100,7 +116,7 @@ func (e *env) counts() (resources, unidentified int) {
 // completed key, and the proof that the endpoint can be checked at all.
 func (e *env) prepare(ctx context.Context) error {
 	e.fixtureKey = client.NewKey()
-	x := e.send(ctx, request{label: "first request (--body)", body: e.cfg.Body, keys: []string{e.fixtureKey}})
+	x := e.send(ctx, request{label: "first request (--body)", body: e.body, keys: []string{e.fixtureKey}})
 	switch {
 	case x.Response == nil:
 		return fmt.Errorf("%w: %s %s: %s", ErrUnusable, e.cfg.Method, redactURL(e.cfg.URL), x.Error)
@@ -139,6 +155,9 @@ type request struct {
 	// variant names what the request changes (other-request: "method", "path",
 	// "query"), for the cause of a failure.
 	variant string
+	// fresh sends the request on a connection of its own, and never again (see
+	// [env.send]).
+	fresh bool
 }
 
 // Exchange is one request and its answer, as the report shows them.
@@ -159,6 +178,12 @@ type Exchange struct {
 	Resource string `json:"resource,omitempty"`
 	// Elapsed is how long the exchange took.
 	Elapsed Millis `json:"elapsed_ms"`
+	// Resent, when set, says why the request was sent a second time, on a new
+	// connection: the first send got no answer on a connection the server had closed
+	// after an earlier answer. Only the second send's answer is the exchange's.
+	Resent string `json:"resent,omitempty"`
+
+	err error // the error of a request without an answer
 }
 
 // SentRequest is a request as the report shows it.
@@ -217,12 +242,70 @@ func (m Millis) String() string { return time.Duration(m).Round(time.Millisecond
 
 // send sends r and returns the exchange; an error is in the exchange, never
 // returned: a check judges a missing answer as any other.
+//
+// A request written on a kept-alive connection that the server had closed after its
+// last answer (a server may close a connection after an answer without saying so:
+// uvicorn after a 500 from an exception) fails with no answer at all, or, when the
+// client saw the close first, goes out on a new connection: which of the two a run
+// meets is a race. So a request that got no byte of an answer on a reused connection
+// is sent once more on a new one (as net/http does for a request it may replay), and
+// its exchange says so ([Exchange.Resent]); one with r.fresh is sent on a new
+// connection to begin with, and never again.
 func (e *env) send(ctx context.Context, r request) *Exchange {
 	x, req := e.newRequest(ctx, r)
 	if req == nil {
 		return x
 	}
-	return e.do(x, req, nil)
+	if r.fresh {
+		return e.do(x, req, e.freshClient())
+	}
+	var reused bool
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused },
+	}))
+	x = e.do(x, req, nil)
+	if x.Response != nil || !reused || ctx.Err() != nil || !closedByServer(x.err) {
+		return x
+	}
+	why := x.Error
+	y, req := e.newRequest(ctx, r)
+	if req == nil {
+		return x
+	}
+	y.Resent = "the first send, on a connection kept from an earlier answer, got no answer (" + why + "): the server had closed it; sent again on a new connection"
+	return e.do(y, req, e.freshClient())
+}
+
+// closedByServer reports whether err, a request's error without an answer, is what
+// a connection closed by the server gives: the end of the stream, a reset, a broken
+// pipe.
+func closedByServer(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	return strings.Contains(err.Error(), "server closed idle connection")
+}
+
+// freshClient returns a client that sends each request on a connection of its own
+// and closes it after the answer: the configuration's transport without keep-alives,
+// or, when the configuration's client has a transport of the caller's, that client.
+func (e *env) freshClient() *http.Client {
+	e.freshOnce.Do(func() {
+		t, ok := e.cfg.Client.Transport.(*http.Transport)
+		if !ok {
+			e.fresh = e.cfg.Client
+			return
+		}
+		t = t.Clone()
+		t.DisableKeepAlives = true
+		c := *e.cfg.Client
+		c.Transport = t
+		e.fresh = &c
+	})
+	return e.fresh
 }
 
 // newRequest returns r's exchange and its HTTP request, or a nil request and the
@@ -283,7 +366,8 @@ func (e *env) do(x *Exchange, req *http.Request, c *http.Client) *Exchange {
 func (e *env) answer(x *Exchange, start time.Time, resp *http.Response, err error) *Exchange {
 	if err != nil {
 		x.Elapsed = Millis(time.Since(start))
-		x.Error = oneLine(secret.RedactURLError(err).Error())
+		x.Error = netAddrs.ReplaceAllString(oneLine(secret.RedactURLError(err).Error()), "")
+		x.err = err
 		return x
 	}
 	defer resp.Body.Close()
@@ -376,6 +460,11 @@ func shown(b []byte) string {
 	}
 	return string(b)
 }
+
+// netAddrs are the addresses in a network error ("read tcp 127.0.0.1:4242->…: "),
+// which differ from one connection to the next: without them, one failure reads the
+// same on every connection, and tallies count it as one.
+var netAddrs = regexp.MustCompile(`(read|write|dial) (tcp|udp|unix)[46]? \S+: `)
 
 // contentType is the Content-Type of a body the configuration sends without one.
 func contentType(body []byte) string {
@@ -505,6 +594,67 @@ func sameResource(a, b *Exchange) bool {
 	}
 	r := resourceOf(a)
 	return r != "" && r == resourceOf(b)
+}
+
+// carries reports whether x's answer, whatever its status, is first's response
+// again by its content: the same resource id in the body, the same Location, or the
+// same body bytes (not empty). A library that replays a completed key with 409 and the
+// first body is recognised by it.
+func carries(first, x *Exchange) bool {
+	if first.Response == nil || x.Response == nil {
+		return false
+	}
+	a, b := first.Response, x.Response
+	if bytes.Equal(a.raw, b.raw) && (len(a.raw) > 0 || first.ok() && x.ok()) {
+		return true // two empty 2xx answers are one as far as anyone can tell
+	}
+	if id := resourceID(a.raw); id != "" && resourceID(b.raw) == id {
+		return true
+	}
+	loc := a.Header.Get("Location")
+	return loc != "" && b.Header.Get("Location") == loc
+}
+
+// namesResource reports whether x's answer names a resource (an id in its body, or a
+// Location), whatever its status: such an answer is a final one, a resource's,
+// never a refusal of a key in flight.
+func namesResource(x *Exchange) bool {
+	if x.Response == nil {
+		return false
+	}
+	return resourceID(x.Response.raw) != "" || x.Response.Header.Get("Location") != ""
+}
+
+// leaks reports whether first's response shows up in x's answer, whatever its status:
+// its resource's id (of 8 characters or more) anywhere in x's body or headers, its
+// Location in any of x's headers, or its whole body (not empty) inside x's.
+func leaks(first, x *Exchange) bool {
+	if carries(first, x) {
+		return true
+	}
+	if first.Response == nil || x.Response == nil {
+		return false
+	}
+	var marks []string
+	if id := resourceID(first.Response.raw); len(id) >= 8 {
+		marks = append(marks, id)
+	}
+	if loc := first.Response.Header.Get("Location"); loc != "" {
+		marks = append(marks, loc)
+	}
+	for _, m := range marks {
+		if bytes.Contains(x.Response.raw, []byte(m)) {
+			return true
+		}
+		for _, vs := range x.Response.Header {
+			for _, v := range vs {
+				if strings.Contains(v, m) {
+					return true
+				}
+			}
+		}
+	}
+	return len(marks) > 0 && bytes.Contains(x.Response.raw, first.Response.raw)
 }
 
 // untellable reports whether a 2xx answer cannot be told from another execution's:

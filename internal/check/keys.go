@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/idem-go/idem"
@@ -63,7 +64,7 @@ func runBadKeys(ctx context.Context, e *env) Result {
 	keys, missing := unknown, (*Exchange)(nil)
 	e.keyless = map[string]*Exchange{}
 	for _, c := range keyCases(e.cfg.Profile) {
-		x := e.send(ctx, request{label: "key " + c.name, body: e.cfg.Body, keys: c.keys})
+		x := e.send(ctx, request{label: "key " + c.name, body: e.body, keys: c.keys})
 		ev = append(ev, x)
 		if c.slug == "missing" || c.slug == "empty" {
 			e.keyless[c.slug] = x
@@ -91,6 +92,12 @@ func runBadKeys(ctx context.Context, e *env) Result {
 		case is2xx(s):
 			accepted = append(accepted, fmt.Sprintf("%s %d", c.name, s))
 			causes, failEv = append(causes, c.slug+"-accepted"), append(failEv, x)
+		case takenAsKey(x) && keys == required:
+			// Refused as a reuse, not as a bad key: an earlier request's record under
+			// that key answered it (the empty key, the same in every run, of a run
+			// before this one), so the key was taken as it is.
+			accepted = append(accepted, fmt.Sprintf("%s %s (taken as a key, whose record answered it)", c.name, x.describe()))
+			causes, failEv = append(causes, c.slug+"-accepted"), append(failEv, x)
 		case s >= 400 && s < 500:
 			warns = append(warns, fmt.Sprintf("%s %s (400 expected)", c.name, x.describe()))
 		default:
@@ -109,6 +116,20 @@ func runBadKeys(ctx context.Context, e *env) Result {
 		return warn(ev, "%s", strings.Join(append(warns, oks...), "; "))
 	}
 	return pass(ev, "400 for each: %s", strings.Join(names, ", "))
+}
+
+// takenAsKey reports whether x, the answer to a request with a bad key, refuses it
+// as a key's record would, not as a bad key: 409, or the code key_reused or
+// request_in_progress.
+func takenAsKey(x *Exchange) bool {
+	if x.Response == nil {
+		return false
+	}
+	switch x.Response.Code {
+	case idem.CodeKeyReused, idem.CodeRequestInProgress:
+		return true
+	}
+	return x.status() == http.StatusConflict
 }
 
 // KeylessCheck: requests without a key, or with an empty one, never share a record.
@@ -137,26 +158,34 @@ func runKeyless(ctx context.Context, e *env) Result {
 	for _, f := range keylessForms {
 		first := e.keyless[f.name] // the bad-keys check's, when it ran
 		if first == nil {
-			first = e.send(ctx, request{label: "--body " + f.what, body: e.cfg.Body, keys: f.keys})
+			first = e.send(ctx, request{label: "--body " + f.what, body: e.body, keys: f.keys})
 		}
 		ev = append(ev, first)
+		// A replay to the first request is the record of an earlier one: of this run,
+		// or of a run before it on the same server. The requests below find the same
+		// defect in every run; the replay is its cause only where they do not.
+		replayed := ""
 		if first.ok() && first.replayed() {
-			fails = append(fails, fmt.Sprintf("a request %s got a replay (%d, %s, %s: true): the %s key is taken as one real key, whose record answers every request that sends it", f.what, first.status(), identity(first), HeaderReplayed, f.name))
-			causes, failEv = append(causes, f.name+"-key-replayed"), append(failEv, first)
+			replayed = fmt.Sprintf("a request %s got a replay (%d, %s, %s: true): the %s key is taken as one real key, whose record answers every request that sends it", f.what, first.status(), identity(first), HeaderReplayed, f.name)
 		}
+		formFails, formCauses := len(fails), len(causes)
 		if keyRequired(first) || first.Response != nil && first.Response.Code == idem.CodeKeyInvalid {
 			notes = append(notes, fmt.Sprintf("%s: refused, %s", f.what, first.describe()))
 			continue
 		}
-		probes := []struct {
-			differ string // what differs from the first request
+		type probe struct {
+			differ string // what differs from the first request: "requests" when nothing does
 			req    request
-		}{{"bodies", request{label: "--body-alt " + f.what, body: e.cfg.BodyAlt, keys: f.keys}}}
+		}
+		// The same request again: a server that takes the key form for one real key
+		// answers it from the first one's record, whatever it hashes into the key (the
+		// body, the principal), and keeps that record for the next run too.
+		probes := []probe{
+			{"requests", request{label: "--body " + f.what + " again, the same request", body: e.body, keys: f.keys}},
+			{"bodies", request{label: "--body-alt " + f.what, body: e.bodyAlt, keys: f.keys}},
+		}
 		if len(e.cfg.Other) > 0 {
-			probes = append(probes, struct {
-				differ string
-				req    request
-			}{"principals", request{label: "--body " + f.what + ", as the other principal (--as-other)", body: e.cfg.Body, keys: f.keys, other: true}})
+			probes = append(probes, probe{"principals", request{label: "--body " + f.what + ", as the other principal (--as-other)", body: e.body, keys: f.keys, other: true}})
 		}
 		ran := 0
 		if first.ok() {
@@ -176,6 +205,13 @@ func runKeyless(ctx context.Context, e *env) Result {
 				failEv = append(failEv, first, x)
 			case StatusWarn:
 				warns = append(warns, says)
+			}
+		}
+		if replayed != "" {
+			fails = slices.Insert(fails, formFails, replayed)
+			failEv = append(failEv, first)
+			if len(causes) == formCauses {
+				causes = append(causes, f.name+"-key-replayed")
 			}
 		}
 		if ran > 0 {
@@ -199,8 +235,11 @@ func runKeyless(ctx context.Context, e *env) Result {
 // resource, nor the second refused as a reuse of the first's record.
 func judgeKeyless(first, x *Exchange, f keylessForm, differ string) (Status, string) {
 	two := fmt.Sprintf("two requests %s from different %s", f.what, differ)
-	if differ == "bodies" {
+	switch differ {
+	case "bodies":
 		two = fmt.Sprintf("two requests %s with different bodies", f.what)
+	case "requests":
+		two = fmt.Sprintf("two identical requests %s", f.what)
 	}
 	shared := fmt.Sprintf("the %s key is one real key, shared by every request that sends it", f.name)
 	if f.name == "missing" {
@@ -215,8 +254,8 @@ func judgeKeyless(first, x *Exchange, f keylessForm, differ string) (Status, str
 		return StatusWarn, fmt.Sprintf("%s: the second got %s", two, x.describe())
 	case first.ok() && x.ok() && untellable(first, x):
 		return StatusWarn, fmt.Sprintf("%s got the same bytes without an id, a Location or a replay marker: whether they share a record cannot be told", two)
-	case first.ok() && x.ok() && sameResource(first, x):
-		return StatusFail, fmt.Sprintf("%s got one resource (%s): %s", two, identity(x), shared)
+	case first.ok() && carries(first, x):
+		return StatusFail, fmt.Sprintf("%s got one resource (%s): %s", two, identity(first), shared)
 	case x.ok() && x.replayed():
 		return StatusFail, fmt.Sprintf("%s: the second got a replay (%d, %s, %s: true): %s", two, s, identity(x), HeaderReplayed, shared)
 	case x.ok():
@@ -225,6 +264,11 @@ func judgeKeyless(first, x *Exchange, f keylessForm, differ string) (Status, str
 		return StatusWarn, fmt.Sprintf("the other principal's request %s was refused (%s): do the --as-other headers authenticate?", f.what, x.describe())
 	case reuseAnswer(x) && first.ok():
 		return StatusFail, fmt.Sprintf("%s: the first ran (%d, %s), the second was answered as a reuse of its record (%s): %s", two, first.status(), identity(first), x.describe(), shared)
+	case differ == "principals" && reuseAnswer(x) && reuseAnswer(first):
+		// Each principal's request may have met a record of its own, kept from an
+		// earlier request (of a run before this one): that is what the identical
+		// requests judge, and one record for both principals cannot be told from it.
+		return StatusWarn, fmt.Sprintf("%s were both answered as a reuse (%s, %s): whether they share one record, or each principal has its own, cannot be told", two, first.describe(), x.describe())
 	case reuseAnswer(x) && reuseAnswer(first) && (x.Response.Code != "" || first.Response.Code != ""):
 		return StatusFail, fmt.Sprintf("%s were both answered as a reuse (%s, %s), though neither reused a key: %s", two, first.describe(), x.describe(), shared)
 	case first.ok():
