@@ -327,7 +327,7 @@ type SealedStoreError struct {
 }
 
 func (e *SealedStoreError) Error() string {
-	keys := "the keys its MAC secret is wrapped under (idem keys list --scope reserved shows them)"
+	keys := "the keys the store's MAC secret is wrapped under (its record could not be read to name them)"
 	if len(e.KeyIDs) > 0 {
 		keys = strings.Join(e.KeyIDs, ", ")
 	}
