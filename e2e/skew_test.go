@@ -385,13 +385,26 @@ func (r *skewRun) runPhases() {
 	r.phase(r.newOps(phaseUpgrade, 10_000, skewOps, skewGiveUpEvery), func(k int) {
 		r.killAndRelaunch([]*skewProc{old, cur}[k%2])
 	})
+	// The upgrade's direction for certain: the previous release is killed while its
+	// requests are outside, and the retries go to this build alone, which resumes
+	// that release's records; then the previous release serves again.
+	resumed := r.killWithRequestsOutside(old, phaseUpgrade, 15_000)
+	r.lb.set(cur)
+	for _, o := range resumed {
+		if err := r.complete(context.Background(), o, false); err != nil {
+			r.t.Error(err)
+		}
+	}
+	if err := old.relaunch(); err != nil {
+		r.t.Fatal(err)
+	}
 
-	// The rollback: this build is killed while its charges are outside, and the
-	// previous release takes its place; its processes resume this build's records.
-	unanswered := r.killWithRequestsOutside(cur)
+	// The rollback: this build is killed while its requests are outside, and the
+	// previous release takes its place; its processes resume this build's records
+	// (idem payments' completer, or the retries at the end).
+	r.killWithRequestsOutside(cur, phaseRollback, 25_000)
 	old2 := r.start(r.oldVersion)
 	r.lb.set(old, old2)
-	r.t.Logf("rollback: %s killed with %d of its %d last requests unanswered; %s resumes them", thisBuild, unanswered, skewBurst, r.oldVersion)
 	r.phase(r.newOps(phaseRollback, 20_000, skewOps, skewGiveUpEvery), func(k int) {
 		r.killAndRelaunch([]*skewProc{old, old2}[k%2])
 	})
@@ -414,12 +427,12 @@ func (r *skewRun) runPhases() {
 	})
 }
 
-// killWithRequestsOutside sends skewBurst requests to p alone, whose clients give up,
-// and kills p once at least two of them are at the outside side; it returns how many
-// were unanswered.
-func (r *skewRun) killWithRequestsOutside(p *skewProc) int {
+// killWithRequestsOutside sends skewBurst new operations of phase (amounts from base)
+// to p alone, whose clients give up, and kills p once at least two of them are at the
+// outside side; it returns the operations.
+func (r *skewRun) killWithRequestsOutside(p *skewProc, phase string, base int) []*skewOp {
 	r.t.Helper()
-	ops := r.newOps(phaseRollback, 25_000, skewBurst, 1)
+	ops := r.newOps(phase, base, skewBurst, 1)
 	answers := make([]<-chan answer, len(ops))
 	for i, o := range ops {
 		answers[i] = postInBackground(r.c, p.URL(), o.key, o.body)
@@ -437,7 +450,8 @@ func (r *skewRun) killWithRequestsOutside(p *skewProc) int {
 			ops[i].seen = append(ops[i].seen, got.res.Body)
 		}
 	}
-	return unanswered
+	r.t.Logf("%s: %s (%s) killed with %d of its %d last requests unanswered", phase, r.command, p.version, unanswered, len(ops))
+	return ops
 }
 
 // testPaymentsSkew is TestVersionSkew's `idem payments` on a store of kind.
