@@ -58,6 +58,9 @@ var sealedPrefix = []byte("\xffidemS")
 // upstream that counts its effects per derived key.
 func TestVersionSkew(t *testing.T) {
 	t.Parallel()
+	// This build first: the previous release's build then finds the dependencies it
+	// shares with it compiled (the same flags), which saves most of a cold build.
+	idemBinary(t)
 	prev := release.Previous()
 	oldBin := release.ForTest(t, prev)
 	// idem payments charges through the processor on an SQL store only (a charge and

@@ -3,11 +3,13 @@ package release_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/release"
 )
 
@@ -92,5 +94,21 @@ func TestConcurrentBuildsOfAReleaseBuildItOnceAndItRuns(t *testing.T) {
 	again, err := b.Build(context.Background(), r)
 	if err != nil || again.Built != 0 || again.Path != bins[0].Path {
 		t.Fatalf("a build after the first: %+v, %v; want the cached binary", again, err)
+	}
+}
+
+// TestPreviousIsTheReleaseBeforeThisOne keeps the table in step with idem.Release:
+// the skew test runs the release of the previous minor version beside this one.
+func TestPreviousIsTheReleaseBeforeThisOne(t *testing.T) {
+	var major, minor, patch int
+	if _, err := fmt.Sscanf(idem.Release, "%d.%d.%d", &major, &minor, &patch); err != nil {
+		t.Fatalf("idem.Release %q: %v", idem.Release, err)
+	}
+	want := fmt.Sprintf("%d.%d.", major, minor-1)
+	if patch > 0 {
+		want = fmt.Sprintf("%d.%d.", major, minor) // a patch release follows its minor's .0
+	}
+	if prev := release.Previous(); !strings.HasPrefix(prev.Version, want) {
+		t.Errorf("the previous release is %s, but this one is %s: add the release before it to release.Releases", prev, idem.Release)
 	}
 }
