@@ -23,13 +23,14 @@ import (
 // repository's own history (internal/release), and this build serve one store side by
 // side, each attempt of a client going to the next process like a round-robin
 // balancer's, while processes of either are SIGKILLed in the middle of their outside
-// calls. Three phases on one store: a rolling upgrade (the previous release and this
-// build), a rollback (this build killed with charges at the processor, the previous
-// release started in its place and finishing them), and this build with a key
-// (IDEM_ENCRYPTION_KEY) beside the previous release. Per logical request it counts
-// the outside executions, the ciphertexts replayed (a body starting "\xffidemS") and,
-// once the completers had their time, the requests left unresolved: all three must be
-// 0.
+// calls. Three phases on one store, which the previous release made: a rolling upgrade
+// (the previous release and this build; then the previous release killed with requests
+// outside, which this build alone resumes), a rollback (this build killed with requests
+// outside, the previous release started in its place and resuming them), and this
+// build with a key (IDEM_ENCRYPTION_KEY) beside the previous release. Per logical
+// request it counts the outside executions, the ciphertexts replayed (a body starting
+// "\xffidemS") and, once the completers had their time, the requests left unresolved:
+// all three must be 0. docs/operations.md ("The skew test") quotes its counts.
 
 // Parameters of the skew test.
 const (
@@ -39,8 +40,9 @@ const (
 	// skewGiveUpEvery: every such operation is sent once; its client gives up on a
 	// lost answer, and the record is left to the completers.
 	skewGiveUpEvery = 4
-	// skewBurst is how many charges the rollback phase sends to this build alone
-	// before it is killed in their middle.
+	// skewBurst is how many requests are sent to one process alone before it is
+	// killed in their middle (the previous release in the rolling upgrade, this build
+	// at the rollback).
 	skewBurst = 6
 	// skewSettle bounds the wait for the completers at the end.
 	skewSettle = 45 * time.Second
@@ -120,7 +122,7 @@ func (b *balancer) pick() *skewProc {
 type skewOp struct {
 	*cardOp
 	phase  string
-	giveUp bool // sent once: the client gives up on a lost answer
+	giveUp bool // sent once: the client gives up whatever the answer
 
 	mu    sync.Mutex
 	trail []string // each attempt: the version that got it and the answer
@@ -295,12 +297,14 @@ func (r *skewRun) killAndRelaunch(p *skewProc) {
 
 // finish sends every operation once more until it gets a 2xx, which must be the
 // same bytes as every 2xx it got before, and fails the test on any ciphertext
-// replayed.
-func (r *skewRun) finish() {
+// replayed. It returns how many operations got no 2xx (a final error, such as 500
+// outcome_unknown, or still in progress past killOpTimeout).
+func (r *skewRun) finish() (unresolved int) {
 	r.t.Helper()
 	for _, o := range r.ops {
 		if err := r.complete(context.Background(), o, false); err != nil {
 			r.t.Errorf("unresolved: %v", err)
+			unresolved++
 			continue
 		}
 		for j, b := range o.seen {
@@ -312,6 +316,7 @@ func (r *skewRun) finish() {
 	if n := r.ciphertext.Load(); n != 0 {
 		r.t.Errorf("%d ciphertexts replayed", n)
 	}
+	return unresolved
 }
 
 // phaseCounts counts one phase's operations and their outside executions.
@@ -321,7 +326,7 @@ type phaseCounts struct {
 
 // countExecutions counts per phase the operations and the outside executions that
 // executions(o) gives for each, and fails the test with the trail of every operation
-// executed more than once.
+// executed more than once, or never (each was answered a 2xx at the end).
 func (r *skewRun) countExecutions(executions func(o *skewOp) (n int, detail string)) map[string]*phaseCounts {
 	r.t.Helper()
 	counts := map[string]*phaseCounts{}
@@ -334,9 +339,12 @@ func (r *skewRun) countExecutions(executions func(o *skewOp) (n int, detail stri
 		n, detail := executions(o)
 		pc.ops++
 		pc.executions += n
-		if n > 1 {
+		switch {
+		case n > 1:
 			pc.duplicates += n - 1
 			r.t.Errorf("executed %d times (%s): %s", n, detail, o)
+		case n == 0:
+			r.t.Errorf("never executed: %s", o)
 		}
 	}
 	return counts
@@ -357,8 +365,8 @@ func (r *skewRun) logCounts(what string, phases []string, counts map[string]*pha
 		total.executions += pc.executions
 		total.duplicates += pc.duplicates
 	}
-	r.t.Logf("idem %s %s beside %s; %s; total: %d requests, %d %s, %d duplicates, %d ciphertexts replayed, %d unresolved; %d SIGKILLs (%d while the outside side worked; the rollback's not counted); retried: %v",
-		r.command, r.oldVersion, thisBuild, strings.Join(lines, "; "), total.ops, total.executions, what, total.duplicates, r.ciphertext.Load(), unresolved, r.kills, r.busyKills, &r.stats)
+	r.t.Logf("idem %s %s beside %s; %s; total: %d requests, %d %s, %d duplicates, %d ciphertexts replayed, %d unresolved; %d SIGKILLs in the phases (%d while the outside side worked), and 2 with %d requests outside; retried: %v",
+		r.command, r.oldVersion, thisBuild, strings.Join(lines, "; "), total.ops, total.executions, what, total.duplicates, r.ciphertext.Load(), unresolved, r.kills, r.busyKills, skewBurst, &r.stats)
 }
 
 // Names of the skew test's phases.
@@ -479,7 +487,7 @@ func testPaymentsSkew(t *testing.T, oldBin, oldVersion string, kind storeKind) {
 	if !ok {
 		t.Errorf("%d charges unresolved %v after the last phase (pending, or charged at the processor with no charge in payments)", unresolved, skewSettle)
 	}
-	r.finish()
+	unresolved += r.finish()
 
 	perAmount := map[int64][]string{}
 	for _, p := range proc.charges(t) {
@@ -574,7 +582,7 @@ func testProxySkew(t *testing.T, oldBin, oldVersion string, kind storeKind) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	r.finish()
+	unresolved := r.finish()
 	counts := r.countExecutions(func(o *skewOp) (int, string) {
 		keys := up.keys(fmt.Sprint(o.amount))
 		short := make([]string, len(keys))
@@ -584,5 +592,5 @@ func testProxySkew(t *testing.T, oldBin, oldVersion string, kind storeKind) {
 		sort.Strings(short)
 		return len(keys), "upstream keys " + strings.Join(short, ", ")
 	})
-	r.logCounts("upstream executions", skewPhases, counts, 0)
+	r.logCounts("upstream executions", skewPhases, counts, unresolved)
 }
