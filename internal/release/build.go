@@ -101,7 +101,8 @@ func (b Builder) haveCommit(ctx context.Context, r Release) error {
 		return fmt.Errorf("%w: %v", ErrNoHistory, err)
 	}
 	if _, err := b.git(ctx, "cat-file", "-e", r.Commit+"^{commit}"); err != nil {
-		return fmt.Errorf("%w: %s is not in the history of %s", ErrNoHistory, r, b.repo())
+		dir, _ := filepath.Abs(b.repo())
+		return fmt.Errorf("%w: %s is not in the git history of %s", ErrNoHistory, r, dir)
 	}
 	return nil
 }

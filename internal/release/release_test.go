@@ -112,3 +112,19 @@ func TestPreviousIsTheReleaseBeforeThisOne(t *testing.T) {
 		t.Errorf("the previous release is %s, but this one is %s: add the release before it to release.Releases", prev, idem.Release)
 	}
 }
+
+// TestForTestSkipsWithoutTheCommitOutsideCI: a clone without a release's commit (a
+// shallow one) skips the tests that need the release, unless CI=true.
+func TestForTestSkipsWithoutTheCommitOutsideCI(t *testing.T) {
+	t.Setenv("CI", "")
+	missing := release.Release{Version: "0.0.0", Commit: strings.Repeat("0", 40)}
+	skipped := false
+	t.Run("needs 0.0.0", func(t *testing.T) {
+		defer func() { skipped = t.Skipped() }()
+		release.ForTest(t, missing)
+		t.Error("ForTest returned a binary of a commit that is not in the history")
+	})
+	if !skipped {
+		t.Fatal("the test that needs a release missing from the history did not skip")
+	}
+}
