@@ -122,8 +122,8 @@ func (b Builder) build(ctx context.Context, r Release, out string) error {
 	}
 	defer os.RemoveAll(tmp)
 	src := filepath.Join(tmp, "src")
-	// A worktree left by a build that was killed is pruned (its directory is gone).
-	_, _ = b.git(ctx, "worktree", "prune")
+	// A build killed before its cleanup leaves a registration of a worktree whose
+	// directory is gone; the next one uses another directory, and git prunes it.
 	if _, err := b.git(ctx, "worktree", "add", "--detach", "--quiet", src, r.Commit); err != nil {
 		return fmt.Errorf("release: checking out %s: %w", r, err)
 	}
