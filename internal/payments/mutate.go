@@ -3,6 +3,7 @@ package payments
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -96,6 +97,17 @@ func keyExpired(expiresAt *int64, now time.Time) bool {
 
 func formatFingerprint(fp idem.Fingerprint) string {
 	return fmt.Sprintf("v%d:%x", fp.Version, fp.Sum)
+}
+
+// parseFingerprint reads what formatFingerprint wrote; false for anything else.
+func parseFingerprint(s string) (idem.Fingerprint, bool) {
+	v, sum, ok := strings.Cut(s, ":")
+	n, err := strconv.Atoi(strings.TrimPrefix(v, "v"))
+	b, herr := hex.DecodeString(sum)
+	if !ok || !strings.HasPrefix(v, "v") || err != nil || n < 0 || herr != nil || len(b) != 32 {
+		return idem.Fingerprint{}, false
+	}
+	return idem.Fingerprint{Version: n, Sum: [32]byte(b)}, true
 }
 
 // sameRequest reports whether a stored request_fingerprint matches the current one,
