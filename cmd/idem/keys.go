@@ -264,7 +264,7 @@ func (c *keysCommand) get(ctx context.Context, as admin.Store, scope, key string
 	if err != nil {
 		return failure(stderr, c.fs.Name(), err)
 	}
-	sealed := idem.IsSealed(storeRecord(res.Record))
+	sealed := admin.IsSealed(storeRecord(res.Record))
 	keyID := sealedKeyID(res.Record)
 	if !body {
 		res.Record.Header, res.Record.Body = nil, nil
