@@ -227,3 +227,28 @@ func TestChargesMadeBeforeSealingBeganAreFoundAfter(t *testing.T) {
 		}
 	})
 }
+
+// Sealed, a charge without a processor (on PostgreSQL the read-then-write transaction
+// instead of the pipelined insert, which cannot look under the other scope) is kept
+// under the keyed scope, replayed, and read back.
+func TestASealedChargeWithoutAProcessorIsKeptKeyedAndReplayed(t *testing.T) {
+	eachDB(t, func(t *testing.T, newBundle func(...option) *bundle) {
+		b := newBundle(withSeal(t))
+		key, body := newKey(), `{"amount": 300, "currency": "usd"}`
+		w := b.postCharge("tok_a", key, body)
+		wantStatus(t, w, http.StatusCreated)
+		id := decode(t, w)["id"].(string)
+		if again := b.postCharge("tok_a", key, body); again.Body.String() != w.Body.String() || again.Header().Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("the retry: %s, want the replay of %s", again.Body, w.Body)
+		}
+		if other := b.postCharge("tok_a", key, `{"amount": 301, "currency": "usd"}`); apiErr(t, other)["code"] != idem.CodeKeyReused {
+			t.Fatalf("another body under the key: %s, want key_reused", other.Body)
+		}
+		if sc, _ := b.chargeRow(id); sc == ScopeOfToken("tok_a") {
+			t.Fatal("the sealed charge is kept under the plain scope")
+		}
+		if get := b.do(req{method: "GET", path: "/v1/charges/" + id, token: "tok_a"}); get.Code != http.StatusOK || len(b.charges("tok_a")) != 1 {
+			t.Fatalf("GET the sealed charge: %d %s", get.Code, get.Body)
+		}
+	})
+}
