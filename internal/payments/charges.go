@@ -74,7 +74,7 @@ const (
 // createCharge is POST /v1/charges: {"amount", "currency", "customer_id"?} → 201.
 func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 	arrival := s.now()
-	p, body, aerr := readParams(w, r)
+	p, _, aerr := readParams(w, r)
 	if aerr != nil {
 		writeAPIError(w, aerr)
 		return
@@ -84,12 +84,7 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, aerr)
 		return
 	}
-	k := s.keyOf(r, body, arrival)
-	if h := idem.FromContext(r.Context()); h != nil {
-		// The record's fingerprint, keyed while the store's sealing is in effect.
-		fp := formatFingerprint(h.Fingerprint())
-		k.fingerprint = &fp
-	}
+	k := s.keyOf(r, nil, arrival) // the record's fingerprint: the charge keeps it
 	c := &charge{ID: newID("ch_"), Amount: in.Amount, Currency: in.Currency, CustomerID: in.CustomerID,
 		Status: statusSucceeded, Created: s.now().Unix(), IdempotencyKey: k.key, Fingerprint: k.fingerprint, KeyExpiresAt: k.expiresAt}
 	if s.processor != nil {

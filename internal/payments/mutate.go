@@ -75,16 +75,22 @@ type keyInfo struct {
 	expiresAt        *int64
 }
 
-// keyOf returns the key information of a request that arrived at arrival. The record
-// was claimed just before the handler ran, so arrival + TTL is at most a moment after
-// the record's own expiry.
+// keyOf returns the key information of a request that arrived at arrival, whose body
+// is body; with body nil, its fingerprint is the record's (keyed while the store's
+// sealing is in effect, SPEC §19), which a route whose claim was made before its
+// handler ran has computed already. The record was claimed just before the handler
+// ran, so arrival + TTL is at most a moment after the record's own expiry.
 func (s *Server) keyOf(r *http.Request, body []byte, arrival time.Time) keyInfo {
 	h := idem.FromContext(r.Context())
 	if h == nil {
 		return keyInfo{}
 	}
 	k := h.Key()
-	fp := formatFingerprint(idem.FingerprintRequest(r, body))
+	f := h.Fingerprint()
+	if body != nil {
+		f = idem.FingerprintRequest(r, body)
+	}
+	fp := formatFingerprint(f)
 	exp := arrival.Add(s.ttl).UnixMilli()
 	return keyInfo{key: &k, fingerprint: &fp, expiresAt: &exp}
 }
