@@ -47,6 +47,9 @@ type RewrapResult struct {
 	// Changed is how many records changed while they were re-sealed (left as they
 	// are: run Rewrap again).
 	Changed int
+	// Unreadable is how many records none of the keys opens (sealed under a key that
+	// is not given, or lost; altered): left as they are, they still fail closed.
+	Unreadable int
 }
 
 // Rewrap retires every key but keys[0] from store's current data (SPEC §19,
@@ -54,7 +57,8 @@ type RewrapResult struct {
 // alone, and re-seals every live record's response and step results whose data key is
 // wrapped under another key under a keyring whose data key is wrapped under keys[0];
 // each value is overwritten in place (compare-and-swap: a record that changes
-// meanwhile is counted in Changed and left as it is). Afterwards a key retired from
+// meanwhile is counted in Changed and left as it is; one that no key opens, in
+// Unreadable). Afterwards a key retired from
 // keys opens nothing current in the store: only backups and records made meanwhile by
 // a process that still seals under it. Run it once every process seals under keys[0]
 // (its start line says sealed_under=keys[0]), with the retired keys after keys[0] so
@@ -86,8 +90,10 @@ func Rewrap(ctx context.Context, st idemstore.Store, keys ...seal.KeyWrapper) (R
 			switch {
 			case errors.Is(err, ErrRecordChanged) || errors.Is(err, idemstore.ErrNotFound):
 				res.Changed++
+			case errors.Is(err, idem.ErrRecordUnreadable):
+				res.Unreadable++
 			case err != nil:
-				return res, fmt.Errorf("idem admin: re-sealing a record of scope %q: %w", r.Scope, err)
+				return res, fmt.Errorf("idem admin: re-sealing the record %s: %w", r.ID, err)
 			case changed:
 				res.Records++
 			}

@@ -91,6 +91,20 @@ func TestAKeyRetiredByRewrapOpensNothingCurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	sealedRecords(t, st, ringA)
+	// A record sealed under a key that is gone (C): left as it is, counted.
+	lost, err := seal.NewKeyring(ctx, nil, localKey(t, 'c'))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lostBody, _ := admin.SealResponse(lost, "scope-b", "key-lost", "rec-lost", &idem.Response{Status: 201, Body: []byte("x")})
+	tok := "tok-lost"
+	if _, err := st.RecordClaim(ctx, &idemstore.ClaimParams{Scope: "scope-b", Key: "key-lost", Fingerprint: idem.Fingerprint{Version: 1001}, Token: tok,
+		RecordID: "rec-lost", Lease: time.Minute, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.RecordComplete(ctx, &idemstore.CompleteParams{Scope: "scope-b", Key: "key-lost", Token: tok, Response: lostBody, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := idem.OpenKeyring(ctx, st, b, a); err != nil { // the rotation's first step
 		t.Fatal(err)
 	}
@@ -99,8 +113,8 @@ func TestAKeyRetiredByRewrapOpensNothingCurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Secrets != 2 || res.Records != 2 || res.Changed != 0 {
-		t.Fatalf("Rewrap = %+v, want 2 secret generations and 2 records re-wrapped", res)
+	if res.Secrets != 2 || res.Records != 2 || res.Changed != 0 || res.Unreadable != 1 {
+		t.Fatalf("Rewrap = %+v, want 2 secret generations and 2 records re-wrapped, 1 unreadable", res)
 	}
 
 	onlyA, err := seal.NewKeyring(ctx, nil, a)
@@ -123,6 +137,9 @@ func TestAKeyRetiredByRewrapOpensNothingCurrent(t *testing.T) {
 					t.Errorf("the MAC secret's record %s is wrapped under %v, want %s alone", r.Key, ids, b.ID())
 				}
 			}
+			continue
+		}
+		if r.Key == "key-lost" {
 			continue
 		}
 		for _, v := range [][]byte{r.Body, r.Steps} {
@@ -155,7 +172,7 @@ func TestAKeyRetiredByRewrapOpensNothingCurrent(t *testing.T) {
 	if secrets != 2 {
 		t.Fatalf("the store holds %d generations of the MAC secret, want 2", secrets)
 	}
-	if again, err := admin.Rewrap(ctx, st, b); err != nil || again != (admin.RewrapResult{}) {
+	if again, err := admin.Rewrap(ctx, st, b); err != nil || again != (admin.RewrapResult{Unreadable: 1}) {
 		t.Fatalf("a second Rewrap = %+v, %v; want nothing left to do", again, err)
 	}
 }

@@ -52,14 +52,15 @@ func runKeysRewrap(ctx context.Context, args []string, stdout, stderr io.Writer)
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(struct {
-			KeptUnder string `json:"kept_under"`
-			Secrets   int    `json:"secrets"`
-			Records   int    `json:"records"`
-			Changed   int    `json:"changed"`
-		}{ks[0].ID(), res.Secrets, res.Records, res.Changed})
+			KeptUnder  string `json:"kept_under"`
+			Secrets    int    `json:"secrets"`
+			Records    int    `json:"records"`
+			Changed    int    `json:"changed"`
+			Unreadable int    `json:"unreadable"`
+		}{ks[0].ID(), res.Secrets, res.Records, res.Changed, res.Unreadable})
 		return exitOK
 	}
-	fmt.Fprintf(stdout, "re-wrapped under %s: %d generation(s) of the MAC secret, %d record(s); %d changed meanwhile (run again)\n",
-		ks[0].ID(), res.Secrets, res.Records, res.Changed)
+	fmt.Fprintf(stdout, "re-wrapped under %s: %d generation(s) of the MAC secret, %d record(s); %d changed meanwhile (run again); "+
+		"%d no key opens (left as they are: they fail closed)\n", ks[0].ID(), res.Secrets, res.Records, res.Changed, res.Unreadable)
 	return exitOK
 }
