@@ -204,3 +204,31 @@ func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams)
 // AdminCapabilities implements [admin.Store.AdminCapabilities]: SQLite can do
 // everything.
 func (s *Store) AdminCapabilities() admin.Capabilities { return admin.Capabilities{List: true} }
+
+// RecordReseal implements [admin.Resealer.RecordReseal] in one write transaction: the
+// conditional update, then, when it changed nothing, a read that says why.
+func (s *Store) RecordReseal(ctx context.Context, p *admin.RecordResealParams) error {
+	return interpretError(s.writeTx(ctx, "admin reseal", func(tx *sql.Tx) error {
+		n, err := execRows(ctx, tx, queryAdminReseal, sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("id", p.ID),
+			sql.Named("body", nilBlob(p.Body)), sql.Named("old_body", p.OldBody), sql.Named("steps", nilBlob(p.Steps)), sql.Named("old_steps", p.OldSteps))
+		if err != nil || n == 1 {
+			return err
+		}
+		rec, err := getRecord(ctx, tx, p.Scope, p.Key)
+		switch {
+		case err != nil:
+			return err
+		case rec == nil:
+			return idemstore.ErrNotFound
+		}
+		return admin.ErrRecordChanged
+	}))
+}
+
+// nilBlob is b, or NULL when b is nil.
+func nilBlob(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return b
+}
