@@ -7,6 +7,7 @@ import (
 
 	"github.com/idem-go/idem/admin"
 	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/internal/headercodec"
 )
 
 var _ admin.Store = (*Store)(nil)
@@ -186,7 +187,7 @@ func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams)
 				body = []byte{}
 			}
 			query = queryAdminResolveComplete
-			args = append(args, sql.Named("status", resp.Status), sql.Named("headers", encodeHeaders(resp.Header)),
+			args = append(args, sql.Named("status", resp.Status), sql.Named("headers", headercodec.Encode(resp.Header)),
 				sql.Named("body", body))
 		}
 		n, err := execRows(ctx, tx, query, args...)

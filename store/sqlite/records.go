@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/internal/headercodec"
 )
 
 // now returns the injected time when non-zero, else the host clock: the store's clock
@@ -102,7 +103,7 @@ func scanRecord(row rowScanner) (*idemstore.Record, error) {
 	rec.CreatedAt = fromNanos(int64(created))
 	rec.ExpiresAt = fromNanos(int64(expires))
 	if rec.State == idemstore.StateCompleted {
-		h, err := decodeHeaders(headers)
+		h, err := headercodec.Decode(headers)
 		if err != nil {
 			return nil, err
 		}
@@ -272,7 +273,7 @@ func completeTx(ctx context.Context, tx *sql.Tx, p *idemstore.CompleteParams) er
 	if resp == nil {
 		return errors.New("idemstore.CompleteParams.Response is nil")
 	}
-	headers := encodeHeaders(resp.Header)
+	headers := headercodec.Encode(resp.Header)
 	body := resp.Body
 	if body == nil {
 		body = []byte{} // an empty body, not NULL
