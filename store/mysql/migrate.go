@@ -1,0 +1,191 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// migration is one numbered file of migrations/, such as 0001_records.sql.
+type migration struct {
+	version int
+	name    string
+	// statements are the file's statements, run one by one (the store's connections
+	// do not allow several statements in one query).
+	statements []string
+}
+
+// migrations lists the embedded migrations in version order.
+func migrations() ([]migration, error) {
+	entries, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, e := range entries {
+		name := strings.TrimSuffix(e.Name(), ".sql")
+		num, _, ok := strings.Cut(name, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v <= 0 {
+			return nil, fmt.Errorf("mysql: migration file %q is not named NNNN_name.sql", e.Name())
+		}
+		b, err := migrationFS.ReadFile("migrations/" + e.Name())
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, migration{version: v, name: name, statements: splitStatements(string(b))})
+	}
+	slices.SortFunc(ms, func(a, b migration) int { return a.version - b.version })
+	return ms, nil
+}
+
+// splitStatements splits a migration into its statements: each ends with a ';' at the
+// end of a line. Comment lines are dropped.
+func splitStatements(src string) []string {
+	var out []string
+	var cur strings.Builder
+	for line := range strings.SplitSeq(src, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if trimmed == "" || strings.HasPrefix(trimmed, "--") {
+			continue
+		}
+		cur.WriteString(line)
+		cur.WriteString("\n")
+		if strings.HasSuffix(trimmed, ";") {
+			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
+			cur.Reset()
+		}
+	}
+	if s := strings.TrimSpace(cur.String()); s != "" {
+		out = append(out, s)
+	}
+	return out
+}
+
+// migrateLockTimeout bounds how long Migrate waits for another process's migration.
+const migrateLockTimeout = 60 // seconds
+
+// Migrate brings the store's tables up to date: it applies, in order, each embedded
+// migration not yet recorded in idem_migrations. MySQL commits each DDL statement by
+// itself, so processes that migrate at once take turns under a named lock
+// (GET_LOCK('idem_migrate.<database>'), held by one connection for the length of the
+// migration and released with it), and each later one finds nothing left to do; every
+// statement of a migration may run again after a crash (IF NOT EXISTS). Migrate is
+// safe to call on every start.
+func (s *Store) Migrate(ctx context.Context) error {
+	ms, err := migrations()
+	if err != nil {
+		return err
+	}
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("mysql: migrate: %w", interpretError(err))
+	}
+	defer conn.Close()
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(CONCAT('idem_migrate.', DATABASE()), ?)`, migrateLockTimeout).Scan(&got); err != nil {
+		return fmt.Errorf("mysql: migrate: taking the migration lock: %w", interpretError(err))
+	}
+	if got.Int64 != 1 {
+		return fmt.Errorf("mysql: migrate: another process held the migration lock for %d s", migrateLockTimeout)
+	}
+	defer func() {
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT RELEASE_LOCK(CONCAT('idem_migrate.', DATABASE()))`)
+	}()
+
+	done, err := appliedVersions(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("mysql: migrate: %w", interpretError(err))
+	}
+	created := !done[ms[0].version]
+	for _, m := range ms {
+		if done[m.version] {
+			continue
+		}
+		for _, stmt := range m.statements {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("mysql: migration %s: %w", m.name, interpretError(err))
+			}
+		}
+		if _, err := conn.ExecContext(ctx, queryMigrationsInsert, m.version, m.name, time.Now().UnixNano()); err != nil {
+			return fmt.Errorf("mysql: migration %s: %w", m.name, interpretError(err))
+		}
+		s.logger.InfoContext(ctx, "mysql: applied migration", "migration", m.name)
+	}
+	if created {
+		// No earlier release can have served a store that had no table: it starts at
+		// this release's format level (SPEC §20).
+		if err := idem.InitStoreState(ctx, s); err != nil {
+			return fmt.Errorf("mysql: migrate: %w", err)
+		}
+	}
+	return nil
+}
+
+// UnknownMigrations returns the migrations the database records that this release
+// does not embed ("0002_name"), applied by a later release: empty when the schema is as
+// this release knows it or older. Migrate leaves them alone; `idem migrate` names them
+// and fails.
+func (s *Store) UnknownMigrations(ctx context.Context) ([]string, error) {
+	ms, err := migrations()
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.db.QueryContext(ctx, queryMigrationsUnknown, ms[len(ms)-1].version)
+	if err != nil {
+		return nil, fmt.Errorf("mysql: reading the schema's migrations: %w", interpretError(err))
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v int
+		var name string
+		if err := rows.Scan(&v, &name); err != nil {
+			return nil, interpretError(err)
+		}
+		out = append(out, name)
+	}
+	return out, interpretError(rows.Err())
+}
+
+// LastMigration names the last migration this release embeds ("0001_records").
+func LastMigration() string {
+	ms, err := migrations()
+	if err != nil || len(ms) == 0 {
+		return ""
+	}
+	return ms[len(ms)-1].name
+}
+
+// appliedVersions creates idem_migrations when missing and returns the versions it
+// records.
+func appliedVersions(ctx context.Context, conn *sql.Conn) (map[int]bool, error) {
+	if _, err := conn.ExecContext(ctx, queryMigrationsCreate); err != nil {
+		return nil, err
+	}
+	rows, err := conn.QueryContext(ctx, queryMigrationsApplied)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	done := map[int]bool{}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		done[v] = true
+	}
+	return done, rows.Err()
+}
