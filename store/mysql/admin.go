@@ -3,24 +3,21 @@ package mysql
 import (
 	"context"
 	"database/sql"
-	"fmt"
 
 	"github.com/idem-go/idem/admin"
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/headercodec"
+	"github.com/idem-go/idem/internal/sqlstore"
 )
 
 // RecordInspect implements [admin.Store.RecordInspect] with a plain read.
 func (s *Store) RecordInspect(ctx context.Context, p *admin.RecordInspectParams) (*admin.RecordInspectResult, error) {
 	t := now(p.Now)
 	rec, err := getRecord(ctx, s.db, p.Scope, p.Key, false)
-	switch {
-	case err != nil:
+	if err != nil {
 		return nil, interpretError(err)
-	case rec == nil:
-		return nil, idemstore.ErrNotFound
 	}
-	return &admin.RecordInspectResult{Record: admin.FromRecord(rec, p.Body), Now: t.UTC()}, nil
+	return sqlstore.Inspected(rec, p, t)
 }
 
 // RecordList implements [admin.Store.RecordList]: along the primary key, one scope's
@@ -53,63 +50,18 @@ func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*adm
 	if err != nil {
 		return nil, interpretError(err)
 	}
-	defer rows.Close()
-	var recs []*admin.Record
-	for rows.Next() {
-		r, err := scanListed(rows)
-		if err != nil {
-			return nil, interpretError(err)
-		}
-		recs = append(recs, r)
-	}
-	if err := rows.Err(); err != nil {
+	recs, err := sqlstore.Collect(rows, sqlstore.ScanListed)
+	if err != nil {
 		return nil, interpretError(err)
 	}
-	res := &admin.RecordListResult{Records: recs, Now: t.UTC()}
-	if len(recs) > limit {
-		res.Records, res.More = recs[:limit], true
-	}
-	return res, nil
+	return sqlstore.ListResult(recs, limit, t), nil
 }
 
-// unfinishedListArgs are the arguments of admin_list_unfinished.sql for p: the cursor,
-// which for a scope's list starts at the scope, and the scope (NULL for every scope).
+// unfinishedListArgs are the arguments of admin_list_unfinished.sql for p
+// (sqlstore.UnfinishedCursor).
 func unfinishedListArgs(p *admin.RecordListParams, limit int) []any {
-	afterScope, afterKey, scope := p.AfterScope, p.AfterKey, any(nil)
-	if p.Scope != "" {
-		scope = p.Scope
-		if afterScope != p.Scope {
-			afterScope, afterKey = p.Scope, ""
-		}
-	}
+	afterScope, afterKey, scope := sqlstore.UnfinishedCursor(p)
 	return []any{afterScope, afterScope, afterKey, scope, scope, limit}
-}
-
-// scanListed reads one row of the admin_list_*.sql queries.
-func scanListed(rows *sql.Rows) (*admin.Record, error) {
-	var (
-		r                admin.Record
-		fp               []byte
-		state            string
-		leaseEnd, status sql.NullInt64
-		created, expires int64
-	)
-	err := rows.Scan(&r.Scope, &r.Key, &r.ID, &r.Fingerprint.Version, &fp, &state, &leaseEnd,
-		&status, &r.BodySize, &r.NotStored, &r.RecoveryPoint, &created, &expires, &r.OutcomeUnknown, &r.Operation)
-	if err != nil {
-		return nil, err
-	}
-	if len(fp) != len(r.Fingerprint.Sum) {
-		return nil, fmt.Errorf("record has a fingerprint of %d bytes, want %d", len(fp), len(r.Fingerprint.Sum))
-	}
-	copy(r.Fingerprint.Sum[:], fp)
-	r.State = idemstore.State(state)
-	r.CreatedAt, r.ExpiresAt = fromNanos(created), fromNanos(expires)
-	if leaseEnd.Valid && r.State == idemstore.StateInFlight {
-		r.LeaseEnd = fromNanos(leaseEnd.Int64)
-	}
-	r.Status = int(status.Int64)
-	return &r, nil
 }
 
 // RecordDelete implements [admin.Store.RecordDelete]: the record is read and locked,

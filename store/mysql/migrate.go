@@ -5,49 +5,19 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
-	"io/fs"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/sqlstore"
 )
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// migration is one numbered file of migrations/, such as 0001_records.sql.
-type migration struct {
-	version int
-	name    string
-	// statements are the file's statements, run one by one (the store's connections
-	// do not allow several statements in one query).
-	statements []string
-}
-
 // migrations lists the embedded migrations in version order.
-func migrations() ([]migration, error) {
-	entries, err := fs.ReadDir(migrationFS, "migrations")
-	if err != nil {
-		return nil, err
-	}
-	var ms []migration
-	for _, e := range entries {
-		name := strings.TrimSuffix(e.Name(), ".sql")
-		num, _, ok := strings.Cut(name, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || v <= 0 {
-			return nil, fmt.Errorf("mysql: migration file %q is not named NNNN_name.sql", e.Name())
-		}
-		b, err := migrationFS.ReadFile("migrations/" + e.Name())
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, migration{version: v, name: name, statements: splitStatements(string(b))})
-	}
-	slices.SortFunc(ms, func(a, b migration) int { return a.version - b.version })
-	return ms, nil
+func migrations() ([]sqlstore.Migration, error) {
+	return sqlstore.Migrations(migrationFS, "migrations", "mysql")
 }
 
 // splitStatements splits a migration into its statements: each ends with a ';' at the
@@ -104,24 +74,25 @@ func (s *Store) Migrate(ctx context.Context) error {
 		_, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT RELEASE_LOCK(CONCAT('idem_migrate.', DATABASE()))`)
 	}()
 
-	done, err := appliedVersions(ctx, conn)
+	done, err := sqlstore.AppliedVersions(ctx, conn, queryMigrationsCreate, queryMigrationsApplied)
 	if err != nil {
 		return fmt.Errorf("mysql: migrate: %w", interpretError(err))
 	}
-	created := !done[ms[0].version]
+	created := !done[ms[0].Version]
 	for _, m := range ms {
-		if done[m.version] {
+		if done[m.Version] {
 			continue
 		}
-		for _, stmt := range m.statements {
+		// The store's connections run one statement per query.
+		for _, stmt := range splitStatements(m.SQL) {
 			if _, err := conn.ExecContext(ctx, stmt); err != nil {
-				return fmt.Errorf("mysql: migration %s: %w", m.name, interpretError(err))
+				return fmt.Errorf("mysql: migration %s: %w", m.Name, interpretError(err))
 			}
 		}
-		if _, err := conn.ExecContext(ctx, queryMigrationsInsert, m.version, m.name, time.Now().UnixNano()); err != nil {
-			return fmt.Errorf("mysql: migration %s: %w", m.name, interpretError(err))
+		if _, err := conn.ExecContext(ctx, queryMigrationsInsert, m.Version, m.Name, time.Now().UnixNano()); err != nil {
+			return fmt.Errorf("mysql: migration %s: %w", m.Name, interpretError(err))
 		}
-		s.logger.InfoContext(ctx, "mysql: applied migration", "migration", m.name)
+		s.logger.InfoContext(ctx, "mysql: applied migration", "migration", m.Name)
 	}
 	if created {
 		// No earlier release can have served a store that had no table: it starts at
@@ -142,50 +113,12 @@ func (s *Store) UnknownMigrations(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.db.QueryContext(ctx, queryMigrationsUnknown, ms[len(ms)-1].version)
+	names, err := sqlstore.UnknownMigrations(ctx, s.db, queryMigrationsUnknown, ms[len(ms)-1].Version)
 	if err != nil {
 		return nil, fmt.Errorf("mysql: reading the schema's migrations: %w", interpretError(err))
 	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var v int
-		var name string
-		if err := rows.Scan(&v, &name); err != nil {
-			return nil, interpretError(err)
-		}
-		out = append(out, name)
-	}
-	return out, interpretError(rows.Err())
+	return names, nil
 }
 
 // LastMigration names the last migration this release embeds ("0001_records").
-func LastMigration() string {
-	ms, err := migrations()
-	if err != nil || len(ms) == 0 {
-		return ""
-	}
-	return ms[len(ms)-1].name
-}
-
-// appliedVersions creates idem_migrations when missing and returns the versions it
-// records.
-func appliedVersions(ctx context.Context, conn *sql.Conn) (map[int]bool, error) {
-	if _, err := conn.ExecContext(ctx, queryMigrationsCreate); err != nil {
-		return nil, err
-	}
-	rows, err := conn.QueryContext(ctx, queryMigrationsApplied)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	done := map[int]bool{}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			return nil, err
-		}
-		done[v] = true
-	}
-	return done, rows.Err()
-}
+func LastMigration() string { return sqlstore.Last(migrations()) }

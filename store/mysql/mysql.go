@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/internal/sqlstore"
 )
 
 // Defaults of [Config].
@@ -89,6 +90,8 @@ func (c Config) withDefaults() (Config, error) {
 type Store struct {
 	db     *sql.DB
 	logger *slog.Logger
+	// tx runs the SPEC §7 helpers on db.
+	tx *sqlstore.Tx
 	// cleaner deletes expired records until stopCleaner (Config.Cleaner); nil with
 	// Config.DisableCleaner.
 	cleaner     *idem.Cleaner
@@ -129,6 +132,7 @@ func Open(ctx context.Context, dsn string, cfg Config) (*Store, error) {
 	db.SetMaxIdleConns(cfg.MaxOpenConns)
 	db.SetConnMaxLifetime(cfg.ConnMaxLifetime)
 	s := &Store{db: db, logger: cfg.Logger}
+	s.tx = s.txHelpers()
 	d, err := s.Durability(ctx)
 	if err != nil {
 		_ = db.Close()

@@ -9,20 +9,16 @@ import (
 
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/headercodec"
+	"github.com/idem-go/idem/internal/sqlstore"
 )
 
-// now returns the injected time when non-zero, else the host clock.
-func now(injected time.Time) time.Time {
-	if !injected.IsZero() {
-		return injected
-	}
-	return time.Now()
-}
+// now, nanos and fromNanos: the store's clock and the stored unix nanoseconds.
+var (
+	now       = sqlstore.Now
+	fromNanos = sqlstore.FromNanos
+)
 
-// nanos and fromNanos convert between times and the stored unix nanoseconds.
 func nanos(t time.Time) int64 { return t.UnixNano() }
-
-func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
 
 // queryer is what reading a record needs: the pool or a transaction.
 type queryer interface {
@@ -37,57 +33,11 @@ func getRecord(ctx context.Context, q queryer, scope, key string, lock bool) (*i
 	if lock {
 		query = queryRecordLock
 	}
-	rec, err := scanRecord(q.QueryRowContext(ctx, query, scope, key))
+	rec, err := sqlstore.ScanRecord(q.QueryRowContext(ctx, query, scope, key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
 	return rec, err
-}
-
-// rowScanner is a *sql.Row or *sql.Rows.
-type rowScanner interface{ Scan(dest ...any) error }
-
-// scanRecord reads one record in the columns of record_columns.sql.
-func scanRecord(row rowScanner) (*idemstore.Record, error) {
-	var (
-		rec       idemstore.Record
-		fpSum     []byte
-		state     string
-		token     sql.NullString
-		leaseEnd  sql.NullInt64
-		status    sql.NullInt64
-		headers   []byte
-		body      []byte
-		notStored bool
-		unknown   bool
-		created   int64
-		expires   int64
-	)
-	err := row.Scan(
-		&rec.Scope, &rec.Key, &rec.ID, &rec.Fingerprint.Version, &fpSum, &state, &token, &leaseEnd,
-		&status, &headers, &body, &notStored, &unknown, &rec.RecoveryPoint, &rec.Steps, &rec.Operation, &created, &expires)
-	if err != nil {
-		return nil, err
-	}
-	if len(fpSum) != len(rec.Fingerprint.Sum) {
-		return nil, fmt.Errorf("record has a fingerprint of %d bytes, want %d", len(fpSum), len(rec.Fingerprint.Sum))
-	}
-	copy(rec.Fingerprint.Sum[:], fpSum)
-	rec.State = idemstore.State(state)
-	rec.Token = token.String
-	if leaseEnd.Valid {
-		rec.LeaseEnd = fromNanos(leaseEnd.Int64)
-	}
-	rec.CreatedAt = fromNanos(created)
-	rec.ExpiresAt = fromNanos(expires)
-	if rec.State == idemstore.StateCompleted {
-		h, err := headercodec.Decode(headers)
-		if err != nil {
-			return nil, err
-		}
-		rec.Response = &idemstore.Response{Status: int(status.Int64), Header: h, Body: body, NotStored: notStored, OutcomeUnknown: unknown}
-	}
-	return &rec, nil
 }
 
 // RecordGet implements [idemstore.Store.RecordGet] with a plain read.
@@ -129,7 +79,7 @@ func (s *Store) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*ide
 		if err != nil {
 			return nil, interpretError(err)
 		}
-		if res := answerWithoutWriting(existing, p.Fingerprint, t); res != nil {
+		if res := sqlstore.AnswerWithoutWriting(existing, p.Fingerprint, t); res != nil {
 			return res, nil
 		}
 		var res *idemstore.ClaimResult
@@ -152,42 +102,10 @@ func (s *Store) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*ide
 	return nil, fmt.Errorf("%w: the claim raced with other writes of the key %d times", ErrUnavailable, maxClaimRounds)
 }
 
-// answerWithoutWriting returns the claim's answer when rec, as read, needs no write.
-func answerWithoutWriting(rec *idemstore.Record, fp idemstore.Fingerprint, t time.Time) *idemstore.ClaimResult {
-	var outcome idemstore.ClaimOutcome
-	switch idemstore.Decide(rec, fp, t) {
-	case idemstore.DecideReplay:
-		outcome = idemstore.ClaimCompleted
-	case idemstore.DecideInFlight:
-		outcome = idemstore.ClaimInFlight
-	case idemstore.DecideMismatch:
-		outcome = idemstore.ClaimMismatch
-	default:
-		return nil
-	}
-	return &idemstore.ClaimResult{Outcome: outcome, Record: rec, Now: t}
-}
-
-// newClaim is the record a claim of an absent or expired key writes.
-func newClaim(p *idemstore.ClaimParams, t time.Time) *idemstore.Record {
-	leaseEnd := t.Add(p.Lease)
-	return &idemstore.Record{
-		Scope:       p.Scope,
-		Key:         p.Key,
-		ID:          p.RecordID,
-		Fingerprint: p.Fingerprint,
-		State:       idemstore.StateInFlight,
-		Token:       p.Token,
-		LeaseEnd:    leaseEnd.UTC(),
-		CreatedAt:   t.UTC(),
-		ExpiresAt:   idemstore.InFlightExpiresAt(t, p.TTL, leaseEnd).UTC(),
-	}
-}
-
 // insertClaim claims an absent key with one INSERT through e (the pool: autocommit;
 // or a transaction); a duplicate key is errRaced.
 func insertClaim(ctx context.Context, e execer, p *idemstore.ClaimParams, t time.Time) (*idemstore.ClaimResult, error) {
-	rec := newClaim(p, t)
+	rec := sqlstore.NewClaim(p, t)
 	_, err := e.ExecContext(ctx, queryRecordClaimInsert,
 		p.Scope, p.Key, p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
 		nanos(rec.LeaseEnd), nanos(t), nanos(rec.ExpiresAt))
@@ -216,7 +134,7 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idemstore.ClaimParams, t time.T
 	}
 	switch p.Decide(rec, t) {
 	case idemstore.DecideClaim:
-		rec = newClaim(p, t)
+		rec = sqlstore.NewClaim(p, t)
 		n, err := execRows(ctx, tx, queryRecordClaimReplace,
 			p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token, nanos(rec.LeaseEnd),
 			nanos(t), nanos(rec.ExpiresAt), p.Scope, p.Key)
@@ -240,11 +158,7 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idemstore.ClaimParams, t time.T
 			// Impossible under the row's lock; never report a claim we did not make.
 			return nil, fmt.Errorf("take over changed %d records, want 1", n)
 		}
-		released := rec.Token == ""
-		rec.Token = p.Token
-		rec.LeaseEnd = leaseEnd.UTC()
-		rec.ExpiresAt = idemstore.InFlightExpiresAt(rec.CreatedAt, p.TTL, leaseEnd).UTC()
-		return &idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: rec, TookOver: true, Released: released, Now: t}, nil
+		return sqlstore.TookOver(rec, p, t), nil
 	case idemstore.DecideUnknown:
 		n, err := execRows(ctx, tx, queryRecordMarkUnknown, nanos(t), int64(p.TTL), p.Scope, p.Key, rec.Token)
 		if err != nil {
@@ -253,12 +167,9 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idemstore.ClaimParams, t time.T
 		if n != 1 {
 			return nil, fmt.Errorf("marking the outcome unknown changed %d records, want 1", n)
 		}
-		rec.State, rec.Token, rec.LeaseEnd = idemstore.StateCompleted, "", time.Time{}
-		rec.Response = &idemstore.Response{Status: 500, OutcomeUnknown: true}
-		rec.ExpiresAt = rec.CompletionExpiresAt(t, p.TTL).UTC()
-		return &idemstore.ClaimResult{Outcome: idemstore.ClaimCompleted, Record: rec, MarkedUnknown: true, Now: t}, nil
+		return sqlstore.MarkedUnknown(rec, p, t), nil
 	default:
-		return answerWithoutWriting(rec, p.Fingerprint, t), nil
+		return sqlstore.AnswerWithoutWriting(rec, p.Fingerprint, t), nil
 	}
 }
 
@@ -358,16 +269,8 @@ func (s *Store) RecordListResumable(ctx context.Context, p *idemstore.ListResuma
 	if err != nil {
 		return nil, interpretError(err)
 	}
-	defer rows.Close()
-	var recs []*idemstore.Record
-	for rows.Next() {
-		rec, err := scanRecord(rows)
-		if err != nil {
-			return nil, interpretError(err)
-		}
-		recs = append(recs, rec)
-	}
-	return recs, interpretError(rows.Err())
+	recs, err := sqlstore.Collect(rows, sqlstore.ScanRecord)
+	return recs, interpretError(err)
 }
 
 // RecordCountUnfinished implements [idemstore.Store.RecordCountUnfinished] with a plain

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/internal/sqlstore"
 )
 
 // InTx runs fn in one transaction of [Store.DB] and commits it together with the
@@ -36,44 +37,7 @@ import (
 // error (or re-panics). fn runs once: InTx never retries it, not even after a
 // deadlock, which it returns (wrapping [ErrUnavailable]).
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	h, err := s.txHandle(ctx, "InTx")
-	if err != nil {
-		return err
-	}
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return interpretError(err)
-	}
-	defer func() { _ = tx.Rollback() }() // sql.ErrTxDone after a commit
-
-	if err := fn(ctx, tx); err != nil {
-		return err
-	}
-	var p *idemstore.CompleteParams
-	if h != nil {
-		if p, err = h.PrepareCompletion(); err != nil {
-			return err
-		}
-		if p != nil {
-			if err := s.CompleteTx(ctx, tx, p); err != nil {
-				h.CompletionFailed(err)
-				return err
-			}
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		err = interpretError(err)
-		if h != nil {
-			// Even a response that releases the key must not reach the client: its
-			// effects did not commit.
-			h.CompletionFailed(err)
-		}
-		return err
-	}
-	if p != nil {
-		h.Completed()
-	}
-	return nil
+	return s.tx.InTx(ctx, fn)
 }
 
 // Respond answers the request r with the response fn returns, after committing fn's
@@ -130,15 +94,15 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx
 		if existing, err = getRecord(ctx, s.db, claim.Scope, claim.Key, false); err != nil {
 			return nil, &idem.StoreError{Op: "claim", Err: interpretError(err)}
 		}
-		if res := answerWithoutWriting(existing, claim.Fingerprint, t); res != nil {
+		if res := sqlstore.AnswerWithoutWriting(existing, claim.Fingerprint, t); res != nil {
 			return nil, &idem.KeyTakenError{Found: res.Record, Now: t}
 		}
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	tx, end, err := s.begin(ctx)
 	if err != nil {
-		return nil, &idem.StoreError{Op: "begin", Err: interpretError(err)}
+		return nil, &idem.StoreError{Op: "begin", Err: err}
 	}
-	defer func() { _ = tx.Rollback() }()
+	defer end()
 	if claim != nil {
 		t := now(claim.Now)
 		res, err := claimTx(ctx, tx, claim, t, existing)
@@ -150,65 +114,50 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx
 		case err != nil:
 			return nil, &idem.StoreError{Op: "claim", Err: interpretError(err)}
 		}
-		if res.Outcome != idemstore.ClaimAcquired || res.TookOver {
-			// A replay, a duplicate or a mismatch is answered from what the claim read;
-			// a lapsed lease is taken over the usual way. Nothing commits.
-			found := res.Record
-			if res.Outcome == idemstore.ClaimAcquired {
-				found = nil
-			}
-			return nil, &idem.KeyTakenError{Found: found, Now: res.Now}
-		}
-	}
-	resp, err := fn(ctx, tx)
-	if err != nil {
-		return nil, err
-	}
-	p, err := rec.Complete(resp)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case p != nil:
-		if err := completeTx(ctx, tx, p); err != nil {
-			if errors.Is(err, idemstore.ErrLeaseLost) {
-				return nil, err
-			}
-			return nil, &idem.StoreError{Op: "complete", Err: interpretError(err)}
-		}
-	case claim != nil:
-		// The response releases the key (SPEC §6): the claim made above never commits.
-		if _, err := tx.ExecContext(ctx, queryRecordRelease, claim.Scope, claim.Key, claim.Token); err != nil {
-			return nil, &idem.StoreError{Op: "release", Err: interpretError(err)}
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		if claim != nil && contention(err) {
-			// A Galera certification failure: another node committed a claim of the
-			// key first. A lost race, never a 5xx: the usual claim reads its record.
-			return nil, &idem.KeyTakenError{Now: now(claim.Now)}
-		}
-		return nil, &idem.StoreError{Op: "commit", Err: interpretError(err)}
-	}
-	return resp, nil
-}
-
-// txHandle is the Handle a SPEC §7 helper (what, for the log) completes, claimed under
-// a lease: none for a context marked idem.WithoutKey, idem.ErrNoHandle (logged) for
-// one without a Handle, idem.ErrAnswered when a ClaimInHandler route's claim did not
-// acquire the key.
-func (s *Store) txHandle(ctx context.Context, what string) (*idem.Handle, error) {
-	h, err := idem.TxHandle(ctx)
-	if err != nil {
-		s.logger.ErrorContext(ctx, "mysql: "+what+" refused a context without the request's idem.Handle", "error", err)
-		return nil, err
-	}
-	if h != nil {
-		if err := h.AcquireForTx(ctx); err != nil {
+		if err := sqlstore.KeyTaken(res); err != nil {
 			return nil, err
 		}
 	}
-	return h, nil
+	return s.tx.Respond(ctx, tx, rec, claim, fn, releaseClaim, func() error {
+		err := tx.Commit()
+		switch {
+		case err == nil:
+			return nil
+		case claim != nil && contention(err):
+			// A Galera certification failure: another node committed a claim of the
+			// key first. A lost race, never a 5xx: the usual claim reads its record.
+			return &idem.KeyTakenError{Now: now(claim.Now)}
+		}
+		return &idem.StoreError{Op: "commit", Err: interpretError(err)}
+	})
+}
+
+// releaseClaim deletes, in tx, a claim made by Respond's transaction whose response is
+// not to be stored (SPEC §6), so that it never commits.
+func releaseClaim(ctx context.Context, tx *sql.Tx, p *idemstore.ClaimParams) error {
+	_, err := tx.ExecContext(ctx, queryRecordRelease, p.Scope, p.Key, p.Token)
+	return err
+}
+
+// begin begins the transaction of an application's function (InTx, Step, Respond); end
+// rolls it back unless it committed (also when the function panics).
+func (s *Store) begin(ctx context.Context) (tx *sql.Tx, end func(), err error) {
+	tx, err = s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, nil, interpretError(err)
+	}
+	return tx, func() { _ = tx.Rollback() }, nil // sql.ErrTxDone after a commit
+}
+
+// txHelpers is what the SPEC §7 helpers (sqlstore.Tx) need of s.
+func (s *Store) txHelpers() *sqlstore.Tx {
+	return &sqlstore.Tx{
+		Pkg: "mysql", Logger: s.logger, Begin: s.begin, Interpret: interpretError,
+		Complete: func(ctx context.Context, tx *sql.Tx, p *idemstore.CompleteParams) error {
+			return completeTx(ctx, tx, p)
+		},
+		Step: func(ctx context.Context, tx *sql.Tx, p *idemstore.StepParams) error { return stepTx(ctx, tx, p) },
+	}
 }
 
 // CompleteTx runs the fenced completion of p inside tx, a transaction the application
@@ -217,9 +166,5 @@ func (s *Store) txHandle(ctx context.Context, what string) (*idem.Handle, error)
 // [idem.ErrLeaseLost]; the application must then roll tx back and tell the handle with
 // CompletionFailed. [Store.InTx] does all of this.
 func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p *idemstore.CompleteParams) error {
-	err := completeTx(ctx, tx, p)
-	if errors.Is(err, idemstore.ErrLeaseLost) {
-		return err
-	}
-	return interpretError(err)
+	return s.tx.Fenced(completeTx(ctx, tx, p))
 }
