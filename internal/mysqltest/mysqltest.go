@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	gomysql "github.com/go-sql-driver/mysql"
+	gomysql "github.com/go-sql-driver/mysql" // also registers the driver "mysql"
 
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/mysql"

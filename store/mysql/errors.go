@@ -106,18 +106,27 @@ func (s *Store) withRetry(ctx context.Context, what string, op func() error) err
 		if err = op(); err == nil || !contention(err) || attempt == maxAttempts-1 {
 			return err
 		}
-		delay := retryBaseDelay << attempt
-		delay = delay/2 + rand.N(delay/2+1)
-		s.logger.DebugContext(ctx, "mysql: lock contention, retrying", "op", what, "attempt", attempt+1, "wait", delay, "err", err)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		s.logger.DebugContext(ctx, "mysql: lock contention, retrying", "op", what, "attempt", attempt+1, "err", err)
+		if s.pause(ctx, attempt) != nil {
 			return err
-		case <-t.C:
 		}
 	}
 	return err
+}
+
+// pause waits a jittered backoff before the attempt after attempt (0 for the first
+// retry), or returns the context's error when it ends first.
+func (s *Store) pause(ctx context.Context, attempt int) error {
+	delay := retryBaseDelay << min(attempt, 6)
+	delay = delay/2 + rand.N(delay/2+1)
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
 }
 
 // inTx runs fn in one transaction of the store's own and commits it, running the whole

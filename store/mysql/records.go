@@ -74,7 +74,14 @@ const maxClaimRounds = 8
 // is a lost race, read again like a duplicate key.
 func (s *Store) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*idemstore.ClaimResult, error) {
 	t := now(p.Now)
-	for range maxClaimRounds {
+	for round := range maxClaimRounds {
+		if round > 0 {
+			// A node of a Galera cluster applies the winner's write a moment after it
+			// certified it: read again after a pause, not at once.
+			if err := s.pause(ctx, round-1); err != nil {
+				return nil, err
+			}
+		}
 		existing, err := getRecord(ctx, s.db, p.Scope, p.Key, false)
 		if err != nil {
 			return nil, interpretError(err)

@@ -118,18 +118,21 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx
 			return nil, err
 		}
 	}
-	return s.tx.Respond(ctx, tx, rec, claim, fn, releaseClaim, func() error {
-		err := tx.Commit()
-		switch {
-		case err == nil:
-			return nil
-		case claim != nil && contention(err):
-			// A Galera certification failure: another node committed a claim of the
-			// key first. A lost race, never a 5xx: the usual claim reads its record.
-			return &idem.KeyTakenError{Now: now(claim.Now)}
+	resp, err := s.tx.Respond(ctx, tx, rec, claim, fn, releaseClaim, func() error {
+		if err := tx.Commit(); err != nil {
+			return &idem.StoreError{Op: "commit", Err: interpretError(err)}
 		}
-		return &idem.StoreError{Op: "commit", Err: interpretError(err)}
+		return nil
 	})
+	if claim != nil && contention(err) {
+		// The transaction that claimed the key was rolled back as a deadlock victim:
+		// on a Galera cluster, a certification failure at COMMIT or an abort by
+		// another node's write (1213 from fn's statements or the completion), because
+		// another node committed a claim of the key first. Nothing committed: a lost
+		// race, never a 5xx. The usual claim reads the winner's record.
+		return nil, &idem.KeyTakenError{Now: now(claim.Now)}
+	}
+	return resp, err
 }
 
 // releaseClaim deletes, in tx, a claim made by Respond's transaction whose response is
