@@ -64,7 +64,8 @@ const maxClaimRounds = 8
 // RecordClaim implements [idemstore.Store.RecordClaim].
 //
 // A plain read comes first: a completed record, a mismatch or a live lease is the
-// answer, with no lock taken, so replays cost one SELECT by primary key. An absent key
+// answer, with no lock taken, so replays cost one SELECT by primary key; a key the
+// caller expects to be new (idemstore.ClaimParams.LikelyNew) skips it. An absent key
 // is claimed by one INSERT; a duplicate key (1062) means another claim won the race,
 // and the claim reads again. Only a record that must change (expired, a lapsed lease
 // to take over or to mark unknown) is locked (SELECT … FOR UPDATE), judged again under
@@ -82,14 +83,18 @@ func (s *Store) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*ide
 				return nil, err
 			}
 		}
-		existing, err := getRecord(ctx, s.db, p.Scope, p.Key, false)
-		if err != nil {
-			return nil, interpretError(err)
-		}
-		if res := sqlstore.AnswerWithoutWriting(existing, p.Fingerprint, t); res != nil {
-			return res, nil
+		var existing *idemstore.Record
+		if round > 0 || !p.LikelyNew {
+			var err error
+			if existing, err = getRecord(ctx, s.db, p.Scope, p.Key, false); err != nil {
+				return nil, interpretError(err)
+			}
+			if res := sqlstore.AnswerWithoutWriting(existing, p.Fingerprint, t); res != nil {
+				return res, nil
+			}
 		}
 		var res *idemstore.ClaimResult
+		var err error
 		if existing == nil {
 			res, err = insertClaim(ctx, s.db, p, t)
 		} else {

@@ -86,9 +86,10 @@ func (s *Store) Respond(w http.ResponseWriter, r *http.Request, fn func(ctx cont
 func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx context.Context, tx *sql.Tx) (*idemstore.Response, error)) (*idemstore.Response, error) {
 	claim := rec.Claim()
 	var existing *idemstore.Record
-	if claim != nil {
+	if claim != nil && !claim.LikelyNew {
 		// As RecordClaim does: a plain read first, so that a replay, a duplicate or a
-		// reused key is answered without a write.
+		// reused key is answered without a write, unless the key is likely new: then
+		// the claim's INSERT finds out (a duplicate key is a lost race below).
 		t := now(claim.Now)
 		var err error
 		if existing, err = getRecord(ctx, s.db, claim.Scope, claim.Key, false); err != nil {
