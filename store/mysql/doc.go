@@ -73,8 +73,16 @@
 //
 // On a MariaDB Galera cluster every node accepts claims. Two claims of one key on two
 // nodes both insert locally; at COMMIT the cluster certifies one, and the other fails
-// with 1213, which the store retries as a lost race: it reads the winner's record and
-// answers 409 request_in_progress or its response, never a 5xx that releases the key.
+// with 1213 (or is aborted by the winner's write as it arrives), which the store treats
+// as the lost race it is: RecordClaim reads again after a pause, and Respond hands the
+// request to the usual claim; either reads the winner's record and answers 409
+// request_in_progress or its response, never a 5xx that releases the key. A node that
+// crashes loses no commit the client was answered for: the others have it. Tested on a
+// three-node cluster that the test starts (TestGaleraRunsEachKeyOnceAcrossNodesAndLosesNoCompletedRecord).
+// A read on one node may not see a commit made on another a moment before: a client
+// that retries through another node may get 409 request_in_progress (never a second
+// execution) where one node would have replayed; wsrep_sync_wait=1 in the DSN closes
+// that gap at the cost of a wait per read.
 package mysql
 
 import (
