@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"math"
@@ -238,4 +239,19 @@ func Inspected(rec *idemstore.Record, p *admin.RecordInspectParams, t time.Time)
 		return nil, idemstore.ErrNotFound
 	}
 	return &admin.RecordInspectResult{Record: admin.FromRecord(rec, p.Body), Now: t.UTC()}, nil
+}
+
+// Execer is what a statement needs: a pool, a connection or a transaction.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// ExecRows runs a statement and returns how many rows it affected, as the driver
+// counts them (MySQL's store asks for the rows matched: clientFoundRows).
+func ExecRows(ctx context.Context, e Execer, query string, args ...any) (int64, error) {
+	res, err := e.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }

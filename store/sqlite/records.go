@@ -137,19 +137,11 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idemstore.ClaimParams, t time.T
 	}
 }
 
-// execer is what a fenced statement needs: the pool or a transaction.
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
+// execer and execRows: a statement through the pool or a transaction, and the rows it
+// affected (sqlstore.ExecRows).
+type execer = sqlstore.Execer
 
-// execRows runs a statement and returns how many rows it changed.
-func execRows(ctx context.Context, e execer, query string, args ...any) (int64, error) {
-	res, err := e.ExecContext(ctx, query, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
+var execRows = sqlstore.ExecRows
 
 // RecordComplete implements [idemstore.Store.RecordComplete] in a transaction of its own.
 // To complete inside the application's transaction (SPEC §7), use [Store.InTx].
