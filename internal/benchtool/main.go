@@ -13,6 +13,7 @@
 //	benchtool report  --minimal M --scale S --cleanup C      # its Markdown
 //	benchtool wal     [--paths /plain,/respond,…]            # what each WAL record of a request is
 //	benchtool holdbodies --url URL --pid PID [--conns 1000]  # RSS of a server holding keyed bodies
+//	benchtool mysql   --server DSN [--cleanup 1000000]       # the minimal handler and cleanup on MySQL (Markdown)
 //
 // Each subcommand has -h.
 package main
@@ -44,6 +45,7 @@ func main() {
 		"report":     runReport,
 		"wal":        runWAL,
 		"holdbodies": runHoldBodies,
+		"mysql":      runMySQL,
 	}
 	run, ok := cmds[os.Args[1]]
 	if !ok {
@@ -57,5 +59,5 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: benchtool serve|prepare|load|minimal|fill|scale|cleanup|chart|report|wal|holdbodies [flags] (-h for each)")
+	fmt.Fprintln(os.Stderr, "usage: benchtool serve|prepare|load|minimal|fill|scale|cleanup|chart|report|wal|holdbodies|mysql [flags] (-h for each)")
 }
