@@ -13,7 +13,7 @@ import (
 )
 
 // Resealer is a [Store] that can replace a record's sealed content in place, for
-// [Rewrap]. SQLite, PostgreSQL and the memory store are; a store that is not (Redis)
+// [Rewrap]. SQLite, PostgreSQL, MySQL and the memory store are; a store that is not (Redis)
 // cannot retire a key by re-wrapping.
 type Resealer interface {
 	// RecordReseal replaces the sealed response body (params.Body, when not nil) and

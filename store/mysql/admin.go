@@ -144,3 +144,33 @@ func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams)
 // AdminCapabilities implements [admin.Store.AdminCapabilities]: MySQL can do
 // everything.
 func (s *Store) AdminCapabilities() admin.Capabilities { return admin.Capabilities{List: true} }
+
+// RecordReseal implements [admin.Resealer.RecordReseal] in one transaction: the
+// conditional update (a compare-and-swap of the sealed values, by the record's id),
+// then, when it matched nothing, a read that says why.
+func (s *Store) RecordReseal(ctx context.Context, p *admin.RecordResealParams) error {
+	body, steps := nilBlob(p.Body), nilBlob(p.Steps)
+	return interpretError(s.inTx(ctx, "admin reseal", func(tx *sql.Tx) error {
+		n, err := execRows(ctx, tx, queryAdminReseal, body, body, steps, steps, p.Scope, p.Key, p.ID,
+			body, p.OldBody, steps, p.OldSteps)
+		if err != nil || n == 1 {
+			return err
+		}
+		rec, err := getRecord(ctx, tx, p.Scope, p.Key, false)
+		switch {
+		case err != nil:
+			return err
+		case rec == nil:
+			return idemstore.ErrNotFound
+		}
+		return admin.ErrRecordChanged
+	}))
+}
+
+// nilBlob is b, or NULL when b is nil.
+func nilBlob(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return b
+}

@@ -41,6 +41,7 @@ var (
 	queryAdminCountKept       = mustQuery("admin_count_kept")
 	queryAdminResolveRelease  = mustQuery("admin_resolve_release")
 	queryAdminResolveComplete = mustQuery("admin_resolve_complete")
+	queryAdminReseal          = mustQuery("admin_reseal")
 )
 
 // mustQuery returns the statement of queries/name.sql without its leading comment
