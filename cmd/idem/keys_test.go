@@ -368,7 +368,7 @@ func TestKeysBadFlagsAreOneLineErrors(t *testing.T) {
 		{[]string{"keys", "get", "--store", store, "--scope", "s", "--token", "t", "--key", "key-1234"}, "exclude each other"},
 		{[]string{"keys", "get", "--store", store, "--scope", "s"}, "--key is required"},
 		{[]string{"keys", "get", "--store", store, "--scope", "s", "--key", "a,b"}, "--key"},
-		{[]string{"keys", "get", "--store", "mysql://x", "--scope", "s", "--key", "key-1234"}, "mysql"},
+		{[]string{"keys", "get", "--store", "mongodb://x", "--scope", "s", "--key", "key-1234"}, "mongodb"},
 		{[]string{"keys", "list", "--store", store, "--state", "done"}, "--state"},
 		{[]string{"keys", "list", "--store", store, "--state", "pending"}, "unfinished"},
 		{[]string{"keys", "list", "--store", store, "--limit", "0"}, "--limit"},
