@@ -134,11 +134,11 @@ func startNode(t testing.TB, name, dir, runAs, address string, gport int, bootst
 		"--wsrep_on=ON", "--wsrep_provider=" + galeraProvider, "--wsrep_cluster_name=idemtest",
 		"--wsrep_cluster_address=" + address, "--wsrep_node_name=" + name,
 		"--wsrep_node_address=127.0.0.1:" + strconv.Itoa(gport),
-		// A dead node is declared gone within about 2 s (the defaults take 15), so that
+		// A dead node is declared gone within about 5 s (the defaults take 15; shorter, a loaded machine made the survivors suspect each other and lose their primary component), so that
 		// a test that kills one sees the others serve again soon.
 		fmt.Sprintf("--wsrep_provider_options=base_port=%d;ist.recv_addr=127.0.0.1:%d;gcache.size=16M;"+
-			"evs.keepalive_period=PT0.2S;evs.inactive_check_period=PT0.5S;evs.suspect_timeout=PT1S;"+
-			"evs.inactive_timeout=PT2S;evs.install_timeout=PT2S", gport, ist),
+			"evs.keepalive_period=PT0.5S;evs.inactive_check_period=PT1S;evs.suspect_timeout=PT3S;"+
+			"evs.inactive_timeout=PT5S;evs.install_timeout=PT5S", gport, ist),
 		"--wsrep_sst_method=rsync", "--wsrep_sst_receive_address=127.0.0.1:" + strconv.Itoa(sst),
 	}
 	if bootstrap {
@@ -151,6 +151,15 @@ func startNode(t testing.TB, name, dir, runAs, address string, gport int, bootst
 	n := &GaleraNode{Name: name, DSN: fmt.Sprintf("root@tcp(127.0.0.1:%d)/test", port), dir: dir, cmd: cmd, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(n.done) }()
 	return n
+}
+
+// WaitReady waits until n serves again (wsrep_ready: it belongs to the cluster's
+// primary component), failing t at deadline. After a node is killed the others may
+// suspect each other too on a loaded machine, and serve only once they re-formed the
+// primary component.
+func (n *GaleraNode) WaitReady(t testing.TB, deadline time.Time) {
+	t.Helper()
+	waitSynced(t, n, deadline)
 }
 
 // waitSynced waits until n answers and says it is ready (synced with the cluster),
