@@ -2,8 +2,8 @@
 // the library on the paths a user takes, and behind a hand-written idempotency floor.
 // It uses only the public API of the previous release (v0.2.0), as internal/minimal
 // does, so that scripts/bench-ab can copy both directories into a worktree of that
-// release and build the same handler against it, and against the current tree. It is a tool of the repository, not a
-// product:
+// release and build the same handler against it, and against the current tree. It is
+// a tool of the repository, not a product:
 //
 //	POST /respond          the README's path: ClaimInHandler + Respond (one round trip)
 //	POST /lease            the lease path: the middleware claims, then Respond
