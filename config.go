@@ -177,7 +177,8 @@ type Config struct {
 	// StoredHeaders are response headers stored and replayed in addition to
 	// [DefaultStoredHeaders]. Credentials (Authorization, Cookie, Set-Cookie,
 	// X-Api-Key, WWW-Authenticate…), Date and hop-by-hop headers are refused
-	// ([StoredHeaderError]). Defaults to none.
+	// ([New] panics saying why; admin.StoredHeaderError is the same check and
+	// more, for operators). Defaults to none.
 	StoredHeaders []string
 
 	// StorePolicy says whether a response with status is stored (true) or releases the

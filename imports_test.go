@@ -32,12 +32,13 @@ func telemetry(pkgs []string) []string {
 
 // The root package imports the standard library, its own contracts (the
 // store's, idemstore, the observer's, observe, and sealing's, seal, which import the
-// standard library only) and internal/logsummary (its log handler), and a user of it and one store
+// standard library only), internal/logsummary (its log handler) and internal/corehooks (what
+// it lends package admin, which imports its contracts only), and a user of it and one store
 // compiles neither Prometheus nor
 // OpenTelemetry (SPEC §15): they come with idemprom and idemotel only.
 func TestImportGraphs(t *testing.T) {
 	t.Parallel()
-	want := []string{"github.com/idem-go/idem/idemstore", "github.com/idem-go/idem/internal/logsummary", "github.com/idem-go/idem/observe", "github.com/idem-go/idem/seal", "github.com/idem-go/idem"}
+	want := []string{"github.com/idem-go/idem/idemstore", "github.com/idem-go/idem/seal", "github.com/idem-go/idem/internal/corehooks", "github.com/idem-go/idem/internal/logsummary", "github.com/idem-go/idem/observe", "github.com/idem-go/idem"}
 	if got := deps(t, "."); !slices.Equal(got, want) {
 		t.Errorf("the root package imports %v beside the standard library; want %v", got, want)
 	}

@@ -150,7 +150,7 @@ func adapterPackage(p string) bool {
 		return false
 	}
 	switch rest := strings.TrimPrefix(p, mod); rest {
-	case "idemstore", "observe", "seal", "internal/logsummary":
+	case "idemstore", "observe", "seal", "internal/logsummary", "internal/corehooks":
 		return false
 	}
 	return true

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+
+	"github.com/idem-go/idem/internal/corehooks"
 )
 
 // DefaultStorePolicy is SPEC §6's default: it stores 2xx, 3xx and the 4xx that are a
@@ -45,13 +47,15 @@ var credentialHeaders = []string{
 	"Www-Authenticate", "Authentication-Info", "Proxy-Authenticate", "Proxy-Authentication-Info",
 }
 
-// StoredHeaderError says why the response header name may not be stored and
+func init() { corehooks.StoredHeaderError = storedHeaderError }
+
+// storedHeaderError says why the response header name may not be stored and
 // replayed, or returns nil when it may: a credential (Authorization,
 // Proxy-Authorization, Cookie, Set-Cookie, Set-Cookie2, X-Api-Key, WWW-Authenticate,
 // Authentication-Info…; SPEC §19), Date, a hop-by-hop header, or one the middleware
-// sets itself (SPEC §6). [Config.StoredHeaders], `idem proxy --stored-header` and
-// `idem keys resolve --header` refuse such a header with this error.
-func StoredHeaderError(name string) error {
+// sets itself (SPEC §6). [Config.StoredHeaders] refuses such a header with this
+// error; admin.StoredHeaderError (the operator's tools) refuses more.
+func storedHeaderError(name string) error {
 	c := http.CanonicalHeaderKey(name)
 	switch {
 	case slices.Contains(credentialHeaders, c):
@@ -72,7 +76,7 @@ func storedHeaderSet(extra []string) map[string]bool {
 		set[http.CanonicalHeaderKey(h)] = true
 	}
 	for _, h := range extra {
-		if err := StoredHeaderError(h); err != nil {
+		if err := storedHeaderError(h); err != nil {
 			panic("idem: Config.StoredHeaders: " + err.Error())
 		}
 		set[http.CanonicalHeaderKey(h)] = true

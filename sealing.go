@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/internal/corehooks"
 	"github.com/idem-go/idem/observe"
 	"github.com/idem-go/idem/seal"
 )
@@ -329,30 +330,20 @@ func openResponse(ctx context.Context, k *seal.Keyring, b seal.Binding, resp *Re
 	return open, nil
 }
 
-// SealResponse returns resp sealed for the record (scope, key, recordID) under k, as
-// the core stores a completion under a keyring (SPEC §19): for an operator's tool that
-// completes a sealed record (`idem keys resolve`). A response not stored, or whose
-// outcome is unknown, has nothing to seal and is returned as it is.
-func SealResponse(k *seal.Keyring, scope, key, recordID string, resp *Response) (*Response, error) {
-	return sealResponse(k, seal.Binding{Scope: scope, Key: key, RecordID: recordID}, resp)
+func init() {
+	corehooks.SealResponse = func(k *seal.Keyring, scope, key, recordID string, resp *Response) (*Response, error) {
+		return sealResponse(k, seal.Binding{Scope: scope, Key: key, RecordID: recordID}, resp)
+	}
+	corehooks.OpenRecord = openRecord
 }
 
-// OpenRecord returns rec with its response and saved step results opened with k, as
-// the core opens a record it reads (SPEC §19), for an operator's tool (`idem keys get
-// --body`): a copy when anything was sealed, rec itself otherwise. With k nil, a
-// sealed record fails. A record that cannot be opened fails with an error matching
-// [ErrRecordUnreadable] that names the key it was sealed under; a key manager that did
-// not answer, with one wrapping [seal.ErrKeyUnavailable].
-func OpenRecord(ctx context.Context, k *seal.Keyring, rec *idemstore.Record) (*idemstore.Record, error) {
-	return openRecord(ctx, k, rec)
-}
-
-// IsSealed reports whether rec holds a sealed response or sealed step results.
-func IsSealed(rec *idemstore.Record) bool {
+// isSealed reports whether rec holds a sealed response or sealed step results.
+func isSealed(rec *idemstore.Record) bool {
 	return (rec.Response != nil && seal.Sealed(rec.Response.Body)) || seal.Sealed(rec.Steps)
 }
 
-// openRecord is OpenRecord.
+// openRecord returns rec with its response and saved step results opened with k
+// (admin.OpenRecord): a copy when anything was sealed, rec itself otherwise.
 func openRecord(ctx context.Context, k *seal.Keyring, rec *idemstore.Record) (*idemstore.Record, error) {
 	resp := rec.Response
 	bodySealed := resp != nil && seal.Sealed(resp.Body)
@@ -453,7 +444,7 @@ func (h *Handle) open(ctx context.Context, rec *idemstore.Record) (*idemstore.Re
 			return nil, err
 		}
 	}
-	if !IsSealed(rec) {
+	if !isSealed(rec) {
 		if g.cfg.Seal == nil || !rec.Fingerprint.Keyed() || (!hasContent(rec.Response) && len(rec.Steps) == 0) {
 			return rec, nil // the hot path: nothing to open
 		}
@@ -493,7 +484,7 @@ func (h *Handle) openFailed(ctx context.Context, err error, claimed bool, waited
 // params of [Handle.PrepareCompletion] carried it (the backstop keeps it in the
 // application's database): under a keyring it is sealed for the key's record, and
 // opens for any record of h's scope and key (the copy outlives the record it answered
-// for). A response in clear is returned as it is. It fails as [OpenRecord] does.
+// for). A response in clear is returned as it is. It fails as opening a record does: an [*UnreadableError], or the key manager's error.
 func (h *Handle) OpenStored(ctx context.Context, resp *Response) (*Response, error) {
 	if resp == nil || !seal.Sealed(resp.Body) || !hasContent(resp) {
 		return resp, nil

@@ -337,6 +337,12 @@ type storeStateCache struct {
 	// reading is held by the one claim that reads the state; the others go on with
 	// what is known.
 	reading atomic.Bool
+	// first is held by the one claim that reads the state while no claim may go on
+	// without it (nothing known yet, or the store unused): the others wait for its
+	// reading rather than each reading, and writing, the same state (a burst of
+	// claims on a new store, through a small pool and a slow network, would
+	// otherwise queue behind each other's reads past their deadlines).
+	first chan struct{}
 	// servedDay is the day (UTC, "2006-01-02") the process last recorded its release
 	// as serving the store (recordServed): the day the cache was made at first, which
 	// is the start sequence's (CheckStore). Nil for a guard whose clock is injected
@@ -367,13 +373,13 @@ const maxStateCaches = 64
 // injected (tests), or a store that cannot be a map key, gets one of its own.
 func stateCacheFor(store idemstore.Store, ownClock bool) *storeStateCache {
 	newCache := func() *storeStateCache {
-		c := &storeStateCache{}
+		c := newStoreStateCache()
 		day := time.Now().UTC().Format(time.DateOnly)
 		c.servedDay.Store(&day)
 		return c
 	}
 	if ownClock {
-		return &storeStateCache{}
+		return newStoreStateCache()
 	}
 	if store == nil || !reflect.TypeOf(store).Comparable() {
 		return newCache()
@@ -394,6 +400,11 @@ func stateCacheFor(store idemstore.Store, ownClock bool) *storeStateCache {
 	stateCaches.byStore[store] = c
 	stateCaches.order = append(stateCaches.order, store)
 	return c
+}
+
+// newStoreStateCache returns a cache that knows nothing yet.
+func newStoreStateCache() *storeStateCache {
+	return &storeStateCache{first: make(chan struct{}, 1)}
 }
 
 // learned records st, read from the store at now, as what the process knows: a
@@ -438,9 +449,15 @@ func (g *Guard) checkStoreState(ctx context.Context, now, deadline time.Time) er
 // refreshStoreState reads the store's state for checkStoreState.
 func (g *Guard) refreshStoreState(ctx context.Context, now, deadline time.Time) error {
 	s := g.state
+	if deadline.IsZero() {
+		deadline = time.Now().Add(g.cfg.StoreTimeout)
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	// Only one claim reads at a time, the others going on with what is known; until
 	// something is known, and while the store is unused (no claim may go on before
-	// its first use is recorded: sealstate.go), each reads.
+	// its first use is recorded: sealstate.go), the others wait for that read, by
+	// their deadline, and read only if it found nothing.
 	if k := s.known.Load(); k != nil && !k.state.Sealing.Unused {
 		if !s.reading.CompareAndSwap(false, true) {
 			return nil
@@ -449,12 +466,17 @@ func (g *Guard) refreshStoreState(ctx context.Context, now, deadline time.Time) 
 		if now.UnixNano() < s.next.Load() {
 			return nil // read meanwhile
 		}
+	} else {
+		select {
+		case s.first <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("idem: waiting for another call's reading of the store's state: %w", ctx.Err())
+		}
+		defer func() { <-s.first }()
+		if k := s.known.Load(); k != nil && !k.state.Sealing.Unused && now.UnixNano() < s.next.Load() {
+			return nil // read meanwhile
+		}
 	}
-	if deadline.IsZero() {
-		deadline = time.Now().Add(g.cfg.StoreTimeout)
-	}
-	ctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
 	prev := s.known.Load()
 	var st StoreState
 	var err error

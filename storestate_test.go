@@ -180,14 +180,18 @@ func TestAProcessRefusesAStoreWhoseLevelIsNewerNamingBothVersions(t *testing.T) 
 }
 
 // stateReads counts the reads of the store's state records.
+// stateReads counts the reads of the store's state records, each taking delay (a
+// store across a slow network).
 type stateReads struct {
 	*memory.Store
 	reads atomic.Int64
+	delay time.Duration
 }
 
 func (s *stateReads) RecordGet(ctx context.Context, p *idemstore.GetParams) (*idemstore.Record, error) {
 	if p.Scope == idemstore.ReservedScope && strings.HasPrefix(p.Key, "state-") {
 		s.reads.Add(1)
+		time.Sleep(s.delay)
 	}
 	return s.Store.RecordGet(ctx, p)
 }
@@ -447,5 +451,37 @@ func TestTheMiddlewareAnswers503OnAStoreWhoseLevelIsNewer(t *testing.T) {
 		if c.n.Load() != before {
 			t.Fatalf("ClaimInHandler %v: the handler ran on a store whose level is newer", opts.ClaimInHandler)
 		}
+	}
+}
+
+// A burst of calls on a new store (no state known yet, the store unused) reads the
+// state, and records its first use, once: the other calls wait for that reading
+// instead of each reading and writing the same state. Each doing its own, through a
+// small pool and a slow network, queued the claims past their deadline (503s in
+// e2e's TestStoreLatencyKeepsExactlyOnce).
+func TestABurstOfFirstCallsReadsTheStoresStateOnce(t *testing.T) {
+	t.Parallel()
+	ms := &stateReads{Store: memory.New(), delay: 20 * time.Millisecond}
+	g := idem.NewGuard(idem.GuardConfig{Store: ms, Logger: slog.New(slog.DiscardHandler)})
+	const calls = 32
+	var wg sync.WaitGroup
+	errs := make(chan error, calls)
+	for i := range calls {
+		wg.Go(func() {
+			_, _, err := idem.Do(context.Background(), g, idem.Call{Scope: "alice", Key: fmt.Sprintf("k%d", i)},
+				func(context.Context) (int, error) { return 1, nil })
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// state-1 (unused), state-2 absent; the first use written as state-2.
+	if n := ms.reads.Load(); n > 3 {
+		t.Fatalf("%d reads of the store's state by %d concurrent first calls, want 3 at most", n, calls)
 	}
 }

@@ -176,7 +176,7 @@ func (h *Handle) honours(rec *idemstore.Record) error {
 	if h.keyScope && rec.Scope == h.keyedScope && h.keyedScope != "" {
 		return &UnreadableError{Reason: "it is in clear under a keyed scope, where only sealed records are made"}
 	}
-	if IsSealed(rec) {
+	if isSealed(rec) {
 		return nil
 	}
 	now := g.localNow()

@@ -25,6 +25,11 @@
 // /usr/lib/postgresql/*/bin, run as the postgres OS user when the tests run as root),
 // never the shared server; without initdb they skip, and fail under CI=true.
 //
+// skew_test.go runs the previous release beside this build on one store (issue 46,
+// SPEC §20): internal/release builds it from the repository's own history (by its
+// commit, not its tag) into ~/.cache/idem/release; in a clone without that history
+// (a shallow one) the test skips, and fails under CI=true.
+//
 // Tests wait on signals, not sleeps: a server's listening line on stderr, an in-flight
 // record read from the store, an endpoint polled with a deadline. The only sleeps are
 // part of a scenario (a TTL to outlive, a duplicate sent while a holder is slow, a kill

@@ -64,6 +64,7 @@ type server struct {
 	args    []string // without --addr
 	addr    string   // host:port once listening
 	dir     string   // the working directory; "" for the test's
+	bin     string   // the idem binary; "" for this build's (buildIdem)
 	env     []string // more environment variables ("NAME=value")
 
 	mu      sync.Mutex
@@ -125,9 +126,12 @@ func (s *server) start(addr string) {
 // launch runs one incarnation listening on addr and waits for its listening line. It
 // may run on any goroutine.
 func (s *server) launch(addr string) error {
-	bin, err := buildIdem()
-	if err != nil {
-		return err
+	bin := s.bin
+	if bin == "" {
+		var err error
+		if bin, err = buildIdem(); err != nil {
+			return err
+		}
 	}
 	cmd := exec.Command(bin, append([]string{s.command, "--addr", addr}, s.args...)...)
 	cmd.Dir = s.dir

@@ -1,7 +1,7 @@
 // Package examples holds idem's runnable examples, each a module of its own (go.mod with
 // a replace of the root module), so that the root module never requires a web framework:
 // the quick starts of the README and docs/library.md (sqlite, postgres, postgres-sql,
-// redis), the framework examples (chi, gin, echo, fiber), and payouts, the hard case
+// mysql, redis), the framework examples (chi, gin, echo, fiber), and payouts, the hard case
 // of docs/foreign-effects.md: a handler that reserves funds in PostgreSQL and calls a
 // bank, with a step, a derived key, the route's resume function, the completer, and a
 // crash test that SIGKILLs it under retrying clients. Each is a whole program a

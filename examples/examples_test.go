@@ -34,13 +34,13 @@ func exampleModules(t *testing.T) []string {
 	for _, m := range mods {
 		names = append(names, filepath.Dir(m))
 	}
-	if want := []string{"chi", "echo", "fiber", "gin", "payouts", "postgres", "postgres-sql", "redis", "sqlite"}; !slices.Equal(names, want) {
+	if want := []string{"chi", "echo", "fiber", "gin", "mysql", "payouts", "postgres", "postgres-sql", "redis", "sqlite"}; !slices.Equal(names, want) {
 		t.Fatalf("example modules %q, want %q", names, want)
 	}
 	return names
 }
 
-// Every example is its own module: the README's quick starts (sqlite, postgres,
+// Every example is its own module: the README's quick starts (sqlite, postgres, mysql,
 // postgres-sql, redis), the frameworks (chi, echo, fiber, gin) and the hard case
 // (payouts: a handler that calls a bank). Its tests serve it on a loopback port and
 // send a duplicate POST, which must be replayed; payouts' crash test builds the

@@ -123,9 +123,10 @@ type Keyring struct {
 	counter atomic.Uint64
 
 	// Data keys unwrapped so far, by key id and wrapped key: an AEAD, or the
-	// permanent failure of unwrapping it.
+	// failure of unwrapping it, until its retry is due.
 	mu     sync.RWMutex
 	opened map[string]openedKey
+	now    func() time.Time // the clock of the retries; tests inject one
 
 	// The MAC keys, derived from the MAC secret; nil without one.
 	fpKey, scopeKey, stateKey []byte
@@ -136,7 +137,24 @@ type Keyring struct {
 type openedKey struct {
 	aead cipher.AEAD
 	err  error
+	// A failure is remembered until retryAt, then the key manager is asked again
+	// (its refusal may be lifted: a key disabled, then enabled again); wait is the
+	// pause before that retry, doubled at each failure from UnwrapRetryMin up to
+	// UnwrapRetryMax.
+	retryAt time.Time
+	wait    time.Duration
 }
+
+// UnwrapRetryMin and UnwrapRetryMax bound how long a Keyring remembers that a key
+// manager refused to unwrap a data key (a key disabled, a permission withdrawn): the
+// values sealed under it fail as unreadable meanwhile, without a call to the key
+// manager; then it is asked again. The pause starts at UnwrapRetryMin and doubles at
+// each refusal up to UnwrapRetryMax, so that a key enabled again opens its values
+// within a minute, without a restart.
+const (
+	UnwrapRetryMin = time.Second
+	UnwrapRetryMax = time.Minute
+)
 
 // maxOpened bounds the data keys a Keyring keeps unwrapped: one per process start
 // that sealed a record still alive, in practice a handful. Past it the map is
@@ -160,7 +178,7 @@ func NewKeyring(ctx context.Context, macSecret []byte, keys ...KeyWrapper) (*Key
 	if len(keys) == 0 {
 		return nil, errors.New("seal: a Keyring needs at least one key")
 	}
-	k := &Keyring{keys: keys, byID: make(map[string]KeyWrapper, len(keys)), opened: make(map[string]openedKey)}
+	k := &Keyring{keys: keys, byID: make(map[string]KeyWrapper, len(keys)), opened: make(map[string]openedKey), now: time.Now}
 	for _, w := range keys {
 		id := w.ID()
 		switch {
@@ -375,13 +393,20 @@ func (k *Keyring) Open(ctx context.Context, p Purpose, b Binding, v []byte) ([]b
 	return plain, nil
 }
 
-// dataKey returns the AEAD of e's data key, unwrapping it the first time.
+// dataKey returns the AEAD of e's data key, unwrapping it the first time, and again
+// once the retry of a refusal is due (one caller retries; the others get the
+// refusal meanwhile).
 func (k *Keyring) dataKey(ctx context.Context, e *envelope) (cipher.AEAD, error) {
 	k.mu.RLock()
 	o, ok := k.opened[string(e.dataKey)]
 	k.mu.RUnlock()
-	if ok {
+	if ok && (o.err == nil || k.now().Before(o.retryAt)) {
 		return o.aead, o.err
+	}
+	if ok {
+		if o, ok = k.claimRetry(string(e.dataKey)); !ok {
+			return o.aead, o.err
+		}
 	}
 	keyID := string(e.keyID)
 	w := k.byID[keyID]
@@ -402,6 +427,10 @@ func (k *Keyring) dataKey(ctx context.Context, e *envelope) (cipher.AEAD, error)
 	default:
 		o.aead, o.err = newAEAD(dek)
 	}
+	if o.err != nil {
+		o.wait = min(max(2*o.wait, UnwrapRetryMin), UnwrapRetryMax)
+		o.retryAt = k.now().Add(o.wait)
+	}
 	k.mu.Lock()
 	if len(k.opened) >= maxOpened {
 		clear(k.opened)
@@ -409,6 +438,26 @@ func (k *Keyring) dataKey(ctx context.Context, e *envelope) (cipher.AEAD, error)
 	k.opened[string(e.dataKey)] = o
 	k.mu.Unlock()
 	return o.aead, o.err
+}
+
+// claimRetry takes the due retry of a refused data key for its caller (true), pushing
+// the next retry back for the others meanwhile; false, with what is remembered, when
+// another caller took it or it is not due.
+func (k *Keyring) claimRetry(dataKey string) (openedKey, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	o, ok := k.opened[dataKey]
+	now := k.now()
+	if !ok {
+		return openedKey{}, true
+	}
+	if o.err == nil || now.Before(o.retryAt) {
+		return o, false
+	}
+	held := o
+	held.retryAt = now.Add(UnwrapTimeout)
+	k.opened[dataKey] = held
+	return o, true
 }
 
 // FingerprintSum returns the keyed form of a fingerprint's version and sum: their

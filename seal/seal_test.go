@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem/seal"
 	"github.com/idem-go/idem/seal/cloudkeys"
@@ -25,12 +26,16 @@ type counting struct {
 	seal.KeyWrapper
 	unwraps     atomic.Int32
 	unavailable atomic.Bool
+	refused     atomic.Bool
 }
 
 func (c *counting) Unwrap(ctx context.Context, w []byte) ([]byte, error) {
 	c.unwraps.Add(1)
 	if c.unavailable.Load() {
 		return nil, seal.ErrKeyUnavailable
+	}
+	if c.refused.Load() {
+		return nil, errors.New("DisabledException: the key is disabled") // a key manager's refusal
 	}
 	return c.KeyWrapper.Unwrap(ctx, w)
 }
@@ -176,6 +181,60 @@ func TestAnUnavailableKeyManagerIsNotUnreadableAndIsAskedAgain(t *testing.T) {
 	a.unavailable.Store(false)
 	if plain, err := k.Open(context.Background(), seal.PurposeResponse, rec, v); err != nil || string(plain) != card {
 		t.Fatalf("Open once the key manager is back = %q, %v", plain, err)
+	}
+}
+
+// A key manager's refusal (a key disabled, a permission withdrawn) is remembered for
+// a pause that doubles from a second up to a minute, then the key manager is asked
+// again: a key enabled again opens its values without a restart.
+func TestARefusedKeyIsAskedAgainWithBackoffAndOpensOnceEnabled(t *testing.T) {
+	a := openKey(t, 1)
+	v, _ := newKeyring(t, nil, a).Seal(seal.PurposeResponse, rec, []byte(card))
+	k := newKeyring(t, nil, a)
+	now := time.Unix(1_800_000_000, 0)
+	seal.SetClock(k, func() time.Time { return now })
+	open := func(step string, wantCalls int32, wantOpen bool) {
+		t.Helper()
+		before := a.unwraps.Load()
+		plain, err := k.Open(context.Background(), seal.PurposeResponse, rec, v)
+		if calls := a.unwraps.Load() - before; calls != wantCalls {
+			t.Fatalf("%s: %d calls to the key manager, want %d", step, calls, wantCalls)
+		}
+		switch {
+		case wantOpen && (err != nil || string(plain) != card):
+			t.Fatalf("%s: Open = %q, %v; want the value", step, plain, err)
+		case !wantOpen && !errors.Is(err, seal.ErrUnreadable):
+			t.Fatalf("%s: Open = %v, want ErrUnreadable", step, err)
+		}
+	}
+	a.refused.Store(true)
+	open("refused", 1, false)
+	open("refused, remembered", 0, false)
+	now = now.Add(seal.UnwrapRetryMin - time.Millisecond)
+	open("a moment before the first retry", 0, false)
+	now = now.Add(time.Millisecond)
+	open("the first retry, refused again", 1, false)
+	a.refused.Store(false) // the key is enabled again
+	now = now.Add(2*seal.UnwrapRetryMin - time.Millisecond)
+	open("before the second retry (the pause doubled)", 0, false)
+	now = now.Add(time.Millisecond)
+	open("the second retry", 1, true)
+	open("opened, remembered", 0, true)
+
+	// The pause stops doubling at UnwrapRetryMax.
+	b := openKey(t, 2)
+	w, _ := newKeyring(t, nil, b).Seal(seal.PurposeResponse, rec, []byte(card))
+	kb := newKeyring(t, nil, b)
+	seal.SetClock(kb, func() time.Time { return now })
+	b.refused.Store(true)
+	for range 12 {
+		_, _ = kb.Open(context.Background(), seal.PurposeResponse, rec, w)
+		now = now.Add(seal.UnwrapRetryMax)
+	}
+	b.refused.Store(false)
+	before := b.unwraps.Load()
+	if _, err := kb.Open(context.Background(), seal.PurposeResponse, rec, w); err != nil || b.unwraps.Load() != before+1 {
+		t.Fatalf("a minute after the twelfth refusal: %v after %d calls, want the value after one", err, b.unwraps.Load()-before)
 	}
 }
 

@@ -165,6 +165,66 @@ var cases = []testCase{
 	{"DeleteScopeKeepsUnfinishedOperationsUnlessAbandoned", deleteScopeUnfinished},
 	{"ResolveSettlesAnUnfinishedOperation", resolveUnfinished},
 	{"ListFindsTheUnfinishedOperations", listUnfinished},
+	{"ResealReplacesSealedContentOnlyWhileItIsUnchanged", reseal},
+}
+
+// reseal: admin.Resealer.RecordReseal is a compare-and-swap of a record's body and
+// steps, by its id, that changes nothing else.
+func reseal(t *testing.T, b *bundle) {
+	rs, ok := b.s.(admin.Resealer)
+	if !ok {
+		t.Skip("the store is not an admin.Resealer: idem keys rewrap refuses it")
+	}
+	p := b.complete(b.scope, "key-done", b.t0, okResponse(`old-body`))
+	do := func(key, id string, oldBody, body, oldSteps, steps string) error {
+		bs := func(s string) []byte {
+			if s == "" {
+				return nil
+			}
+			return []byte(s)
+		}
+		return rs.RecordReseal(b.ctx, &admin.RecordResealParams{Scope: b.scope, Key: key, ID: id,
+			OldBody: bs(oldBody), Body: bs(body), OldSteps: bs(oldSteps), Steps: bs(steps)})
+	}
+	body := func(key string) *admin.Record {
+		t.Helper()
+		res, err := b.inspect(b.scope, key, b.t0, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Record
+	}
+	for _, bad := range []struct{ id, old string }{{p.RecordID, "other-body"}, {"rec-other", "old-body"}} {
+		if err := do(p.Key, bad.id, bad.old, "new-body", "", ""); !errors.Is(err, admin.ErrRecordChanged) {
+			t.Fatalf("RecordReseal of id %q over %q = %v, want admin.ErrRecordChanged", bad.id, bad.old, err)
+		}
+	}
+	if r := body(p.Key); string(r.Body) != "old-body" {
+		t.Fatalf("after refused reseals the body is %q", r.Body)
+	}
+	if err := do(p.Key, p.RecordID, "old-body", "new-body", "", ""); err != nil {
+		t.Fatalf("RecordReseal: %v", err)
+	}
+	r := body(p.Key)
+	if string(r.Body) != "new-body" || r.State != idemstore.StateCompleted || r.Status != 201 || !r.ExpiresAt.Equal(b.at(ttl)) ||
+		r.Header.Get("Content-Type") != "application/json" || r.Fingerprint != p.Fingerprint {
+		t.Fatalf("after RecordReseal: %+v; want the new body and nothing else changed", r)
+	}
+
+	u := b.unfinished(b.scope, "key-unfinished", b.t0)
+	old := `[{"step":"charge_pending","result":{"id":"ch_1"}}]`
+	if err := do(u.Key, u.RecordID, "", "", "other", "new-steps"); !errors.Is(err, admin.ErrRecordChanged) {
+		t.Fatalf("RecordReseal of changed steps = %v, want admin.ErrRecordChanged", err)
+	}
+	if err := do(u.Key, u.RecordID, "", "", old, "new-steps"); err != nil {
+		t.Fatalf("RecordReseal of steps: %v", err)
+	}
+	if r := body(u.Key); string(r.Steps) != "new-steps" || r.RecoveryPoint != "charge_pending" || r.State != idemstore.StateInFlight {
+		t.Fatalf("after RecordReseal of steps: %+v", r)
+	}
+	if err := do("key-absent", "rec-x", "a", "b", "", ""); !errors.Is(err, idemstore.ErrNotFound) {
+		t.Fatalf("RecordReseal of an absent record = %v, want idemstore.ErrNotFound", err)
+	}
 }
 
 func inspectInFlight(t *testing.T, b *bundle) {

@@ -39,6 +39,8 @@ commands:
            release it, or complete it with the response the operator found out
   seal     begin, end or show the sealing of the store's records (SPEC §20): idem keys seal
            begin|end|status --store URL --encryption-key KEY
+  rewrap   retire keys: the MAC secret and every sealed record re-wrapped under the
+           first --encryption-key alone, in place (SQL stores)
 
 A record belongs to a scope: --scope SCOPE, as the application's Config.Scope returns it,
 or --token TOKEN for the payments API, whose scope is the hex SHA-256 of the bearer token.
@@ -63,11 +65,13 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runKeysResolve(ctx, args[1:], stdout, stderr)
 	case "seal":
 		return runKeysSeal(ctx, args[1:], stdout, stderr)
+	case "rewrap":
+		return runKeysRewrap(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, keysUsage)
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "idem keys: unknown command %q (want get, list, delete, resolve or seal)\n", args[0])
+	fmt.Fprintf(stderr, "idem keys: unknown command %q (want get, list, delete, resolve, seal or rewrap)\n", args[0])
 	return exitUsage
 }
 
@@ -264,7 +268,7 @@ func (c *keysCommand) get(ctx context.Context, as admin.Store, scope, key string
 	if err != nil {
 		return failure(stderr, c.fs.Name(), err)
 	}
-	sealed := idem.IsSealed(storeRecord(res.Record))
+	sealed := admin.IsSealed(storeRecord(res.Record))
 	keyID := sealedKeyID(res.Record)
 	if !body {
 		res.Record.Header, res.Record.Body = nil, nil

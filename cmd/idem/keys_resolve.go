@@ -6,10 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"net/textproto"
+	"maps"
 	"os"
-	"strings"
+	"slices"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/admin"
@@ -54,8 +53,10 @@ func runKeysResolve(ctx context.Context, args []string, stdout, stderr io.Writer
 	status := c.fs.Int("status", 0, "complete the key with a response of this HTTP `status` (100-599)")
 	body := c.fs.String("body", "", "the response's body `text`")
 	bodyFile := c.fs.String("body-file", "", "read the response's body from `PATH` ('-': stdin)")
-	var headers headerFlags
-	c.fs.Var(&headers, "header", "a stored response header, `'Name: value'` (repeatable; never a credential such as Authorization or Set-Cookie)")
+	var headers headerFlag
+	var allowed listFlag
+	c.fs.Var(&headers, "header", "a stored response header, `'Name: value'` (repeatable; never a credential such as Authorization or Set-Cookie; a name holding token, auth, key, secret, session, csrf or cookie only with --allow-stored-header)")
+	c.fs.Var(&allowed, "allow-stored-header", "a `header` whose name looks like a credential's (X-Auth-Token, Api-Key…) that --header may store nonetheless: it is not one (repeatable; several comma-separated)")
 	if code, done := parse(c.fs, args, stdout, stderr); done {
 		return code
 	}
@@ -68,16 +69,17 @@ func runKeysResolve(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err == nil {
 		bodySet := false // --body "" is an empty body, not none
 		c.fs.Visit(func(f *flag.Flag) { bodySet = bodySet || f.Name == "body" })
-		resp, err = resolveResponse(*release, *status, *body, *bodyFile, headers, bodySet)
+		resp, err = resolveResponse(*release, *status, *body, *bodyFile, headers, allowed.values, bodySet)
 	}
 	return c.withStore(ctx, stderr, u, scope, err, func(as admin.Store, scope string) int {
 		return c.resolve(ctx, as, scope, key, resp, stdout, stderr)
 	})
 }
 
-// resolveResponse builds the response of --status, --body, --body-file and --header,
-// or nil for --release; errors name the flags.
-func resolveResponse(release bool, status int, body, bodyFile string, headers headerFlags, bodySet bool) (*idem.Response, error) {
+// resolveResponse builds the response of --status, --body, --body-file and --header
+// (allowed: --allow-stored-header), or nil for --release; errors name the flags, and
+// never show a header's value.
+func resolveResponse(release bool, status int, body, bodyFile string, headers headerFlag, allowed []string, bodySet bool) (*idem.Response, error) {
 	switch {
 	case release && (status != 0 || bodySet || bodyFile != "" || len(headers) > 0):
 		return nil, errors.New("--release excludes --status, --body, --body-file and --header")
@@ -90,16 +92,22 @@ func resolveResponse(release bool, status int, body, bodyFile string, headers he
 	case bodySet && bodyFile != "":
 		return nil, errors.New("--body and --body-file exclude each other")
 	}
-	resp := &idem.Response{Status: status, Header: http.Header{}, Body: []byte(body)}
+	header, err := headers.headers("--header")
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range slices.Sorted(maps.Keys(header)) {
+		if err := admin.StoredHeaderError(name, allowed...); err != nil {
+			return nil, fmt.Errorf("--header: %w", err)
+		}
+	}
+	resp := &idem.Response{Status: status, Header: header, Body: []byte(body)}
 	if bodyFile != "" {
 		b, err := readBodyFile(bodyFile)
 		if err != nil {
 			return nil, err
 		}
 		resp.Body = b
-	}
-	for _, h := range headers {
-		resp.Header.Add(h.name, h.value)
 	}
 	if len(resp.Body) > 0 && resp.Header.Get("Content-Type") == "" {
 		resp.Header.Set("Content-Type", "application/json")
@@ -126,39 +134,6 @@ func readBodyFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("--body-file: the body is over %d bytes", maxResolveBody)
 	}
 	return b, nil
-}
-
-// header is one --header.
-type header struct{ name, value string }
-
-// headerFlags collects --header 'Name: value'.
-type headerFlags []header
-
-func (h *headerFlags) String() string { return "" }
-
-func (h *headerFlags) Set(s string) error {
-	name, value, ok := strings.Cut(s, ":")
-	name = strings.TrimSpace(name)
-	if !ok || name == "" || !validHeaderName(name) {
-		return fmt.Errorf("want 'Name: value', got %q", s)
-	}
-	canonical := textproto.CanonicalMIMEHeaderKey(name)
-	if err := idem.StoredHeaderError(canonical); err != nil {
-		return err
-	}
-	*h = append(*h, header{canonical, strings.TrimSpace(value)})
-	return nil
-}
-
-// validHeaderName reports whether name is an HTTP token.
-func validHeaderName(name string) bool {
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 type resolveJSON struct {
@@ -218,5 +193,5 @@ func (c *keysCommand) sealResolution(ctx context.Context, as admin.Store, scope,
 	if ring == nil {
 		return nil, errors.New("the record was made by a process that seals records (SPEC §19): give --encryption-key, so that the response is sealed for it as its own would be")
 	}
-	return idem.SealResponse(ring, scope, key, res.Record.ID, resp)
+	return admin.SealResponse(ring, scope, key, res.Record.ID, resp)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -26,6 +27,20 @@ Turns the sealing of a store's records on or off (SPEC §20, docs/security.md), 
           then start with --sealing-off. Remove the keys only once the last sealed record
           expired.
   status  the store's sealing state (verified with --encryption-key).`
+
+// toolStore opens the existing store u for a keys subcommand, quietly, once its flags
+// parsed without flagErr; ok false with the exit code after reporting flagErr (a usage
+// error) or the store's failure.
+func toolStore(ctx context.Context, fs *flag.FlagSet, u storeURL, flagErr error, stderr io.Writer) (st *openedStore, code int, ok bool) {
+	if flagErr != nil {
+		return nil, usageError(stderr, fs, flagErr.Error()), false
+	}
+	st, err := openStore(ctx, u, newLogger(io.Discard, 0), nil, true)
+	if err != nil {
+		return nil, failure(stderr, fs.Name(), err), false
+	}
+	return st, exitOK, true
+}
 
 // runKeysSeal runs `idem keys seal begin|end|status`.
 func runKeysSeal(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -54,12 +69,9 @@ func runKeysSeal(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	case *handoff <= 0:
 		err = fmt.Errorf("--handoff must be positive, got %v", *handoff)
 	}
-	if err != nil {
-		return usageError(stderr, fs, err.Error())
-	}
-	st, err := openStore(ctx, u, newLogger(io.Discard, 0), nil, true)
-	if err != nil {
-		return failure(stderr, fs.Name(), err)
+	st, code, ok := toolStore(ctx, fs, u, err, stderr)
+	if !ok {
+		return code
 	}
 	defer st.close()
 	var ring *seal.Keyring

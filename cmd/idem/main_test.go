@@ -181,7 +181,9 @@ func TestBadFlagsAndURLsAreOneLineErrorsWithExitStatus2(t *testing.T) {
 		{[]string{"proxy", "--store", "redis"}, "no scheme"},
 		{[]string{"proxy", "--store", store, "--upstream", "http://h:1", "stray"}, "stray"},
 		{[]string{"migrate"}, "--store is required"},
-		{[]string{"migrate", "--store", "mysql://x"}, "mysql"},
+		{[]string{"migrate", "--store", "mysql:x"}, "want mysql://"},
+		{[]string{"payments", "--store", "mysql://u:secret@127.0.0.1:3306/app"}, "--db is required with a MySQL store"},
+		{[]string{"payments", "--store", store, "--db", "mysql://u:secret@127.0.0.1:3306/app"}, "SQLite and PostgreSQL schemas only"},
 		{[]string{"migrate", "--bogus"}, "bogus"},
 		{[]string{"migrate", "--store", store, "stray"}, "stray"},
 		{[]string{"purge"}, "--store is required"},
@@ -426,7 +428,11 @@ func TestParseStoreURL(t *testing.T) {
 		{raw: "", err: "no scheme"},
 		{raw: "postgres:db", err: "want postgres://"},
 		{raw: "postgres://u:pw@host:port/db", err: "xxxxx"},
-		{raw: "mysql://u:pw@h/db", err: `unsupported scheme "mysql"`},
+		{raw: "mysql://u:pw@h/db", kind: kindMySQL, redacted: "mysql://u:xxxxx@h/db"},
+		{raw: "mysql://root@127.0.0.1:3306/test?tls=false", kind: kindMySQL},
+		{raw: "mysql:db", err: "want mysql://"},
+		{raw: "mysql://u:pw@h/db?timeout=soon", err: "xxxxx"},
+		{raw: "mariadb://u:pw@h/db", err: `unsupported scheme "mariadb"`},
 	}
 	for _, tc := range cases {
 		u, err := parseStoreURL(tc.raw)

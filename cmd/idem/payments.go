@@ -345,11 +345,16 @@ func (f *paymentsFlags) validate() (store, db storeURL, profile idem.Profile, er
 		if db, err = parseStoreURL(f.db); err != nil {
 			return store, db, profile, fmt.Errorf("--db: %w", err)
 		}
+		if db.kind == kindMySQL {
+			return store, db, profile, fmt.Errorf("--db %q: %s", db, errNoMySQLPayments)
+		}
 		if !db.sql() {
 			return store, db, profile, fmt.Errorf("--db %q: the payments data needs an SQL database (sqlite: or postgres://)", db)
 		}
 	case store.sql():
 		db = store
+	case store.kind == kindMySQL:
+		return store, db, profile, fmt.Errorf("--db is required with a MySQL store: %s", errNoMySQLPayments)
 	default:
 		return store, db, profile, errors.New("--db is required with a Redis store (sqlite:PATH or postgres://…)")
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/admin"
 	"github.com/idem-go/idem/internal/proxy"
 )
 
@@ -125,6 +126,7 @@ type proxyFlags struct {
 	scopeHeader, keyHeader, upstreamKeyHeader string
 	scopeCookie                               string
 	methods, requireKey, storedHeaders        listFlag
+	allowStoredHeaders                        listFlag
 	routes                                    listFlag
 	noStoreBody, fingerprintExcept            listFlag
 	onLapse                                   lapseFlag
@@ -172,7 +174,8 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.Int64Var(&f.maxBodyBytes, "max-body-bytes", idem.DefaultMaxBodyBytes, "largest request body of a protected request, in `bytes`: a larger one is refused 413 body_too_large (other requests are forwarded as they come)")
 	fs.Int64Var(&f.maxStoredBody, "max-stored-body", proxy.DefaultMaxStoredBody, "largest response body stored, in `bytes`: a larger one is passed through, and repeats of its key get 409 response_not_stored (an event stream is stored when it ends within it)")
 	fs.Int64Var(&f.maxBufferedBodies, "max-buffered-bodies", proxy.DefaultMaxBufferedBodies, "bound on the `bytes` of request bodies that protected requests hold at once, all connections together: a request whose body would pass it gets 503 proxy_busy with Retry-After")
-	fs.Var(&f.storedHeaders, "stored-header", "a response `header` stored and replayed besides Content-Type, Content-Encoding, Content-Language, Content-Disposition, Location, ETag, Last-Modified, Link, Cache-Control and Vary (repeatable; several comma-separated; never a credential (Authorization, Cookie, Set-Cookie, X-Api-Key, WWW-Authenticate…), Date or hop-by-hop headers)")
+	fs.Var(&f.storedHeaders, "stored-header", "a response `header` stored and replayed besides Content-Type, Content-Encoding, Content-Language, Content-Disposition, Location, ETag, Last-Modified, Link, Cache-Control and Vary (repeatable; several comma-separated; never a credential (Authorization, Cookie, Set-Cookie, X-Api-Key, WWW-Authenticate…), Date or hop-by-hop headers; a name holding token, auth, key, secret, session, csrf or cookie only with --allow-stored-header)")
+	fs.Var(&f.allowStoredHeaders, "allow-stored-header", "a `header` whose name looks like a credential's (X-Auth-Token, Api-Key, X-CSRF-Token…) that --stored-header may store and replay nonetheless: it is not one (repeatable; several comma-separated)")
 	fs.Var(&f.noStoreBody, "no-store-body", "a route whose responses mint secrets (a card's token, an API key) and keep their outcome only, as a net/http ServeMux `pattern` such as 'POST /v1/api_keys': its response goes to the client and only its status is stored; a retry gets 409 response_not_stored and is never forwarded again (repeatable; several comma-separated)")
 	fs.Var(&f.fingerprintExcept, "fingerprint-except", "a JSON member of the request body left out of its fingerprint, by `name` (top-level), dotted path (card.number) or JSON Pointer (/card/number), so that card fields need not enter it; the rest of the body, the method, path and query still do (repeatable; several comma-separated)")
 	fs.DurationVar(&f.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "how long a client waits for the upstream's response headers: past it the client gets 504 upstream_timeout with Retry-After, and a protected request's exchange goes on (its record in flight) until the upstream answers, whose answer is stored for the retry, or --upstream-wait-limit passes")
@@ -303,6 +306,11 @@ func (f *proxyFlags) validate() (storeURL, proxy.Config, error) {
 	}
 	if err := checkBaseURL("--upstream", f.upstream, "the API's base URL, optionally with a path"); err != nil {
 		return store, proxy.Config{}, err
+	}
+	for _, h := range f.storedHeaders.values {
+		if err := admin.StoredHeaderError(h, f.allowStoredHeaders.values...); err != nil {
+			return store, proxy.Config{}, fmt.Errorf("--stored-header: %w", err)
+		}
 	}
 	switch {
 	case f.inFlightWait < 0:

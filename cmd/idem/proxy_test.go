@@ -53,22 +53,8 @@ func TestProxyLogsOneLineProtectsKeyedPostsAndStopsGracefully(t *testing.T) {
 	store := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
 	ctx, cancel := context.WithCancel(testenv.Context(t))
 	defer cancel()
-	lines, exit := startCommand(ctx, "proxy", "--addr", "127.0.0.1:0", "--upstream", up.URL, "--store", store)
-	if !lines.Scan() {
-		t.Fatalf("no start line; exit %d", <-exit)
-	}
-	m := proxyListeningLine.FindStringSubmatch(lines.Text())
-	if m == nil || m[2] != up.URL || m[3] != store {
-		t.Fatalf("start line %q", lines.Text())
-	}
-	rest := restOfLines(lines)
-	base := "http://" + m[1]
-
-	status, first, _ := postThrough(t, base, "key-proxy-cmd-1")
-	status2, retry, replayed := postThrough(t, base, "key-proxy-cmd-1")
-	if status != http.StatusCreated || status2 != status || retry != first || !replayed || calls.Load() != 1 {
-		t.Fatalf("a keyed POST and its retry: %d %q, %d %q replayed=%v; the upstream called %d times", status, first, status2, retry, replayed, calls.Load())
-	}
+	base, rest, exit := startProxy(t, ctx, up.URL, store)
+	postTwiceRunsOnce(t, base, "key-proxy-cmd-1", calls)
 	if status, body := get(t, base+"/healthz"); status != http.StatusOK || !strings.Contains(body, "ok") {
 		t.Fatalf("/healthz: %d %s", status, body)
 	}
@@ -82,6 +68,32 @@ func TestProxyLogsOneLineProtectsKeyedPostsAndStopsGracefully(t *testing.T) {
 	}
 	if more := <-rest; len(more) != 1 || !strings.Contains(more[0], "idem proxy stopped") {
 		t.Fatalf("after the start line the command logged %q, want only the stop line", more)
+	}
+}
+
+// startProxy starts idem proxy in front of upstream on store and returns its base URL,
+// the lines it logs after its start line, and its exit status.
+func startProxy(t *testing.T, ctx context.Context, upstream, store string) (base string, rest <-chan []string, exit <-chan int) {
+	t.Helper()
+	lines, exit := startCommand(ctx, "proxy", "--addr", "127.0.0.1:0", "--upstream", upstream, "--store", store)
+	if !lines.Scan() {
+		t.Fatalf("no start line; exit %d", <-exit)
+	}
+	m := proxyListeningLine.FindStringSubmatch(lines.Text())
+	if m == nil || m[2] != upstream || m[3] != store {
+		t.Fatalf("start line %q", lines.Text())
+	}
+	return "http://" + m[1], restOfLines(lines), exit
+}
+
+// postTwiceRunsOnce sends a keyed POST and its retry through the proxy at base: the
+// retry replays the first answer, and the upstream ran once.
+func postTwiceRunsOnce(t *testing.T, base, key string, calls *atomic.Int64) {
+	t.Helper()
+	status, first, _ := postThrough(t, base, key)
+	status2, retry, replayed := postThrough(t, base, key)
+	if status != http.StatusCreated || status2 != status || retry != first || !replayed || calls.Load() != 1 {
+		t.Fatalf("a keyed POST and its retry: %d %q, %d %q replayed=%v; the upstream called %d times", status, first, status2, retry, replayed, calls.Load())
 	}
 }
 

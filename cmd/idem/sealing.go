@@ -154,7 +154,7 @@ func (k *keyURLs) opener(ctx context.Context) (*seal.Keyring, func(), error) {
 }
 
 // storeRecord is the store's record that an operator's record shows (its response
-// and steps as the store keeps them), for idem.OpenRecord.
+// and steps as the store keeps them), for admin.OpenRecord.
 func storeRecord(r *admin.Record) *idemstore.Record {
 	rec := &idemstore.Record{Scope: r.Scope, Key: r.Key, ID: r.ID, Fingerprint: r.Fingerprint, State: r.State, Steps: r.Steps}
 	if r.State == idemstore.StateCompleted {
@@ -168,10 +168,10 @@ func storeRecord(r *admin.Record) *idemstore.Record {
 // under, and that --encryption-key must hold it.
 func openShown(ctx context.Context, ring *seal.Keyring, r *admin.Record) error {
 	rec := storeRecord(r)
-	if !idem.IsSealed(rec) {
+	if !admin.IsSealed(rec) {
 		return nil
 	}
-	open, err := idem.OpenRecord(ctx, ring, rec)
+	open, err := admin.OpenRecord(ctx, ring, rec)
 	if err != nil {
 		if ring == nil {
 			return fmt.Errorf("the record is sealed (SPEC §19): give --encryption-key with the key it is sealed under to read its body (%v)", err)

@@ -84,11 +84,17 @@ func rawFile(t *testing.T, path string) []byte {
 	return raw
 }
 
+// paymentsFiles returns the path of a new SQLite store and the flags of idem payments
+// on it and on an application database beside it.
+func paymentsFiles(t *testing.T) (path string, flags []string) {
+	dir := t.TempDir()
+	path = filepath.Join(dir, "idem.db")
+	return path, []string{"--store", "sqlite:" + path, "--db", "sqlite:" + filepath.Join(dir, "app.db")}
+}
+
 func TestPaymentsWithAnEncryptionKeyStoresNoCardNumberNorTokenAndRotates(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	path := filepath.Join(dir, "idem.db")
-	flags := []string{"--store", "sqlite:" + path, "--db", "sqlite:" + filepath.Join(dir, "app.db")}
+	path, flags := paymentsFiles(t)
 	a, b := keyURL(1), keyURL(2)
 
 	base, stop := runningPayments(t, append(flags, "--encryption-key", a)...)
@@ -230,5 +236,36 @@ func TestKeysResolveSealsTheResponseOfASealedRecord(t *testing.T) {
 	_, replay, err := g.Begin(ctx, call)
 	if err != nil || replay == nil || string(replay.Body) != `{"pan":"`+storetest.Secrets[0]+`"}` || replay.Header.Get("Content-Type") != "application/json" {
 		t.Errorf("a repeat after the resolution: %+v, %v; want the resolved response", replay, err)
+	}
+}
+
+// idem keys rewrap retires A after the rotation to B: B alone then replays A's record
+// (before, it failed closed: A's data key was wrapped under A only), and A opens
+// nothing of the store.
+func TestKeysRewrapRetiresTheOldKey(t *testing.T) {
+	t.Parallel()
+	path, flags := paymentsFiles(t)
+	a, b := keyURL(1), keyURL(2)
+	base, stop := runningPayments(t, append(flags, "--encryption-key", a)...)
+	_, first := cardCharge(t, base, "key-sealed-a")
+	stop()
+	_, stop = runningPayments(t, append(flags, "--encryption-key", b+","+a)...)
+	stop()
+
+	code, stdout, stderr := runCmd(t, "keys", "rewrap", "--store", "sqlite:"+path, "--encryption-key", b+","+a)
+	if code != exitOK || !strings.Contains(stdout, "2 generation(s) of the MAC secret, 1 record(s); 0 changed") {
+		t.Fatalf("keys rewrap: exit %d, stderr %q\n%s", code, stderr, stdout)
+	}
+	token := "--token=" + storetest.Secrets[1]
+	code, stdout, _ = runCmd(t, "keys", "get", "--store", "sqlite:"+path, token, "--key", "key-sealed-a", "--body", "--encryption-key", a)
+	if code != exitFailure || strings.Contains(stdout, storetest.Secrets[0]) {
+		t.Errorf("keys get --body with the retired key: exit %d\n%s", code, stdout)
+	}
+	base, _ = runningPayments(t, append(flags, "--encryption-key", b)...)
+	if status, again := cardCharge(t, base, "key-sealed-a"); status != http.StatusCreated || again != first {
+		t.Errorf("B alone after the rewrap answers A's record %d %s, want the replay of %s", status, again, first)
+	}
+	if code, stdout, _ := runCmd(t, "keys", "rewrap", "--store", "sqlite:"+path, "--encryption-key", b); code != exitOK || !strings.Contains(stdout, "0 generation(s) of the MAC secret, 0 record(s)") {
+		t.Errorf("a second keys rewrap: exit %d\n%s", code, stdout)
 	}
 }

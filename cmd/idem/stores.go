@@ -15,6 +15,7 @@ import (
 	"github.com/idem-go/idem/idemstore"
 	"github.com/idem-go/idem/internal/payments"
 	"github.com/idem-go/idem/internal/secret"
+	"github.com/idem-go/idem/store/mysql"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/redis"
 	"github.com/idem-go/idem/store/sqlite"
@@ -28,6 +29,8 @@ const (
 	// write transactions queue in-process, so a handful of connections serve reads
 	// and the single writer.
 	sqliteConns = 8
+	// mysqlConns: as postgresConns.
+	mysqlConns = 32
 	// postgresConns: enough for claims, completions and the API's transactions of
 	// dozens of concurrent requests.
 	postgresConns = 32
@@ -43,6 +46,7 @@ const (
 	kindSQLite storeKind = iota + 1
 	kindPostgres
 	kindRedis
+	kindMySQL
 )
 
 // storeURL is a parsed --store or --db URL.
@@ -70,6 +74,8 @@ func (u storeURL) connTimeout() time.Duration {
 //	sqlite:PATH, sqlite://PATH      an SQLite file (sqlite:///abs/path is /abs/path);
 //	                                PATH may be a file: URI carrying parameters
 //	postgres://…, postgresql://…    PostgreSQL, as pgx reads it (pool_max_conns=N etc.)
+//	mysql://[user[:password]@]host[:port]/database[?param=value…]
+//	                                MySQL or MariaDB, the go-sql-driver/mysql parameters
 //	redis://[user:password@]host:port[/db], rediss://…
 //	                                one Redis server (rediss: over TLS)
 //	redis+cluster://host:port[?addr=host:port&addr=…], rediss+cluster://…
@@ -81,7 +87,7 @@ func (u storeURL) connTimeout() time.Duration {
 func parseStoreURL(raw string) (storeURL, error) {
 	scheme, rest, ok := strings.Cut(raw, ":")
 	if !ok || scheme == "" {
-		return storeURL{}, fmt.Errorf("store URL %q has no scheme (want sqlite:PATH, postgres://… or redis://…)", redact(raw))
+		return storeURL{}, fmt.Errorf("store URL %q has no scheme (want sqlite:PATH, postgres://…, mysql://… or redis://…)", redact(raw))
 	}
 	switch strings.ToLower(scheme) {
 	case "sqlite":
@@ -98,6 +104,14 @@ func parseStoreURL(raw string) (storeURL, error) {
 			return storeURL{}, fmt.Errorf("store URL %q: %v", redact(raw), err)
 		}
 		return storeURL{kind: kindPostgres, raw: raw}, nil
+	case "mysql":
+		if !strings.HasPrefix(rest, "//") {
+			return storeURL{}, fmt.Errorf("store URL %q: want mysql://[user[:password]@]host[:port]/database", redact(raw))
+		}
+		if _, err := mysql.ParseDSN(raw); err != nil {
+			return storeURL{}, fmt.Errorf("store URL %q: %v", redact(raw), err)
+		}
+		return storeURL{kind: kindMySQL, raw: raw}, nil
 	}
 	if redis.IsURL(raw) {
 		// Parsed now (NewClient does not connect), so that a bad port or option is a
@@ -109,11 +123,17 @@ func parseStoreURL(raw string) (storeURL, error) {
 		_ = c.Close()
 		return storeURL{kind: kindRedis, raw: raw}, nil
 	}
-	return storeURL{}, fmt.Errorf("store URL %q has unsupported scheme %q (want sqlite:PATH, postgres://…, postgresql://…, redis://, rediss://, redis+cluster:// or redis+sentinel://)", redact(raw), scheme)
+	return storeURL{}, fmt.Errorf("store URL %q has unsupported scheme %q (want sqlite:PATH, postgres://…, postgresql://…, mysql://…, redis://, rediss://, redis+cluster:// or redis+sentinel://)", redact(raw), scheme)
 }
 
-// sql reports whether the URL names a database that can also keep the payments data.
+// sql reports whether the URL names a database that can also keep the payments data:
+// SQLite or PostgreSQL (the payments data has no MySQL schema: errNoMySQLPayments).
 func (u storeURL) sql() bool { return u.kind == kindSQLite || u.kind == kindPostgres }
+
+// errNoMySQLPayments is why a MySQL URL cannot keep the payments data (--db, or a
+// --store without --db): internal/payments has SQLite and PostgreSQL schemas only.
+const errNoMySQLPayments = "the payments data (charges, orders) has SQLite and PostgreSQL schemas only, not MySQL's: " +
+	"keep idem's records on MySQL with --store mysql://… and the payments data elsewhere with --db sqlite:PATH or --db postgres://…"
 
 // String is the URL with every password replaced by "xxxxx", for logs and errors.
 func (u storeURL) String() string { return redact(u.raw) }
@@ -191,6 +211,16 @@ func openStore(ctx context.Context, u storeURL, logger *slog.Logger, cleaner *id
 		closeAll := func() { st.Close(); pool.Close() }
 		return &openedStore{url: u, store: st, migrate: st.Migrate, pg: st, close: closeAll,
 			unknownMigrations: st.UnknownMigrations, lastMigration: postgres.LastMigration()}, nil
+	case kindMySQL:
+		// Open logs its durability warnings (innodb_flush_log_at_trx_commit, sync_binlog)
+		// once, through logger.
+		st, err := mysql.Open(ctx, mysqlURLWithTimeout(u.raw, u.connTimeout()), mysql.Config{MaxOpenConns: mysqlConns,
+			Logger: logger, Cleaner: clean, DisableCleaner: cleaner == nil})
+		if err != nil {
+			return nil, err
+		}
+		return &openedStore{url: u, store: st, migrate: st.Migrate, close: func() { _ = st.Close() },
+			unknownMigrations: st.UnknownMigrations, lastMigration: mysql.LastMigration()}, nil
 	case kindRedis:
 		routeGoRedisLogs(logger)
 		// Open logs its durability warnings (persistence, eviction) once, through logger.
@@ -203,6 +233,19 @@ func openStore(ctx context.Context, u storeURL, logger *slog.Logger, cleaner *id
 		return &openedStore{url: u, store: st, migrate: noMigration, close: func() { _ = st.Close() }}, nil
 	}
 	return nil, fmt.Errorf("store URL %q: unknown kind", u)
+}
+
+// mysqlURLWithTimeout bounds dialing the server of a mysql:// URL by timeout unless
+// the URL sets its own (the driver's timeout parameter).
+func mysqlURLWithTimeout(raw string, timeout time.Duration) string {
+	if strings.Contains(raw, "timeout=") {
+		return raw
+	}
+	sep := "?"
+	if strings.Contains(raw, "?") {
+		sep = "&"
+	}
+	return raw + sep + "timeout=" + timeout.String()
 }
 
 // check is the start sequence's check of the store (SPEC §20, idem.CheckStore), once

@@ -14,6 +14,7 @@
 //	benchtool report  --minimal M --scale S --cleanup C      # its Markdown
 //	benchtool wal     [--paths /plain,/respond,…]            # what each WAL record of a request is
 //	benchtool holdbodies --url URL --pid PID [--conns 1000]  # RSS of a server holding keyed bodies
+//	benchtool mysql   --server DSN [--cleanup 1000000]       # the minimal handler and cleanup on MySQL (Markdown)
 //
 // Each subcommand has -h.
 package main
@@ -46,6 +47,7 @@ func main() {
 		"report":     runReport,
 		"wal":        runWAL,
 		"holdbodies": runHoldBodies,
+		"mysql":      runMySQL,
 	}
 	run, ok := cmds[os.Args[1]]
 	if !ok {
@@ -59,5 +61,5 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: benchtool serve|prepare|load|minimal|ab|fill|scale|cleanup|chart|report|wal|holdbodies [flags] (-h for each)")
+	fmt.Fprintln(os.Stderr, "usage: benchtool serve|prepare|load|minimal|ab|fill|scale|cleanup|chart|report|wal|holdbodies|mysql [flags] (-h for each)")
 }

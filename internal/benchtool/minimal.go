@@ -127,27 +127,16 @@ func runMinimal(ctx context.Context, args []string) error {
 				}
 			}
 		}
-		sums := make([][2][]*summary, len(ps))
-		for r := 1; r <= *rounds; r++ {
-			for i, p := range ps {
-				order := []int{0, 1}
-				if r%2 == 0 {
-					order = []int{1, 0}
-				}
-				for _, side := range order {
-					a := p.baseArg
-					if side == 1 {
-						a = p.idemArg
-					}
-					s, err := cm.measure(ctx, a, *concurrency, *d)
-					if err != nil {
-						return err
-					}
-					logf("round %d, %s, %s: %.0f req/s, p99 %.2f ms, %.2f commits, %.2f WAL records, %.2f WAL syncs per request",
-						r, p.Name, []string{"baseline", "idem"}[side], s.RequestsPerSecond, s.P99, s.Cost.Commits, s.Cost.WALRecords, s.Cost.WALSyncs)
-					sums[i][side] = append(sums[i][side], s)
-				}
+		sums, err := interleave(ps, *rounds, func(r int, p pair, side int, args []string) (*summary, error) {
+			s, err := cm.measure(ctx, args, *concurrency, *d)
+			if err == nil {
+				logf("round %d, %s, %s: %.0f req/s, p99 %.2f ms, %.2f commits, %.2f WAL records, %.2f WAL syncs per request",
+					r, p.Name, []string{"baseline", "idem"}[side], s.RequestsPerSecond, s.P99, s.Cost.Commits, s.Cost.WALRecords, s.Cost.WALSyncs)
 			}
+			return s, err
+		})
+		if err != nil {
+			return err
 		}
 		for i, p := range ps {
 			b, m := mean(sums[i][0]), mean(sums[i][1])
@@ -192,6 +181,32 @@ func runMinimal(ctx context.Context, args []string) error {
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(res)
+}
+
+// interleave runs each pair's baseline and idempotent side rounds times, A then B in
+// odd rounds and B then A in even ones, and returns each side's runs by pair.
+func interleave(ps []pair, rounds int, run func(round int, p pair, side int, args []string) (*summary, error)) ([][2][]*summary, error) {
+	sums := make([][2][]*summary, len(ps))
+	for r := 1; r <= rounds; r++ {
+		for i, p := range ps {
+			order := []int{0, 1}
+			if r%2 == 0 {
+				order = []int{1, 0}
+			}
+			for _, side := range order {
+				args := p.baseArg
+				if side == 1 {
+					args = p.idemArg
+				}
+				s, err := run(r, p, side, args)
+				if err != nil {
+					return nil, err
+				}
+				sums[i][side] = append(sums[i][side], s)
+			}
+		}
+	}
+	return sums, nil
 }
 
 // measure is one run of the load against base.

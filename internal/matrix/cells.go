@@ -66,8 +66,10 @@ const (
 	// the pool (postgres.ConfigurePool) finds the pooler and leaves pgx's default
 	// mode for cache_describe (issue 46).
 	PostgresPooled Store = "PostgreSQL (pgx) behind PgBouncer, transaction mode, URL without an exec mode"
-	RedisSQLite    Store = "Redis + backstop on SQLite"
-	RedisPostgres  Store = "Redis + backstop on PostgreSQL"
+	// MySQL is the MySQL store (store/mysql) on MariaDB 10.11, through database/sql.
+	MySQL         Store = "MySQL (MariaDB)"
+	RedisSQLite   Store = "Redis + backstop on SQLite"
+	RedisPostgres Store = "Redis + backstop on PostgreSQL"
 	// RedisSentinel is Redis reached through Sentinel (a redis+sentinel:// URL: a
 	// master, a replica, three Sentinels) with claims that wait for the replica
 	// (wait_replicas=1): the failover client and WAIT's pipelines in every cell.
@@ -76,7 +78,7 @@ const (
 )
 
 // Stores are the stores of the HTTP cells, in the document's order.
-var Stores = []Store{SQLite, Postgres, PostgresSQL, PostgresPooled, RedisSQLite, RedisPostgres, RedisSentinel, Memory}
+var Stores = []Store{SQLite, Postgres, PostgresSQL, PostgresPooled, MySQL, RedisSQLite, RedisPostgres, RedisSentinel, Memory}
 
 // Route is the route-kind axis.
 type Route string
@@ -132,7 +134,7 @@ var Mounts = []Mount{OneRoute, WholeMux, Chi, Gin}
 func HelperAPI(s Store, h Helper) string {
 	var respond, inTx string
 	switch s {
-	case SQLite, Postgres, PostgresPooled:
+	case SQLite, Postgres, PostgresPooled, MySQL:
 		respond, inTx = "store.Respond", "store.InTx"
 	case PostgresSQL:
 		respond, inTx = "store.RespondSQL", "store.InSQLTx"
@@ -163,7 +165,7 @@ func HelperAPI(s Store, h Helper) string {
 // hasTransactions reports whether the store has a SPEC §7 Respond that claims in the
 // handler's transaction (Capabilities.Transactions).
 func hasTransactions(s Store) bool {
-	return s == SQLite || s == Postgres || s == PostgresSQL || s == PostgresPooled
+	return s == SQLite || s == Postgres || s == PostgresSQL || s == PostgresPooled || s == MySQL
 }
 
 // Expect is the outcome of an HTTP cell, with why. The mounting changes none.
@@ -210,10 +212,10 @@ type Core struct {
 
 // CoreStores are the stores of the core cells ("Redis" alone: no database of the
 // application's).
-var CoreStores = []Store{SQLite, Postgres, PostgresSQL, "Redis", Memory}
+var CoreStores = []Store{SQLite, Postgres, PostgresSQL, MySQL, "Redis", Memory}
 
 // SealingStores are the stores of the sealing transitions' cells (SealingCells).
-var SealingStores = []Store{SQLite, Postgres, "Redis", Memory}
+var SealingStores = []Store{SQLite, Postgres, MySQL, "Redis", Memory}
 
 // SealingCells are the stages the sealing transitions' cells walk a store through, in
 // order, with a process without a key and one with a key (its scope keyed by the core,
@@ -384,7 +386,7 @@ cells seal their records too.
 	b.WriteString(`
 ## Sealing transitions
 
-On SQLite, PostgreSQL, Redis and the memory store, a process without a key and one with
+On SQLite, PostgreSQL, MySQL, Redis and the memory store, a process without a key and one with
 a key (` + "`Config.KeyScope`" + `: the core keys the scope, as for ` + "`idem proxy`" + ` and ` + "`idem payments`" + `)
 share the store and a clock, and the store's sealing is begun between them
 (` + "`idem.BeginSealing`" + `, a one-minute handoff; SPEC §20):

@@ -20,9 +20,11 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/backstop"
 	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/internal/mysqltest"
 	"github.com/idem-go/idem/internal/pgtest"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/memory"
+	"github.com/idem-go/idem/store/mysql"
 	"github.com/idem-go/idem/store/postgres"
 	"github.com/idem-go/idem/store/redis"
 	"github.com/idem-go/idem/store/redis/redistest"
@@ -106,6 +108,8 @@ func openEnv(t *testing.T, s Store) *env {
 	switch s {
 	case SQLite:
 		return sqliteEnv(t)
+	case MySQL:
+		return mysqlEnv(t)
 	case Postgres, PostgresSQL, PostgresPooled:
 		return postgresEnv(t, s == PostgresSQL, s == PostgresPooled)
 	case RedisSQLite, RedisPostgres:
@@ -146,6 +150,42 @@ func sqliteEnv(t *testing.T) *env {
 	return e.onSQL(st.DB(), insert, st.Respond, leaseFormOf(st.InTx))
 }
 
+// mysqlInsert is the charges' insert on MySQL, where key is a reserved word.
+const mysqlInsert = "INSERT INTO charges (`key`, id) VALUES (?, ?)"
+
+// keyColumn is the key column as insert spells it.
+func keyColumn(insert string) string {
+	if insert == mysqlInsert {
+		return "`key`"
+	}
+	return "key"
+}
+
+// mysqlEnv is the MySQL store on a fresh database of the test server.
+func mysqlEnv(t *testing.T) *env {
+	st, err := mysql.Open(t.Context(), mysqltest.Database(t, nil), mysql.Config{MaxOpenConns: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.DB().ExecContext(t.Context(), "CREATE TABLE charges (`key` VARCHAR(255) NOT NULL, id VARCHAR(255) NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{store: st, insert: mysqlInsert, sqlInTx: st.InTx, finish: sqlFinish(st.InTx, mysqlInsert)}
+	e.move = func(t *testing.T, key, from, onto string, body []byte) {
+		mustExec(t, func() error {
+			_, err := st.DB().Exec(`UPDATE idem_records r JOIN idem_records f ON f.scope = ? AND f.key = r.key
+				SET r.response_status = f.response_status, r.response_headers = f.response_headers, r.response_body = ?
+				WHERE r.scope = ? AND r.key = ?`, from, body, onto, key)
+			return err
+		})
+	}
+	return e.onSQL(st.DB(), mysqlInsert, st.Respond, leaseFormOf(st.InTx))
+}
+
 // sqlRespondForm is a database/sql Respond form: sqlite's Respond, postgres's RespondSQL,
 // backstop's Respond.
 type sqlRespondForm func(w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, tx *sql.Tx) (*idem.Response, error)) error
@@ -165,7 +205,7 @@ func leaseFormOf(inTx func(ctx context.Context, fn func(ctx context.Context, tx 
 // respond through respond and inTx through inTx, each inserting with insert; and counts
 // the charges in db.
 func (e *env) onSQL(db *sql.DB, insert string, respond sqlRespondForm, inTx sqlLeaseForm) *env {
-	e.charges = countIn(db, "charges")
+	e.charges = countIn(db, "charges", keyColumn(insert))
 	e.direct = func(ctx context.Context, key, id string) error {
 		_, err := db.ExecContext(ctx, insert, key, id)
 		return err
@@ -213,11 +253,11 @@ func sqlInsert(ctx context.Context, tx *sql.Tx, insert string, o op) error {
 }
 
 // countIn counts the charges of a key in table of db.
-func countIn(db *sql.DB, table string) func(t *testing.T, key string) int {
+func countIn(db *sql.DB, table, keyCol string) func(t *testing.T, key string) int {
 	return func(t *testing.T, key string) int {
 		t.Helper()
 		var n int
-		if err := db.QueryRowContext(context.Background(), `SELECT count(*) FROM `+table+` WHERE key = '`+key+`'`).Scan(&n); err != nil {
+		if err := db.QueryRowContext(context.Background(), `SELECT count(*) FROM `+table+` WHERE `+keyCol+` = '`+key+`'`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -264,7 +304,7 @@ func postgresEnv(t *testing.T, databaseSQL, pooled bool) *env {
 		t.Fatal(err)
 	}
 	insert := `INSERT INTO ` + table("charges") + ` (key, id) VALUES ($1, $2)`
-	e := &env{store: st, insert: insert, sqlInTx: st.InSQLTx, pgxInTx: st.InTx, charges: countIn(st.DB(), table("charges"))}
+	e := &env{store: st, insert: insert, sqlInTx: st.InSQLTx, pgxInTx: st.InTx, charges: countIn(st.DB(), table("charges"), "key")}
 	e.move = func(t *testing.T, key, from, onto string, body []byte) {
 		mustExec(t, func() error {
 			_, err := pool.Exec(context.Background(), `UPDATE `+table("idem_records")+` r SET (response_status, response_headers, response_body) =

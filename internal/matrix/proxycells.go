@@ -64,7 +64,7 @@ var proxyNames = map[Outcome]string{
 // The proxy's axes (SPEC §17): its store, its policy for a holder whose outcome is
 // unknown (--on-lapse) and what the upstream answers.
 var (
-	ProxyStores  = []Store{SQLite, Postgres, "Redis"}
+	ProxyStores  = []Store{SQLite, Postgres, MySQL, "Redis"}
 	ProxyOnLapse = []string{"unknown", "take_over"}
 	// ProxyOptions: the proxy's defaults, every option of its own set at once
 	// (--scope-cookie, --require-key and --route on the cell's path, --access-log,

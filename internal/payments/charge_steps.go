@@ -55,7 +55,7 @@ var errAnswered = errors.New("payments: answered without a pending step")
 // chargeThroughProcessor is POST /v1/charges with a card processor: c, pending, is
 // recorded, then charged at the processor, then settled.
 func (s *Server) chargeThroughProcessor(w http.ResponseWriter, r *http.Request, c *charge) {
-	ctx, sc := r.Context(), scope(r)
+	ctx, sc := r.Context(), chargeScope(r)
 	var early reply
 	p, err := step(ctx, s.db, stepPending, func(ctx context.Context, q querier) (pendingCharge, error) {
 		got, out, err := s.insertCharge(ctx, r, q, sc, c)
@@ -86,7 +86,7 @@ func (s *Server) chargeThroughProcessor(w http.ResponseWriter, r *http.Request, 
 		writeAPIError(w, errUnavailable())
 		return
 	}
-	settle, err := s.processorCharge(ctx, sc, p)
+	settle, err := s.processorCharge(ctx, p)
 	if err != nil {
 		s.logger.WarnContext(ctx, "payments: the card processor did not answer; the charge stays pending", "charge", p.ID, "err", err)
 		writeAPIError(w, errProcessorUnavailable("The card processor did not answer; the charge is pending. Retry the request with the same key to finish it."))
@@ -108,7 +108,7 @@ func (s *Server) resumeCharge(ctx context.Context, h *idem.Handle) error {
 	case !committed:
 		return fmt.Errorf("payments: a charge's record at step %q has no pending charge", h.RecoveryPoint())
 	}
-	settle, err := s.processorCharge(ctx, h.Scope(), p)
+	settle, err := s.processorCharge(ctx, p)
 	if err != nil {
 		return err
 	}
@@ -126,8 +126,9 @@ func (s *Server) resumeCharge(ctx context.Context, h *idem.Handle) error {
 // from the record and stepProcessor when ctx carries the record's handle (without
 // idempotency, a fresh key), and returns the transaction that settles it with the
 // processor's answer: succeeded with its charge id, or failed when the processor
-// refused. It fails when the processor did not answer.
-func (s *Server) processorCharge(ctx context.Context, sc string, p pendingCharge) (func(context.Context, querier) (reply, error), error) {
+// refused. It fails when the processor did not answer. The settlement finds the
+// charge by its id, whichever scope the charges table keeps it under.
+func (s *Server) processorCharge(ctx context.Context, p pendingCharge) (func(context.Context, querier) (reply, error), error) {
 	key := ""
 	if h := idem.FromContext(ctx); h != nil {
 		key = h.DerivedKey(stepProcessor)
@@ -148,10 +149,10 @@ func (s *Server) processorCharge(ctx context.Context, sc string, p pendingCharge
 		// The key's record, whose recovery point advanced, expires a TTL after this
 		// completion (SPEC §13): so does the key of its charge.
 		keyExpires := s.now().Add(s.ttl).UnixMilli()
-		got, err := scanCharge(q.queryRow(ctx, "charge_settle", sc, p.ID, status, pchID, keyExpires))
+		got, err := scanCharge(q.queryRow(ctx, "charge_settle", p.ID, status, pchID, keyExpires))
 		if errors.Is(err, errNoRows) {
 			// Settled already: answered as it stands.
-			got, err = scanCharge(q.queryRow(ctx, "charge_get", sc, p.ID))
+			got, err = scanCharge(q.queryRow(ctx, "charge_get_by_id", p.ID))
 		}
 		if err != nil {
 			return nil, err

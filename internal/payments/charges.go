@@ -74,7 +74,7 @@ const (
 // createCharge is POST /v1/charges: {"amount", "currency", "customer_id"?} → 201.
 func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 	arrival := s.now()
-	p, body, aerr := readParams(w, r)
+	p, _, aerr := readParams(w, r)
 	if aerr != nil {
 		writeAPIError(w, aerr)
 		return
@@ -84,7 +84,7 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, aerr)
 		return
 	}
-	k := s.keyOf(r, body, arrival)
+	k := s.keyOf(r, nil, arrival) // the record's fingerprint: the charge keeps it
 	c := &charge{ID: newID("ch_"), Amount: in.Amount, Currency: in.Currency, CustomerID: in.CustomerID,
 		Status: statusSucceeded, Created: s.now().Unix(), IdempotencyKey: k.key, Fingerprint: k.fingerprint, KeyExpiresAt: k.expiresAt}
 	if s.processor != nil {
@@ -100,17 +100,66 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 	if !s.callProcessor(w, r) {
 		return
 	}
-	sc := scope(r)
-	s.write(w, r, jsonReply(http.StatusCreated, c.render()), func(b *pgx.Batch) {
-		b.Queue(s.db.queries["charge_insert_strict"], c.ID, sc, c.Amount, c.Currency, c.CustomerID,
-			c.Status, c.Created, c.IdempotencyKey, c.Fingerprint, c.KeyExpiresAt, c.ProcessorChargeID)
-	}, func(ctx context.Context, q querier) (reply, error) {
+	sc := chargeScope(r)
+	insert := func(ctx context.Context, q querier) (reply, error) {
 		got, out, err := s.insertCharge(ctx, r, q, sc, c)
 		if out != nil || err != nil {
 			return out, err
 		}
 		return chargeReply(got), nil
-	})
+	}
+	if s.otherScope(r, sc) != "" && s.db.sqliteStore == nil {
+		// The pipelined insert cannot look under the other scope first.
+		s.mutate(w, r, insert)
+		return
+	}
+	s.write(w, r, jsonReply(http.StatusCreated, c.render()), func(b *pgx.Batch) {
+		b.Queue(s.db.queries["charge_insert_strict"], c.ID, sc, c.Amount, c.Currency, c.CustomerID,
+			c.Status, c.Created, c.IdempotencyKey, c.Fingerprint, c.KeyExpiresAt, c.ProcessorChargeID)
+	}, insert)
+}
+
+// chargeScope is the scope a new charge of r is kept under: its record's, keyed while
+// the store's sealing is in effect (SPEC §19), so that the charges table keeps no
+// digest of a credential that the records do not; the principal's plain scope without
+// a record.
+func chargeScope(r *http.Request) string {
+	if h := idem.FromContext(r.Context()); h != nil {
+		return h.Scope()
+	}
+	return scope(r)
+}
+
+// otherScope is r's principal's scope in the other form than sc (the keyed one for the
+// plain one, and the other way round), where charges made before sealing began (or
+// before it ended) are kept; "" without a keyring, which makes no keyed scope.
+func (s *Server) otherScope(r *http.Request, sc string) string {
+	plain, keyed := s.scopes(r)
+	switch {
+	case keyed == "":
+		return ""
+	case sc == plain:
+		return keyed
+	}
+	return plain
+}
+
+// scopes are the principal's scopes in the charges table: its plain one, and under a
+// keyring its keyed one ("" without).
+func (s *Server) scopes(r *http.Request) (plain, keyed string) {
+	plain = scope(r)
+	if ring := s.cfg.Seal; ring != nil && ring.Keyed() {
+		keyed = ring.Scope(plain)
+	}
+	return plain, keyed
+}
+
+// chargeGet reads the principal's charge id, under either of its scopes.
+func (s *Server) chargeGet(ctx context.Context, r *http.Request, q querier, id string) (*charge, error) {
+	if plain, keyed := s.scopes(r); keyed != "" {
+		return scanCharge(q.queryRow(ctx, "charge_get_either", plain, keyed, id))
+	}
+	return scanCharge(q.queryRow(ctx, "charge_get", scope(r), id))
 }
 
 // insertCharge inserts c, or finds the live charge that c's key wrote already
@@ -118,6 +167,14 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 // record expired, SPEC §8): it returns the charge inserted or found, or the reply to a
 // request that reused the key with other parameters.
 func (s *Server) insertCharge(ctx context.Context, r *http.Request, q querier, sc string, c *charge) (*charge, reply, error) {
+	if other := s.otherScope(r, sc); other != "" && c.IdempotencyKey != nil {
+		// The key's charge may be kept under the principal's other scope: made before
+		// sealing began (or ended), its record lost.
+		prev, out, err := s.chargeBackstop(ctx, r, q, other, *c.IdempotencyKey, *c.Fingerprint)
+		if prev != nil || out != nil || err != nil {
+			return prev, out, err
+		}
+	}
 	// At most two rounds: the second follows the retirement of an expired key.
 	for range 2 {
 		got, err := scanCharge(q.queryRow(ctx, "charge_insert", c.ID, sc, c.Amount, c.Currency, c.CustomerID,
@@ -153,10 +210,23 @@ func (s *Server) chargeBackstop(ctx context.Context, r *http.Request, q querier,
 	case prev.Status != statusPending && keyExpired(prev.KeyExpiresAt, s.now()):
 		_, err := q.exec(ctx, "charge_retire_key", prev.ID)
 		return nil, nil, err
-	case !sameRequest(prev.Fingerprint, fp):
+	case !sameChargeRequest(r, prev.Fingerprint, fp):
 		return nil, s.keyReused(r), nil
 	}
 	return prev, nil, nil
+}
+
+// sameChargeRequest reports whether a charge's stored request fingerprint is that of
+// r's request, current: in either form when r holds a key (the record's keyed one, or
+// the plain one exactly, as the middleware compares them, SPEC §20), as sameRequest
+// compares them otherwise.
+func sameChargeRequest(r *http.Request, stored *string, current string) bool {
+	h := idem.FromContext(r.Context())
+	if h == nil || stored == nil {
+		return sameRequest(stored, current)
+	}
+	fp, ok := parseFingerprint(*stored)
+	return ok && h.FingerprintMatches(fp)
 }
 
 // chargeReply is the answer that a charge stands for: 201 and the charge when it
@@ -221,7 +291,7 @@ func (s *Server) getCharge(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	ctx, cancel := s.readCtx(r)
 	defer cancel()
-	c, err := scanCharge(s.db.reader().queryRow(ctx, "charge_get", scope(r), id))
+	c, err := s.chargeGet(ctx, r, s.db.reader(), id)
 	switch {
 	case errors.Is(err, errNoRows):
 		writeAPIError(w, errNotFound("charge", id))
@@ -251,10 +321,14 @@ func (s *Server) listCharges(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := s.readCtx(r)
 	defer cancel()
-	sc, q := scope(r), s.db.reader()
-	name, args := "charge_list", []any{sc, limit + 1}
+	q := s.db.reader()
+	plain, keyed := s.scopes(r)
+	name, args := "charge_list", []any{plain, limit + 1}
+	if keyed != "" {
+		name, args = "charge_list_either", []any{plain, keyed, limit + 1}
+	}
 	if after := query.Get("starting_after"); after != "" {
-		cursor, err := scanCharge(q.queryRow(ctx, "charge_get", sc, after))
+		cursor, err := s.chargeGet(ctx, r, q, after)
 		if errors.Is(err, errNoRows) {
 			writeAPIError(w, &apiError{status: http.StatusBadRequest, code: "resource_missing", param: "starting_after", message: "No such charge: '" + after + "'"})
 			return
@@ -264,7 +338,10 @@ func (s *Server) listCharges(w http.ResponseWriter, r *http.Request) {
 			writeAPIError(w, errUnavailable())
 			return
 		}
-		name, args = "charge_list_after", []any{sc, cursor.Created, cursor.ID, limit + 1}
+		name, args = "charge_list_after", []any{plain, cursor.Created, cursor.ID, limit + 1}
+		if keyed != "" {
+			name, args = "charge_list_after_either", []any{plain, keyed, cursor.Created, cursor.ID, limit + 1}
+		}
 	}
 	out := listJSON{Object: "list", Data: []chargeJSON{}, URL: "/v1/charges"}
 	err := q.query(ctx, name, args, func(row scanner) error {

@@ -3,6 +3,7 @@ package payments
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -74,16 +75,22 @@ type keyInfo struct {
 	expiresAt        *int64
 }
 
-// keyOf returns the key information of a request that arrived at arrival. The record
-// was claimed just before the handler ran, so arrival + TTL is at most a moment after
-// the record's own expiry.
+// keyOf returns the key information of a request that arrived at arrival, whose body
+// is body; with body nil, its fingerprint is the record's (keyed while the store's
+// sealing is in effect, SPEC §19), which a route whose claim was made before its
+// handler ran has computed already. The record was claimed just before the handler
+// ran, so arrival + TTL is at most a moment after the record's own expiry.
 func (s *Server) keyOf(r *http.Request, body []byte, arrival time.Time) keyInfo {
 	h := idem.FromContext(r.Context())
 	if h == nil {
 		return keyInfo{}
 	}
 	k := h.Key()
-	fp := formatFingerprint(idem.FingerprintRequest(r, body))
+	f := h.Fingerprint()
+	if body != nil {
+		f = idem.FingerprintRequest(r, body)
+	}
+	fp := formatFingerprint(f)
 	exp := arrival.Add(s.ttl).UnixMilli()
 	return keyInfo{key: &k, fingerprint: &fp, expiresAt: &exp}
 }
@@ -96,6 +103,17 @@ func keyExpired(expiresAt *int64, now time.Time) bool {
 
 func formatFingerprint(fp idem.Fingerprint) string {
 	return fmt.Sprintf("v%d:%x", fp.Version, fp.Sum)
+}
+
+// parseFingerprint reads what formatFingerprint wrote; false for anything else.
+func parseFingerprint(s string) (idem.Fingerprint, bool) {
+	v, sum, ok := strings.Cut(s, ":")
+	n, err := strconv.Atoi(strings.TrimPrefix(v, "v"))
+	b, herr := hex.DecodeString(sum)
+	if !ok || !strings.HasPrefix(v, "v") || err != nil || n < 0 || herr != nil || len(b) != 32 {
+		return idem.Fingerprint{}, false
+	}
+	return idem.Fingerprint{Version: n, Sum: [32]byte(b)}, true
 }
 
 // sameRequest reports whether a stored request_fingerprint matches the current one,

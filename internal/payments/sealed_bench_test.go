@@ -1,15 +1,11 @@
 package payments
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
-
-	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/seal/cloudkeys"
 )
 
 // benchRuns numbers the runs of the new-key benchmark, whose keys must be new.
@@ -22,20 +18,11 @@ var benchRuns atomic.Int64
 //
 //	go test ./internal/payments -run '^$' -bench SealedVsClear -benchmem -count 4
 func BenchmarkSealedVsClear(b *testing.B) {
-	sealed := func(c *Config) {
-		key, err := cloudkeys.Open(context.Background(), "base64key://AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
-		if err != nil {
-			b.Fatal(err)
-		}
-		if c.Seal, err = idem.OpenKeyring(context.Background(), c.Store, key); err != nil {
-			b.Fatal(err)
-		}
-	}
 	const body = `{"amount": 2000, "currency": "usd", "customer_id": "cust_abc123"}`
 	for _, mode := range []struct {
 		name string
 		opts []option
-	}{{"clear", nil}, {"sealed", []option{sealed}}} {
+	}{{"clear", nil}, {"sealed", []option{withSeal(b)}}} {
 		bb := sqliteBundle(b, mode.opts...)
 		if w := bb.postCharge("tok_bench", "bench-replay-key-0001", body); w.Code != http.StatusCreated {
 			b.Fatalf("status %d: %s", w.Code, w.Body)

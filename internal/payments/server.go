@@ -110,8 +110,10 @@ type Config struct {
 	Observer *observe.Observer
 
 	// Seal, when set, seals the idempotency records (idem.Config.Seal, SPEC §19) and
-	// keys their scope: the keyring's HMAC of the principal's hex SHA-256 (the charges
-	// and orders keep the plain one). Defaults to nil: records in clear.
+	// keys their scope: the keyring's HMAC of the principal's hex SHA-256. A charge
+	// keeps its record's scope and fingerprint (keyed while the store's sealing is in
+	// effect), and is found under either form of the principal's scope; the orders keep
+	// the plain one. Give it also with Middleware. Defaults to nil: records in clear.
 	Seal *seal.Keyring
 	// SealingOff lets the API serve, without Seal, a store whose sealing began:
 	// sealing is being turned off (idem.Config.SealingOff, SPEC §20). Defaults to
@@ -244,7 +246,7 @@ func (s *Server) routes() {
 				Scope: scopeOf,
 				// Under a keyring the records' scope is keyed (SPEC §19) once the
 				// store's sealing is in effect: the hex SHA-256 of a guessable token
-				// could be recomputed. The charges keep the plain one.
+				// could be recomputed. The charges keep their record's scope.
 				KeyScope: true,
 				Profile:  s.cfg.Profile,
 				TTL:      s.cfg.TTL,

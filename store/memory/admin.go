@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"slices"
@@ -136,3 +137,30 @@ func (s *Store) RecordDeleteScope(ctx context.Context, p *admin.RecordDeleteScop
 // AdminCapabilities implements [admin.Store.AdminCapabilities]: the memory store can
 // do everything.
 func (s *Store) AdminCapabilities() admin.Capabilities { return admin.Capabilities{List: true} }
+
+// RecordReseal implements [admin.Resealer.RecordReseal].
+func (s *Store) RecordReseal(ctx context.Context, p *admin.RecordResealParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec := s.records[recordKey{p.Scope, p.Key}]
+	switch {
+	case rec == nil:
+		return idemstore.ErrNotFound
+	case rec.ID != p.ID,
+		p.Body != nil && (rec.Response == nil || !bytes.Equal(rec.Response.Body, p.OldBody)),
+		p.Steps != nil && !bytes.Equal(rec.Steps, p.OldSteps):
+		return admin.ErrRecordChanged
+	}
+	if p.Body != nil {
+		resp := *rec.Response
+		resp.Body = bytes.Clone(p.Body)
+		rec.Response = &resp
+	}
+	if p.Steps != nil {
+		rec.Steps = bytes.Clone(p.Steps)
+	}
+	return nil
+}

@@ -241,3 +241,21 @@ func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams)
 // AdminCapabilities implements [admin.Store.AdminCapabilities]: PostgreSQL can do
 // everything.
 func (s *Store) AdminCapabilities() admin.Capabilities { return admin.Capabilities{List: true} }
+
+// RecordReseal implements [admin.Resealer.RecordReseal]: the conditional update, then,
+// when it changed nothing, a read that says why.
+func (s *Store) RecordReseal(ctx context.Context, p *admin.RecordResealParams) error {
+	var n int64
+	err := s.withRetry(ctx, "reseal", func() error {
+		tag, err := s.pool.Exec(ctx, s.adminQuery("RecordReseal"), []byte(p.Scope), []byte(p.Key), p.ID, p.OldBody, p.Body, p.OldSteps, p.Steps)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil || n == 1 {
+		return interpretError(err)
+	}
+	if _, err := s.RecordInspect(ctx, &admin.RecordInspectParams{Scope: p.Scope, Key: p.Key}); err != nil {
+		return err
+	}
+	return admin.ErrRecordChanged
+}

@@ -3,10 +3,11 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"fmt"
 
 	"github.com/idem-go/idem/admin"
 	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/internal/headercodec"
+	"github.com/idem-go/idem/internal/sqlstore"
 )
 
 var _ admin.Store = (*Store)(nil)
@@ -19,13 +20,10 @@ func (s *Store) RecordInspect(ctx context.Context, p *admin.RecordInspectParams)
 		rec, err = getRecord(ctx, s.db, p.Scope, p.Key)
 		return err
 	})
-	switch {
-	case err != nil:
+	if err != nil {
 		return nil, interpretError(err)
-	case rec == nil:
-		return nil, idemstore.ErrNotFound
 	}
-	return &admin.RecordInspectResult{Record: admin.FromRecord(rec, p.Body), Now: t.UTC()}, nil
+	return sqlstore.Inspected(rec, p, t)
 }
 
 // RecordList implements [admin.Store.RecordList]: along the primary key, one scope's
@@ -52,71 +50,25 @@ func (s *Store) RecordList(ctx context.Context, p *admin.RecordListParams) (*adm
 	}
 	var recs []*admin.Record
 	err = s.retryBusy(ctx, "list", func() error {
-		recs = nil
 		rows, err := s.db.QueryContext(ctx, query, args...)
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			r, err := scanListed(rows)
-			if err != nil {
-				return err
-			}
-			recs = append(recs, r)
-		}
-		return rows.Err()
+		recs, err = sqlstore.Collect(rows, sqlstore.ScanListed)
+		return err
 	})
 	if err != nil {
 		return nil, interpretError(err)
 	}
-	res := &admin.RecordListResult{Records: recs, Now: t.UTC()}
-	if len(recs) > limit {
-		res.Records, res.More = recs[:limit], true
-	}
-	return res, nil
+	return sqlstore.ListResult(recs, limit, t), nil
 }
 
-// unfinishedListArgs are the arguments of admin_list_unfinished.sql for p: the cursor,
-// which for a scope's list starts at the scope, and the scope (NULL for every scope).
+// unfinishedListArgs are the arguments of admin_list_unfinished.sql for p
+// (sqlstore.UnfinishedCursor).
 func unfinishedListArgs(p *admin.RecordListParams, limit int) []any {
-	afterScope, afterKey, scope := p.AfterScope, p.AfterKey, any(nil)
-	if p.Scope != "" {
-		scope = p.Scope
-		if afterScope != p.Scope {
-			afterScope, afterKey = p.Scope, ""
-		}
-	}
+	afterScope, afterKey, scope := sqlstore.UnfinishedCursor(p)
 	return []any{sql.Named("after_scope", afterScope), sql.Named("after_key", afterKey), sql.Named("scope", scope),
 		sql.Named("limit", limit)}
-}
-
-// scanListed reads one row of admin_list_scope.sql, admin_list_all.sql or
-// admin_list_unfinished.sql.
-func scanListed(rows *sql.Rows) (*admin.Record, error) {
-	var (
-		r                admin.Record
-		fp               []byte
-		state            string
-		leaseEnd, status sql.NullInt64
-		created, expires nanosColumn
-	)
-	err := rows.Scan(&r.Scope, &r.Key, &r.ID, &r.Fingerprint.Version, &fp, &state, &leaseEnd,
-		&status, &r.BodySize, &r.NotStored, &r.RecoveryPoint, &created, &expires, &r.OutcomeUnknown, &r.Operation)
-	if err != nil {
-		return nil, err
-	}
-	if len(fp) != len(r.Fingerprint.Sum) {
-		return nil, fmt.Errorf("record has a fingerprint of %d bytes, want %d", len(fp), len(r.Fingerprint.Sum))
-	}
-	copy(r.Fingerprint.Sum[:], fp)
-	r.State = idemstore.State(state)
-	r.CreatedAt, r.ExpiresAt = fromNanos(int64(created)), fromNanos(int64(expires))
-	if leaseEnd.Valid && r.State == idemstore.StateInFlight {
-		r.LeaseEnd = fromNanos(leaseEnd.Int64)
-	}
-	r.Status = int(status.Int64)
-	return &r, nil
 }
 
 // RecordDelete implements [admin.Store.RecordDelete]: the record is read, its lease
@@ -186,7 +138,7 @@ func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams)
 				body = []byte{}
 			}
 			query = queryAdminResolveComplete
-			args = append(args, sql.Named("status", resp.Status), sql.Named("headers", encodeHeaders(resp.Header)),
+			args = append(args, sql.Named("status", resp.Status), sql.Named("headers", headercodec.Encode(resp.Header)),
 				sql.Named("body", body))
 		}
 		n, err := execRows(ctx, tx, query, args...)
@@ -204,3 +156,31 @@ func (s *Store) RecordResolve(ctx context.Context, p *admin.RecordResolveParams)
 // AdminCapabilities implements [admin.Store.AdminCapabilities]: SQLite can do
 // everything.
 func (s *Store) AdminCapabilities() admin.Capabilities { return admin.Capabilities{List: true} }
+
+// RecordReseal implements [admin.Resealer.RecordReseal] in one write transaction: the
+// conditional update, then, when it changed nothing, a read that says why.
+func (s *Store) RecordReseal(ctx context.Context, p *admin.RecordResealParams) error {
+	return interpretError(s.writeTx(ctx, "admin reseal", func(tx *sql.Tx) error {
+		n, err := execRows(ctx, tx, queryAdminReseal, sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("id", p.ID),
+			sql.Named("body", nilBlob(p.Body)), sql.Named("old_body", p.OldBody), sql.Named("steps", nilBlob(p.Steps)), sql.Named("old_steps", p.OldSteps))
+		if err != nil || n == 1 {
+			return err
+		}
+		rec, err := getRecord(ctx, tx, p.Scope, p.Key)
+		switch {
+		case err != nil:
+			return err
+		case rec == nil:
+			return idemstore.ErrNotFound
+		}
+		return admin.ErrRecordChanged
+	}))
+}
+
+// nilBlob is b, or NULL when b is nil.
+func nilBlob(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return b
+}

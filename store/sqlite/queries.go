@@ -38,6 +38,7 @@ var (
 	queryAdminListUnfinished  = mustQuery("admin_list_unfinished")
 	queryAdminResolveRelease  = mustQuery("admin_resolve_release")
 	queryAdminResolveComplete = mustQuery("admin_resolve_complete")
+	queryAdminReseal          = mustQuery("admin_reseal")
 )
 
 func mustQuery(name string) string {

@@ -5,50 +5,22 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/internal/headercodec"
+	"github.com/idem-go/idem/internal/sqlstore"
 )
 
-// now returns the injected time when non-zero, else the host clock: the store's clock
-// for a database shared by the processes of one host.
-func now(injected time.Time) time.Time {
-	if !injected.IsZero() {
-		return injected
-	}
-	return time.Now()
-}
+// now and fromNanos: the store's clock (its host's, for a database shared by the
+// processes of one host) and the time of stored unix nanoseconds.
+var (
+	now       = sqlstore.Now
+	fromNanos = sqlstore.FromNanos
+)
 
-// nanos and fromNanos convert between times and the stored unix nanoseconds.
+// nanos is the stored unix nanoseconds of t.
 func nanos(t time.Time) int64 { return t.UnixNano() }
-
-func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
-
-// nanosColumn scans a time column: integer unix nanoseconds, or the REAL that SQLite
-// made of an expiry that overflowed int64 (a TTL past idem.MaxTTL, which versions
-// before it accepted), read as the latest time int64 holds, so that such a record is
-// readable, replayed and removable rather than an error on every read.
-type nanosColumn int64
-
-func (n *nanosColumn) Scan(v any) error {
-	switch v := v.(type) {
-	case int64:
-		*n = nanosColumn(v)
-	case float64:
-		switch {
-		case v >= math.MaxInt64:
-			*n = math.MaxInt64
-		case v <= math.MinInt64:
-			*n = math.MinInt64
-		default:
-			*n = nanosColumn(v)
-		}
-	default:
-		return fmt.Errorf("sqlite: a time column holds %T, want integer nanoseconds", v)
-	}
-	return nil
-}
 
 // queryer is what reading a record needs: the pool or a transaction.
 type queryer interface {
@@ -58,57 +30,11 @@ type queryer interface {
 // getRecord reads the record of (scope, key), or nil when there is none (expired or
 // not).
 func getRecord(ctx context.Context, q queryer, scope, key string) (*idemstore.Record, error) {
-	rec, err := scanRecord(q.QueryRowContext(ctx, queryRecordGet, sql.Named("scope", scope), sql.Named("key", key)))
+	rec, err := sqlstore.ScanRecord(q.QueryRowContext(ctx, queryRecordGet, sql.Named("scope", scope), sql.Named("key", key)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
 	return rec, err
-}
-
-// rowScanner is a *sql.Row or *sql.Rows.
-type rowScanner interface{ Scan(dest ...any) error }
-
-// scanRecord reads one record in the columns of record_get.sql.
-func scanRecord(row rowScanner) (*idemstore.Record, error) {
-	var (
-		rec       idemstore.Record
-		fpSum     []byte
-		state     string
-		token     sql.NullString
-		leaseEnd  sql.NullInt64
-		status    sql.NullInt64
-		headers   []byte
-		body      []byte
-		notStored bool
-		unknown   bool
-		created   nanosColumn
-		expires   nanosColumn
-	)
-	err := row.Scan(
-		&rec.Scope, &rec.Key, &rec.ID, &rec.Fingerprint.Version, &fpSum, &state, &token, &leaseEnd,
-		&status, &headers, &body, &notStored, &unknown, &rec.RecoveryPoint, &rec.Steps, &rec.Operation, &created, &expires)
-	if err != nil {
-		return nil, err
-	}
-	if len(fpSum) != len(rec.Fingerprint.Sum) {
-		return nil, fmt.Errorf("record has a fingerprint of %d bytes, want %d", len(fpSum), len(rec.Fingerprint.Sum))
-	}
-	copy(rec.Fingerprint.Sum[:], fpSum)
-	rec.State = idemstore.State(state)
-	rec.Token = token.String
-	if leaseEnd.Valid {
-		rec.LeaseEnd = fromNanos(leaseEnd.Int64)
-	}
-	rec.CreatedAt = fromNanos(int64(created))
-	rec.ExpiresAt = fromNanos(int64(expires))
-	if rec.State == idemstore.StateCompleted {
-		h, err := decodeHeaders(headers)
-		if err != nil {
-			return nil, err
-		}
-		rec.Response = &idemstore.Response{Status: int(status.Int64), Header: h, Body: body, NotStored: notStored, OutcomeUnknown: unknown}
-	}
-	return &rec, nil
 }
 
 // RecordGet implements [idemstore.Store.RecordGet] with a plain read, which in WAL mode
@@ -146,7 +72,7 @@ func (s *Store) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*ide
 	if err != nil {
 		return nil, interpretError(err)
 	}
-	if res := answerWithoutWriting(existing, p.Fingerprint, t); res != nil {
+	if res := sqlstore.AnswerWithoutWriting(existing, p.Fingerprint, t); res != nil {
 		return res, nil
 	}
 
@@ -162,22 +88,6 @@ func (s *Store) RecordClaim(ctx context.Context, p *idemstore.ClaimParams) (*ide
 	return res, nil
 }
 
-// answerWithoutWriting returns the claim's answer when rec, as read, needs no write.
-func answerWithoutWriting(rec *idemstore.Record, fp idemstore.Fingerprint, t time.Time) *idemstore.ClaimResult {
-	var outcome idemstore.ClaimOutcome
-	switch idemstore.Decide(rec, fp, t) {
-	case idemstore.DecideReplay:
-		outcome = idemstore.ClaimCompleted
-	case idemstore.DecideInFlight:
-		outcome = idemstore.ClaimInFlight
-	case idemstore.DecideMismatch:
-		outcome = idemstore.ClaimMismatch
-	default:
-		return nil
-	}
-	return &idemstore.ClaimResult{Outcome: outcome, Record: rec, Now: t}
-}
-
 // claimTx is the claim's write transaction, holding the write lock.
 func claimTx(ctx context.Context, tx *sql.Tx, p *idemstore.ClaimParams, t time.Time) (*idemstore.ClaimResult, error) {
 	rec, err := getRecord(ctx, tx, p.Scope, p.Key)
@@ -186,18 +96,8 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idemstore.ClaimParams, t time.T
 	}
 	switch p.Decide(rec, t) {
 	case idemstore.DecideClaim:
-		leaseEnd := t.Add(p.Lease)
-		rec = &idemstore.Record{
-			Scope:       p.Scope,
-			Key:         p.Key,
-			ID:          p.RecordID,
-			Fingerprint: p.Fingerprint,
-			State:       idemstore.StateInFlight,
-			Token:       p.Token,
-			LeaseEnd:    leaseEnd.UTC(),
-			CreatedAt:   t.UTC(),
-			ExpiresAt:   idemstore.InFlightExpiresAt(t, p.TTL, leaseEnd).UTC(),
-		}
+		rec = sqlstore.NewClaim(p, t)
+		leaseEnd := rec.LeaseEnd
 		_, err = tx.ExecContext(ctx, queryRecordClaimInsert,
 			sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("record_id", p.RecordID),
 			sql.Named("fingerprint_version", p.Fingerprint.Version), sql.Named("fingerprint", p.Fingerprint.Sum[:]),
@@ -221,11 +121,7 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idemstore.ClaimParams, t time.T
 			// Impossible under the write lock; never report a claim we did not make.
 			return nil, fmt.Errorf("take over changed %d records, want 1", n)
 		}
-		released := rec.Token == ""
-		rec.Token = p.Token
-		rec.LeaseEnd = leaseEnd.UTC()
-		rec.ExpiresAt = idemstore.InFlightExpiresAt(rec.CreatedAt, p.TTL, leaseEnd).UTC()
-		return &idemstore.ClaimResult{Outcome: idemstore.ClaimAcquired, Record: rec, TookOver: true, Released: released, Now: t}, nil
+		return sqlstore.TookOver(rec, p, t), nil
 	case idemstore.DecideUnknown:
 		n, err := execRows(ctx, tx, queryRecordMarkUnknown, sql.Named("scope", p.Scope), sql.Named("key", p.Key),
 			sql.Named("old_token", rec.Token), sql.Named("ttl", int64(p.TTL)), sql.Named("now", nanos(t)))
@@ -235,28 +131,17 @@ func claimTx(ctx context.Context, tx *sql.Tx, p *idemstore.ClaimParams, t time.T
 		if n != 1 {
 			return nil, fmt.Errorf("marking the outcome unknown changed %d records, want 1", n)
 		}
-		rec.State, rec.Token, rec.LeaseEnd = idemstore.StateCompleted, "", time.Time{}
-		rec.Response = &idemstore.Response{Status: 500, OutcomeUnknown: true}
-		rec.ExpiresAt = rec.CompletionExpiresAt(t, p.TTL).UTC()
-		return &idemstore.ClaimResult{Outcome: idemstore.ClaimCompleted, Record: rec, MarkedUnknown: true, Now: t}, nil
+		return sqlstore.MarkedUnknown(rec, p, t), nil
 	default:
-		return answerWithoutWriting(rec, p.Fingerprint, t), nil
+		return sqlstore.AnswerWithoutWriting(rec, p.Fingerprint, t), nil
 	}
 }
 
-// execer is what a fenced statement needs: the pool or a transaction.
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
+// execer and execRows: a statement through the pool or a transaction, and the rows it
+// affected (sqlstore.ExecRows).
+type execer = sqlstore.Execer
 
-// execRows runs a statement and returns how many rows it changed.
-func execRows(ctx context.Context, e execer, query string, args ...any) (int64, error) {
-	res, err := e.ExecContext(ctx, query, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
+var execRows = sqlstore.ExecRows
 
 // RecordComplete implements [idemstore.Store.RecordComplete] in a transaction of its own.
 // To complete inside the application's transaction (SPEC §7), use [Store.InTx].
@@ -272,7 +157,7 @@ func completeTx(ctx context.Context, tx *sql.Tx, p *idemstore.CompleteParams) er
 	if resp == nil {
 		return errors.New("idemstore.CompleteParams.Response is nil")
 	}
-	headers := encodeHeaders(resp.Header)
+	headers := headercodec.Encode(resp.Header)
 	body := resp.Body
 	if body == nil {
 		body = []byte{} // an empty body, not NULL
@@ -349,15 +234,8 @@ func (s *Store) RecordListResumable(ctx context.Context, p *idemstore.ListResuma
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			rec, err := scanRecord(rows)
-			if err != nil {
-				return err
-			}
-			recs = append(recs, rec)
-		}
-		return rows.Err()
+		recs, err = sqlstore.Collect(rows, sqlstore.ScanRecord)
+		return err
 	})
 	if err != nil {
 		return nil, interpretError(err)
@@ -419,7 +297,7 @@ func (s *Store) RecordDeleteExpired(ctx context.Context, p *idemstore.DeleteExpi
 		if err != nil || n == int64(p.Limit) {
 			return err
 		}
-		// Then the records whose expiry overflowed (nanosColumn): at the end of the
+		// Then the records whose expiry overflowed (sqlstore.Nanos): at the end of the
 		// expires_at index, a seek away.
 		m, err := execRows(ctx, tx, queryRecordDeleteOverflowed, sql.Named("limit", int64(p.Limit)-n))
 		n += m

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/internal/sqlstore"
 
 	// The driver registers itself as "sqlite".
 	_ "modernc.org/sqlite"
@@ -133,6 +134,8 @@ type Store struct {
 	// writeSem queues this process's write transactions (capacity 1). It saves
 	// SQLite's busy polling; SQLite's own lock keeps them correct.
 	writeSem chan struct{}
+	// tx runs the SPEC §7 helpers on db, in this process's write turn.
+	tx *sqlstore.Tx
 	// cleaner deletes expired records until stopCleaner (Config.Cleaner); nil with
 	// Config.DisableCleaner.
 	cleaner     *idem.Cleaner
@@ -172,6 +175,7 @@ func Open(ctx context.Context, dsnOrPath string, cfg Config) (*Store, error) {
 		}
 	}
 	s := &Store{db: db, claimDB: db, logger: cfg.Logger, writeSem: make(chan struct{}, 1)}
+	s.tx = s.txHelpers()
 	// The first connection creates the file and switches it to WAL, which needs the
 	// write lock: retry like any other contention.
 	if err := s.retryBusy(ctx, "open", func() error { return s.ping(ctx) }); err != nil {

@@ -3,9 +3,9 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"errors"
 
 	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/internal/sqlstore"
 )
 
 // Step runs fn as the step named step of the operation whose context ctx is (SPEC §13):
@@ -44,45 +44,7 @@ import (
 // [idem.WithoutKey] (a request without a key): a plain transaction. As with [Store.InTx], fn holds SQLite's write lock while it runs: keep
 // slow work, such as the processor call, outside it.
 func Step[T any](ctx context.Context, s *Store, step string, fn func(ctx context.Context, tx *sql.Tx) (T, error)) (T, error) {
-	var v, zero T
-	h, err := s.txHandle(ctx, "Step")
-	if err != nil {
-		return zero, err
-	}
-	if h != nil {
-		if done, err := h.StepResult(step, &v); done || err != nil {
-			return v, err
-		}
-	}
-	tx, end, err := s.beginApp(ctx, "step")
-	if err != nil {
-		return zero, err
-	}
-	defer end()
-	if v, err = fn(ctx, tx); err != nil {
-		return zero, err
-	}
-	var p *idemstore.StepParams
-	if h != nil {
-		if p, err = h.PrepareStep(step, v); err != nil {
-			return zero, err
-		}
-		if err := s.StepTx(ctx, tx, p); err != nil {
-			h.StepFailed(err)
-			return zero, err
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		err = interpretError(err)
-		if h != nil {
-			h.StepFailed(err)
-		}
-		return zero, err
-	}
-	if h != nil {
-		h.StepCommitted(p)
-	}
-	return v, nil
+	return sqlstore.Step(ctx, s.tx, step, fn)
 }
 
 // StepTx runs the fenced step p (made by [idem.Handle.PrepareStep]) inside tx, a
@@ -91,9 +53,5 @@ func Step[T any](ctx context.Context, s *Store, step string, fn func(ctx context
 // the record it changes nothing and returns [idem.ErrLeaseLost]: roll tx back and tell
 // the handle with StepFailed. After COMMIT, call [idem.Handle.StepCommitted].
 func (s *Store) StepTx(ctx context.Context, tx *sql.Tx, p *idemstore.StepParams) error {
-	err := stepTx(ctx, tx, p)
-	if errors.Is(err, idemstore.ErrLeaseLost) {
-		return err
-	}
-	return interpretError(err)
+	return s.tx.Fenced(stepTx(ctx, tx, p))
 }

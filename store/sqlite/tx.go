@@ -3,11 +3,11 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"net/http"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/internal/sqlstore"
 )
 
 // InTx runs fn in one BEGIN IMMEDIATE transaction and commits it together with the
@@ -43,44 +43,7 @@ import (
 // holds the lock no process can take the key over; the middleware's lease renewal,
 // which waits for the lock meanwhile, is aborted when the completion begins.
 func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	h, err := s.txHandle(ctx, "InTx")
-	if err != nil {
-		return err
-	}
-	tx, end, err := s.beginApp(ctx, "InTx")
-	if err != nil {
-		return err
-	}
-	defer end()
-
-	if err := fn(ctx, tx); err != nil {
-		return err
-	}
-	var p *idemstore.CompleteParams
-	if h != nil {
-		if p, err = h.PrepareCompletion(); err != nil {
-			return err
-		}
-		if p != nil {
-			if err := s.CompleteTx(ctx, tx, p); err != nil {
-				h.CompletionFailed(err)
-				return err
-			}
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		err = interpretError(err)
-		if h != nil {
-			// Even a response that releases the key must not reach the client: its
-			// effects did not commit.
-			h.CompletionFailed(err)
-		}
-		return err
-	}
-	if p != nil {
-		h.Completed()
-	}
-	return nil
+	return s.tx.InTx(ctx, fn)
 }
 
 // Respond answers the request r with the response fn returns, after committing fn's
@@ -144,7 +107,7 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx
 		if err != nil {
 			return nil, &idem.StoreError{Op: "claim", Err: interpretError(err)}
 		}
-		if res := answerWithoutWriting(existing, claim.Fingerprint, t); res != nil {
+		if res := sqlstore.AnswerWithoutWriting(existing, claim.Fingerprint, t); res != nil {
 			return nil, &idem.KeyTakenError{Found: res.Record, Now: t}
 		}
 	}
@@ -158,61 +121,16 @@ func (s *Store) respondOnce(ctx context.Context, rec *idem.TxRecord, fn func(ctx
 		if err != nil {
 			return nil, &idem.StoreError{Op: "claim", Err: interpretError(err)}
 		}
-		if res.Outcome != idemstore.ClaimAcquired || res.TookOver {
-			// A replay, a duplicate or a mismatch is answered from what the claim read;
-			// a lapsed lease is taken over the usual way (the middleware logs
-			// takeovers). Nothing commits.
-			found := res.Record
-			if res.Outcome == idemstore.ClaimAcquired {
-				found = nil
-			}
-			return nil, &idem.KeyTakenError{Found: found, Now: res.Now}
-		}
-	}
-	resp, err := fn(ctx, tx)
-	if err != nil {
-		return nil, err
-	}
-	p, err := rec.Complete(resp)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case p != nil:
-		if err := completeTx(ctx, tx, p); err != nil {
-			if errors.Is(err, idemstore.ErrLeaseLost) {
-				return nil, err
-			}
-			return nil, &idem.StoreError{Op: "complete", Err: interpretError(err)}
-		}
-	case claim != nil:
-		// The response releases the key (SPEC §6): the claim made above never commits.
-		if err := releaseClaimInTx(ctx, tx, claim); err != nil {
-			return nil, &idem.StoreError{Op: "release", Err: err}
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, &idem.StoreError{Op: "commit", Err: interpretError(err)}
-	}
-	return resp, nil
-}
-
-// txHandle is the Handle a SPEC §7 helper (what, for the log) completes, claimed
-// under a lease: none for a context marked idem.WithoutKey, idem.ErrNoHandle (logged)
-// for one without a Handle, idem.ErrAnswered when a ClaimInHandler route's claim did
-// not acquire the key.
-func (s *Store) txHandle(ctx context.Context, what string) (*idem.Handle, error) {
-	h, err := idem.TxHandle(ctx)
-	if err != nil {
-		s.logger.ErrorContext(ctx, "sqlite: "+what+" refused a context without the request's idem.Handle", "error", err)
-		return nil, err
-	}
-	if h != nil {
-		if err := h.AcquireForTx(ctx); err != nil {
+		if err := sqlstore.KeyTaken(res); err != nil {
 			return nil, err
 		}
 	}
-	return h, nil
+	return s.tx.Respond(ctx, tx, rec, claim, fn, releaseClaimInTx, func() error {
+		if err := tx.Commit(); err != nil {
+			return &idem.StoreError{Op: "commit", Err: interpretError(err)}
+		}
+		return nil
+	})
 }
 
 // beginApp begins the transaction of an application's function (InTx, Step): it takes
@@ -243,20 +161,25 @@ func (s *Store) beginApp(ctx context.Context, what string) (tx *sql.Tx, end func
 // changes nothing and returns [idem.ErrLeaseLost]; the application must then roll tx
 // back and tell the handle with CompletionFailed. [Store.InTx] does all of this.
 func (s *Store) CompleteTx(ctx context.Context, tx *sql.Tx, p *idemstore.CompleteParams) error {
-	err := completeTx(ctx, tx, p)
-	if errors.Is(err, idemstore.ErrLeaseLost) {
-		return err
-	}
-	return interpretError(err)
+	return s.tx.Fenced(completeTx(ctx, tx, p))
 }
 
 // releaseClaimInTx deletes, in tx, a claim made by Respond's transaction whose
 // response is not to be stored (SPEC §6), so that it never commits.
 func releaseClaimInTx(ctx context.Context, tx *sql.Tx, p *idemstore.ClaimParams) error {
-	if p == nil {
-		return nil
-	}
 	_, err := tx.ExecContext(ctx, queryRecordRelease,
 		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.Token))
-	return interpretError(err)
+	return err
+}
+
+// txHelpers is what the SPEC §7 helpers (sqlstore.Tx) need of s.
+func (s *Store) txHelpers() *sqlstore.Tx {
+	return &sqlstore.Tx{
+		Pkg: "sqlite", Logger: s.logger, Interpret: interpretError,
+		Begin: func(ctx context.Context) (*sql.Tx, func(), error) { return s.beginApp(ctx, "application") },
+		Complete: func(ctx context.Context, tx *sql.Tx, p *idemstore.CompleteParams) error {
+			return completeTx(ctx, tx, p)
+		},
+		Step: func(ctx context.Context, tx *sql.Tx, p *idemstore.StepParams) error { return stepTx(ctx, tx, p) },
+	}
 }

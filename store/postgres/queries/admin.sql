@@ -164,3 +164,16 @@ WHERE r.state = 'in_flight' AND r.recovery_point IS NOT NULL
   AND (r.scope, r.key) > ($1, $2) AND ($3::bytea IS NULL OR r.scope = $3)
 ORDER BY r.scope, r.key
 LIMIT $4;
+
+-- name: RecordReseal
+-- Replaces a record's sealed response body ($5) and step results ($7) in place
+-- (admin.Resealer.RecordReseal): each only when given (not NULL), and only while the
+-- record has id $3 and still holds the old value ($4, $6): a compare-and-swap. No row:
+-- it changed, or is gone. $1 scope, $2 key.
+UPDATE {{schema}}idem_records AS r
+SET response_body = coalesce($5::bytea, r.response_body),
+    steps = coalesce($7::bytea, r.steps)
+WHERE r.scope = $1 AND r.key = $2 AND r.id = $3
+  AND ($5::bytea IS NULL OR r.response_body = $4::bytea)
+  AND ($7::bytea IS NULL OR r.steps = $6::bytea)
+  AND {{durable}};

@@ -1,4 +1,6 @@
-package sqlite
+// Package headercodec is the byte-for-byte form in which the SQL stores (sqlite, mysql)
+// keep a response's headers.
+package headercodec
 
 import (
 	"encoding/binary"
@@ -7,11 +9,11 @@ import (
 	"slices"
 )
 
-// encodeHeaders encodes stored headers byte for byte: header values may hold any
+// Encode encodes stored headers byte for byte: header values may hold any
 // bytes (obs-text), which JSON would replace with U+FFFD. The encoding is, for each
 // name in sorted order, the name, the number of values and each value, every string
 // prefixed with its length as a uvarint. A nil or empty header encodes as no bytes.
-func encodeHeaders(h http.Header) []byte {
+func Encode(h http.Header) []byte {
 	names := make([]string, 0, len(h))
 	for name := range h {
 		names = append(names, name)
@@ -32,17 +34,18 @@ func encodeHeaders(h http.Header) []byte {
 	return b
 }
 
-var errBadHeaders = errors.New("stored headers are malformed")
+// ErrMalformed is the error of Decode for bytes that Encode did not make.
+var ErrMalformed = errors.New("stored headers are malformed")
 
-// decodeHeaders reverses encodeHeaders; no bytes decode as a nil header.
-func decodeHeaders(b []byte) (http.Header, error) {
+// Decode reverses Encode; no bytes decode as a nil header.
+func Decode(b []byte) (http.Header, error) {
 	if len(b) == 0 {
 		return nil, nil
 	}
 	uvarint := func() (uint64, error) {
 		n, size := binary.Uvarint(b)
 		if size <= 0 {
-			return 0, errBadHeaders
+			return 0, ErrMalformed
 		}
 		b = b[size:]
 		return n, nil
@@ -50,7 +53,7 @@ func decodeHeaders(b []byte) (http.Header, error) {
 	str := func() (string, error) {
 		n, err := uvarint()
 		if err != nil || n > uint64(len(b)) {
-			return "", errBadHeaders
+			return "", ErrMalformed
 		}
 		s := string(b[:n])
 		b = b[n:]
@@ -64,7 +67,7 @@ func decodeHeaders(b []byte) (http.Header, error) {
 		}
 		count, err := uvarint()
 		if err != nil || count > uint64(len(b)) { // each value takes at least one byte
-			return nil, errBadHeaders
+			return nil, ErrMalformed
 		}
 		values := make([]string, 0, count)
 		for range count {

@@ -1,4 +1,4 @@
-package sqlite
+package headercodec
 
 import (
 	"net/http"
@@ -12,7 +12,7 @@ func TestHeadersRoundTripByteForByte(t *testing.T) {
 		"odd bytes": {"X-Obs-Text": {"\x80\xa0\xfe\xff"}, "X-Empty": {""}, "Link": {"<a>", "<b>"}},
 		"no values": {"X-None": {}},
 	} {
-		got, err := decodeHeaders(encodeHeaders(h))
+		got, err := Decode(Encode(h))
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -35,8 +35,8 @@ func TestHeadersRoundTripByteForByte(t *testing.T) {
 func TestMalformedHeadersAreAnError(t *testing.T) {
 	t.Parallel()
 	for _, b := range [][]byte{{0x05, 'a'}, {0x01, 'a', 0x09}, {0x80}} {
-		if _, err := decodeHeaders(b); err == nil {
-			t.Errorf("decodeHeaders(%q) succeeded", b)
+		if _, err := Decode(b); err == nil {
+			t.Errorf("Decode(%q) succeeded", b)
 		}
 	}
 }

@@ -1,0 +1,1 @@
+SELECT version FROM idem_migrations ORDER BY version

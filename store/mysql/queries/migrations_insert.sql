@@ -1,0 +1,1 @@
+INSERT INTO idem_migrations (version, name, applied_at) VALUES (?, ?, ?)

@@ -1,0 +1,1 @@
+WHERE scope = ? AND `key` = ?

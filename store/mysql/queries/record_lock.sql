@@ -1,0 +1,2 @@
+WHERE scope = ? AND `key` = ?
+FOR UPDATE
