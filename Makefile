@@ -1,5 +1,5 @@
 # The commands the README names.
-.PHONY: run test bench mutants dashboard ci tidy
+.PHONY: run test bench bench-ab mutants dashboard ci tidy
 
 run:
 	go run ./cmd/idem payments
@@ -10,6 +10,10 @@ test:
 # End-to-end ratios into docs/benchmarks.md; the middleware's own: go test -bench . -benchmem .
 bench:
 	scripts/bench
+
+# The current tree against the previous release, side by side; fails when it is slower.
+bench-ab:
+	scripts/bench-ab
 
 # The configuration-matrix suite's mutation score (docs/combinations.md).
 mutants:

@@ -6,6 +6,7 @@
 //	benchtool prepare --url URL --path /respond --keys N     # N keys, each sent once
 //	benchtool load    --url URL --path P [--keys N] [--get]  # one measured run (JSON)
 //	benchtool minimal --postgres URL [--records 10000000]    # every pair, interleaved (JSON)
+//	benchtool ab --previous BIN --current BIN                # two builds of internal/abserve, A/B
 //	benchtool fill    --db URL --records N                   # filler records, server-side
 //	benchtool scale   --db URL --steps 10000,100000,…        # claim/lookup latency by table size
 //	benchtool cleanup --db URL --records N                   # requests while the cleaner deletes
@@ -37,6 +38,7 @@ func main() {
 		"serve":      runServe,
 		"prepare":    runPrepare,
 		"minimal":    runMinimal,
+		"ab":         runAB,
 		"load":       runLoad,
 		"fill":       runFill,
 		"scale":      runScale,
@@ -59,5 +61,5 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: benchtool serve|prepare|load|minimal|fill|scale|cleanup|chart|report|wal|holdbodies|mysql [flags] (-h for each)")
+	fmt.Fprintln(os.Stderr, "usage: benchtool serve|prepare|load|minimal|ab|fill|scale|cleanup|chart|report|wal|holdbodies|mysql [flags] (-h for each)")
 }

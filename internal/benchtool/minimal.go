@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"net/url"
@@ -249,13 +248,21 @@ func startServer(ctx context.Context, dbURL string, pool int) (string, func(), e
 	if err != nil {
 		return "", nil, err
 	}
-	cmd := exec.CommandContext(ctx, self, "serve", "--db", dbURL, "--pool", fmt.Sprint(pool))
+	base, stop, _, err := startProgram(ctx, "serve", self, "serve", "--db", dbURL, "--pool", fmt.Sprint(pool))
+	return base, stop, err
+}
+
+// startProgram starts the server bin with args, whose stderr names where it listens
+// ("… listening addr=HOST:PORT"), and returns its base URL and its process id; the rest
+// of its stderr is copied to ours, each line led by name.
+func startProgram(ctx context.Context, name, bin string, args ...string) (string, func(), int, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		return "", nil, err
+		return "", nil, 0, err
 	}
 	if err := cmd.Start(); err != nil {
-		return "", nil, err
+		return "", nil, 0, err
 	}
 	stop := func() {
 		_ = cmd.Process.Signal(os.Interrupt)
@@ -263,18 +270,18 @@ func startServer(ctx context.Context, dbURL string, pool int) (string, func(), e
 	}
 	sc := bufio.NewScanner(stderr)
 	for sc.Scan() {
-		if addr, ok := strings.CutPrefix(sc.Text(), "benchtool serve listening addr="); ok {
+		if _, addr, ok := strings.Cut(sc.Text(), " listening addr="); ok {
 			go func() {
 				for sc.Scan() {
-					fmt.Fprintln(os.Stderr, "serve:", sc.Text())
+					fmt.Fprintln(os.Stderr, name+":", sc.Text())
 				}
 			}()
-			return "http://" + addr, stop, nil
+			return "http://" + addr, stop, cmd.Process.Pid, nil
 		}
-		fmt.Fprintln(os.Stderr, "serve:", sc.Text())
+		fmt.Fprintln(os.Stderr, name+":", sc.Text())
 	}
 	stop()
-	return "", nil, errors.New("benchtool serve did not start")
+	return "", nil, 0, fmt.Errorf("%s did not start", bin)
 }
 
 // prepare sends each of f's keys once (benchtool prepare).

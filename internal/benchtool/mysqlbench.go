@@ -19,6 +19,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstore"
+	"github.com/idem-go/idem/internal/minimal"
 	"github.com/idem-go/idem/store/mysql"
 )
 
@@ -259,16 +260,16 @@ func fillExpired(ctx context.Context, db *sql.DB, n int) error {
 // serveMySQL serves the minimal handler on st in process, until stop.
 func serveMySQL(ctx context.Context, st *mysql.Store) (string, func(), error) {
 	quiet := slog.New(slog.DiscardHandler)
-	mw := idem.New(idem.Config{Store: st, Scope: bearerScope, Logger: quiet})
+	mw := idem.New(idem.Config{Store: st, Scope: minimal.BearerScope, Logger: quiet})
 	db := st.DB()
 	insert := func(ctx context.Context, e interface {
 		ExecContext(context.Context, string, ...any) (sql.Result, error)
-	}, sc string, in item) error {
+	}, sc string, in minimal.Item) error {
 		_, err := e.ExecContext(ctx, mysqlInsertItem, sc, in.ID, in.Amount)
 		return err
 	}
 	respond := func(w http.ResponseWriter, r *http.Request) {
-		in, sc, ok := read(w, r)
+		in, sc, _, ok := minimal.Read(w, r)
 		if !ok {
 			return
 		}
@@ -284,19 +285,19 @@ func serveMySQL(ctx context.Context, st *mysql.Store) (string, func(), error) {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /plain", func(w http.ResponseWriter, r *http.Request) {
-		if in, sc, ok := read(w, r); ok {
+		if in, sc, _, ok := minimal.Read(w, r); ok {
 			answerInsert(w, in, insert(r.Context(), db, sc, in))
 		}
 	})
 	mux.HandleFunc("POST /plaintx", func(w http.ResponseWriter, r *http.Request) {
-		if in, sc, ok := read(w, r); ok {
+		if in, sc, _, ok := minimal.Read(w, r); ok {
 			answerInsert(w, in, plainTx(r.Context(), db, func(tx *sql.Tx) error { return insert(r.Context(), tx, sc, in) }))
 		}
 	})
 	mux.Handle("POST /respond", mw.Route(idem.RouteOptions{ClaimInHandler: true})(http.HandlerFunc(respond)))
 	mux.Handle("POST /lease", mw.Handler(http.HandlerFunc(respond)))
 	mux.Handle("POST /intx", mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		in, sc, ok := read(w, r)
+		in, sc, _, ok := minimal.Read(w, r)
 		if !ok {
 			return
 		}
@@ -304,7 +305,7 @@ func serveMySQL(ctx context.Context, st *mysql.Store) (string, func(), error) {
 			if err := insert(ctx, tx, sc, in); err != nil {
 				return err
 			}
-			writeItem(w, http.StatusCreated, in)
+			minimal.WriteItem(w, http.StatusCreated, in)
 			return nil
 		})
 		if err != nil {
@@ -312,19 +313,19 @@ func serveMySQL(ctx context.Context, st *mysql.Store) (string, func(), error) {
 		}
 	})))
 	mux.HandleFunc("GET /items/{id}", func(w http.ResponseWriter, r *http.Request) {
-		sc, err := bearerScope(r)
+		sc, err := minimal.BearerScope(r)
 		if err != nil {
 			http.Error(w, `{"error":"unauthorized"}`, http.StatusUnauthorized)
 			return
 		}
-		it := item{ID: r.PathValue("id"), Object: "item"}
+		it := minimal.Item{ID: r.PathValue("id"), Object: "item"}
 		switch err := db.QueryRowContext(r.Context(), mysqlGetItem, sc, it.ID).Scan(&it.Amount); {
 		case errors.Is(err, sql.ErrNoRows):
 			http.Error(w, `{"error":"not found"}`, http.StatusNotFound)
 		case err != nil:
 			http.Error(w, `{"error":"unavailable"}`, http.StatusServiceUnavailable)
 		default:
-			writeItem(w, http.StatusOK, it)
+			minimal.WriteItem(w, http.StatusOK, it)
 		}
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -337,12 +338,12 @@ func serveMySQL(ctx context.Context, st *mysql.Store) (string, func(), error) {
 }
 
 // answerInsert answers a plain insert: 201 with the item, or 409 when it failed.
-func answerInsert(w http.ResponseWriter, in item, err error) {
+func answerInsert(w http.ResponseWriter, in minimal.Item, err error) {
 	if err != nil {
 		http.Error(w, `{"error":"conflict"}`, http.StatusConflict)
 		return
 	}
-	writeItem(w, http.StatusCreated, in)
+	minimal.WriteItem(w, http.StatusCreated, in)
 }
 
 // plainTx runs fn in BEGIN … COMMIT.

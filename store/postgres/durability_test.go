@@ -24,7 +24,11 @@ import (
 // a step, a completion, a release, a takeover, the claim of an expired record, InTx's
 // and Step's transactions, Respond's claim in the handler's transaction) commits at
 // on or stronger, whatever the session says, and a stronger setting is kept; only a
-// claim under Config.AsynchronousClaim commits off, as its doc says.
+// claim under Config.AsynchronousClaim commits off, as its doc says. The store has
+// read the sessions' setting before these writes (durability.go): where it found on
+// or stronger it sends the statements that do not raise it, and those still commit
+// so, and still lower a claim under AsynchronousClaim; where it found off or local it
+// still raises.
 func TestRecordsCommitDurablyWhateverTheSessionSays(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -36,6 +40,8 @@ func TestRecordsCommitDurablyWhateverTheSessionSays(t *testing.T) {
 		{"local", false, "on"},
 		{"remote_apply", false, "remote_apply"},
 		{"off", true, "on"}, // the claims of new keys: off
+		{"on", false, "on"},
+		{"on", true, "on"}, // the claims of new keys: off
 	}
 	for _, tc := range cases {
 		name := "session " + tc.session
@@ -84,6 +90,9 @@ func runEveryWrite(t *testing.T, session string, async bool) []loggedCommit {
 	var got string
 	if err := s.Pool().QueryRow(ctx, `SHOW synchronous_commit`).Scan(&got); err != nil || got != session {
 		t.Fatalf("the session's synchronous_commit is %q (%v), want %q", got, err, session)
+	}
+	if kept, want := s.ReadDurability(), session == "on" || session == "remote_apply"; kept != want {
+		t.Fatalf("with the sessions at %s the store sends the statements that keep the setting: %v, want %v", session, kept, want)
 	}
 	table := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
 	// The log and its trigger: deferred, so that it runs at the commit, after every

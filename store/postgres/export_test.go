@@ -41,3 +41,11 @@ const SwitchWarning = switchWarning
 // UnconfiguredPoolWarning is Migrate's WARN about a pool left in pgx's default mode
 // behind a pooler without ConfigurePool.
 const UnconfiguredPoolWarning = unconfiguredPoolWarning
+
+// ReadDurability reads the sessions' synchronous_commit now, as the store does in the
+// background when it first writes a record, and reports whether the store now sends
+// the statements that do not raise it (queries.kept).
+func (s *Store) ReadDurability() bool {
+	s.readDurability()
+	return s.durability.kept.Load()
+}

@@ -165,7 +165,7 @@ func (s *Store) UnknownMigrations(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// LastMigration names the last migration this release embeds ("0010_lean_record").
+// LastMigration names the last migration this release embeds ("0011_state_unchecked").
 func LastMigration() string {
 	m := migrations[len(migrations)-1]
 	return fmt.Sprintf("%04d_%s", m.version, m.name)

@@ -115,6 +115,9 @@ type Store struct {
 	stopCleaner func()
 	// walk is where the cleaner's walk of the table stands (RecordDeleteExpired).
 	walk walk
+	// durability is what the store knows of its sessions' synchronous_commit
+	// (durability.go).
+	durability durability
 	// sqlDB is DB's *sql.DB on the pool, made once on first use (sqltx.go).
 	sqlOnce sync.Once
 	sqlDB   *sql.DB
@@ -187,6 +190,7 @@ func NewFromPool(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		asynchronousClaim: cfg.AsynchronousClaim,
 		claimLockTimeout:  cmp.Or(cfg.ClaimLockTimeout, DefaultClaimLockTimeout),
 	}
+	s.durability.origin = time.Now()
 	if !cfg.DisableCleaner {
 		ccfg := cfg.Cleaner
 		if ccfg.Logger == nil && cfg.Logger != nil {

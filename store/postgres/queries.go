@@ -56,6 +56,11 @@ var queryFiles embed.FS
 type queries struct {
 	// schemaPrefix is what {{schema}} became: the quoted schema and a dot, or "".
 	schemaPrefix string
+	// kept are the same statements for sessions whose synchronous_commit is on or
+	// stronger already: their {{durable}} is true, which costs nothing, and their
+	// {{durable_claim}} lowers the setting only for Config.AsynchronousClaim
+	// (durability.go says when a store uses them). nil in kept itself.
+	kept *queries
 
 	recordClaim           string
 	recordClaimNew        string
@@ -73,6 +78,8 @@ type queries struct {
 	recordGet             string
 	recordDeleteExpired   string
 	recordCountUnfinished string
+
+	sessionSynchronousCommit string
 
 	migrateLock         string
 	migrateSchemaExists string
@@ -96,20 +103,40 @@ const raiseSynchronousCommit = `CASE WHEN current_setting('synchronous_commit') 
 // that sets the transaction's synchronous_commit to raiseSynchronousCommit (see the
 // header of records.sql). durableClaim, {{durable_claim}}, is RecordClaim's: off when
 // its $10 (Config.AsynchronousClaim) is true.
+//
+// durableKept and durableClaimKept are what they become in queries.kept, for sessions
+// whose setting is on or stronger already: the raise would change nothing there, and
+// set_config(…, true) is not free (the setting's save and its restore at the commit:
+// a few per cent of PostgreSQL's CPU time per request, issue 50).
 const (
-	durable      = `(set_config('synchronous_commit', ` + raiseSynchronousCommit + `, true) <> '')`
-	durableClaim = `(set_config('synchronous_commit', CASE WHEN $10 THEN 'off' ELSE ` + raiseSynchronousCommit + ` END, true) <> '')`
+	durable          = `(set_config('synchronous_commit', ` + raiseSynchronousCommit + `, true) <> '')`
+	durableClaim     = `(set_config('synchronous_commit', CASE WHEN $10 THEN 'off' ELSE ` + raiseSynchronousCommit + ` END, true) <> '')`
+	durableKept      = `true`
+	durableClaimKept = `(NOT $10::boolean OR set_config('synchronous_commit', 'off', true) <> '')`
 )
 
 // fill fills the placeholders of a statement of queries/*.sql: {{schema}} with prefix
 // (the quoted schema and a dot, or ""), {{durable}} and {{durable_claim}}.
 func fill(stmt, prefix string) string {
+	return fillWith(stmt, prefix, durable, durableClaim)
+}
+
+// fillWith is fill with the given conditions for {{durable}} and {{durable_claim}}.
+func fillWith(stmt, prefix, durable, durableClaim string) string {
 	return strings.NewReplacer("{{schema}}", prefix, "{{durable}}", durable, "{{durable_claim}}", durableClaim).Replace(stmt)
 }
 
 // newQueries fills the placeholders of every statement for schema ("" = the
-// search_path).
+// search_path), and of their kept variants.
 func newQueries(schema string) *queries {
+	q := newQueriesWith(schema, durable, durableClaim)
+	q.kept = newQueriesWith(schema, durableKept, durableClaimKept)
+	return q
+}
+
+// newQueriesWith fills the placeholders of every statement for schema with the given
+// conditions for {{durable}} and {{durable_claim}}.
+func newQueriesWith(schema, durable, durableClaim string) *queries {
 	prefix := ""
 	if schema != "" {
 		prefix = pgx.Identifier{schema}.Sanitize() + "."
@@ -119,33 +146,34 @@ func newQueries(schema string) *queries {
 		if !ok {
 			panic("postgres: no query named " + name) // a bug in this package
 		}
-		return fill(s, prefix)
+		return fillWith(s, prefix, durable, durableClaim)
 	}
 	return &queries{
-		schemaPrefix:          prefix,
-		recordClaim:           q("RecordClaim"),
-		recordClaimNew:        q("RecordClaimNew"),
-		recordClaimExpired:    q("RecordClaimExpired"),
-		recordTakeOver:        q("RecordTakeOver"),
-		recordMarkUnknown:     q("RecordMarkUnknown"),
-		recordComplete:        q("RecordComplete"),
-		recordCompleteTx:      q("RecordCompleteTx"),
-		recordInsertDone:      q("RecordInsertCompleted"),
-		recordRelease:         q("RecordRelease"),
-		recordStep:            q("RecordStep"),
-		recordStepTx:          q("RecordStepTx"),
-		recordListResumable:   q("RecordListResumable"),
-		recordRenew:           q("RecordRenew"),
-		recordGet:             q("RecordGet"),
-		recordDeleteExpired:   q("RecordDeleteExpired"),
-		recordCountUnfinished: q("RecordCountUnfinished"),
-		migrateLock:           q("MigrateLock"),
-		migrateSchemaExists:   q("MigrateSchemaExists"),
-		migrateCreateTable:    q("MigrateCreateTable"),
-		migrateApplied:        q("MigrateApplied"),
-		migrateRecord:         q("MigrateRecord"),
-		migrateUnknown:        q("MigrateUnknown"),
-		migrateDropIndex:      q("MigrateDropExpiryIndex"),
+		schemaPrefix:             prefix,
+		recordClaim:              q("RecordClaim"),
+		recordClaimNew:           q("RecordClaimNew"),
+		recordClaimExpired:       q("RecordClaimExpired"),
+		recordTakeOver:           q("RecordTakeOver"),
+		recordMarkUnknown:        q("RecordMarkUnknown"),
+		recordComplete:           q("RecordComplete"),
+		recordCompleteTx:         q("RecordCompleteTx"),
+		recordInsertDone:         q("RecordInsertCompleted"),
+		recordRelease:            q("RecordRelease"),
+		recordStep:               q("RecordStep"),
+		recordStepTx:             q("RecordStepTx"),
+		recordListResumable:      q("RecordListResumable"),
+		recordRenew:              q("RecordRenew"),
+		recordGet:                q("RecordGet"),
+		recordDeleteExpired:      q("RecordDeleteExpired"),
+		recordCountUnfinished:    q("RecordCountUnfinished"),
+		sessionSynchronousCommit: q("SessionSynchronousCommit"),
+		migrateLock:              q("MigrateLock"),
+		migrateSchemaExists:      q("MigrateSchemaExists"),
+		migrateCreateTable:       q("MigrateCreateTable"),
+		migrateApplied:           q("MigrateApplied"),
+		migrateRecord:            q("MigrateRecord"),
+		migrateUnknown:           q("MigrateUnknown"),
+		migrateDropIndex:         q("MigrateDropExpiryIndex"),
 	}
 }
 

@@ -65,7 +65,7 @@ func (s *Store) claimNew(ctx context.Context, p *idemstore.ClaimParams) (*idemst
 	var now time.Time
 	scope, key := scopeKeyBytes(p.Scope, p.Key)
 	err := s.withRetry(ctx, "claim", func() error {
-		return s.pool.QueryRow(ctx, s.q.recordClaimNew,
+		return s.pool.QueryRow(ctx, s.writes().recordClaimNew,
 			scope, key, p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
 			micros(p.Lease), micros(p.TTL), nowParam(p.Now), s.asynchronousClaim).Scan(&now)
 	})
@@ -96,7 +96,7 @@ func (s *Store) claimOnce(ctx context.Context, p *idemstore.ClaimParams) (*idems
 	)
 	scope, key := scopeKeyBytes(p.Scope, p.Key)
 	err := s.withRetry(ctx, "claim", func() error {
-		row := s.pool.QueryRow(ctx, s.q.recordClaim,
+		row := s.pool.QueryRow(ctx, s.writes().recordClaim,
 			scope, key, p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
 			micros(p.Lease), micros(p.TTL), nowParam(p.Now), s.asynchronousClaim)
 		var err error
@@ -143,7 +143,7 @@ func (s *Store) claimOnce(ctx context.Context, p *idemstore.ClaimParams) (*idems
 
 // claimExpired claims an expired record afresh: a new record in all but its row.
 func (s *Store) claimExpired(ctx context.Context, p *idemstore.ClaimParams) (*idemstore.ClaimResult, error) {
-	rec, now, err := s.claimUpdate(ctx, "claim_expired", p, s.q.recordClaimExpired,
+	rec, now, err := s.claimUpdate(ctx, "claim_expired", p, s.writes().recordClaimExpired,
 		[]byte(p.Scope), []byte(p.Key), p.RecordID, p.Fingerprint.Version, p.Fingerprint.Sum[:], p.Token,
 		micros(p.Lease), micros(p.TTL), nowParam(p.Now))
 	if err != nil {
@@ -155,7 +155,7 @@ func (s *Store) claimExpired(ctx context.Context, p *idemstore.ClaimParams) (*id
 // takeOver replaces the token of an in-flight record whose lease lapsed, fenced by the
 // old token and a re-check of the lease.
 func (s *Store) takeOver(ctx context.Context, p *idemstore.ClaimParams, oldToken string) (*idemstore.ClaimResult, error) {
-	rec, now, err := s.claimUpdate(ctx, "take_over", p, s.q.recordTakeOver,
+	rec, now, err := s.claimUpdate(ctx, "take_over", p, s.writes().recordTakeOver,
 		[]byte(p.Scope), []byte(p.Key), oldToken, p.Token, micros(p.Lease), micros(p.TTL), nowParam(p.Now))
 	if err != nil {
 		return nil, err
@@ -172,7 +172,7 @@ func (s *Store) takeOver(ctx context.Context, p *idemstore.ClaimParams, oldToken
 // markUnknown completes an in-flight record whose lease lapsed as outcome unknown
 // (SPEC §13), fenced by the old token and a re-check of the lease.
 func (s *Store) markUnknown(ctx context.Context, p *idemstore.ClaimParams, oldToken string) (*idemstore.ClaimResult, error) {
-	rec, now, err := s.claimUpdate(ctx, "mark_unknown", p, s.q.recordMarkUnknown,
+	rec, now, err := s.claimUpdate(ctx, "mark_unknown", p, s.writes().recordMarkUnknown,
 		[]byte(p.Scope), []byte(p.Key), oldToken, micros(p.TTL), nowParam(p.Now))
 	if err != nil {
 		return nil, err
@@ -204,7 +204,7 @@ func (s *Store) claimUpdate(ctx context.Context, op string, p *idemstore.ClaimPa
 // ([idem.ErrLeaseLost] when the record is no longer in flight under it).
 func (s *Store) RecordComplete(ctx context.Context, p *idemstore.CompleteParams) error {
 	return interpretError(s.withRetry(ctx, "complete", func() error {
-		return complete(ctx, s.pool, s.q, p)
+		return complete(ctx, s.pool, s.writes(), p)
 	}))
 }
 
@@ -244,7 +244,7 @@ func complete(ctx context.Context, pool *pgxpool.Pool, q *queries, p *idemstore.
 func (s *Store) RecordRelease(ctx context.Context, p *idemstore.ReleaseParams) error {
 	return interpretError(s.withRetry(ctx, "release", func() error {
 		var n int64
-		err := s.pool.QueryRow(ctx, s.q.recordRelease, []byte(p.Scope), []byte(p.Key), p.Token, nowParam(p.Now)).Scan(&n)
+		err := s.pool.QueryRow(ctx, s.writes().recordRelease, []byte(p.Scope), []byte(p.Key), p.Token, nowParam(p.Now)).Scan(&n)
 		if err != nil {
 			return err
 		}
@@ -269,7 +269,7 @@ func stepArgs(p *idemstore.StepParams) []any {
 // [Step] (or [Store.StepTx]).
 func (s *Store) RecordStep(ctx context.Context, p *idemstore.StepParams) error {
 	return interpretError(s.withRetry(ctx, "step", func() error {
-		tag, err := s.pool.Exec(ctx, s.q.recordStep, stepArgs(p)...)
+		tag, err := s.pool.Exec(ctx, s.writes().recordStep, stepArgs(p)...)
 		if err != nil {
 			return err
 		}
@@ -342,7 +342,7 @@ func (s *Store) RecordCountUnfinished(ctx context.Context, p *idemstore.CountUnf
 func (s *Store) RecordRenew(ctx context.Context, p *idemstore.RenewParams) (time.Time, error) {
 	var leaseEnd time.Time
 	err := s.withRetry(ctx, "renew", func() error {
-		return s.pool.QueryRow(ctx, s.q.recordRenew,
+		return s.pool.QueryRow(ctx, s.writes().recordRenew,
 			[]byte(p.Scope), []byte(p.Key), p.Token, micros(p.Lease), micros(p.TTL), nowParam(p.Now)).Scan(&leaseEnd)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -497,6 +497,10 @@ func (blk *scannedRecord) record() (*idemstore.Record, time.Time, error) {
 		return nil, time.Time{}, fmt.Errorf("postgres: stored fingerprint has %d bytes, want %d", len(r.fp), len(rec.Fingerprint.Sum))
 	}
 	copy(rec.Fingerprint.Sum[:], r.fp)
+	// The table does not check the state (migration 0011): the store does, here.
+	if r.state != string(idemstore.StateInFlight) && r.state != string(idemstore.StateCompleted) {
+		return nil, time.Time{}, fmt.Errorf("postgres: stored state %q is neither %s nor %s", r.state, idemstore.StateInFlight, idemstore.StateCompleted)
+	}
 	rec.State = idemstore.State(r.state)
 	rec.CreatedAt, rec.ExpiresAt = rec.CreatedAt.UTC(), rec.ExpiresAt.UTC()
 	if r.token != nil {

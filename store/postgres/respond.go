@@ -191,7 +191,7 @@ func (s *Store) respondTx(ctx context.Context, claim *idemstore.ClaimParams, don
 		if err != nil {
 			return err
 		}
-		b.Queue(s.q.recordInsertDone, args...)
+		b.Queue(s.writes().recordInsertDone, args...)
 	}
 	appFrom := len(b.QueuedQueries)
 	for _, q := range app.QueuedQueries {
@@ -205,7 +205,7 @@ func (s *Store) respondTx(ctx context.Context, claim *idemstore.ClaimParams, don
 		if err != nil {
 			return err
 		}
-		b.Queue(s.q.recordCompleteTx, args...)
+		b.Queue(s.writes().recordCompleteTx, args...)
 	}
 	if !implicit {
 		b.Queue("COMMIT")

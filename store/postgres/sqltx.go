@@ -171,6 +171,6 @@ func (s *Store) CompleteSQLTx(ctx context.Context, tx *sql.Tx, p *idemstore.Comp
 	if err != nil {
 		return err
 	}
-	_, err = tx.ExecContext(ctx, s.q.recordCompleteTx, args...)
+	_, err = tx.ExecContext(ctx, s.writes().recordCompleteTx, args...)
 	return interpretError(err)
 }

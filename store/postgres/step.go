@@ -75,7 +75,7 @@ func Step[T any](ctx context.Context, s *Store, step string, fn func(ctx context
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return zero, err
 	}
-	if err := fenceAndCommit(ctx, conn, tx, s.q.recordStepTx, stepArgs(p)); err != nil {
+	if err := fenceAndCommit(ctx, conn, tx, s.writes().recordStepTx, stepArgs(p)); err != nil {
 		h.StepFailed(err)
 		return zero, err
 	}
@@ -93,6 +93,6 @@ func (s *Store) StepTx(ctx context.Context, tx pgx.Tx, p *idemstore.StepParams) 
 	if tx == nil || p == nil {
 		return errors.New("postgres: StepTx needs a transaction and params")
 	}
-	_, err := tx.Exec(ctx, s.q.recordStepTx, stepArgs(p)...)
+	_, err := tx.Exec(ctx, s.writes().recordStepTx, stepArgs(p)...)
 	return interpretError(err)
 }

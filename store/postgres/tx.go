@@ -131,7 +131,7 @@ func (s *Store) completeAndCommit(ctx context.Context, conn *pgxpool.Conn, tx pg
 		h.CompletionFailed(err)
 		return err
 	}
-	if err := fenceAndCommit(ctx, conn, tx, s.q.recordCompleteTx, args); err != nil {
+	if err := fenceAndCommit(ctx, conn, tx, s.writes().recordCompleteTx, args); err != nil {
 		h.CompletionFailed(err)
 		return err
 	}
@@ -182,6 +182,6 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, p *idemstore.Complete
 	if err != nil {
 		return err
 	}
-	_, err = tx.Exec(ctx, s.q.recordCompleteTx, args...)
+	_, err = tx.Exec(ctx, s.writes().recordCompleteTx, args...)
 	return interpretError(err)
 }

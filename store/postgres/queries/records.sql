@@ -3,7 +3,8 @@
 -- with nothing (the search_path). Every time-dependent statement reads the store's clock
 -- as coalesce(<now>::timestamptz, clock_timestamp()): the injected time of a test, or
 -- PostgreSQL's own wall clock (clock_timestamp, not now(), so that a statement retried
--- inside a long transaction still sees the current time). Durations travel as
+-- inside a long transaction still sees the current time; RecordClaimNew, alone in its
+-- implicit transaction, reads the start of its statement). Durations travel as
 -- microseconds (bigint). Every row-returning record statement lists the columns in the
 -- order that scanRecord reads them.
 --
@@ -13,7 +14,9 @@
 -- (on, remote_write, remote_apply), so that the record commits durably whatever the
 -- role's or the session's setting (a claim with Config.AsynchronousClaim excepted). It
 -- sits in the WHERE clause of the write, evaluated for each row the write finds, before
--- the commit that reads the setting.
+-- the commit that reads the setting. A store whose sessions are at on or stronger
+-- already sends the same statements with {{durable}} true (durability.go): there the
+-- raise would change nothing, and set_config is not free.
 
 -- name: RecordClaim
 -- One round trip for every outcome but the rare takeover. A key that is there (a replay,
@@ -58,7 +61,10 @@ WHERE NOT EXISTS (SELECT 1 FROM {{schema}}idem_records WHERE scope = $1 AND key 
 -- expired record) fails the insert with unique_violation (23505), after waiting for a
 -- concurrent claim's transaction to end; the caller then runs RecordClaim, which
 -- reads it. The statement runs in its own implicit transaction, so the failed insert
--- leaves nothing behind but a dead row version.
+-- leaves nothing behind but a dead row version. Its store's clock is
+-- statement_timestamp(), the start of this statement (stable, where clock_timestamp()
+-- is volatile: the planner folds the clock's subquery into the insert, issue 50); the
+-- lease and the TTL then count from a moment before the insert, never after it.
 -- $1 scope, $2 key, $3 record id, $4 fingerprint version, $5 fingerprint, $6 token,
 -- $7 lease (µs), $8 ttl (µs), $9 injected now (NULL: the store's clock), $10 async commit.
 INSERT INTO {{schema}}idem_records
@@ -69,7 +75,7 @@ SELECT $1::bytea, $2::bytea, $3::text, $4::integer, $5::bytea, 'in_flight', $6::
        clock.now,
        greatest(clock.now + $8::bigint * interval '1 microsecond',
                 clock.now + $7::bigint * interval '1 microsecond')
-FROM (SELECT coalesce($9::timestamptz, clock_timestamp()) AS now) AS clock
+FROM (SELECT coalesce($9::timestamptz, statement_timestamp()) AS now) AS clock
 WHERE {{durable_claim}}
 RETURNING created_at;
 
@@ -200,7 +206,9 @@ WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight' AND {{
 -- RecordComplete inside the application's transaction (SPEC §7): the same fenced
 -- update, but a lost lease raises IDL01 (idem_fence), aborting the transaction so that a
 -- COMMIT pipelined behind this statement cannot commit the application's writes. Its
--- expiry, its recovery point and its HOT update are RecordComplete's.
+-- expiry, its recovery point and its HOT update are RecordComplete's. The CASE calls
+-- idem_fence only when the update found nothing: a completion that holds its lease
+-- (nearly all of them) pays for no PL/pgSQL call (issue 50).
 -- $1 scope, $2 key, $3 token, $4 status, $5 headers, $6 body, $7 not stored, $8 ttl (µs),
 -- $9 injected now.
 WITH done AS (
@@ -219,7 +227,7 @@ WITH done AS (
     WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight' AND {{durable}}
     RETURNING 1
 )
-SELECT {{schema}}idem_fence(EXISTS (SELECT 1 FROM done));
+SELECT CASE WHEN EXISTS (SELECT 1 FROM done) THEN true ELSE {{schema}}idem_fence(false) END;
 
 -- name: RecordRelease
 -- Deletes the holder's in-flight record so that a retry executes afresh (SPEC §6), or,
@@ -259,8 +267,9 @@ WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight' AND {{
 
 -- name: RecordStepTx
 -- RecordStep inside the application's transaction: a lost lease raises IDL01
--- (idem_fence), aborting the transaction, so that a COMMIT pipelined behind this
--- statement cannot commit the step's writes. $1–$6 as RecordStep.
+-- (idem_fence, called only then, as in RecordCompleteTx), aborting the transaction, so
+-- that a COMMIT pipelined behind this statement cannot commit the step's writes. $1–$6
+-- as RecordStep.
 WITH done AS (
     UPDATE {{schema}}idem_records
     SET recovery_point = $4,
@@ -269,7 +278,7 @@ WITH done AS (
     WHERE scope = $1 AND key = $2 AND lock_token = $3 AND state = 'in_flight' AND {{durable}}
     RETURNING 1
 )
-SELECT {{schema}}idem_fence(EXISTS (SELECT 1 FROM done));
+SELECT CASE WHEN EXISTS (SELECT 1 FROM done) THEN true ELSE {{schema}}idem_fence(false) END;
 
 -- name: RecordListResumable
 -- One batch of the records the completer may resume (SPEC §13): in flight, recovery

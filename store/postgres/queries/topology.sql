@@ -15,3 +15,9 @@ SELECT current_setting('synchronous_standby_names'),
        count(r.pid) FILTER (WHERE r.sync_state IS NULL)
 FROM (SELECT 1) AS one
 LEFT JOIN pg_stat_replication r ON true;
+
+-- name: SessionSynchronousCommit
+-- The synchronous_commit of the pool's sessions, as the server, the database, the
+-- role and the connection's parameters set it (durability.go): whether the statements
+-- that write a record need to raise it.
+SELECT current_setting('synchronous_commit');

@@ -1,0 +1,15 @@
+-- The record's state is checked in Go, not by the table (issue 50). The CHECK of 0001
+-- (state IN ('in_flight', 'completed')) cost every insert of a record, and every
+-- update that writes a new row version (a completion), the preparation of the check's
+-- expression for the statement: about a tenth of PostgreSQL's CPU time on the README's
+-- path (a new key on a ClaimInHandler route: one insert), and as much on the lease path,
+-- measured with the server process's CPU time per request (docs/benchmarks.md, "Issue
+-- 50"). Every statement of idem writes one of those two states as a constant
+-- (queries/records.sql), and the store refuses to read a record in any other state
+-- (scanRecord), so the constraint guarded nothing that a process of idem could write.
+--
+-- A process of the previous version (0.2.0) writes the same two states and never reads
+-- the constraint: a rollback runs on this schema unchanged. Dropping a CHECK rewrites
+-- nothing and reads no row; it takes the table's ACCESS EXCLUSIVE lock for the moment
+-- of the catalog change, as 0008's index changes did.
+ALTER TABLE {{schema}}idem_records DROP CONSTRAINT IF EXISTS idem_records_state_check;
