@@ -585,13 +585,14 @@ func TestProxyReleasesWhatNginxSaysItNeverForwarded(t *testing.T) {
 	out := sendKeys(t, a, px.URL(), "POST", 100, 8, retry)
 	close(stop)
 	crashes.Wait()
-	// A crash that cuts a connection nginx had opened already (accepted, its request
-	// not yet read: the kernel's backlog, or a handler not yet started) is no failure
-	// to connect: nginx cannot tell whether the application read the request, so its
-	// 502 has no marker and the key stays unknown, honestly, without an execution. On
-	// a loaded machine a few of the 100 land there; the 51 of the bug were failures
-	// to connect.
-	wantAtMostOnceAndFewStuckUnrun(t, "crashing and restarting", out, 3)
+	// A crash that cuts a connection nginx had opened already (one it keeps alive and
+	// writes the request on as the crash closes it, one in the kernel's backlog, a
+	// handler not yet started) is no failure to connect: nginx cannot tell whether the
+	// application read the request, so its 502 has no marker and the key stays
+	// unknown, honestly, without an execution. Beside two CPU hogs 0 to 8 of the 100
+	// land there; without the marker (before issue 47) every failure to connect did
+	// too: 51.
+	wantAtMostOnceAndFewStuckUnrun(t, "crashing and restarting", out, 15)
 	if !strings.Contains(px.output(), "said it did not forward the request") {
 		t.Fatal("no 502 was marked not forwarded: the application never was down when a request came")
 	}
