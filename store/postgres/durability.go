@@ -20,7 +20,9 @@ import (
 // What a read cannot see: a session whose setting an application lowered with SET
 // (not SET LOCAL) on one pooled connection, or an AfterConnect hook that lowers it on
 // some connections only. A setting lowered for the server, the database or the role
-// is seen at the next read, within durabilityReread.
+// is seen at the next read, within durabilityReread; a write that meets an error not
+// from the server (a lost connection, a failover) forgets the last read, so that the
+// writes raise again until the store read the setting anew (forget).
 
 // durabilityReread is how long a read of the sessions' synchronous_commit holds.
 const durabilityReread = time.Minute
@@ -69,6 +71,16 @@ func (s *Store) readDurability() {
 		d.kept.Store(synchronousCommitKept(setting))
 	}
 	d.due.Store((time.Since(d.origin) + next).Nanoseconds())
+}
+
+// forget forgets what the last read found, after a write met the store unavailable (a
+// connection lost, a server gone: a failover may put the store on a server whose
+// settings differ): the writes raise the setting again until the next read, due at
+// once, says otherwise.
+func (d *durability) forget() {
+	if d.kept.CompareAndSwap(true, false) {
+		d.due.Store(0)
+	}
 }
 
 // synchronousCommitKept reports whether a session's synchronous_commit is one that

@@ -3,12 +3,14 @@ package postgres_test
 import (
 	"context"
 	"crypto/rand"
+	"io"
 	"net/http"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemstore"
@@ -187,4 +189,31 @@ DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+table("log_commit"
 		}
 	}
 	return commits
+}
+
+// A write whose connection was lost (a failover may have moved the store to a server
+// whose settings differ) forgets the last read of synchronous_commit: the writes raise
+// it again until a new read says that the server keeps it; an error from the server
+// itself (a unique violation, a lost lease) changes nothing.
+func TestALostConnectionForgetsTheDurabilityRead(t *testing.T) {
+	t.Parallel()
+	dbURL, schema := pgtest.Schema(t)
+	s, err := postgres.Open(t.Context(), pgtest.WithParam(t, dbURL, "synchronous_commit", "on"),
+		postgres.Config{Schema: schema, MaxConns: 2, DisableCleaner: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if !s.ReadDurability() {
+		t.Fatal("with the sessions at on the store raises the setting: want the kept statements")
+	}
+	if !s.FailAWrite(t.Context(), &pgconn.PgError{Code: "23505"}) {
+		t.Fatal("an error from the server made the store forget that the server keeps synchronous_commit")
+	}
+	if s.FailAWrite(t.Context(), io.ErrUnexpectedEOF) {
+		t.Fatal("after a lost connection the store still sends the statements that do not raise synchronous_commit")
+	}
+	if !s.ReadDurability() {
+		t.Fatal("a new read at on: want the kept statements again")
+	}
 }

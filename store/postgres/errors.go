@@ -128,7 +128,10 @@ const (
 func (s *Store) withRetry(ctx context.Context, op string, fn func() error) error {
 	var err error
 	for attempt := range maxStatementAttempts {
-		if err = fn(); err == nil || !retryable(err) {
+		if err = fn(); err != nil && errors.Is(interpretError(err), ErrUnavailable) {
+			s.durability.forget()
+		}
+		if err == nil || !retryable(err) {
 			return err
 		}
 		if attempt == maxStatementAttempts-1 {

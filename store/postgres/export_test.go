@@ -49,3 +49,11 @@ func (s *Store) ReadDurability() bool {
 	s.readDurability()
 	return s.durability.kept.Load()
 }
+
+// FailAWrite runs a write that fails with err through the store's retry loop, as a
+// statement whose connection was lost does, and reports whether the store still sends
+// the statements that do not raise synchronous_commit.
+func (s *Store) FailAWrite(ctx context.Context, err error) bool {
+	_ = s.withRetry(ctx, "test", func() error { return err })
+	return s.durability.kept.Load()
+}
